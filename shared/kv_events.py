@@ -1,0 +1,30 @@
+"""KV-cache events a worker's radix cache emits and the router's prefix index follows."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class BlockStored:
+    """A full block entered the worker's prefix cache."""
+
+    block_hash: int
+    parent_hash: int  # ROOT_PARENT_HASH for a sequence's first block
+    token_ids: tuple[int, ...]
+    block_size: int
+
+
+@dataclass(frozen=True, slots=True)
+class BlockRemoved:
+    """Blocks left the worker's prefix cache (evicted)."""
+
+    block_hashes: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class AllBlocksCleared:
+    """The worker dropped its whole prefix cache."""
+
+
+KVEvent = BlockStored | BlockRemoved | AllBlocksCleared

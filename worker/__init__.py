@@ -1,0 +1,1 @@
+"""mlx-fleet worker package."""
