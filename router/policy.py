@@ -35,11 +35,17 @@ class CacheAwarePolicy:
     balance_abs_threshold: int = 8
     balance_rel_threshold: float = 2.0
     name: str = "cache_aware"
+    _turn: int = 0  # rotates among equal-cost workers, so idle workers share new prefixes
 
     def choose(self, candidates: Sequence[Candidate]) -> Candidate:
         if self.is_unbalanced(candidates):
             return _least_loaded(candidates)
-        return min(candidates, key=lambda c: (self.cost(c), c.load, c.worker_id))
+        best = min((self.cost(c), c.load) for c in candidates)
+        ties = sorted(
+            (c for c in candidates if (self.cost(c), c.load) == best), key=lambda c: c.worker_id
+        )
+        self._turn += 1
+        return ties[(self._turn - 1) % len(ties)]
 
     def cost(self, c: Candidate) -> float:
         return self.prefill_weight * (c.prompt_blocks - c.matched_blocks) + c.load

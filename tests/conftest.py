@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import dataclasses
 
+import openai
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
@@ -36,6 +37,7 @@ class Cluster:
     def __init__(self, client: TestClient):
         self.client = client
         self.workers: dict[str, tuple[FakeWorker, asyncio.Task]] = {}
+        self._api_clients: list[openai.AsyncOpenAI] = []
 
     @property
     def app(self):
@@ -47,6 +49,11 @@ class Cluster:
 
     def base_url(self) -> str:
         return str(self.client.make_url("/v1"))
+
+    def openai(self) -> openai.AsyncOpenAI:
+        api = openai.AsyncOpenAI(base_url=self.base_url(), api_key="none", max_retries=0)
+        self._api_clients.append(api)
+        return api
 
     async def add_worker(self, worker_id: str, **options) -> FakeWorker:
         config = FakeWorkerConfig(self.zmq_endpoint, worker_id, **options)
@@ -73,6 +80,8 @@ class Cluster:
     async def close(self) -> None:
         for worker_id in list(self.workers):
             await self.kill_worker(worker_id)
+        for api in self._api_clients:
+            await api.close()
         await self.client.close()
 
 

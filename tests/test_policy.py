@@ -28,6 +28,12 @@ def test_cache_aware_without_hits_is_least_loaded():
     assert policy.choose([cand("a", 3, 0), cand("b", 1, 0), cand("c", 2, 0)]).worker_id == "b"
 
 
+def test_cache_aware_rotates_among_equal_costs():
+    policy = CacheAwarePolicy()
+    cands = [cand("b", 0, 0), cand("a", 0, 0), cand("c", 1, 0)]
+    assert [policy.choose(cands).worker_id for _ in range(4)] == ["a", "b", "a", "b"]
+
+
 def test_balance_guard_overrides_cache_affinity_when_badly_unbalanced():
     policy = CacheAwarePolicy(prefill_weight=10, balance_abs_threshold=4, balance_rel_threshold=2)
     hot, idle = cand("hot", 10, 20), cand("idle", 1, 0)

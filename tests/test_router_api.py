@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import openai
 import pytest
 
 MODEL = "tiny"
@@ -19,12 +18,8 @@ def expected_tokens(alphabet, prompt_len, n):
     return [alphabet[(prompt_len + i) % len(alphabet)] for i in range(n)]
 
 
-def client_for(cluster) -> openai.AsyncOpenAI:
-    return openai.AsyncOpenAI(base_url=cluster.base_url(), api_key="none", max_retries=0)
-
-
 async def test_chat_completion_non_streaming(cluster, tiny_tokenizer):
-    api = client_for(cluster)
+    api = cluster.openai()
     messages = [{"role": "user", "content": "hello world"}]
     resp = await api.chat.completions.create(model=MODEL, messages=messages, max_tokens=5)
     prompt_len = len(tiny_tokenizer.encode_chat(messages))
@@ -43,7 +38,7 @@ async def test_chat_completion_non_streaming(cluster, tiny_tokenizer):
 
 
 async def test_chat_completion_streaming_with_usage(cluster, tiny_tokenizer):
-    api = client_for(cluster)
+    api = cluster.openai()
     messages = [{"role": "user", "content": "hello world"}]
     stream = await api.chat.completions.create(
         model=MODEL,
@@ -65,7 +60,7 @@ async def test_chat_completion_streaming_with_usage(cluster, tiny_tokenizer):
 
 
 async def test_text_completion_streaming_and_not(cluster, tiny_tokenizer):
-    api = client_for(cluster)
+    api = cluster.openai()
     resp = await api.completions.create(model=MODEL, prompt="the quick brown fox", max_tokens=4)
     assert resp.object == "text_completion" and resp.choices[0].finish_reason == "length"
     stream = await api.completions.create(
@@ -77,7 +72,7 @@ async def test_text_completion_streaming_and_not(cluster, tiny_tokenizer):
 
 
 async def test_cached_tokens_reported_on_repeat(cluster):
-    api = client_for(cluster)
+    api = cluster.openai()
     prompt = list(range(60, 100))  # 40 token ids = 10 blocks of 4
     await api.completions.create(model=MODEL, prompt=prompt, max_tokens=1)
     again = await api.completions.create(model=MODEL, prompt=prompt, max_tokens=1)
@@ -85,7 +80,7 @@ async def test_cached_tokens_reported_on_repeat(cluster):
 
 
 async def test_models_health_cluster_metrics(cluster):
-    api = client_for(cluster)
+    api = cluster.openai()
     models = await api.models.list()
     assert [m.id for m in models.data] == [MODEL]
     health = await cluster.client.get("/health")
@@ -109,7 +104,7 @@ async def test_multibyte_characters_are_never_split(cluster, tiny_tokenizer):
     await cluster.kill_worker("w1")
     await cluster.add_worker("w2", alphabet=alphabet)
     prompt = [60] * len(alphabet)  # prompt length = alphabet length: generation starts aligned
-    api = client_for(cluster)
+    api = cluster.openai()
     stream = await api.completions.create(
         model=MODEL, prompt=prompt, max_tokens=2 * len(alphabet), stream=True
     )
@@ -123,7 +118,7 @@ async def test_stop_string_cuts_text_and_aborts_the_worker(make_cluster, tiny_to
     cluster = await make_cluster()
     alphabet = tuple(tiny_tokenizer.encode_prompt("abcdefgh"))
     worker = await cluster.add_worker("w1", alphabet=alphabet, token_delay_s=0.01)
-    api = client_for(cluster)
+    api = cluster.openai()
     prompt = [60] * len(alphabet)
     resp = await api.completions.create(
         model=MODEL, prompt=prompt, max_tokens=100, stop=["xyz", "ef"]

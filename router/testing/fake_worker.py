@@ -47,7 +47,8 @@ class FakeWorkerConfig:
     token_delay_s: float = 0.0  # before each generated token
     alphabet: tuple[int, ...] = tuple(range(50, 60))
     protocol_version: int = PROTOCOL_VERSION
-    error: str | None = None  # answer every request with this error
+    error: str | None = None  # end every request with this error...
+    error_after_tokens: int = 0  # ...after generating this many tokens
     silent: bool = False  # accept requests but never answer (a stuck worker)
 
 
@@ -105,9 +106,6 @@ class FakeWorker:
 
     async def _generate(self, msg: Generate) -> None:
         try:
-            if self.config.error is not None:
-                await self._send(TokenDelta(msg.request_id, (), "error", error=self.config.error))
-                return
             cached_tokens = await self._prefill(msg.token_ids)
             await self._decode(msg, cached_tokens)
         finally:
@@ -142,6 +140,9 @@ class FakeWorker:
         for produced in range(1, msg.sampling.max_tokens + 1):
             if self.config.token_delay_s:
                 await asyncio.sleep(self.config.token_delay_s)
+            if self.config.error is not None and produced > self.config.error_after_tokens:
+                await self._send(TokenDelta(msg.request_id, (), "error", error=self.config.error))
+                return
             token = alphabet[len(context) % len(alphabet)]
             context.append(token)
             finish = "stop" if token in stop_ids else None
