@@ -66,12 +66,19 @@ def test_earliest_stop_wins():
     st.lists(st.text("abc", min_size=1, max_size=3), max_size=4),
     st.lists(st.integers(1, 5), max_size=10),
 )
-def test_any_chunking_gives_the_text_before_the_first_stop(text, stops, cuts):
+def test_stream_stops_where_a_stop_string_first_completes(text, stops, cuts):
     chunks, rest = [], text
     for n in cuts:
         chunks.append(rest[:n])
         rest = rest[n:]
     chunks.append(rest)
-    positions = [text.find(s) for s in stops if text.find(s) >= 0]
-    want = (text[: min(positions)], True) if positions else (text, False)
+    # Oracle: after each chunk, look for stop strings in all the text so far; the first time
+    # any is there, the answer is the text before the earliest one.
+    want, seen = (text, False), ""
+    for chunk in chunks:
+        seen += chunk
+        found = [seen.find(s) for s in stops if s in seen]
+        if found:
+            want = (seen[: min(found)], True)
+            break
     assert run_matcher(stops, chunks) == want
