@@ -51,12 +51,8 @@ async def metrics(request: web.Request) -> web.Response:
     text = request.app[keys.METRICS].render(
         request.app[keys.CLUSTER].registry, request.app[keys.DISPATCHER].num_pending
     )
-    return web.Response(
-        text=text,
-        content_type="text/plain",
-        charset="utf-8",
-        headers={"X-Prometheus-Format": "0.0.4"},
-    )
+    content_type = "text/plain; version=0.0.4; charset=utf-8"  # Prometheus text format
+    return web.Response(body=text.encode(), headers={"Content-Type": content_type})
 
 
 async def cluster(request: web.Request) -> web.Response:

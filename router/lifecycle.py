@@ -33,6 +33,7 @@ async def cluster_ctx(app: web.Application) -> AsyncIterator[None]:
     """The ZeroMQ socket, the worker registry and dispatcher, and their background tasks."""
     config = app[keys.CONFIG]
     metrics = app[keys.METRICS]
+    # The lambda looks `cluster` up when called: it is built below, after the link.
     link = WorkerLink(
         config.zmq_bind, on_unreachable=lambda identity: cluster.lose_identity(identity)
     )

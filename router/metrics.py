@@ -109,8 +109,13 @@ class Metrics:
         lines = []
         for name, (kind, value) in series.items():
             lines.append(f"# TYPE {name} {kind}")
-            lines += [f'{name}{{worker="{w.worker_id}"}} {value(w)}' for w in workers]
+            lines += [f'{name}{{worker="{_label(w.worker_id)}"}} {value(w)}' for w in workers]
         return lines
+
+
+def _label(value: str) -> str:
+    """A Prometheus label value: backslash, quote and newline escaped."""
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
 def _kv_total(w: WorkerState) -> int:

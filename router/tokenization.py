@@ -36,7 +36,7 @@ class ModelTokenizer:
         generation = _read_json(model_dir / "generation_config.json")
         eos = _as_ids(config.get("eos_token_id")) + _as_ids(generation.get("eos_token_id"))
         if context_length is None:
-            context_length = config.get("max_position_embeddings") or DEFAULT_CONTEXT_LENGTH
+            context_length = _context_length(config, hf_tokenizer)
         return cls(hf_tokenizer, int(context_length), eos)
 
     @property
@@ -73,12 +73,23 @@ class ModelTokenizer:
             return set()
         after = text[text.find(_PROBE) + len(_PROBE) :]
         special = set(self._tok.all_special_ids) | {
-            i for i, t in self._tok.added_tokens_decoder.items() if t.special
+            i for i, t in getattr(self._tok, "added_tokens_decoder", {}).items() if t.special
         }
         for token_id in self._tok.encode(after, add_special_tokens=False):
             if token_id in special:
                 return {token_id}
         return set()
+
+
+def _context_length(config: dict, hf_tokenizer) -> int:
+    for key in ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length"):
+        if isinstance(config.get(key), int):
+            return config[key]
+    # Tokenizers without a limit report a huge sentinel (1e30) here.
+    limit = getattr(hf_tokenizer, "model_max_length", None)
+    if isinstance(limit, int) and limit < 10_000_000:
+        return limit
+    return DEFAULT_CONTEXT_LENGTH
 
 
 def _read_json(path: Path) -> dict:

@@ -31,7 +31,7 @@ def tiny_tokenizer(tiny_model_dir):
     return ModelTokenizer.load(tiny_model_dir)
 
 
-class Cluster:
+class LiveCluster:
     """A router app behind a real HTTP server and ZeroMQ socket, plus stand-in workers."""
 
     def __init__(self, client: TestClient):
@@ -89,7 +89,7 @@ class Cluster:
 async def make_cluster(tiny_model_dir):
     clusters = []
 
-    async def make(**overrides) -> Cluster:
+    async def make(**overrides) -> LiveCluster:
         config = RouterConfig(
             model_dir=tiny_model_dir,
             zmq_bind="tcp://127.0.0.1:*",
@@ -99,7 +99,7 @@ async def make_cluster(tiny_model_dir):
         )
         client = TestClient(TestServer(create_app(dataclasses.replace(config, **overrides))))
         await client.start_server()
-        cluster = Cluster(client)
+        cluster = LiveCluster(client)
         clusters.append(cluster)
         return cluster
 

@@ -132,3 +132,11 @@ async def test_stop_string_cuts_text_and_aborts_the_worker(make_cluster, tiny_to
     chunks = [c async for c in stream]
     assert "".join(c.choices[0].text for c in chunks) == "abcdef"
     assert chunks[-1].choices[0].finish_reason == "stop"
+
+
+async def test_metrics_escape_worker_ids_and_use_the_prometheus_content_type(make_cluster):
+    cluster = await make_cluster()
+    await cluster.add_worker('odd"id\\x')
+    resp = await cluster.client.get("/metrics")
+    assert resp.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+    assert 'router_worker_healthy{worker="odd\\"id\\\\x"} 1' in await resp.text()

@@ -61,6 +61,7 @@ class FakeWorker:
     registered: asyncio.Event = field(default_factory=asyncio.Event)
     _cached: set[int] = field(default_factory=set)
     _running: dict[str, asyncio.Task] = field(default_factory=dict)
+    _sock: zmq.asyncio.Socket | None = None
     _hit_tokens: int = 0
     _prompt_tokens: int = 0
 
