@@ -1,11 +1,113 @@
-"""Shared fixtures: the default model (converted once per session into a temp cache)."""
+"""Fixtures: the default model, a tiny tokenizer directory, a router on real sockets, stand-in workers."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import dataclasses
 import os
 from pathlib import Path
 
+import openai
 import pytest
+from aiohttp.test_utils import TestClient, TestServer
+
+from router import keys
+from router.app import create_app
+from router.config import RouterConfig
+from router.testing.fake_worker import FakeWorker, FakeWorkerConfig
+from router.testing.tiny_model import build_tiny_model
+
+MODEL_ID = "tiny"
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory):
+    return build_tiny_model(tmp_path_factory.mktemp("model") / MODEL_ID, context_length=256)
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer(tiny_model_dir):
+    from router.tokenization import ModelTokenizer
+
+    return ModelTokenizer.load(tiny_model_dir)
+
+
+class LiveCluster:
+    """A router app behind a real HTTP server and ZeroMQ socket, plus stand-in workers."""
+
+    def __init__(self, client: TestClient):
+        self.client = client
+        self.workers: dict[str, tuple[FakeWorker, asyncio.Task]] = {}
+        self._api_clients: list[openai.AsyncOpenAI] = []
+
+    @property
+    def app(self):
+        return self.client.server.app
+
+    @property
+    def zmq_endpoint(self) -> str:
+        return self.app[keys.LINK].endpoint
+
+    def base_url(self) -> str:
+        return str(self.client.make_url("/v1"))
+
+    def openai(self) -> openai.AsyncOpenAI:
+        api = openai.AsyncOpenAI(base_url=self.base_url(), api_key="none", max_retries=0)
+        self._api_clients.append(api)
+        return api
+
+    async def add_worker(self, worker_id: str, **options) -> FakeWorker:
+        config = FakeWorkerConfig(self.zmq_endpoint, worker_id, **options)
+        worker = FakeWorker(config)
+        task = asyncio.create_task(worker.run())
+        self.workers[worker_id] = (worker, task)
+        await asyncio.wait_for(worker.registered.wait(), 5)
+        return worker
+
+    async def kill_worker(self, worker_id: str) -> None:
+        """Like a crash: the worker stops answering and heartbeating at once."""
+        _, task = self.workers.pop(worker_id)
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    async def wait_until(self, predicate, timeout: float = 5.0) -> None:
+        deadline = asyncio.get_running_loop().time() + timeout
+        while not predicate():
+            if asyncio.get_running_loop().time() > deadline:
+                raise TimeoutError("condition not reached")
+            await asyncio.sleep(0.01)
+
+    async def close(self) -> None:
+        for worker_id in list(self.workers):
+            await self.kill_worker(worker_id)
+        for api in self._api_clients:
+            await api.close()
+        await self.client.close()
+
+
+@pytest.fixture
+async def make_cluster(tiny_model_dir):
+    clusters = []
+
+    async def make(**overrides) -> LiveCluster:
+        config = RouterConfig(
+            model_dir=tiny_model_dir,
+            zmq_bind="tcp://127.0.0.1:*",
+            heartbeat_interval_s=0.05,
+            heartbeat_timeout_s=0.4,
+            prefill_weight=1.0,
+        )
+        client = TestClient(TestServer(create_app(dataclasses.replace(config, **overrides))))
+        await client.start_server()
+        cluster = LiveCluster(client)
+        clusters.append(cluster)
+        return cluster
+
+    yield make
+    for cluster in clusters:
+        await cluster.close()
 
 
 @pytest.fixture(scope="session")

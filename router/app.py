@@ -1,0 +1,31 @@
+"""The router's aiohttp application factory: wiring only."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from router import handlers, keys
+from router.config import RouterConfig
+from router.lifecycle import abort_streams, cluster_ctx, tokenizer_ctx
+from router.metrics import Metrics
+from router.middleware import count_requests, errors_as_json
+
+MAX_BODY_BYTES = 32 * 1024 * 1024
+
+
+def create_app(config: RouterConfig) -> web.Application:
+    app = web.Application(
+        middlewares=[count_requests, errors_as_json], client_max_size=MAX_BODY_BYTES
+    )
+    app[keys.CONFIG] = config
+    app[keys.METRICS] = Metrics()
+    app.cleanup_ctx.append(tokenizer_ctx)
+    app.cleanup_ctx.append(cluster_ctx)
+    app.on_shutdown.append(abort_streams)
+    app.router.add_post("/v1/chat/completions", handlers.chat_completions)
+    app.router.add_post("/v1/completions", handlers.completions)
+    app.router.add_get("/v1/models", handlers.models)
+    app.router.add_get("/v1/cluster", handlers.cluster)
+    app.router.add_get("/health", handlers.health)
+    app.router.add_get("/metrics", handlers.metrics)
+    return app

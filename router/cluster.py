@@ -1,0 +1,120 @@
+"""The router's side of the worker protocol: registration, heartbeats, KV events, liveness."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+
+from router.dispatch import Dispatcher
+from router.metrics import Metrics
+from router.prefix_index import PrefixIndex
+from router.workers import WorkerRegistry, WorkerState
+from shared.protocol import (
+    PROTOCOL_VERSION,
+    Heartbeat,
+    KVEvents,
+    Message,
+    Register,
+    RegisterAck,
+    TokenDelta,
+)
+
+log = logging.getLogger(__name__)
+
+
+class Cluster:
+    def __init__(
+        self,
+        registry: WorkerRegistry,
+        index: PrefixIndex,
+        dispatcher: Dispatcher,
+        send: Callable[[bytes, Message], None],
+        metrics: Metrics,
+        heartbeat_interval_s: float,
+        heartbeat_timeout_s: float,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        self.registry = registry
+        self.index = index
+        self._dispatcher = dispatcher
+        self._send = send
+        self._metrics = metrics
+        self._heartbeat_interval_s = heartbeat_interval_s
+        self._heartbeat_timeout_s = heartbeat_timeout_s
+        self._clock = clock
+
+    def handle(self, identity: bytes, msg: Message) -> None:
+        """One decoded message from the worker at `identity`."""
+        if isinstance(msg, Register):
+            self._register(identity, msg)
+            return
+        worker = self.registry.by_identity(identity)
+        if worker is None:
+            log.warning("dropped %s from an unregistered peer %r", type(msg).__name__, identity)
+            return
+        worker.last_seen = self._clock()
+        if isinstance(msg, TokenDelta):
+            self._dispatcher.on_delta(worker, msg)
+        elif isinstance(msg, Heartbeat):
+            self._heartbeat(worker, msg)
+        elif isinstance(msg, KVEvents):
+            for event in msg.events:
+                self.index.apply(worker.worker_id, event)
+        else:
+            log.warning("dropped %s: not a worker-to-router message", type(msg).__name__)
+
+    def lose_identity(self, identity: bytes) -> None:
+        """A send to `identity` failed: the worker is gone."""
+        worker = self.registry.by_identity(identity)
+        if worker is not None and worker.healthy:
+            self._lose(worker, "unreachable")
+
+    async def watch_heartbeats(self) -> None:
+        """Forever: declare silent workers lost; purge expired optimistic index entries."""
+        while True:
+            await asyncio.sleep(min(self._heartbeat_interval_s, self._heartbeat_timeout_s / 4))
+            for worker in self.registry.stale(self._clock(), self._heartbeat_timeout_s):
+                self._lose(worker, f"no heartbeat for {self._heartbeat_timeout_s:g}s")
+            self.index.purge_expired()
+
+    def _register(self, identity: bytes, msg: Register) -> None:
+        if msg.protocol_version != PROTOCOL_VERSION:
+            reason = f"protocol version {msg.protocol_version} != router's {PROTOCOL_VERSION}"
+            log.warning("rejected worker %s: %s", msg.worker_id, reason)
+            self._send(identity, RegisterAck(accepted=False, reason=reason))
+            return
+        if msg.block_size < 1:
+            self._send(identity, RegisterAck(accepted=False, reason="block_size must be >= 1"))
+            return
+        replaced = self.registry.add(WorkerState(msg, identity, last_seen=self._clock()))
+        if replaced is not None:
+            self._forget(replaced)
+        log.info(
+            "worker %s registered from %s pid %d (block size %d, %d blocks)",
+            msg.worker_id,
+            msg.host,
+            msg.pid,
+            msg.block_size,
+            msg.kv_capacity_blocks,
+        )
+        ack = RegisterAck(accepted=True, heartbeat_interval_s=self._heartbeat_interval_s)
+        self._send(identity, ack)
+
+    def _heartbeat(self, worker: WorkerState, msg: Heartbeat) -> None:
+        worker.heartbeat = msg
+        if not worker.healthy:
+            log.info("worker %s is back", worker.worker_id)
+            worker.healthy = True
+
+    def _lose(self, worker: WorkerState, why: str) -> None:
+        log.warning("worker %s lost: %s", worker.worker_id, why)
+        self._metrics.worker_lost()
+        self._forget(worker)
+
+    def _forget(self, worker: WorkerState) -> None:
+        """Drop a worker's index entries and move its requests elsewhere."""
+        worker.healthy = False
+        self.index.drop_worker(worker.worker_id)
+        self._dispatcher.on_worker_lost(worker)

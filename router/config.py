@@ -1,0 +1,29 @@
+"""Router settings; the command line in router/server.py fills them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class RouterConfig:
+    model_dir: Path  # a local model directory: tokenizer files + config.json
+    model_id: str | None = None  # the name clients use; defaults to the directory's name
+    host: str = "127.0.0.1"
+    port: int = 8000
+    zmq_bind: str = "tcp://127.0.0.1:5555"  # "tcp://127.0.0.1:*" picks a free port
+    policy: str = "cache_aware"
+    prefill_weight: float = 0.1  # cost of one uncached prompt block, in queued requests
+    balance_abs_threshold: int = 8
+    balance_rel_threshold: float = 2.0
+    prefix_ttl_s: float = 10.0  # life of an optimistic prefix entry without a KV event
+    heartbeat_interval_s: float = 1.0  # told to workers in RegisterAck
+    heartbeat_timeout_s: float = 5.0  # silence after which a worker is lost
+    max_pending_requests: int = 1024  # requests in flight in the router; more get 429
+    max_resubmits: int = 3  # times one request may move to another worker after a failure
+    context_length: int | None = None  # defaults to config.json's max_position_embeddings
+
+    @property
+    def served_model_id(self) -> str:
+        return self.model_id or Path(self.model_dir).name

@@ -1,0 +1,206 @@
+"""Requests in flight: routing, token deltas back to their HTTP handlers, abort, fail-over.
+
+Each HTTP request is a Job. The job is sent to a worker under a wire id `<request_id>#<attempt>`;
+when its worker is lost the job is re-sent elsewhere as prompt + tokens generated so far, with
+max_tokens reduced, under the next attempt's wire id (late deltas of the old attempt are then
+ignored). The handler reads the job's `events` queue and never sees the move.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from router.metrics import Metrics
+from router.policy import Candidate, Policy
+from router.prefix_index import PrefixIndex
+from router.workers import WorkerRegistry, WorkerState
+from shared.hashing import hash_blocks
+from shared.protocol import Abort, Generate, Message, TokenDelta
+from shared.sampling import SamplingParams
+
+log = logging.getLogger(__name__)
+
+
+class NoWorkerAvailable(Exception):
+    """No healthy worker to send a request to."""
+
+
+class Overloaded(Exception):
+    """The router holds as many requests as it may."""
+
+
+@dataclass(eq=False)
+class Job:
+    request_id: str
+    prompt_ids: tuple[int, ...]
+    sampling: SamplingParams
+    events: asyncio.Queue[TokenDelta] = field(default_factory=asyncio.Queue)
+    generated: list[int] = field(default_factory=list)
+    worker_id: str | None = None
+    attempt: int = 0
+    cached_tokens: int = 0  # prompt tokens the serving worker found in its cache
+    finished: bool = False
+
+    @property
+    def wire_id(self) -> str:
+        return f"{self.request_id}#{self.attempt}"
+
+    @property
+    def tokens_left(self) -> int:
+        return self.sampling.max_tokens - len(self.generated)
+
+    def continuation(self) -> Generate:
+        """The Generate that carries on from where the job is (the whole job at first)."""
+        sampling = dataclasses.replace(self.sampling, max_tokens=self.tokens_left)
+        return Generate(self.wire_id, self.prompt_ids + tuple(self.generated), sampling)
+
+
+class Dispatcher:
+    def __init__(
+        self,
+        registry: WorkerRegistry,
+        index: PrefixIndex,
+        policy: Policy,
+        send: Callable[[bytes, Message], None],
+        metrics: Metrics,
+        max_pending: int,
+        max_resubmits: int,
+    ):
+        self._registry = registry
+        self._index = index
+        self._policy = policy
+        self._send = send
+        self._metrics = metrics
+        self._max_pending = max_pending
+        self._max_resubmits = max_resubmits
+        self._jobs: dict[str, Job] = {}  # by wire id
+
+    @property
+    def num_pending(self) -> int:
+        return len(self._jobs)
+
+    def start(self, request_id: str, prompt_ids: Sequence[int], sampling: SamplingParams) -> Job:
+        """Route a new job and send it; Overloaded or NoWorkerAvailable if it cannot be."""
+        if len(self._jobs) >= self._max_pending:
+            raise Overloaded
+        job = Job(request_id, tuple(prompt_ids), sampling)
+        self._route(job)
+        return job
+
+    def on_delta(self, worker: WorkerState, delta: TokenDelta) -> None:
+        job = self._jobs.get(delta.request_id)
+        if job is None or job.worker_id != worker.worker_id:
+            return  # a late delta of an attempt that was aborted or moved
+        job.generated.extend(delta.token_ids)
+        if delta.usage is not None:
+            job.cached_tokens = min(delta.usage.cached_tokens, len(job.prompt_ids))
+        if delta.finish_reason is not None:
+            self._untrack(job)
+            job.finished = True
+            _credit(worker, delta)
+        job.events.put_nowait(delta)
+
+    def cancel(self, job: Job) -> None:
+        """Stop a job the client no longer wants (disconnect, stop string)."""
+        if job.finished:
+            return
+        job.finished = True
+        worker = self._untrack(job)
+        if worker is not None:
+            self._send(worker.identity, Abort(job.wire_id))
+
+    def on_worker_lost(self, worker: WorkerState) -> None:
+        """Move every job of a lost worker elsewhere (it has already left the healthy set)."""
+        for wire_id in list(worker.inflight):
+            job = self._jobs.get(wire_id)
+            if job is not None:
+                self._untrack(job)
+                self._send(worker.identity, Abort(wire_id))  # in case it is only slow
+                self._resubmit(job)
+
+    def fail_all(self, reason: str) -> None:
+        """End every job with an error (router shutting down)."""
+        for job in list(self._jobs.values()):
+            self.cancel(job)
+            job.events.put_nowait(_error_delta(job, reason))
+
+    # ------------------------------------------------------------ internals
+
+    def _route(self, job: Job) -> None:
+        workers = self._registry.healthy()
+        if not workers:
+            raise NoWorkerAvailable
+        msg = job.continuation()
+        worker, hashes, matched = self._choose(msg.token_ids, workers)
+        self._index.add_optimistic(worker.worker_id, hashes)
+        job.worker_id = worker.worker_id
+        self._jobs[job.wire_id] = job
+        worker.inflight.add(job.wire_id)
+        self._metrics.routed_to(worker.worker_id, matched * worker.block_size)
+        self._send(worker.identity, msg)
+
+    def _choose(
+        self, token_ids: Sequence[int], workers: list[WorkerState]
+    ) -> tuple[WorkerState, list[int], int]:
+        """The chosen worker, the prompt's block hashes at its block size, its matched blocks."""
+        hashes = {size: hash_blocks(token_ids, size) for size in {w.block_size for w in workers}}
+        matched: dict[str, int] = {}
+        for size, size_hashes in hashes.items():
+            same_size = [w.worker_id for w in workers if w.block_size == size]
+            matched.update(self._index.match(size_hashes, same_size))
+        candidates = [
+            Candidate(w.worker_id, w.load, matched[w.worker_id], len(hashes[w.block_size]))
+            for w in workers
+        ]
+        chosen = self._policy.choose(candidates)
+        worker = next(w for w in workers if w.worker_id == chosen.worker_id)
+        return worker, hashes[worker.block_size], chosen.matched_blocks
+
+    def _resubmit(self, job: Job) -> None:
+        if job.tokens_left <= 0:
+            job.finished = True
+            job.events.put_nowait(TokenDelta(job.request_id, (), "length"))
+            return
+        if job.attempt >= self._max_resubmits:
+            self._fail(job, f"request failed on {job.attempt + 1} workers in turn")
+            return
+        job.attempt += 1
+        try:
+            self._route(job)
+        except NoWorkerAvailable:
+            self._fail(job, "the worker serving this request was lost and no other is available")
+            return
+        self._metrics.resubmitted()
+        log.info(
+            "request %s moved to %s after %d tokens",
+            job.request_id,
+            job.worker_id,
+            len(job.generated),
+        )
+
+    def _fail(self, job: Job, reason: str) -> None:
+        job.finished = True
+        job.events.put_nowait(_error_delta(job, reason))
+
+    def _untrack(self, job: Job) -> WorkerState | None:
+        self._jobs.pop(job.wire_id, None)
+        worker = self._registry.get(job.worker_id) if job.worker_id else None
+        if worker is not None:
+            worker.inflight.discard(job.wire_id)
+        return worker
+
+
+def _credit(worker: WorkerState, delta: TokenDelta) -> None:
+    worker.requests_served += 1
+    if delta.usage is not None:
+        worker.prompt_tokens += delta.usage.prompt_tokens
+        worker.completion_tokens += delta.usage.completion_tokens
+        worker.cached_tokens += delta.usage.cached_tokens
+
+
+def _error_delta(job: Job, reason: str) -> TokenDelta:
+    return TokenDelta(job.request_id, (), "error", error=reason)

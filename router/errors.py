@@ -1,0 +1,57 @@
+"""OpenAI-style errors: every error a client can cause becomes one of these, never a traceback."""
+
+from __future__ import annotations
+
+import json
+
+from aiohttp import web
+
+
+class ApiError(Exception):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        param: str | None = None,
+        code: str | None = None,
+        type: str = "invalid_request_error",
+    ):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+        self.type = type
+
+    def body(self) -> dict:
+        error = {"message": self.message, "type": self.type, "param": self.param, "code": self.code}
+        return {"error": error}
+
+    def response(self) -> web.Response:
+        return web.json_response(self.body(), status=self.status, dumps=json.dumps)
+
+
+def bad_request(message: str, param: str | None = None, code: str | None = None) -> ApiError:
+    return ApiError(400, message, param, code)
+
+
+def no_workers() -> ApiError:
+    return ApiError(
+        503,
+        "no healthy worker is available; try again later",
+        code="no_workers_available",
+        type="service_unavailable_error",
+    )
+
+
+def overloaded() -> ApiError:
+    return ApiError(
+        429,
+        "the router has too many requests in flight; retry after a short wait",
+        code="rate_limit_exceeded",
+        type="rate_limit_error",
+    )
+
+
+def generation_failed(message: str) -> ApiError:
+    return ApiError(500, message, code="generation_failed", type="server_error")

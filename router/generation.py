@@ -1,0 +1,67 @@
+"""A job's token deltas -> text pieces: detokenized, stop strings applied, usage counted."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from router.detokenize import StopMatcher
+from router.dispatch import Dispatcher, Job
+from router.errors import generation_failed
+from router.tokenization import ModelTokenizer
+
+
+@dataclass(frozen=True)
+class Piece:
+    text: str
+    finish_reason: str | None = None  # set on the last piece: "stop" | "length"
+
+
+@dataclass(frozen=True)
+class UsageCount:
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+
+    def to_json(self) -> dict:
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "total_tokens": self.prompt_tokens + self.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
+        }
+
+
+def usage_of(job: Job) -> UsageCount:
+    return UsageCount(len(job.prompt_ids), len(job.generated), job.cached_tokens)
+
+
+async def pieces(
+    job: Job, tokenizer: ModelTokenizer, dispatcher: Dispatcher, stop: tuple[str, ...]
+) -> AsyncIterator[Piece]:
+    """Text as it becomes safe to show; the last piece has the finish reason.
+
+    Raises ApiError (500) when the worker reports an error or the job could not be finished.
+    """
+    detokenizer = tokenizer.detokenizer()
+    matcher = StopMatcher(stop)
+    stop_ids = set(job.sampling.stop_token_ids)
+    while True:
+        delta = await job.events.get()
+        if delta.finish_reason in ("error", "abort"):
+            raise generation_failed(
+                delta.error or f"the worker ended the request ({delta.finish_reason})"
+            )
+        text = matcher.feed(detokenizer.add([t for t in delta.token_ids if t not in stop_ids]))
+        if matcher.stopped:
+            dispatcher.cancel(job)
+            yield Piece(text, "stop")
+            return
+        if delta.finish_reason is None:
+            if text:
+                yield Piece(text)
+            continue
+        text += matcher.feed(detokenizer.flush())
+        text += matcher.flush()
+        yield Piece(text, "stop" if matcher.stopped else delta.finish_reason)
+        return

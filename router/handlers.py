@@ -1,0 +1,170 @@
+"""HTTP endpoints: OpenAI-compatible completions, models, health, metrics, cluster view."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Callable
+
+from aiohttp import web
+
+from router import keys
+from router.dispatch import Job, NoWorkerAvailable, Overloaded
+from router.errors import ApiError, bad_request, no_workers, overloaded
+from router.generation import pieces, usage_of
+from router.openai_schema import GenerationRequest, parse_chat, parse_completion
+from router.responses import ResponseBuilder
+
+Parser = Callable[..., GenerationRequest]
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    return await _generate(request, parse_chat, "chatcmpl")
+
+
+async def completions(request: web.Request) -> web.StreamResponse:
+    return await _generate(request, parse_completion, "cmpl")
+
+
+async def models(request: web.Request) -> web.Response:
+    config = request.app[keys.CONFIG]
+    model = {
+        "id": config.served_model_id,
+        "object": "model",
+        "created": 0,
+        "owned_by": "mlx-fleet",
+        "max_model_len": request.app[keys.TOKENIZER].context_length,
+    }
+    return web.json_response({"object": "list", "data": [model]})
+
+
+async def health(request: web.Request) -> web.Response:
+    healthy = len(request.app[keys.CLUSTER].registry.healthy())
+    status = 200 if healthy else 503
+    return web.json_response(
+        {"status": "ok" if healthy else "no_workers", "healthy_workers": healthy}, status=status
+    )
+
+
+async def metrics(request: web.Request) -> web.Response:
+    text = request.app[keys.METRICS].render(
+        request.app[keys.CLUSTER].registry, request.app[keys.DISPATCHER].num_pending
+    )
+    content_type = "text/plain; version=0.0.4; charset=utf-8"  # Prometheus text format
+    return web.Response(body=text.encode(), headers={"Content-Type": content_type})
+
+
+async def cluster(request: web.Request) -> web.Response:
+    cl = request.app[keys.CLUSTER]
+    config = request.app[keys.CONFIG]
+    workers = [
+        w.to_json() | {"index_blocks": cl.index.num_blocks(w.worker_id)} for w in cl.registry
+    ]
+    return web.json_response(
+        {
+            "model": config.served_model_id,
+            "policy": config.policy,
+            "pending_requests": request.app[keys.DISPATCHER].num_pending,
+            "workers": workers,
+        }
+    )
+
+
+# ------------------------------------------------------------ generation
+
+
+async def _generate(request: web.Request, parse: Parser, id_prefix: str) -> web.StreamResponse:
+    app = request.app
+    body = await _json_body(request)
+    req = parse(body, app[keys.TOKENIZER], app[keys.CONFIG].served_model_id)
+    request_id = f"{id_prefix}-{uuid.uuid4().hex}"
+    job = _start(app, request_id, req)
+    builder = ResponseBuilder(req.kind, request_id, req.model)
+    try:
+        if req.stream:
+            return await _stream(request, job, req, builder)
+        return await _whole(request, job, req, builder)
+    finally:
+        app[keys.DISPATCHER].cancel(job)  # no-op when finished; aborts on disconnect/error
+
+
+async def _json_body(request: web.Request) -> dict:
+    try:
+        body = await request.json(loads=json.loads)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise bad_request(f"the request body is not valid JSON: {e}") from None
+    if not isinstance(body, dict):
+        raise bad_request("the request body must be a JSON object")
+    return body
+
+
+def _start(app: web.Application, request_id: str, req: GenerationRequest) -> Job:
+    try:
+        return app[keys.DISPATCHER].start(request_id, req.prompt_ids, req.sampling)
+    except Overloaded:
+        raise overloaded() from None
+    except NoWorkerAvailable:
+        raise no_workers() from None
+
+
+async def _whole(request, job: Job, req: GenerationRequest, builder) -> web.Response:
+    texts = []
+    async for piece in pieces(
+        job, request.app[keys.TOKENIZER], request.app[keys.DISPATCHER], req.stop
+    ):
+        texts.append(piece.text)
+        finish_reason = piece.finish_reason
+    usage = usage_of(job)
+    _count_usage(request.app, usage)
+    return web.json_response(builder.full("".join(texts), finish_reason, usage))
+
+
+async def _stream(request, job: Job, req: GenerationRequest, builder) -> web.StreamResponse:
+    app = request.app
+    started = time.perf_counter()
+    stream = aiter(pieces(job, app[keys.TOKENIZER], app[keys.DISPATCHER], req.stop))
+    piece = await anext(stream)  # an error before the first token is a plain HTTP error
+    app[keys.METRICS].ttft.observe(time.perf_counter() - started)
+    response = web.StreamResponse(
+        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+    )
+    await response.prepare(request)
+    try:
+        try:
+            await _send_pieces(response, builder, req.include_usage, piece, stream)
+        except ApiError as e:  # headers are sent: the error goes in the stream, as OpenAI does
+            await _send_event(response, e.body())
+        else:
+            usage = usage_of(job)
+            _count_usage(app, usage)
+            if req.include_usage:
+                await _send_event(response, builder.usage_chunk(usage))
+        await response.write(b"data: [DONE]\n\n")
+        await response.write_eof()
+    except ConnectionResetError:
+        pass  # the client left; _generate aborts the job
+    return response
+
+
+async def _send_pieces(
+    response, builder: ResponseBuilder, include_usage: bool, piece, stream
+) -> None:
+    first = True
+    while piece is not None:
+        if piece.text or first:
+            await _send_event(response, builder.chunk(piece.text, None, first, include_usage))
+            first = False
+        if piece.finish_reason is not None:
+            await _send_event(
+                response, builder.chunk("", piece.finish_reason, False, include_usage)
+            )
+        piece = await anext(stream, None)
+
+
+async def _send_event(response: web.StreamResponse, body: dict) -> None:
+    await response.write(b"data: " + json.dumps(body).encode() + b"\n\n")
+
+
+def _count_usage(app: web.Application, usage) -> None:
+    app[keys.METRICS].usage(usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens)

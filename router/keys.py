@@ -1,0 +1,19 @@
+"""Every typed AppKey of the router app, in one place."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from router.cluster import Cluster
+from router.config import RouterConfig
+from router.dispatch import Dispatcher
+from router.link import WorkerLink
+from router.metrics import Metrics
+from router.tokenization import ModelTokenizer
+
+CONFIG = web.AppKey("config", RouterConfig)
+METRICS = web.AppKey("metrics", Metrics)
+TOKENIZER = web.AppKey("tokenizer", ModelTokenizer)
+CLUSTER = web.AppKey("cluster", Cluster)
+DISPATCHER = web.AppKey("dispatcher", Dispatcher)
+LINK = web.AppKey("link", WorkerLink)

@@ -1,0 +1,257 @@
+"""Validation at the edge: an OpenAI request body -> a GenerationRequest, or an ApiError."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from router.errors import ApiError, bad_request
+from router.tokenization import ModelTokenizer
+from shared.sampling import InvalidRequest, SamplingParams
+
+MAX_STOP_STRINGS = 4
+CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    kind: str  # "chat" | "text"
+    model: str
+    prompt_ids: tuple[int, ...]
+    sampling: SamplingParams
+    stop: tuple[str, ...]
+    stream: bool
+    include_usage: bool
+
+
+def parse_chat(body: dict, tokenizer: ModelTokenizer, model_id: str) -> GenerationRequest:
+    _check_model(body, model_id)
+    messages = _chat_messages(body)
+    if not tokenizer.has_chat_template:
+        raise bad_request("this model has no chat template; use /v1/completions", "messages")
+    prompt_ids = tokenizer.encode_chat(messages)
+    max_tokens = _field(body, "max_completion_tokens", int, None)
+    if max_tokens is None:
+        max_tokens = _field(body, "max_tokens", int, None)
+    return _build(
+        "chat", body, model_id, prompt_ids, max_tokens, tokenizer, tokenizer.chat_stop_token_ids
+    )
+
+
+def parse_completion(body: dict, tokenizer: ModelTokenizer, model_id: str) -> GenerationRequest:
+    _check_model(body, model_id)
+    prompt_ids = _completion_prompt(body, tokenizer)
+    max_tokens = _field(body, "max_tokens", int, 16)  # OpenAI's default for completions
+    return _build(
+        "text", body, model_id, prompt_ids, max_tokens, tokenizer, tokenizer.eos_token_ids
+    )
+
+
+def _build(kind, body, model_id, prompt_ids, max_tokens, tokenizer, stop_ids) -> GenerationRequest:
+    _check_unsupported(body)
+    prompt_ids = tuple(prompt_ids)
+    max_tokens = _max_tokens(len(prompt_ids), max_tokens, tokenizer.context_length)
+    sampling = SamplingParams(
+        temperature=_field(body, "temperature", float, 1.0),
+        top_p=_field(body, "top_p", float, 1.0),
+        top_k=_field(body, "top_k", int, 0),
+        min_p=_field(body, "min_p", float, 0.0),
+        max_tokens=max_tokens,
+        stop_token_ids=tuple(stop_ids),
+        seed=_field(body, "seed", int, None),
+    )
+    try:
+        sampling.validate()
+    except InvalidRequest as e:
+        raise bad_request(str(e), _param_of(str(e))) from None
+    stream = _field(body, "stream", bool, False)
+    return GenerationRequest(
+        kind,
+        model_id,
+        prompt_ids,
+        sampling,
+        _stop_strings(body),
+        stream,
+        _include_usage(body, stream),
+    )
+
+
+# ------------------------------------------------------------ fields
+
+
+def _field(body: dict, name: str, kind: type, default):
+    """body[name] checked against `kind` (null counts as absent); ints pass as floats."""
+    value = body.get(name)
+    if value is None:
+        return default
+    if kind is float and type(value) in (int, float):
+        return float(value)
+    if type(value) is not kind:
+        raise bad_request(f"'{name}' must be {_KIND_NAMES[kind]}, got {_json_type(value)}", name)
+    return value
+
+
+_KIND_NAMES = {
+    int: "an integer",
+    float: "a number",
+    bool: "a boolean",
+    str: "a string",
+    list: "an array",
+    dict: "an object",
+}
+
+
+def _json_type(value) -> str:
+    names = {
+        bool: "boolean",
+        int: "integer",
+        float: "number",
+        str: "string",
+        list: "array",
+        dict: "object",
+    }
+    return names.get(type(value), "null")
+
+
+def _check_model(body: dict, model_id: str) -> None:
+    model = body.get("model")
+    if not isinstance(model, str):
+        raise bad_request("'model' is required and must be a string", "model")
+    if model != model_id:
+        raise ApiError(
+            404,
+            f"The model '{model}' does not exist; this router serves '{model_id}'",
+            "model",
+            "model_not_found",
+        )
+
+
+def _max_tokens(prompt_len: int, max_tokens: int | None, context_length: int) -> int:
+    if prompt_len >= context_length:
+        raise bad_request(
+            f"This model's maximum context length is {context_length} tokens; the prompt has "
+            f"{prompt_len} tokens",
+            "messages",
+            "context_length_exceeded",
+        )
+    if max_tokens is None:
+        return context_length - prompt_len
+    if max_tokens < 1:
+        raise bad_request(f"max_tokens must be at least 1, got {max_tokens}", "max_tokens")
+    if prompt_len + max_tokens > context_length:
+        raise bad_request(
+            f"This model's maximum context length is {context_length} tokens; you requested "
+            f"{prompt_len + max_tokens} ({prompt_len} in the prompt, {max_tokens} for the "
+            "completion)",
+            "max_tokens",
+            "context_length_exceeded",
+        )
+    return max_tokens
+
+
+def _stop_strings(body: dict) -> tuple[str, ...]:
+    stop = body.get("stop")
+    if stop is None:
+        return ()
+    if isinstance(stop, str):
+        return (stop,)
+    if not (isinstance(stop, list) and all(isinstance(s, str) for s in stop)):
+        raise bad_request("'stop' must be a string or an array of strings", "stop")
+    if len(stop) > MAX_STOP_STRINGS:
+        raise bad_request(f"'stop' may hold at most {MAX_STOP_STRINGS} strings", "stop")
+    return tuple(s for s in stop if s)
+
+
+def _include_usage(body: dict, stream: bool) -> bool:
+    options = _field(body, "stream_options", dict, None)
+    if options is None:
+        return False
+    if not stream:
+        raise bad_request(
+            "'stream_options' is only allowed when 'stream' is true", "stream_options"
+        )
+    return _field(options, "include_usage", bool, False)
+
+
+_UNSUPPORTED: dict[str, Callable[[object], bool]] = {
+    # field -> values we can honour; anything else is refused rather than silently ignored
+    "n": lambda v: v == 1,
+    "best_of": lambda v: v == 1,
+    "echo": lambda v: v is False,
+    "logprobs": lambda v: v is False,
+    "top_logprobs": lambda v: v == 0,
+    "presence_penalty": lambda v: v == 0,
+    "frequency_penalty": lambda v: v == 0,
+    "tools": lambda v: v == [],
+    "response_format": lambda v: isinstance(v, dict) and v.get("type") == "text",
+    "suffix": lambda v: v == "",
+}
+
+
+def _check_unsupported(body: dict) -> None:
+    for name, supported in _UNSUPPORTED.items():
+        value = body.get(name)
+        if value is not None and not supported(value):
+            raise bad_request(f"'{name}' = {value!r} is not supported by this server", name)
+
+
+def _param_of(message: str) -> str | None:
+    return message.split(" ", 1)[0] if message else None
+
+
+# ------------------------------------------------------------ prompts
+
+
+def _chat_messages(body: dict) -> list[dict]:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise bad_request("'messages' must be a non-empty array", "messages")
+    return [_chat_message(m, i) for i, m in enumerate(messages)]
+
+
+def _chat_message(message, i: int) -> dict:
+    param = f"messages[{i}]"
+    if not isinstance(message, dict):
+        raise bad_request(f"{param} must be an object", param)
+    role = message.get("role")
+    if role not in CHAT_ROLES:
+        raise bad_request(f"{param}.role must be one of {', '.join(CHAT_ROLES)}", f"{param}.role")
+    return {"role": role, "content": _content_text(message.get("content"), f"{param}.content")}
+
+
+def _content_text(content, param: str) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for part in content:
+            if not (
+                isinstance(part, dict)
+                and part.get("type") == "text"
+                and isinstance(part.get("text"), str)
+            ):
+                raise bad_request(f"{param}: only text parts are supported", param)
+            parts.append(part["text"])
+        return "".join(parts)
+    raise bad_request(f"{param} must be a string or an array of text parts", param)
+
+
+def _completion_prompt(body: dict, tokenizer: ModelTokenizer) -> list[int]:
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
+        prompt = prompt[0]  # a batch of one
+    if isinstance(prompt, str):
+        ids = tokenizer.encode_prompt(prompt)
+    elif isinstance(prompt, list) and prompt and all(type(t) is int for t in prompt):
+        if not all(0 <= t < tokenizer.vocab_size for t in prompt):
+            raise bad_request("'prompt' holds a token id outside the vocabulary", "prompt")
+        ids = prompt
+    else:
+        raise bad_request(
+            "'prompt' must be a string or an array of token ids "
+            "(batches of several prompts are not supported)",
+            "prompt",
+        )
+    if not ids:
+        raise bad_request("'prompt' must not be empty", "prompt")
+    return ids

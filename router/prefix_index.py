@@ -1,0 +1,110 @@
+"""Approximate global prefix index: block hash -> workers that (probably) hold the block.
+
+Two kinds of entries:
+- confirmed, from the workers' KV events (BlockStored / BlockRemoved / AllBlocksCleared);
+- optimistic, added when the router dispatches a prompt, so that a prefill in flight attracts
+  requests sharing its prefix before its events arrive. They expire after `ttl_s`, so a prompt
+  that never gets cached (aborted, evicted at once) stops attracting traffic.
+Block hashes are chained (shared.hashing), so a hash names a whole prefix, not just one block.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Sequence
+
+from shared.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
+
+
+class PrefixIndex:
+    def __init__(self, ttl_s: float = 10.0, clock: Callable[[], float] = time.monotonic):
+        self._ttl_s = ttl_s
+        self._clock = clock
+        self._holders: dict[int, set[str]] = {}  # confirmed: hash -> workers
+        self._blocks_of: dict[str, set[int]] = {}  # confirmed: worker -> hashes
+        self._optimistic: dict[int, dict[str, float]] = {}  # hash -> worker -> expiry
+
+    # ------------------------------------------------------------ mutations
+
+    def apply(self, worker_id: str, event: KVEvent) -> None:
+        """Follow one KV event of `worker_id`."""
+        if isinstance(event, BlockStored):
+            self._holders.setdefault(event.block_hash, set()).add(worker_id)
+            self._blocks_of.setdefault(worker_id, set()).add(event.block_hash)
+        elif isinstance(event, BlockRemoved):
+            for block_hash in event.block_hashes:
+                self._forget(worker_id, block_hash)
+        elif isinstance(event, AllBlocksCleared):
+            self.drop_worker(worker_id)
+
+    def add_optimistic(self, worker_id: str, block_hashes: Iterable[int]) -> None:
+        """Count `block_hashes` as on `worker_id` for ttl_s (a prefill just sent there)."""
+        expiry = self._clock() + self._ttl_s
+        for block_hash in block_hashes:
+            self._optimistic.setdefault(block_hash, {})[worker_id] = expiry
+
+    def drop_worker(self, worker_id: str) -> None:
+        """Forget every entry of a worker (lost, restarted, or cleared its cache)."""
+        for block_hash in self._blocks_of.pop(worker_id, set()):
+            self._discard_holder(block_hash, worker_id)
+        for block_hash in [h for h, w in self._optimistic.items() if worker_id in w]:
+            self._discard_optimistic(block_hash, worker_id)
+
+    def purge_expired(self) -> int:
+        """Drop expired optimistic entries; returns how many. Call now and then."""
+        now = self._clock()
+        expired = [(h, w) for h, ws in self._optimistic.items() for w, t in ws.items() if t <= now]
+        for block_hash, worker_id in expired:
+            self._discard_optimistic(block_hash, worker_id)
+        return len(expired)
+
+    # ------------------------------------------------------------ queries (no mutation)
+
+    def match(self, block_hashes: Sequence[int], worker_ids: Iterable[str]) -> dict[str, int]:
+        """Leading blocks of `block_hashes` each of `worker_ids` holds (0 if none)."""
+        matched = dict.fromkeys(worker_ids, 0)
+        still_matching = set(matched)
+        now = self._clock()
+        for depth, block_hash in enumerate(block_hashes):
+            still_matching &= self._workers_holding(block_hash, now)
+            if not still_matching:
+                break
+            for worker_id in still_matching:
+                matched[worker_id] = depth + 1
+        return matched
+
+    def num_blocks(self, worker_id: str) -> int:
+        """Confirmed blocks the index believes `worker_id` holds."""
+        return len(self._blocks_of.get(worker_id, ()))
+
+    @property
+    def num_optimistic(self) -> int:
+        return sum(len(ws) for ws in self._optimistic.values())
+
+    # ------------------------------------------------------------ internals
+
+    def _workers_holding(self, block_hash: int, now: float) -> set[str]:
+        holders = set(self._holders.get(block_hash, ()))
+        for worker_id, expiry in self._optimistic.get(block_hash, {}).items():
+            if expiry > now:
+                holders.add(worker_id)
+        return holders
+
+    def _forget(self, worker_id: str, block_hash: int) -> None:
+        self._blocks_of.get(worker_id, set()).discard(block_hash)
+        self._discard_holder(block_hash, worker_id)
+        self._discard_optimistic(block_hash, worker_id)
+
+    def _discard_holder(self, block_hash: int, worker_id: str) -> None:
+        holders = self._holders.get(block_hash)
+        if holders is not None:
+            holders.discard(worker_id)
+            if not holders:
+                del self._holders[block_hash]
+
+    def _discard_optimistic(self, block_hash: int, worker_id: str) -> None:
+        entries = self._optimistic.get(block_hash)
+        if entries is not None:
+            entries.pop(worker_id, None)
+            if not entries:
+                del self._optimistic[block_hash]

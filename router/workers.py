@@ -1,0 +1,98 @@
+"""What the router knows about each worker: registration, liveness, load, counters."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from shared.protocol import Heartbeat, Register
+
+
+@dataclass(eq=False)
+class WorkerState:
+    info: Register
+    identity: bytes  # the ZeroMQ routing id of the worker's DEALER socket
+    last_seen: float
+    healthy: bool = True
+    heartbeat: Heartbeat | None = None
+    inflight: set[str] = field(default_factory=set)  # wire ids of requests sent there
+    requests_served: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens of requests served here that hit the cache
+
+    @property
+    def worker_id(self) -> str:
+        return self.info.worker_id
+
+    @property
+    def block_size(self) -> int:
+        return self.info.block_size
+
+    @property
+    def load(self) -> int:
+        """Running + waiting requests.
+
+        The router's own in-flight count is exact and current; the heartbeat is late but also
+        sees requests of other routers. The larger of the two, rather than their sum, so that a
+        request is not counted twice.
+        """
+        reported = self.heartbeat.running + self.heartbeat.waiting if self.heartbeat else 0
+        return max(reported, len(self.inflight))
+
+    def to_json(self) -> dict:
+        hb = self.heartbeat
+        return {
+            "id": self.worker_id,
+            "healthy": self.healthy,
+            "host": self.info.host,
+            "pid": self.info.pid,
+            "model": self.info.model_id,
+            "block_size": self.block_size,
+            "load": self.load,
+            "inflight": len(self.inflight),
+            "running": hb.running if hb else None,
+            "waiting": hb.waiting if hb else None,
+            "kv_total_blocks": hb.total_blocks if hb else self.info.kv_capacity_blocks,
+            "kv_free_blocks": hb.free_blocks if hb else None,
+            "kv_cached_blocks": hb.cached_blocks if hb else None,
+            "cache_hit_tokens": hb.hit_tokens if hb else 0,
+            "requests_served": self.requests_served,
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "cached_tokens": self.cached_tokens,
+        }
+
+
+class WorkerRegistry:
+    def __init__(self):
+        self._by_id: dict[str, WorkerState] = {}
+        self._by_identity: dict[bytes, WorkerState] = {}
+
+    def add(self, state: WorkerState) -> WorkerState | None:
+        """Register `state`, returning the state it replaces (same worker id), if any."""
+        old = self._by_id.pop(state.worker_id, None)
+        if old is not None:
+            self._by_identity.pop(old.identity, None)
+        self._by_id[state.worker_id] = state
+        self._by_identity[state.identity] = state
+        return old
+
+    def by_identity(self, identity: bytes) -> WorkerState | None:
+        return self._by_identity.get(identity)
+
+    def get(self, worker_id: str) -> WorkerState | None:
+        return self._by_id.get(worker_id)
+
+    def healthy(self) -> list[WorkerState]:
+        return [w for w in self._by_id.values() if w.healthy]
+
+    def stale(self, now: float, timeout_s: float) -> list[WorkerState]:
+        """Healthy workers silent for longer than `timeout_s`."""
+        return [w for w in self.healthy() if now - w.last_seen > timeout_s]
+
+    def __iter__(self) -> Iterator[WorkerState]:
+        return iter(list(self._by_id.values()))
+
+    def __len__(self) -> int:
+        return len(self._by_id)

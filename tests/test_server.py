@@ -1,0 +1,38 @@
+"""The command line maps onto RouterConfig."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from router.server import parse_args
+
+
+def test_parse_args_fills_the_config():
+    config = parse_args(
+        [
+            "--model",
+            "/m/SmolLM2",
+            "--port",
+            "9000",
+            "--policy",
+            "round_robin",
+            "--zmq-bind",
+            "tcp://0.0.0.0:6000",
+            "--max-pending",
+            "7",
+        ]
+    )
+    assert config.model_dir == Path("/m/SmolLM2") and config.served_model_id == "SmolLM2"
+    assert (config.port, config.policy, config.zmq_bind) == (
+        9000,
+        "round_robin",
+        "tcp://0.0.0.0:6000",
+    )
+    assert config.max_pending_requests == 7
+
+
+def test_unknown_policy_is_a_usage_error():
+    with pytest.raises(SystemExit):
+        parse_args(["--model", "/m", "--policy", "random"])
