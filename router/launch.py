@@ -1,28 +1,185 @@
-"""`launch-cluster`: start a router and N workers on this machine (placeholder until the
-cluster lands; it already resolves the model so a first run converts the default)."""
+"""`launch-cluster`: a router and N workers on this machine, supervised.
+
+Starts the router, then the workers (this machine's cores divided between them), waits until
+every worker has registered, prints the URL, and then supervises: a worker that dies is
+restarted with exponential backoff; Ctrl-C / SIGTERM stops the router first (it stops
+listening and ends open streams with an error) and then the workers.
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import signal
+import socket
 import sys
+import time
+import urllib.request
+from pathlib import Path
+
+from router.supervisor import Child, Supervisor
+
+POLICIES = ("cache_aware", "round_robin", "least_load")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    p = argparse.ArgumentParser(
         prog="launch-cluster",
         description="Start an mlx-fleet router and N MLX worker processes on this machine.",
+        epilog="Example: launch-cluster --workers 2   (then point an OpenAI client at the printed URL)",
     )
-    parser.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
-    parser.add_argument("--model", help="model dir, .gguf, HF repo id, or the default model")
-    parser.add_argument("--host", default="127.0.0.1", help="HTTP bind address")
-    parser.add_argument("--port", type=int, default=8000, help="HTTP port")
-    return parser
+    p.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
+    p.add_argument("--model", help="model dir, .gguf, HF repo id; default: SmolLM2-135M-Instruct")
+    p.add_argument("--host", default="127.0.0.1", help="HTTP bind address (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000, help="HTTP port (default 8000)")
+    p.add_argument("--zmq-port", type=int, help="router's ZeroMQ port (default: a free one)")
+    p.add_argument("--policy", choices=POLICIES, default="cache_aware", help="routing policy")
+    p.add_argument(
+        "--kv-memory", help="KV budget per worker, e.g. 2GiB (default: 25%% of memory / workers)"
+    )
+    p.add_argument("--block-size", type=int, default=32, help="tokens per KV block")
+    p.add_argument(
+        "--max-running", type=int, default=64, help="sequences decoding at once, per worker"
+    )
+    p.add_argument(
+        "--prefill-chunk", type=int, default=256, help="prompt tokens per sequence per step"
+    )
+    p.add_argument("--threads", type=int, help="BLAS threads per worker (default: cores / workers)")
+    p.add_argument("--startup-timeout", type=float, default=600, help="seconds to wait for workers")
+    p.add_argument("--log-dir", type=Path, help="write each process's log here (default: inherit)")
+    return p
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def model_name(spec: str | None, model_dir: Path) -> str:
+    """The name clients send in `model`: the default model's, a GGUF's stem, or the dir's."""
+    if not spec:
+        return "SmolLM2-135M-Instruct"
+    path = Path(spec)
+    return path.stem if path.suffix == ".gguf" else path.name
+
+
+def commands(args, model_dir: Path, name: str, zmq_port: int) -> tuple[list[str], list[list[str]]]:
+    py = [sys.executable, "-m"]
+    router = py + ["router", "--model", str(model_dir), "--model-id", name, "--host", args.host,
+                   "--port", str(args.port), "--zmq-bind", f"tcp://127.0.0.1:{zmq_port}",
+                   "--policy", args.policy]  # fmt: skip
+    fraction = f"{min(0.9, 0.25 / args.workers):.4f}"
+    kv = ["--kv-memory", args.kv_memory] if args.kv_memory else ["--kv-fraction", fraction]
+    workers = [
+        py
+        + [
+            "worker",
+            "--router",
+            f"tcp://127.0.0.1:{zmq_port}",
+            "--model",
+            str(model_dir),
+            "--model-id",
+            name,
+            "--worker-id",
+            f"worker-{i}",
+            "--block-size",
+            str(args.block_size),
+            "--max-running",
+            str(args.max_running),
+            "--prefill-chunk",
+            str(args.prefill_chunk),
+            *kv,
+        ]  # fmt: skip
+        for i in range(args.workers)
+    ]
+    return router, workers
+
+
+def child_env(threads: int) -> dict:
+    from shared.blas import preload_env
+
+    env = preload_env()  # children start with OpenBLAS preloaded: no re-exec needed
+    env["_MLX_FLEET_REEXECED"] = "1"
+    for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "VECLIB_MAXIMUM_THREADS"):
+        env[var] = str(threads)
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    return env
+
+
+def cluster_state(url: str) -> dict | None:
+    try:
+        with urllib.request.urlopen(f"{url}/v1/cluster", timeout=2) as r:
+            return json.loads(r.read())
+    except (OSError, ValueError):
+        return None
+
+
+def wait_until_ready(sup: Supervisor, url: str, workers: int, timeout: float) -> bool:
+    deadline, last = time.monotonic() + timeout, None
+    while time.monotonic() < deadline and not sup.stopping:
+        sup.poll()
+        if sup.router_dead():
+            return False
+        state = cluster_state(url)
+        healthy = sum(w["healthy"] for w in state["workers"]) if state else 0
+        if healthy != last:
+            print(
+                f"[launch-cluster] workers registered: {healthy}/{workers}",
+                file=sys.stderr,
+                flush=True,
+            )
+            last = healthy
+        if healthy >= workers:
+            return True
+        time.sleep(0.5)
+    return False
 
 
 def main(argv: list[str] | None = None) -> int:
-    build_parser().parse_args(argv)
-    print("launch-cluster: the cluster is not built yet; use `mlx-fleet-model generate`.")
-    return 1
+    args = build_parser().parse_args(argv)
+    if args.workers < 1:
+        print("launch-cluster: error: --workers must be >= 1", file=sys.stderr)
+        return 2
+    from shared.model_store import ModelNotFound, resolve_model, stderr_progress
+
+    try:
+        model_dir = resolve_model(args.model, stderr_progress)  # convert once, before the children
+    except ModelNotFound as exc:
+        print(f"launch-cluster: error: {exc}", file=sys.stderr)
+        return 2
+    name = model_name(args.model, model_dir)
+    zmq_port = args.zmq_port or free_port()
+    threads = args.threads or max(1, (os.cpu_count() or 1) // args.workers)
+    router_cmd, worker_cmds = commands(args, model_dir, name, zmq_port)
+    env = child_env(threads)
+    sup = Supervisor(
+        Child("router", router_cmd, env, restart=False, log_dir=args.log_dir),
+        [
+            Child(f"worker-{i}", cmd, env, restart=True, log_dir=args.log_dir)
+            for i, cmd in enumerate(worker_cmds)
+        ],
+    )
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: sup.request_stop())
+    url = f"http://{args.host}:{args.port}"
+    sup.start()
+    try:
+        if not wait_until_ready(sup, url, args.workers, args.startup_timeout):
+            if not sup.stopping:
+                print(
+                    "[launch-cluster] the cluster did not come up; see the logs above",
+                    file=sys.stderr,
+                )
+            return 0 if sup.stopping else 1
+        print(
+            f"mlx-fleet is serving {name} at {url}/v1 ({args.workers} workers, policy {args.policy})",
+            flush=True,
+        )
+        return sup.supervise()
+    finally:
+        sup.shutdown()
 
 
 if __name__ == "__main__":

@@ -77,7 +77,7 @@ def cmd_info(args) -> int:
 
 
 def cmd_generate(args) -> int:
-    from mlx_lm import generate
+    from mlx_lm import stream_generate
     from mlx_lm.sample_utils import make_sampler
 
     from shared.model_loading import load_model, resolve_compute_dtype
@@ -95,15 +95,17 @@ def cmd_generate(args) -> int:
     if not args.raw and tokenizer.chat_template:
         messages = [{"role": "user", "content": prompt}]
         prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    text = generate(
-        model,
-        tokenizer,
-        prompt,
-        max_tokens=args.max_tokens,
-        sampler=make_sampler(temp=args.temp),
-        verbose=False,
-    )
+    text, last = "", None
+    for last in stream_generate(
+        model, tokenizer, prompt, max_tokens=args.max_tokens, sampler=make_sampler(temp=args.temp)
+    ):
+        text += last.text
     print(text)
+    if last is not None:
+        stderr_progress(
+            f"prompt {last.prompt_tokens} tokens at {last.prompt_tps:.1f} tok/s, "
+            f"generated {last.generation_tokens} tokens at {last.generation_tps:.1f} tok/s"
+        )
     return 0
 
 

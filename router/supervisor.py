@@ -1,0 +1,128 @@
+"""Start, watch, restart and stop the processes of a local cluster."""
+
+from __future__ import annotations
+
+import ctypes
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+BACKOFF_START_S = 1.0
+BACKOFF_MAX_S = 30.0
+HEALTHY_RUN_S = 60.0  # a child that ran this long starts its backoff afresh
+STOP_GRACE_S = 10.0
+
+
+def _die_with_parent() -> None:
+    """Linux: have the kernel SIGTERM this child if the launcher dies (even by SIGKILL)."""
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def say(msg: str) -> None:
+    print(f"[launch-cluster] {msg}", file=sys.stderr, flush=True)
+
+
+@dataclass
+class Child:
+    name: str
+    cmd: list[str]
+    env: dict
+    restart: bool
+    log_dir: Path | None = None
+    proc: subprocess.Popen | None = None
+    started_at: float = 0.0
+    backoff: float = BACKOFF_START_S
+    restart_at: float | None = None
+    restarts: int = field(default=0)
+
+    def start(self) -> None:
+        out = None
+        if self.log_dir:
+            self.log_dir.mkdir(parents=True, exist_ok=True)
+            out = open(self.log_dir / f"{self.name}.log", "ab")  # noqa: SIM115 - the child owns it
+        self.proc = subprocess.Popen(
+            self.cmd, env=self.env, stdout=out, stderr=subprocess.STDOUT if out else None,
+            start_new_session=True, preexec_fn=_die_with_parent,
+        )  # fmt: skip
+        if out:
+            out.close()
+        self.started_at = time.monotonic()
+        self.restart_at = None
+
+    @property
+    def exited(self) -> bool:
+        return self.proc is not None and self.proc.poll() is not None
+
+    def signal(self, sig: int) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(sig)
+
+
+class Supervisor:
+    def __init__(self, router: Child, workers: list[Child]):
+        self.router, self.workers = router, workers
+        self.stopping = False
+
+    def start(self) -> None:
+        self.router.start()
+        for w in self.workers:
+            w.start()
+
+    def request_stop(self) -> None:
+        self.stopping = True
+
+    def router_dead(self) -> bool:
+        if self.router.exited and not self.stopping:
+            say(f"the router exited with code {self.router.proc.returncode}")
+            return True
+        return False
+
+    def poll(self) -> None:
+        """Restart workers that died, each after its backoff."""
+        now = time.monotonic()
+        for w in self.workers:
+            if self.stopping:
+                return
+            if w.restart_at is not None and now >= w.restart_at:
+                w.restarts += 1
+                say(f"restarting {w.name} (restart #{w.restarts})")
+                w.start()
+            elif w.exited and w.restart_at is None and w.restart:
+                if now - w.started_at >= HEALTHY_RUN_S:
+                    w.backoff = BACKOFF_START_S
+                say(
+                    f"{w.name} exited with code {w.proc.returncode}; restarting in {w.backoff:.0f}s"
+                )
+                w.restart_at = now + w.backoff
+                w.backoff = min(BACKOFF_MAX_S, w.backoff * 2)
+
+    def supervise(self) -> int:
+        while not self.stopping:
+            self.poll()
+            if self.router_dead():
+                return 1
+            time.sleep(0.2)
+        return 0
+
+    def shutdown(self) -> None:
+        """Router first (it ends open streams), then the workers; SIGKILL what lingers."""
+        self.stopping = True
+        say("shutting down")
+        for group in ([self.router], self.workers):
+            for c in group:
+                c.signal(signal.SIGTERM)
+            deadline = time.monotonic() + STOP_GRACE_S
+            for c in group:
+                if c.proc is None:
+                    continue
+                try:
+                    c.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    say(f"{c.name} did not stop in {STOP_GRACE_S:.0f}s; killing it")
+                    c.proc.kill()
+                    c.proc.wait()

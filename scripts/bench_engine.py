@@ -1,0 +1,143 @@
+#!/usr/bin/env python
+"""Engine throughput vs mlx-lm's own batching, and prefill with vs without the radix cache.
+
+One process, one run, the same model object and prompts for both systems:
+  - batch sizes 1, 8, 32: generated tokens/s (prefill included) of mlx-lm's `batch_generate`
+    (BatchGenerator) and of our engine, and their ratio; greedy outputs are compared too;
+  - shared prefix: N prompts sharing a long system prompt, prefill time with the radix
+    cache vs without it.
+Prints one JSON line per configuration.   Usage: scripts/bench_engine.py [--help]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from shared.blas import openblas_active, reexec_with_openblas  # noqa: E402
+
+TOPICS = ["the sea", "mountains", "a city at night", "autumn", "a library", "coffee", "the moon", "trains",
+          "a garden", "snow", "bridges", "a market", "clocks", "rivers", "a lighthouse", "deserts"]  # fmt: skip
+
+
+def chat_prompts(tokenizer, n: int, offset: int = 0) -> list[list[int]]:
+    prompts = []
+    for i in range(offset, offset + n):
+        text = f"Write a short paragraph about {TOPICS[i % len(TOPICS)]}, idea number {i}."
+        prompts.append(
+            tokenizer.apply_chat_template(
+                [{"role": "user", "content": text}], add_generation_prompt=True
+            )
+        )
+    return prompts
+
+
+def run_engine(
+    model, tokenizer, prompts, max_tokens, **config
+) -> tuple[float, list[list[int]], dict]:
+    from shared.sampling import SamplingParams
+    from worker.config import EngineConfig
+    from worker.engine import Engine
+
+    engine = Engine(model, EngineConfig(**config), max_context=8192)
+    params = SamplingParams(max_tokens=max_tokens, stop_token_ids=tuple(tokenizer.eos_token_ids))
+    outputs = {i: [] for i in range(len(prompts))}
+    start = time.perf_counter()
+    for i, p in enumerate(prompts):
+        engine.add_request(str(i), p, params)
+    while engine.has_work():
+        for d in engine.step():
+            outputs[int(d.request_id)].extend(d.token_ids)
+            if d.finish_reason == "stop":
+                outputs[int(d.request_id)].append(tokenizer.eos_token_id)  # mlx-lm counts it
+    return time.perf_counter() - start, [outputs[i] for i in range(len(prompts))], engine.stats()
+
+
+def run_mlx_lm(model, tokenizer, prompts, max_tokens) -> tuple[float, list[list[int]]]:
+    from mlx_lm.generate import batch_generate
+
+    start = time.perf_counter()
+    result = batch_generate(model, tokenizer, prompts, max_tokens=max_tokens, return_token_ids=True)
+    return time.perf_counter() - start, [list(ids) for ids in result.token_ids]
+
+
+def bench_batches(model, tokenizer, args) -> None:
+    for i, batch in enumerate(args.batch_sizes):
+        prompts = chat_prompts(tokenizer, batch, offset=100 * i)
+        run_mlx_lm(model, tokenizer, prompts[:1], 4)  # warm both paths
+        mlx_time, mlx_out = run_mlx_lm(model, tokenizer, prompts, args.max_tokens)
+        ours_time, ours_out, stats = run_engine(
+            model, tokenizer, prompts, args.max_tokens, max_running=max(batch, 1)
+        )
+        mlx_tps = sum(map(len, mlx_out)) / mlx_time
+        ours_tps = sum(map(len, ours_out)) / ours_time
+        same = sum(a == b for a, b in zip(mlx_out, ours_out, strict=True))
+        print(json.dumps({
+            "bench": "throughput", "batch": batch, "max_tokens": args.max_tokens,
+            "mlx_lm_tok_s": round(mlx_tps, 1), "engine_tok_s": round(ours_tps, 1),
+            "ratio": round(ours_tps / mlx_tps, 2), "identical_outputs": f"{same}/{batch}",
+            "engine_decode_step_p50_ms": round(stats["decode_step_p50_ms"], 1),
+        }), flush=True)  # fmt: skip
+
+
+def bench_shared_prefix(model, tokenizer, args) -> None:
+    system = " ".join(
+        f"Rule {i}: answer politely, briefly and with care about topic {i}."
+        for i in range(args.prefix_rules)
+    )
+    prompts = []
+    for i in range(args.prefix_prompts):
+        messages = [
+            {"role": "system", "content": system},
+            {"role": "user", "content": f"Question {i}: what is {i} plus {i}?"},
+        ]
+        prompts.append(tokenizer.apply_chat_template(messages, add_generation_prompt=True))
+    timings = {}
+    for cached in (False, True):
+        elapsed, _, stats = run_engine(
+            model, tokenizer, prompts, 1, enable_prefix_cache=cached, max_running=64
+        )
+        timings[cached] = (elapsed, stats["prefill_tokens"])
+    print(json.dumps({
+        "bench": "shared_prefix", "prompts": len(prompts), "prompt_tokens": len(prompts[0]),
+        "prefill_s_without_cache": round(timings[False][0], 2), "prefill_s_with_cache": round(timings[True][0], 2),
+        "prefill_tokens_without": timings[False][1], "prefill_tokens_with": timings[True][1],
+        "speedup": round(timings[False][0] / timings[True][0], 2),
+    }), flush=True)  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--model", help="model (default: the default model)")
+    parser.add_argument(
+        "--batch-sizes", type=lambda s: [int(x) for x in s.split(",")], default=[1, 8, 32]
+    )
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--prefix-prompts", type=int, default=16)
+    parser.add_argument(
+        "--prefix-rules", type=int, default=60, help="length of the shared system prompt"
+    )
+    parser.add_argument("--skip", choices=["throughput", "prefix"], action="append", default=[])
+    args = parser.parse_args()
+    reexec_with_openblas()
+
+    from shared.model_loading import load_model
+    from shared.model_store import resolve_model
+
+    model, tokenizer = load_model(resolve_model(args.model))
+    print(json.dumps({"bench": "setup", "openblas": openblas_active()}), flush=True)
+    if "throughput" not in args.skip:
+        bench_batches(model, tokenizer, args)
+    if "prefix" not in args.skip:
+        bench_shared_prefix(model, tokenizer, args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,124 @@
+"""The worker's side of the wire: a thread that owns the DEALER socket.
+
+ZeroMQ sockets belong to one thread, and the engine thread spends most of its time inside
+MLX (which releases the GIL), so a separate I/O thread can register, heartbeat and pass
+messages at any moment, a long prefill step included. The engine thread hands frames to it
+through an inproc PUSH/PULL pair and reads what arrives from a queue.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+
+import zmq
+
+from shared.protocol import Message, ProtocolError, Register, RegisterAck, decode, encode
+
+log = logging.getLogger(__name__)
+
+REGISTER_RETRY_S = 2.0  # resend Register until the router answers (it may start later)
+
+
+class RegistrationRefused(RuntimeError):
+    """The router answered Register with accepted=False."""
+
+
+class WorkerLink:
+    def __init__(
+        self,
+        endpoint: str,
+        register: Register,
+        heartbeat: Callable[[], Message],
+        configure_socket: Callable[[zmq.Socket], object] | None = None,
+    ):
+        self.endpoint, self.register, self.heartbeat = endpoint, register, heartbeat
+        self.configure_socket = configure_socket
+        self.inbound: queue.Queue[Message] = queue.Queue()
+        self.registered = threading.Event()
+        self.refused: str | None = None
+        self._ctx = zmq.Context()
+        self._out_addr = f"inproc://worker-out-{id(self)}"
+        self._pull = self._ctx.socket(zmq.PULL)
+        self._pull.bind(self._out_addr)
+        self._push_local = threading.local()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="worker-link", daemon=True)
+        self._heartbeat_interval = 1.0
+
+    # ---- engine-thread side ------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def send(self, msg: Message) -> None:
+        """Queue `msg` for the router (callable from any thread but the link's own)."""
+        push = getattr(self._push_local, "socket", None)
+        if push is None:
+            push = self._push_local.socket = self._ctx.socket(zmq.PUSH)
+            push.setsockopt(zmq.LINGER, 0)
+            push.connect(self._out_addr)
+        push.send(encode(msg))
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        push = getattr(self._push_local, "socket", None)
+        if push is not None:
+            push.close(linger=0)
+        self._ctx.destroy(linger=0)
+
+    # ---- the link thread ---------------------------------------------------------------
+
+    def _run(self) -> None:
+        dealer = self._ctx.socket(zmq.DEALER)
+        dealer.setsockopt(zmq.LINGER, 0)
+        keep_alive = self.configure_socket(dealer) if self.configure_socket else None  # noqa: F841
+        dealer.connect(self.endpoint)
+        poller = zmq.Poller()
+        poller.register(dealer, zmq.POLLIN)
+        poller.register(self._pull, zmq.POLLIN)
+        next_register = next_heartbeat = 0.0
+        try:
+            while not self._stop.is_set():
+                now = time.monotonic()
+                if not self.registered.is_set() and now >= next_register:
+                    dealer.send(encode(self.register))
+                    next_register = now + REGISTER_RETRY_S
+                if self.registered.is_set() and now >= next_heartbeat:
+                    dealer.send(encode(self.heartbeat()))
+                    next_heartbeat = now + self._heartbeat_interval
+                for sock, _ in poller.poll(timeout=50):
+                    if sock is dealer:
+                        self._receive(dealer.recv())
+                    else:
+                        dealer.send(self._pull.recv())
+        finally:
+            dealer.close(linger=0)
+            self._pull.close(linger=0)
+
+    def _receive(self, frame: bytes) -> None:
+        try:
+            msg = decode(frame)
+        except ProtocolError as exc:
+            log.warning("dropped a malformed frame from the router: %s", exc)
+            return
+        if isinstance(msg, RegisterAck):
+            self._on_ack(msg)
+        else:
+            self.inbound.put(msg)
+
+    def _on_ack(self, ack: RegisterAck) -> None:
+        if not ack.accepted:
+            self.refused = ack.reason or "no reason given"
+            log.error("the router refused this worker: %s", self.refused)
+            self._stop.set()
+            self.inbound.put(ack)  # wakes the engine thread so it can exit
+            return
+        self._heartbeat_interval = max(0.05, ack.heartbeat_interval_s)
+        if not self.registered.is_set():
+            log.info("registered with the router at %s", self.endpoint)
+        self.registered.set()

@@ -1,0 +1,193 @@
+"""Continuous batching over the paged KV: who runs this step, and with which blocks.
+
+Every step: each decoding sequence gets a slot for its next token (a new block when it
+crosses a boundary); what is left of the step's token budget goes to prefill chunks:
+first sequences already mid-prompt, then newly admitted ones (FIFO), each admitted with
+its longest cached prefix. When blocks run out, the prefix cache gives back its least
+recently used unreferenced blocks; when that is not enough, the newest running sequence
+is preempted (its computed blocks go to the prefix cache, so recomputing it is cheap) and
+requeued at the front.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import NamedTuple
+
+from worker.config import EngineConfig
+from worker.kv.block_pool import BlockPool
+from worker.kv.radix_cache import RadixCache
+from worker.sequence import Sequence, Status
+
+
+class PrefillChunk(NamedTuple):
+    seq: Sequence
+    num_tokens: int
+
+
+class StepPlan(NamedTuple):
+    decode: list[Sequence]
+    prefill: list[PrefillChunk]
+    preempted: list[Sequence]
+
+    @property
+    def empty(self) -> bool:
+        return not self.decode and not self.prefill
+
+
+class Scheduler:
+    def __init__(self, pool: BlockPool, cache: RadixCache, config: EngineConfig):
+        self.pool, self.cache, self.config = pool, cache, config
+        self.block_size = pool.block_size
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+
+    # ---- queue -------------------------------------------------------------------------
+
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    def remove(self, seq: Sequence) -> None:
+        """Take `seq` out of the queues and give back its blocks (abort or finish)."""
+        if seq.status is Status.RUNNING:
+            self.running.remove(seq)
+            self._release(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        seq.status = Status.FINISHED
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # ---- the step plan -----------------------------------------------------------------
+
+    def schedule(self) -> StepPlan:
+        preempted: list[Sequence] = []
+        decode = self._schedule_decode(preempted)
+        budget = self.config.step_token_budget - len(decode)
+        prefill = self._continue_prefills(budget, preempted)
+        budget -= sum(c.num_tokens for c in prefill)
+        prefill += self._admit(budget)
+        # a later reservation may have preempted a sequence planned earlier in this step
+        decode = [s for s in decode if s.status is Status.RUNNING]
+        prefill = [c for c in prefill if c.seq.status is Status.RUNNING]
+        return StepPlan(decode, prefill, preempted)
+
+    def _schedule_decode(self, preempted: list[Sequence]) -> list[Sequence]:
+        decode = []
+        for seq in sorted(
+            (s for s in self.running if not s.is_prefilling), key=lambda s: s.arrival
+        ):
+            if seq.status is not Status.RUNNING:
+                continue  # preempted earlier in this loop
+            if self._reserve(seq, seq.num_computed + 1, preempted):
+                decode.append(seq)
+        return decode
+
+    def _continue_prefills(self, budget: int, preempted: list[Sequence]) -> list[PrefillChunk]:
+        chunks = []
+        for seq in sorted((s for s in self.running if s.is_prefilling), key=lambda s: s.arrival):
+            n = min(self.config.prefill_chunk, seq.num_uncomputed, budget)
+            if seq.status is not Status.RUNNING or n <= 0:
+                continue
+            if self._reserve(seq, seq.num_computed + n, preempted):
+                chunks.append(PrefillChunk(seq, n))
+                budget -= n
+        return chunks
+
+    def _admit(self, budget: int) -> list[PrefillChunk]:
+        chunks, deferred = [], []
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_running:
+            seq = self.waiting.popleft()
+            prompt = seq.tokens[:-1]  # the last token is always computed, for its logits
+            if self._shares_pending_prefill(seq, self.cache.peek_prefix_length(prompt)):
+                deferred.append(seq)  # wait for that prefill, then hit its blocks
+                continue
+            match = self.cache.match_prefix(prompt if self.config.enable_prefix_cache else [])
+            # hold the match before making room, or the eviction could take it
+            self.cache.lock(match.node)
+            self.pool.incref(match.block_ids)
+            n = min(self.config.prefill_chunk, len(seq.tokens) - match.num_tokens, budget)
+            need = self.pool.blocks_for_tokens(match.num_tokens + n) - len(match.block_ids)
+            if not self._make_room(need):
+                self.cache.unlock(match.node)
+                self.pool.decref(match.block_ids)
+                self.waiting.appendleft(seq)
+                break
+            self._start(seq, match, need)
+            chunks.append(PrefillChunk(seq, n))
+            budget -= n
+        self.waiting.extendleft(reversed(deferred))
+        return chunks
+
+    def _shares_pending_prefill(self, seq: Sequence, cached: int) -> bool:
+        """Whether a running prefill will cache at least one more block of `seq`'s prompt."""
+        end = cached + self.block_size
+        if len(seq.tokens) <= end or not self.config.enable_prefix_cache:
+            return False
+        head = seq.tokens[:end]
+        return any(
+            p.num_computed < p.prompt_len and p.prompt_len >= end and p.tokens[:end] == head
+            for p in self.running
+        )
+
+    def _start(self, seq: Sequence, match, need: int) -> None:
+        """Admit `seq` on its (already locked and held) prefix match plus `need` new blocks."""
+        seq.lock_node = match.node
+        seq.block_ids = list(match.block_ids) + self.pool.allocate(need)
+        seq.num_computed = match.num_tokens
+        seq.inserted_tokens = match.num_tokens
+        if seq.num_preemptions == 0:
+            seq.num_cached = match.num_tokens
+        seq.status = Status.RUNNING
+        self.running.append(seq)
+
+    # ---- blocks ------------------------------------------------------------------------
+
+    def _reserve(self, seq: Sequence, num_tokens: int, preempted: list[Sequence]) -> bool:
+        """Give `seq` blocks for `num_tokens`, evicting and preempting newer work as needed."""
+        need = self.pool.blocks_for_tokens(num_tokens) - len(seq.block_ids)
+        while need > 0 and not self._make_room(need):
+            victim = max(self.running, key=lambda s: s.arrival)
+            self.preempt(victim)
+            preempted.append(victim)
+            if victim is seq:
+                return False
+        if need > 0:
+            seq.block_ids += self.pool.allocate(need)
+        return True
+
+    def _make_room(self, need: int) -> bool:
+        if need <= 0 or self.pool.can_allocate(need):
+            return True
+        self.cache.evict(need - self.pool.num_free)
+        return self.pool.can_allocate(need)
+
+    def preempt(self, seq: Sequence) -> None:
+        """Free `seq`'s blocks (computed ones stay in the prefix cache) and requeue it first."""
+        self.running.remove(seq)
+        self._release(seq)
+        seq.status = Status.WAITING
+        seq.num_computed = 0
+        seq.num_preemptions += 1
+        self.waiting.appendleft(seq)
+
+    def cache_computed(self, seq: Sequence) -> None:
+        """Hand `seq`'s computed full blocks to the prefix cache (they stay held by `seq`)."""
+        full = seq.num_computed // self.block_size * self.block_size
+        if full > seq.inserted_tokens and self.config.enable_prefix_cache:
+            self.cache.insert(seq.tokens[:full], seq.block_ids)
+            seq.inserted_tokens = full
+
+    def _release(self, seq: Sequence) -> None:
+        self.cache_computed(seq)
+        if seq.lock_node is not None:
+            self.cache.unlock(seq.lock_node)
+            seq.lock_node = None
+        self.pool.decref(seq.block_ids)
+        seq.block_ids = []
+
+    def drop(self, seq: Sequence) -> None:
+        """Like remove, but nothing of `seq` enters the prefix cache (its KV is suspect)."""
+        seq.inserted_tokens = max(seq.inserted_tokens, seq.num_computed)
+        self.remove(seq)

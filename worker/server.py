@@ -1,0 +1,124 @@
+"""The worker process: an Engine driven by messages from the router.
+
+The engine loop runs in the main thread: take what arrived (Generate, Abort, Shutdown),
+run one engine step, send the deltas and KV events. It never waits on the socket (the link
+thread owns that), and when idle it sleeps on the inbound queue.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import socket
+import threading
+
+from shared.protocol import (
+    Abort,
+    Generate,
+    Heartbeat,
+    KVEvents,
+    Message,
+    Register,
+    RegisterAck,
+    Shutdown,
+    TokenDelta,
+    Usage,
+)
+from shared.sampling import InvalidRequest
+from worker.engine import Engine, EngineOverloaded
+from worker.link import WorkerLink
+
+log = logging.getLogger(__name__)
+
+IDLE_WAIT_S = 0.05
+
+
+class WorkerServer:
+    def __init__(
+        self, engine: Engine, endpoint: str, worker_id: str, model_id: str, configure_socket=None
+    ):
+        self.engine, self.worker_id = engine, worker_id
+        register = Register(
+            worker_id=worker_id,
+            model_id=model_id,
+            block_size=engine.pool.block_size,
+            kv_capacity_blocks=engine.pool.num_blocks - 1,
+            host=socket.gethostname(),
+            pid=os.getpid(),
+        )
+        self._load = self._heartbeat()
+        self.link = WorkerLink(endpoint, register, lambda: self._load, configure_socket)
+        self.stopping = threading.Event()
+
+    def serve_forever(self) -> int:
+        """Run until Shutdown, stop(), or the router refuses us; the exit code."""
+        self.link.start()
+        try:
+            while not self.stopping.is_set():
+                self._handle_inbound(block=not self.engine.has_work())
+                if self.engine.has_work():
+                    self._step()
+                self._load = self._heartbeat()
+        finally:
+            self.link.stop()
+        return 1 if self.link.refused else 0
+
+    def stop(self) -> None:
+        self.stopping.set()
+
+    def _handle_inbound(self, block: bool) -> None:
+        try:
+            msg = (
+                self.link.inbound.get(timeout=IDLE_WAIT_S)
+                if block
+                else self.link.inbound.get_nowait()
+            )
+        except queue.Empty:
+            return
+        while True:
+            self._handle(msg)
+            try:
+                msg = self.link.inbound.get_nowait()
+            except queue.Empty:
+                return
+
+    def _handle(self, msg: Message) -> None:
+        if isinstance(msg, Generate):
+            self._generate(msg)
+        elif isinstance(msg, Abort):
+            self.engine.abort(msg.request_id)
+        elif isinstance(msg, Shutdown):
+            log.info("shutdown requested by the router: %s", msg.reason or "no reason")
+            self.stop()
+        elif isinstance(msg, RegisterAck):  # a refusal, passed on by the link
+            self.stop()
+        else:
+            log.warning("ignored an unexpected %s from the router", type(msg).__name__)
+
+    def _generate(self, msg: Generate) -> None:
+        try:
+            self.engine.add_request(msg.request_id, list(msg.token_ids), msg.sampling)
+        except (InvalidRequest, EngineOverloaded) as exc:
+            usage = Usage(len(msg.token_ids), 0, 0)
+            self.link.send(TokenDelta(msg.request_id, (), "error", usage, error=str(exc)))
+
+    def _step(self) -> None:
+        for delta in self.engine.step():
+            self.link.send(delta)
+        events = self.engine.drain_kv_events()
+        if events:
+            self.link.send(KVEvents(self.worker_id, tuple(events)))
+
+    def _heartbeat(self) -> Heartbeat:
+        e = self.engine
+        return Heartbeat(
+            worker_id=self.worker_id,
+            running=len(e.scheduler.running),
+            waiting=len(e.scheduler.waiting),
+            free_blocks=e.pool.num_free,
+            total_blocks=e.pool.num_blocks - 1,
+            cached_blocks=e.cache.cached_blocks,
+            hit_tokens=e.cache.hit_tokens,
+            prompt_tokens=e.cache.hit_tokens + e.cache.miss_tokens,
+        )
