@@ -180,3 +180,18 @@ def test_router_command_line_errors(tmp_path, capsys):
     with pytest.raises(SystemExit):
         parse_args([])  # no model anywhere
     assert "--model is required" in capsys.readouterr().err
+
+
+def test_the_shipped_example_loads():
+    example = Path(__file__).resolve().parent.parent / "deploy" / "fleet.example.toml"
+    config = load_config(example)
+    assert config.router.curve_enabled and config.worker.curve_enabled
+    assert config.router.max_body_bytes == 8 * 2**20 and config.worker.kv_fraction == 0.5
+
+
+def test_every_key_is_documented():
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "deploy.md").read_text()
+    for name, cls in fleet_config.SECTIONS.items():
+        assert f"`[{name}]`" in doc
+        for f in dataclasses.fields(cls):
+            assert f"| `{f.name}` |" in doc, f"{name}.{f.name} is missing from docs/deploy.md"
