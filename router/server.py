@@ -13,16 +13,8 @@ from router.api_keys import key_fingerprint
 from router.app import create_app
 from router.config import RouterConfig
 from router.policy import POLICY_NAMES
-from shared.curve import CurveError, require_curve
-from shared.fleet_config import (
-    ConfigError,
-    FleetConfig,
-    RouterSection,
-    load_config,
-    merge_flags,
-    parse_with_passed,
-    read_api_keys,
-)
+from shared.curve import CurveError, load_secret, require_curve
+from shared.fleet_config import ConfigError, RouterSection, load_with_flags, read_api_keys
 
 log = logging.getLogger("router")
 
@@ -145,18 +137,14 @@ def _add_security_flags(p: argparse.ArgumentParser) -> None:
 def parse_args(argv: list[str] | None) -> RouterConfig:
     """Defaults, then the --config file, then the flags actually typed; exits on bad values."""
     parser = build_parser()
-    args, passed = parse_with_passed(parser, argv)
     try:
-        fleet = load_config(args.config) if args.config else FleetConfig()
-        router = merge_flags(fleet.router, args, passed, _ROUTER_FIELDS)
-        model = merge_flags(fleet.model, args, passed, _MODEL_FIELDS)
-        api_keys = read_api_keys(router)
+        _, fleet = load_with_flags(parser, argv, {"router": _ROUTER_FIELDS, "model": _MODEL_FIELDS})
+        api_keys = read_api_keys(fleet.router)
     except ConfigError as e:
         raise SystemExit(f"router: {e}") from None
+    router, model = fleet.router, fleet.model
     if model.path is None:
         parser.error("--model is required (or set [model] path in the --config file)")
-    if router.curve_enabled != (router.curve_authorized_keys is not None):
-        parser.error("--curve-secret-key and --curve-authorized-keys go together")
     logging.basicConfig(
         level=router.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
@@ -188,6 +176,10 @@ def check_security(config: RouterConfig) -> None:
     """Refuse plain ZeroMQ beyond loopback; warn about an open HTTP API beyond loopback."""
     try:
         require_curve(config.zmq_bind, config.curve_enabled, "--zmq-bind")
+        if config.curve_enabled:  # fail here with a clear line, not in the app's startup
+            load_secret(config.curve_secret_key)
+            if not config.curve_authorized_keys.is_dir():
+                raise CurveError(f"{config.curve_authorized_keys}: no such folder of worker keys")
     except CurveError as e:
         raise SystemExit(f"router: {e}") from None
     if config.api_keys:

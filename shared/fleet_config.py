@@ -1,7 +1,10 @@
 """The fleet config file: one TOML file read by the router, the workers, launch-cluster and the
 services. Sections [model], [router], [worker], [cluster]; every key is optional.
 
-    config = load_config(path)                     # FleetConfig, or ConfigError naming the key
+    # A command with a --config flag: defaults < the file < the flags actually typed.
+    args, config = load_with_flags(parser, argv, {"worker": {}, "model": {"model": "path"}})
+
+    config = load_config(path)                      # FleetConfig, or ConfigError naming the key
     args, passed = parse_with_passed(parser, argv)  # argparse result + the flags actually typed
     router = merge_flags(config.router, args, passed)  # flags win over the file
 
@@ -42,6 +45,7 @@ __all__ = [
     "RouterSection",
     "WorkerSection",
     "load_config",
+    "load_with_flags",
     "merge_flags",
     "parse_config",
     "parse_with_passed",
@@ -264,6 +268,30 @@ def merge_flags(
             raw = str(raw) if isinstance(raw, Path) else raw
             values[name] = _checked(flag, fields[name], raw, Path.cwd())
     return dataclasses.replace(section, **values)
+
+
+def load_with_flags(
+    parser: argparse.ArgumentParser,
+    argv: list[str] | None,
+    sections: Mapping[str, Mapping[str, str]],
+    config_dest: str = "config",
+) -> tuple[argparse.Namespace, FleetConfig]:
+    """Parse `argv`, read the file named by its --config (if any), and put the flags the user
+    typed over the file's values in the given sections.
+
+    `sections` maps each section this command takes flags for to its renames
+    ({flag dest: field}) for flags not named like the field. Returns the parsed args and
+    the merged config; raises ConfigError (the caller turns it into a usage error)."""
+    args, passed = parse_with_passed(parser, argv)
+    path = getattr(args, config_dest, None)
+    config = load_config(path) if path is not None else FleetConfig()
+    merged = {
+        name: merge_flags(getattr(config, name), args, passed, rename)
+        for name, rename in sections.items()
+    }
+    config = dataclasses.replace(config, **merged)
+    _check_pairs(config.router, config.worker)
+    return args, config
 
 
 # ------------------------------------------------------------ secrets from files

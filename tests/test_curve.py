@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import stat
 
@@ -166,3 +167,18 @@ async def test_worker_that_does_not_know_the_router_key_gets_nothing(curve_clust
     worker = start_worker(cluster, "a", (keys / "worker-a.key_secret", impostor_public))
     await asyncio.wait_for(worker.handshake_failed.wait(), 5)
     assert not worker.registered.is_set()
+
+
+def test_router_start_checks_its_curve_files(fleet_keys, tmp_path):
+    keys, authorized = fleet_keys
+    config = RouterConfig(
+        model_dir=".",
+        zmq_bind="tcp://0.0.0.0:5555",
+        curve_secret_key=keys / "router.key_secret",
+        curve_authorized_keys=authorized,
+    )
+    check_security(config)
+    with pytest.raises(SystemExit, match="not a readable CURVE key file"):
+        check_security(dataclasses.replace(config, curve_secret_key=tmp_path / "nope"))
+    with pytest.raises(SystemExit, match="no such folder"):
+        check_security(dataclasses.replace(config, curve_authorized_keys=tmp_path / "nope"))

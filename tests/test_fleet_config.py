@@ -195,3 +195,42 @@ def test_every_key_is_documented():
         assert f"`[{name}]`" in doc
         for f in dataclasses.fields(cls):
             assert f"| `{f.name}` |" in doc, f"{name}.{f.name} is missing from docs/deploy.md"
+
+
+def worker_like_parser() -> argparse.ArgumentParser:
+    """The shape the worker CLI takes: its flags named like [worker] / [model] keys."""
+    p = argparse.ArgumentParser()
+    p.add_argument("--config", type=Path)
+    p.add_argument("--router", default="tcp://127.0.0.1:5555")
+    p.add_argument("--model")
+    p.add_argument("--kv-memory")
+    p.add_argument("--block-size", type=int)
+    p.add_argument("--curve-secret-key", type=Path)
+    p.add_argument("--curve-server-key", type=Path)
+    return p
+
+
+def test_load_with_flags_for_a_worker_command_line(tmp_path):
+    path = write(
+        tmp_path,
+        '[model]\npath = "/m/a"\n[worker]\nrouter = "tcp://10.0.0.2:5555"\nblock_size = 32\n'
+        'curve_secret_key = "k/w.key_secret"\ncurve_server_key = "k/router.key"\n',
+    )
+    argv = ["--config", str(path), "--kv-memory", "2GiB", "--model", "/m/b"]
+    args, config = fleet_config.load_with_flags(
+        worker_like_parser(), argv, {"worker": {}, "model": {"model": "path"}}
+    )
+    assert config.worker.router == "tcp://10.0.0.2:5555"  # the file's, not argparse's default
+    assert (config.worker.block_size, config.worker.kv_memory) == (32, 2 * 2**30)
+    assert config.model.path == "/m/b"  # the flag wins
+    assert config.worker.curve_server_key == tmp_path.resolve() / "k/router.key"
+    assert args.config == path
+
+
+def test_load_with_flags_without_a_file_and_pair_errors():
+    _, config = fleet_config.load_with_flags(worker_like_parser(), [], {"worker": {}})
+    assert config.worker == fleet_config.WorkerSection()
+    with pytest.raises(ConfigError, match="set both"):
+        fleet_config.load_with_flags(
+            worker_like_parser(), ["--curve-secret-key", "w.key_secret"], {"worker": {}}
+        )
