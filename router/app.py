@@ -5,19 +5,23 @@ from __future__ import annotations
 from aiohttp import web
 
 from router import handlers, keys
+from router.api_keys import ApiKeys
 from router.config import RouterConfig
 from router.lifecycle import abort_streams, cluster_ctx, tokenizer_ctx
 from router.metrics import Metrics
 from router.middleware import count_requests, errors_as_json
-
-MAX_BODY_BYTES = 32 * 1024 * 1024
+from router.security import limit_body, require_api_key
 
 
 def create_app(config: RouterConfig) -> web.Application:
     app = web.Application(
-        middlewares=[count_requests, errors_as_json], client_max_size=MAX_BODY_BYTES
+        # Outermost first: metrics and JSON errors see everything; the key check comes before
+        # the body is looked at.
+        middlewares=[count_requests, errors_as_json, require_api_key, limit_body],
+        client_max_size=config.max_body_bytes,
     )
     app[keys.CONFIG] = config
+    app[keys.API_KEYS] = ApiKeys(config.api_keys, config.per_key_concurrency)
     app[keys.METRICS] = Metrics()
     app.cleanup_ctx.append(tokenizer_ctx)
     app.cleanup_ctx.append(cluster_ctx)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 
@@ -23,6 +23,17 @@ class RouterConfig:
     max_pending_requests: int = 1024  # requests in flight in the router; more get 429
     max_resubmits: int = 3  # times one request may move to another worker after a failure
     context_length: int | None = None  # defaults to config.json's max_position_embeddings
+    # Security (docs/deploy.md). No keys = no authentication.
+    api_keys: tuple[str, ...] = field(default=(), repr=False)
+    max_body_bytes: int = 8 * 2**20  # larger request bodies get 413
+    max_tokens_cap: int | None = None  # max_tokens above it is clamped to it
+    per_key_concurrency: int | None = None  # requests in flight per API key; more get 429
+    curve_secret_key: Path | None = None  # the router's CURVE secret key file...
+    curve_authorized_keys: Path | None = None  # ...and the folder of workers' public keys
+
+    @property
+    def curve_enabled(self) -> bool:
+        return self.curve_secret_key is not None
 
     @property
     def served_model_id(self) -> str:

@@ -15,6 +15,7 @@ class ApiError(Exception):
         param: str | None = None,
         code: str | None = None,
         type: str = "invalid_request_error",
+        headers: dict[str, str] | None = None,
     ):
         super().__init__(message)
         self.status = status
@@ -22,13 +23,16 @@ class ApiError(Exception):
         self.param = param
         self.code = code
         self.type = type
+        self.headers = headers
 
     def body(self) -> dict:
         error = {"message": self.message, "type": self.type, "param": self.param, "code": self.code}
         return {"error": error}
 
     def response(self) -> web.Response:
-        return web.json_response(self.body(), status=self.status, dumps=json.dumps)
+        return web.json_response(
+            self.body(), status=self.status, dumps=json.dumps, headers=self.headers
+        )
 
 
 def bad_request(message: str, param: str | None = None, code: str | None = None) -> ApiError:
@@ -55,3 +59,40 @@ def overloaded() -> ApiError:
 
 def generation_failed(message: str) -> ApiError:
     return ApiError(500, message, code="generation_failed", type="server_error")
+
+
+def missing_api_key() -> ApiError:
+    return ApiError(
+        401,
+        "You didn't provide an API key. Send it in the Authorization header: "
+        "'Authorization: Bearer YOUR_KEY'.",
+        code="invalid_api_key",
+        headers={"WWW-Authenticate": "Bearer"},
+    )
+
+
+def wrong_api_key() -> ApiError:
+    return ApiError(  # never echo the key back: it may be a real key for something else
+        401,
+        "Incorrect API key provided.",
+        code="invalid_api_key",
+        headers={"WWW-Authenticate": "Bearer"},
+    )
+
+
+def key_busy(limit: int) -> ApiError:
+    return ApiError(
+        429,
+        f"this API key already has {limit} requests in flight, the most allowed; "
+        "retry when one finishes",
+        code="rate_limit_exceeded",
+        type="rate_limit_error",
+    )
+
+
+def body_too_large(limit: int) -> ApiError:
+    return ApiError(
+        413,
+        f"the request body is larger than the router's limit of {limit} bytes",
+        code="request_too_large",
+    )

@@ -77,7 +77,8 @@ async def cluster(request: web.Request) -> web.Response:
 async def _generate(request: web.Request, parse: Parser, id_prefix: str) -> web.StreamResponse:
     app = request.app
     body = await _json_body(request)
-    req = parse(body, app[keys.TOKENIZER], app[keys.CONFIG].served_model_id)
+    config = app[keys.CONFIG]
+    req = parse(body, app[keys.TOKENIZER], config.served_model_id, config.max_tokens_cap)
     request_id = f"{id_prefix}-{uuid.uuid4().hex}"
     job = _start(app, request_id, req)
     builder = ResponseBuilder(req.kind, request_id, req.model)

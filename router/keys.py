@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
+from router.api_keys import ApiKeys
 from router.cluster import Cluster
 from router.config import RouterConfig
 from router.dispatch import Dispatcher
@@ -17,3 +18,4 @@ TOKENIZER = web.AppKey("tokenizer", ModelTokenizer)
 CLUSTER = web.AppKey("cluster", Cluster)
 DISPATCHER = web.AppKey("dispatcher", Dispatcher)
 LINK = web.AppKey("link", WorkerLink)
+API_KEYS = web.AppKey("api_keys", ApiKeys)

@@ -34,8 +34,13 @@ async def cluster_ctx(app: web.Application) -> AsyncIterator[None]:
     config = app[keys.CONFIG]
     metrics = app[keys.METRICS]
     # The lambda looks `cluster` up when called: it is built below, after the link.
+    curve_files = None
+    if config.curve_enabled:
+        curve_files = (config.curve_secret_key, config.curve_authorized_keys)
     link = WorkerLink(
-        config.zmq_bind, on_unreachable=lambda identity: cluster.lose_identity(identity)
+        config.zmq_bind,
+        on_unreachable=lambda identity: cluster.lose_identity(identity),
+        curve_files=curve_files,
     )
     registry = WorkerRegistry()
     index = PrefixIndex(config.prefix_ttl_s)

@@ -5,25 +5,46 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from pathlib import Path
 
 import zmq
 import zmq.asyncio
 
-from shared.protocol import Message, ProtocolError, decode, encode
+from shared import curve
+from shared.protocol import MAX_FRAME_BYTES, Message, ProtocolError, decode, encode
 
 log = logging.getLogger(__name__)
 
 
 class WorkerLink:
-    """Binds a ROUTER socket; workers connect DEALER sockets, one frame per message."""
+    """Binds a ROUTER socket; workers connect DEALER sockets, one frame per message.
 
-    def __init__(self, bind: str, on_unreachable: Callable[[bytes], None]):
+    With `curve` = (router secret key file, folder of authorized worker public keys), the
+    socket is a CURVE server that admits only those workers; without it, `bind` must be a
+    loopback address (curve.CurveError otherwise). Create inside the running event loop."""
+
+    def __init__(
+        self,
+        bind: str,
+        on_unreachable: Callable[[bytes], None],
+        curve_files: tuple[Path, Path] | None = None,
+    ):
+        curve.require_curve(bind, curve_files is not None, "the router's worker socket")
         self._ctx = zmq.asyncio.Context()
         self._sock = self._ctx.socket(zmq.ROUTER)
         # Sending to a worker that is gone raises EHOSTUNREACH instead of dropping silently.
         self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         self._sock.setsockopt(zmq.LINGER, 0)
-        self._sock.bind(bind)
+        # A peer sending a bigger frame is disconnected before it is buffered.
+        self._sock.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES)
+        self._auth = None
+        try:
+            if curve_files is not None:
+                self._auth = curve.configure_server(self._sock, *curve_files)
+            self._sock.bind(bind)
+        except BaseException:
+            self.close()
+            raise
         self.endpoint: str = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
         self._on_unreachable = on_unreachable
 
@@ -55,6 +76,8 @@ class WorkerLink:
                 log.exception("error handling %s from %r", type(msg).__name__, identity)
 
     def close(self) -> None:
+        if self._auth is not None:
+            self._auth.stop()
         self._sock.close(linger=0)
         self._ctx.term()
 

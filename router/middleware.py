@@ -8,7 +8,7 @@ import time
 from aiohttp import web
 
 from router import keys
-from router.errors import ApiError
+from router.errors import ApiError, body_too_large
 
 log = logging.getLogger(__name__)
 
@@ -22,6 +22,8 @@ async def errors_as_json(request: web.Request, handler) -> web.StreamResponse:
     except web.HTTPException as e:  # unknown route, wrong method, body too large...
         if e.status < 400:
             raise
+        if e.status == 413:  # a chunked body over client_max_size
+            return body_too_large(request.app[keys.CONFIG].max_body_bytes).response()
         code = "not_found" if e.status == 404 else None
         return ApiError(e.status, e.reason, code=code).response()
     except Exception:

@@ -24,7 +24,9 @@ class GenerationRequest:
     include_usage: bool
 
 
-def parse_chat(body: dict, tokenizer: ModelTokenizer, model_id: str) -> GenerationRequest:
+def parse_chat(
+    body: dict, tokenizer: ModelTokenizer, model_id: str, max_tokens_cap: int | None = None
+) -> GenerationRequest:
     _check_model(body, model_id)
     messages = _chat_messages(body)
     if not tokenizer.has_chat_template:
@@ -34,23 +36,41 @@ def parse_chat(body: dict, tokenizer: ModelTokenizer, model_id: str) -> Generati
     if max_tokens is None:
         max_tokens = _field(body, "max_tokens", int, None)
     return _build(
-        "chat", body, model_id, prompt_ids, max_tokens, tokenizer, tokenizer.chat_stop_token_ids
+        "chat",
+        body,
+        model_id,
+        prompt_ids,
+        max_tokens,
+        max_tokens_cap,
+        tokenizer,
+        tokenizer.chat_stop_token_ids,
     )
 
 
-def parse_completion(body: dict, tokenizer: ModelTokenizer, model_id: str) -> GenerationRequest:
+def parse_completion(
+    body: dict, tokenizer: ModelTokenizer, model_id: str, max_tokens_cap: int | None = None
+) -> GenerationRequest:
     _check_model(body, model_id)
     prompt_ids = _completion_prompt(body, tokenizer)
     max_tokens = _field(body, "max_tokens", int, 16)  # OpenAI's default for completions
     return _build(
-        "text", body, model_id, prompt_ids, max_tokens, tokenizer, tokenizer.eos_token_ids
+        "text",
+        body,
+        model_id,
+        prompt_ids,
+        max_tokens,
+        max_tokens_cap,
+        tokenizer,
+        tokenizer.eos_token_ids,
     )
 
 
-def _build(kind, body, model_id, prompt_ids, max_tokens, tokenizer, stop_ids) -> GenerationRequest:
+def _build(
+    kind, body, model_id, prompt_ids, max_tokens, cap, tokenizer, stop_ids
+) -> GenerationRequest:
     _check_unsupported(body)
     prompt_ids = tuple(prompt_ids)
-    max_tokens = _max_tokens(len(prompt_ids), max_tokens, tokenizer.context_length)
+    max_tokens = _max_tokens(len(prompt_ids), max_tokens, tokenizer.context_length, cap)
     sampling = SamplingParams(
         temperature=_field(body, "temperature", float, 1.0),
         top_p=_field(body, "top_p", float, 1.0),
@@ -126,7 +146,10 @@ def _check_model(body: dict, model_id: str) -> None:
         )
 
 
-def _max_tokens(prompt_len: int, max_tokens: int | None, context_length: int) -> int:
+def _max_tokens(
+    prompt_len: int, max_tokens: int | None, context_length: int, cap: int | None
+) -> int:
+    """The completion budget: as asked (default: the rest of the context), clamped to `cap`."""
     if prompt_len >= context_length:
         raise bad_request(
             f"This model's maximum context length is {context_length} tokens; the prompt has "
@@ -134,10 +157,12 @@ def _max_tokens(prompt_len: int, max_tokens: int | None, context_length: int) ->
             "messages",
             "context_length_exceeded",
         )
-    if max_tokens is None:
-        return context_length - prompt_len
-    if max_tokens < 1:
+    if max_tokens is not None and max_tokens < 1:
         raise bad_request(f"max_tokens must be at least 1, got {max_tokens}", "max_tokens")
+    if max_tokens is None:
+        max_tokens = context_length - prompt_len
+    if cap is not None:
+        max_tokens = min(max_tokens, cap)
     if prompt_len + max_tokens > context_length:
         raise bad_request(
             f"This model's maximum context length is {context_length} tokens; you requested "

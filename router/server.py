@@ -1,33 +1,49 @@
-"""Command line: run the router (`python -m router --model DIR ...`)."""
+"""Command line: run the router (`python -m router --config FILE` or `--model DIR ...`)."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 from pathlib import Path
 
 from aiohttp import web
 
+from router.api_keys import key_fingerprint
 from router.app import create_app
 from router.config import RouterConfig
 from router.policy import POLICY_NAMES
+from shared.curve import CurveError, load_secret, require_curve
+from shared.fleet_config import ConfigError, RouterSection, load_with_flags, read_api_keys
 
-_DEFAULTS = RouterConfig(model_dir=Path("."))
+log = logging.getLogger("router")
+
+_DEFAULTS = RouterSection()
+
+# Flag dests whose RouterSection / ModelSection field has another name.
+_ROUTER_FIELDS = {
+    "prefix_ttl": "prefix_ttl_s",
+    "heartbeat_interval": "heartbeat_interval_s",
+    "heartbeat_timeout": "heartbeat_timeout_s",
+    "max_pending": "max_pending_requests",
+}
+_MODEL_FIELDS = {"model": "path", "model_id": "id"}
 
 
-def parse_args(argv: list[str] | None) -> RouterConfig:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m router",
         description="mlx-fleet router: an OpenAI-compatible HTTP API in front of MLX workers, "
-        "routing each prompt to the worker most likely to hold its prefix in cache.",
+        "routing each prompt to the worker most likely to hold its prefix in cache. "
+        "Flags override the --config file.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
+    p.add_argument("--config", type=Path, metavar="FILE", help="fleet config file (TOML)")
     p.add_argument(
         "--model",
-        required=True,
-        type=Path,
         metavar="DIR",
-        help="local model directory (tokenizer files, chat template, config.json)",
+        help="model directory (tokenizer files, chat template, config.json), or a .gguf file "
+        "or repo id the workers use too; default: [model] path in --config",
     )
     p.add_argument("--model-id", help="model name clients send (default: the directory's name)")
     p.add_argument("--host", default=_DEFAULTS.host, help="HTTP address to bind")
@@ -83,33 +99,115 @@ def parse_args(argv: list[str] | None) -> RouterConfig:
         type=int,
         help="override the model's context length (default: config.json)",
     )
-    p.add_argument("--log-level", default="INFO")
-    args = p.parse_args(argv)
+    _add_security_flags(p)
+    p.add_argument("--log-level", type=str.upper, default=_DEFAULTS.log_level)
+    return p
+
+
+def _add_security_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("security (see docs/deploy.md)")
+    g.add_argument(
+        "--api-keys-file",
+        type=Path,
+        metavar="FILE",
+        help="API keys clients must send as 'Authorization: Bearer KEY', one a line "
+        "(keys are never accepted on the command line: ps would show them)",
+    )
+    g.add_argument(
+        "--max-body-bytes",
+        type=int,
+        default=_DEFAULTS.max_body_bytes,
+        help="larger request bodies are refused with 413",
+    )
+    g.add_argument("--max-tokens-cap", type=int, help="clamp every request's max_tokens to this")
+    g.add_argument(
+        "--per-key-concurrency", type=int, help="requests in flight per API key; more get 429"
+    )
+    g.add_argument(
+        "--curve-secret-key", type=Path, metavar="FILE", help="the router's CURVE secret key file"
+    )
+    g.add_argument(
+        "--curve-authorized-keys",
+        type=Path,
+        metavar="DIR",
+        help="folder of the public keys of the workers allowed to connect",
+    )
+
+
+def parse_args(argv: list[str] | None) -> RouterConfig:
+    """Defaults, then the --config file, then the flags actually typed; exits on bad values."""
+    parser = build_parser()
+    try:
+        _, fleet = load_with_flags(parser, argv, {"router": _ROUTER_FIELDS, "model": _MODEL_FIELDS})
+        api_keys = read_api_keys(fleet.router)
+    except ConfigError as e:
+        raise SystemExit(f"router: {e}") from None
+    router, model = fleet.router, fleet.model
+    if model.path is None:
+        parser.error("--model is required (or set [model] path in the --config file)")
     logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+        level=router.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     return RouterConfig(
-        model_dir=args.model,
-        model_id=args.model_id,
-        host=args.host,
-        port=args.port,
-        zmq_bind=args.zmq_bind,
-        policy=args.policy,
-        prefill_weight=args.prefill_weight,
-        balance_abs_threshold=args.balance_abs_threshold,
-        balance_rel_threshold=args.balance_rel_threshold,
-        prefix_ttl_s=args.prefix_ttl,
-        heartbeat_interval_s=args.heartbeat_interval,
-        heartbeat_timeout_s=args.heartbeat_timeout,
-        max_pending_requests=args.max_pending,
-        context_length=args.context_length,
+        model_dir=Path(model.path).expanduser(),
+        model_id=model.id,
+        host=router.host,
+        port=router.port,
+        zmq_bind=router.zmq_bind,
+        policy=router.policy,
+        prefill_weight=router.prefill_weight,
+        balance_abs_threshold=router.balance_abs_threshold,
+        balance_rel_threshold=router.balance_rel_threshold,
+        prefix_ttl_s=router.prefix_ttl_s,
+        heartbeat_interval_s=router.heartbeat_interval_s,
+        heartbeat_timeout_s=router.heartbeat_timeout_s,
+        max_pending_requests=router.max_pending_requests,
+        context_length=router.context_length,
+        api_keys=api_keys,
+        max_body_bytes=router.max_body_bytes,
+        max_tokens_cap=router.max_tokens_cap,
+        per_key_concurrency=router.per_key_concurrency,
+        curve_secret_key=router.curve_secret_key,
+        curve_authorized_keys=router.curve_authorized_keys,
     )
+
+
+def check_security(config: RouterConfig) -> None:
+    """Refuse plain ZeroMQ beyond loopback; warn about an open HTTP API beyond loopback."""
+    try:
+        require_curve(config.zmq_bind, config.curve_enabled, "--zmq-bind")
+        if config.curve_enabled:  # fail here with a clear line, not in the app's startup
+            load_secret(config.curve_secret_key)
+            if not config.curve_authorized_keys.is_dir():
+                raise CurveError(f"{config.curve_authorized_keys}: no such folder of worker keys")
+    except CurveError as e:
+        raise SystemExit(f"router: {e}") from None
+    if config.api_keys:
+        names = ", ".join(key_fingerprint(k) for k in config.api_keys)
+        log.info("API keys required (%d: fingerprints %s)", len(config.api_keys), names)
+    elif config.host not in ("127.0.0.1", "::1", "localhost"):
+        log.warning(
+            "HTTP API on %s without API keys: anyone who can reach it can use it", config.host
+        )
+
+
+def resolve_model_dir(config: RouterConfig) -> RouterConfig:
+    """A .gguf file or repo id becomes the local directory it converts / downloads to."""
+    if config.model_dir.is_dir():
+        return config
+    from shared.model_store import ModelNotFound, resolve_model, stderr_progress
+
+    try:
+        model_dir = resolve_model(str(config.model_dir), stderr_progress)
+    except ModelNotFound as e:
+        raise SystemExit(f"router: --model {config.model_dir}: {e}") from None
+    return dataclasses.replace(config, model_dir=model_dir)
 
 
 def main(argv: list[str] | None = None) -> None:
     config = parse_args(argv)
-    if not config.model_dir.is_dir():
-        raise SystemExit(f"--model {config.model_dir}: not a directory")
+    check_security(config)
+    config = resolve_model_dir(config)
     web.run_app(
         create_app(config),
         host=config.host,

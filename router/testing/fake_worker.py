@@ -15,10 +15,13 @@ import contextlib
 import os
 import socket
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import zmq
 import zmq.asyncio
+from zmq.utils.monitor import recv_monitor_message
 
+from shared.curve import configure_client
 from shared.hashing import ROOT_PARENT_HASH, hash_blocks
 from shared.kv_events import BlockStored
 from shared.protocol import (
@@ -50,6 +53,8 @@ class FakeWorkerConfig:
     error: str | None = None  # end every request with this error...
     error_after_tokens: int = 0  # ...after generating this many tokens
     silent: bool = False  # accept requests but never answer (a stuck worker)
+    curve: tuple[Path, Path] | None = None  # (own secret key file, router's public key file)
+    watch_handshake: bool = False  # set handshake_failed when the router refuses the connection
 
 
 @dataclass
@@ -59,6 +64,7 @@ class FakeWorker:
     aborted: list[str] = field(default_factory=list)
     ack: RegisterAck | None = None
     registered: asyncio.Event = field(default_factory=asyncio.Event)
+    handshake_failed: asyncio.Event = field(default_factory=asyncio.Event)
     _cached: set[int] = field(default_factory=set)
     _running: dict[str, asyncio.Task] = field(default_factory=dict)
     _sock: zmq.asyncio.Socket | None = None
@@ -70,8 +76,14 @@ class FakeWorker:
         ctx = zmq.asyncio.Context()
         self._sock = ctx.socket(zmq.DEALER)
         self._sock.setsockopt(zmq.LINGER, 0)
+        if self.config.curve is not None:
+            configure_client(self._sock, *self.config.curve)
         self._sock.connect(self.config.endpoint)
         heartbeats = None
+        monitor, monitor_sock = None, None
+        if self.config.watch_handshake:
+            monitor_sock = self._sock.get_monitor_socket()
+            monitor = asyncio.create_task(self._watch_handshake(monitor_sock))
         try:
             await self._send(self._register_msg())
             while True:
@@ -87,11 +99,22 @@ class FakeWorker:
                 else:
                     self._handle(msg)
         finally:
-            for task in [heartbeats, *self._running.values()]:
+            for task in [heartbeats, monitor, *self._running.values()]:
                 if task is not None:
                     task.cancel()
+            if monitor_sock is not None:  # ctx.term() waits for every socket to close
+                self._sock.disable_monitor()
+                monitor_sock.close(linger=0)
             self._sock.close(linger=0)
             ctx.term()
+
+    async def _watch_handshake(self, monitor: zmq.asyncio.Socket) -> None:
+        failures = {zmq.EVENT_HANDSHAKE_FAILED_AUTH, zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL}
+        failures.add(zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
+        while True:
+            event = await recv_monitor_message(monitor)
+            if event["event"] in failures:
+                self.handshake_failed.set()
 
     def _handle(self, msg: Message) -> None:
         if isinstance(msg, Generate):
@@ -193,9 +216,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--worker-id", default=f"fake-{os.getpid()}")
     parser.add_argument("--block-size", type=int, default=4)
     parser.add_argument("--token-delay", type=float, default=0.0, help="seconds per token")
+    parser.add_argument("--curve-secret-key", type=Path, help="own CURVE secret key file")
+    parser.add_argument("--curve-server-key", type=Path, help="the router's CURVE public key")
     args = parser.parse_args(argv)
+    curve = None
+    if args.curve_secret_key is not None:
+        curve = (args.curve_secret_key, args.curve_server_key)
     config = FakeWorkerConfig(
-        args.connect, args.worker_id, args.block_size, token_delay_s=args.token_delay
+        args.connect, args.worker_id, args.block_size, token_delay_s=args.token_delay, curve=curve
     )
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(FakeWorker(config).run())

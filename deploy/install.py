@@ -1,0 +1,183 @@
+"""`scripts/install-service ACTION ROLE`: install, start, stop and inspect the fleet's services.
+
+    scripts/install-service install router --config ~/.config/mlx-fleet/fleet.toml
+    scripts/install-service install worker --config ~/.config/mlx-fleet/fleet.toml --workers 2
+    scripts/install-service status worker
+    scripts/install-service install router --config fleet.toml --dry-run   # print, change nothing
+
+macOS: launchd user agents in ~/Library/LaunchAgents (launchctl bootstrap gui/$UID ...), logs in
+~/Library/Logs/mlx-fleet. Linux (or --systemd): systemd user units in ~/.config/systemd/user
+(systemctl --user ...), logs in the journal (journalctl --user -u mlx-fleet-router).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from deploy import services
+from shared.config_fields import ConfigError
+from shared.curve import CurveError, require_curve
+from shared.fleet_config import FleetConfig, load_config, too_open
+
+ROOT = Path(__file__).resolve().parent.parent
+ACTIONS = ("install", "uninstall", "load", "unload", "restart", "status")
+DEFAULT_CONFIG = Path("~/.config/mlx-fleet/fleet.toml")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="install-service",
+        description=__doc__.split("\n\n")[0],
+        epilog="Actions: install (write the files, then load), uninstall (unload, then remove "
+        "the files), load, unload, restart, status.",
+    )
+    p.add_argument("action", choices=ACTIONS)
+    p.add_argument("role", choices=services.ROLES)
+    p.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help="the fleet config file")
+    p.add_argument("--workers", type=int, default=1, help="worker processes on this host")
+    kind = p.add_mutually_exclusive_group()
+    kind.add_argument("--launchd", action="store_true", help="launchd agents (macOS default)")
+    kind.add_argument("--systemd", action="store_true", help="systemd user units (Linux default)")
+    p.add_argument("--venv", type=Path, default=ROOT / ".venv", help="the virtual environment")
+    p.add_argument("--log-dir", type=Path, default=Path("~/Library/Logs/mlx-fleet"))
+    p.add_argument(
+        "--env", action="append", default=[], metavar="KEY=VALUE", help="extra environment"
+    )
+    p.add_argument("--out", type=Path, help="write the files here instead of the service folder")
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the files and the commands; run nothing, write only into --out if given",
+    )
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = build_parser()
+    args = p.parse_args(argv)
+    use_systemd = args.systemd or (not args.launchd and sys.platform != "darwin")
+    folder = args.out or (
+        services.systemd_user_dir() if use_systemd else services.launch_agents_dir()
+    )
+    try:
+        install = _install(args)
+        if args.action == "install":
+            _check_config(args.role, install.config)
+    except (ConfigError, CurveError, ValueError) as e:
+        print(f"install-service: {e}", file=sys.stderr)
+        return 1
+    if args.workers < 1:
+        p.error("--workers must be at least 1")
+    if use_systemd:
+        files, commands = _systemd_plan(args, install, folder)
+    else:
+        files, commands = _launchd_plan(args, install, folder)
+    log_dir = None if use_systemd else install.log_dir  # launchd does not create it
+    return _carry_out(args, folder, files, commands, log_dir)
+
+
+def _install(args) -> services.Install:
+    env = {}
+    for item in args.env:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--env {item!r}: expected KEY=VALUE")
+        env[key] = value
+    if "MLX_FLEET_CACHE" in os.environ:  # the services should find the same converted models
+        env.setdefault("MLX_FLEET_CACHE", os.environ["MLX_FLEET_CACHE"])
+    return services.Install(
+        root=ROOT,
+        venv=args.venv.expanduser().absolute(),
+        config=args.config.expanduser().absolute(),
+        log_dir=args.log_dir.expanduser().absolute(),
+        env=env,
+    )
+
+
+def _check_config(role: str, path: Path) -> FleetConfig:
+    """Fail now, not in a restart loop: the file must load and be safe to run on the network."""
+    config = load_config(path)
+    if role == "router":
+        require_curve(config.router.zmq_bind, config.router.curve_enabled, "router.zmq_bind")
+        if config.router.api_keys and too_open(path):
+            _warn(f"{path} holds API keys and others can read it: chmod 600 {path}")
+        if config.model.path is None:
+            _warn(f"{path}: [model] path is not set; the router will not start without it")
+    else:
+        require_curve(config.worker.router, config.worker.curve_enabled, "worker.router")
+    section = config.router if role == "router" else config.worker
+    for key_file in (section.curve_secret_key, getattr(section, "curve_server_key", None)):
+        if key_file is not None and not key_file.exists():
+            _warn(f"{key_file} does not exist yet (mlx-fleet-keys generate; docs/deploy.md)")
+        elif key_file is not None and key_file.suffix == ".key_secret" and too_open(key_file):
+            _warn(f"{key_file} can be read by others: chmod 600 {key_file}")
+    return config
+
+
+def _launchd_plan(args, install, folder):
+    if args.action == "install":
+        files = services.render_launchd(args.role, install, args.workers)
+        stale = [
+            f
+            for f in services.installed_launchd(args.role, folder)
+            if f.name not in {new.name for new in files}
+        ]
+        old = services.installed_launchd(args.role, folder)
+        commands = services.launchctl_commands("unload", old, folder)
+        commands += services.launchctl_commands("load", files, folder)
+        return (files, stale), commands
+    files = services.installed_launchd(args.role, folder)
+    action = "unload" if args.action == "uninstall" else args.action
+    removed = files if args.action == "uninstall" else []
+    return ([], removed), services.launchctl_commands(action, files, folder)
+
+
+def _systemd_plan(args, install, folder):
+    units = services.systemd_units(args.role, args.workers)
+    if args.action == "install":
+        files = [services.render_systemd(args.role, install)]
+        return (files, []), services.systemctl_commands("load", units)
+    action = "unload" if args.action == "uninstall" else args.action
+    removed = []
+    if args.action == "uninstall":
+        name = services.ROUTER_UNIT if args.role == "router" else services.WORKER_UNIT
+        removed = [services.ServiceFile(name, "", name)]
+    return ([], removed), services.systemctl_commands(action, units)  # reload at the next install
+
+
+def _carry_out(args, folder: Path, plan, commands, log_dir: Path | None) -> int:
+    files, removed = plan
+    write = not args.dry_run or args.out is not None
+    for file in files:
+        if args.dry_run:
+            print(f"# ---- {folder / file.name}\n{file.text}")
+        if write:
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / file.name).write_text(file.text)
+    if files and not args.dry_run and log_dir is not None:
+        log_dir.mkdir(parents=True, exist_ok=True)
+    status = 0
+    for command in commands:
+        print("$ " + " ".join(command))
+        if not args.dry_run:
+            done = subprocess.run(command, check=False)
+            # Unloading what is not loaded fails harmlessly; other failures count.
+            if done.returncode and command[1:2] != ["bootout"]:
+                status = done.returncode
+    for file in removed:
+        print(f"# remove {folder / file.name}")
+        if not args.dry_run:
+            (folder / file.name).unlink(missing_ok=True)
+    return status
+
+
+def _warn(message: str) -> None:
+    print(f"install-service: warning: {message}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
