@@ -29,25 +29,32 @@ def build_parser() -> argparse.ArgumentParser:
         description="Start an mlx-fleet router and N MLX worker processes on this machine.",
         epilog="Example: launch-cluster --workers 2   (then point an OpenAI client at the printed URL)",
     )
-    p.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
+    p.add_argument(
+        "--config", help="fleet TOML file (deploy/fleet.example.toml); flags override it"
+    )
+    p.add_argument("--workers", type=int, help="worker processes (default 2)")
     p.add_argument("--model", help="model dir, .gguf, HF repo id; default: SmolLM2-135M-Instruct")
-    p.add_argument("--host", default="127.0.0.1", help="HTTP bind address (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=8000, help="HTTP port (default 8000)")
-    p.add_argument("--zmq-port", type=int, help="router's ZeroMQ port (default: a free one)")
-    p.add_argument("--policy", choices=POLICIES, default="cache_aware", help="routing policy")
+    p.add_argument("--host", help="HTTP bind address (default 127.0.0.1)")
+    p.add_argument("--port", type=int, help="HTTP port (default 8000)")
+    p.add_argument(
+        "--zmq-port", type=int, help="router's ZeroMQ port on 127.0.0.1 (default: a free one)"
+    )
+    p.add_argument("--policy", choices=POLICIES, help="routing policy (default cache_aware)")
     p.add_argument(
         "--kv-memory", help="KV budget per worker, e.g. 2GiB (default: 25%% of memory / workers)"
     )
-    p.add_argument("--block-size", type=int, default=32, help="tokens per KV block")
+    p.add_argument("--block-size", type=int, help="tokens per KV block (default 32)")
     p.add_argument(
-        "--max-running", type=int, default=64, help="sequences decoding at once, per worker"
+        "--max-running", type=int, help="sequences decoding at once, per worker (default 64)"
     )
     p.add_argument(
-        "--prefill-chunk", type=int, default=256, help="prompt tokens per sequence per step"
+        "--prefill-chunk", type=int, help="prompt tokens per sequence per step (default 256)"
     )
     p.add_argument("--threads", type=int, help="BLAS threads per worker (default: cores / workers)")
     p.add_argument("--startup-timeout", type=float, default=600, help="seconds to wait for workers")
-    p.add_argument("--log-dir", type=Path, help="write each process's log here (default: inherit)")
+    p.add_argument(
+        "--log-dir", type=Path, help="write each process's log here (default: this terminal)"
+    )
     return p
 
 
@@ -65,17 +72,28 @@ def model_name(spec: str | None, model_dir: Path) -> str:
     return path.stem if path.suffix == ".gguf" else path.name
 
 
-def commands(args, model_dir: Path, name: str, zmq_port: int) -> tuple[list[str], list[list[str]]]:
+def commands(
+    args, fleet, model_dir: Path, name: str, zmq_port: int
+) -> tuple[list[str], list[list[str]]]:
     py = [sys.executable, "-m"]
-    router = py + ["router", "--model", str(model_dir), "--model-id", name, "--host", args.host,
-                   "--port", str(args.port), "--zmq-bind", f"tcp://127.0.0.1:{zmq_port}",
-                   "--policy", args.policy]  # fmt: skip
-    fraction = f"{min(0.9, 0.25 / args.workers):.4f}"
-    kv = ["--kv-memory", args.kv_memory] if args.kv_memory else ["--kv-fraction", fraction]
-    workers = [
+    config = ["--config", args.config] if args.config else []
+    r, workers = fleet.router, fleet.cluster.workers
+    router = py + ["router", *config, "--model", str(model_dir), "--model-id", name, "--host", r.host,
+                   "--port", str(r.port), "--zmq-bind", f"tcp://127.0.0.1:{zmq_port}", "--policy", r.policy]  # fmt: skip
+    tunables = {"--block-size": args.block_size, "--max-running": args.max_running,
+                "--prefill-chunk": args.prefill_chunk, "--kv-memory": args.kv_memory}  # fmt: skip
+    extra = [str(x) for flag, value in tunables.items() if value is not None for x in (flag, value)]
+    if (
+        args.kv_memory is None
+        and fleet.worker.kv_memory is None
+        and fleet.worker.kv_fraction is None
+    ):
+        extra += ["--kv-fraction", f"{min(0.9, 0.25 / workers):.4f}"]
+    worker_cmds = [
         py
         + [
             "worker",
+            *config,
             "--router",
             f"tcp://127.0.0.1:{zmq_port}",
             "--model",
@@ -84,17 +102,11 @@ def commands(args, model_dir: Path, name: str, zmq_port: int) -> tuple[list[str]
             name,
             "--worker-id",
             f"worker-{i}",
-            "--block-size",
-            str(args.block_size),
-            "--max-running",
-            str(args.max_running),
-            "--prefill-chunk",
-            str(args.prefill_chunk),
-            *kv,
+            *extra,
         ]  # fmt: skip
-        for i in range(args.workers)
+        for i in range(workers)
     ]
-    return router, workers
+    return router, worker_cmds
 
 
 def child_env(threads: int) -> dict:
@@ -137,22 +149,33 @@ def wait_until_ready(sup: Supervisor, url: str, workers: int, timeout: float) ->
     return False
 
 
+def load_settings(parser: argparse.ArgumentParser, argv: list[str] | None):
+    from shared.fleet_config import ConfigError, load_with_flags
+
+    renames = {"router": {}, "model": {"model": "path"}, "cluster": {}}
+    try:
+        return load_with_flags(parser, argv, renames)
+    except ConfigError as exc:
+        parser.error(str(exc))
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    if args.workers < 1:
-        print("launch-cluster: error: --workers must be >= 1", file=sys.stderr)
-        return 2
+    parser = build_parser()
+    args, fleet = load_settings(parser, argv)
     from shared.model_store import ModelNotFound, resolve_model, stderr_progress
 
     try:
-        model_dir = resolve_model(args.model, stderr_progress)  # convert once, before the children
+        model_dir = resolve_model(
+            fleet.model.path, stderr_progress
+        )  # convert once, before the children
     except ModelNotFound as exc:
         print(f"launch-cluster: error: {exc}", file=sys.stderr)
         return 2
-    name = model_name(args.model, model_dir)
+    name = fleet.model.id or model_name(fleet.model.path, model_dir)
+    workers = fleet.cluster.workers
     zmq_port = args.zmq_port or free_port()
-    threads = args.threads or max(1, (os.cpu_count() or 1) // args.workers)
-    router_cmd, worker_cmds = commands(args, model_dir, name, zmq_port)
+    threads = args.threads or max(1, (os.cpu_count() or 1) // workers)
+    router_cmd, worker_cmds = commands(args, fleet, model_dir, name, zmq_port)
     env = child_env(threads)
     sup = Supervisor(
         Child("router", router_cmd, env, restart=False, log_dir=args.log_dir),
@@ -163,18 +186,19 @@ def main(argv: list[str] | None = None) -> int:
     )
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: sup.request_stop())
-    url = f"http://{args.host}:{args.port}"
+    url = f"http://{fleet.router.host}:{fleet.router.port}"
     sup.start()
     try:
-        if not wait_until_ready(sup, url, args.workers, args.startup_timeout):
+        if not wait_until_ready(sup, url, workers, args.startup_timeout):
             if not sup.stopping:
                 print(
                     "[launch-cluster] the cluster did not come up; see the logs above",
                     file=sys.stderr,
                 )
             return 0 if sup.stopping else 1
+        policy = fleet.router.policy
         print(
-            f"mlx-fleet is serving {name} at {url}/v1 ({args.workers} workers, policy {args.policy})",
+            f"mlx-fleet is serving {name} at {url}/v1 ({workers} workers, policy {policy})",
             flush=True,
         )
         return sup.supervise()

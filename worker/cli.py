@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
-import re
 import signal
 import socket
 import sys
@@ -13,84 +13,101 @@ import time
 
 from shared.blas import openblas_active, reexec_with_openblas
 
-_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)?\s*$", re.IGNORECASE)
-_UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "kib": 2**10, "m": 1e6, "mb": 1e6, "mib": 2**20,
-          "g": 1e9, "gb": 1e9, "gib": 2**30, "t": 1e12, "tb": 1e12, "tib": 2**40}  # fmt: skip
-
-
-def parse_size(text: str) -> int:
-    """'2GiB', '512MB', '1e9'-free plain bytes -> bytes."""
-    m = _SIZE_RE.match(text)
-    unit = (m.group(2) or "").lower() if m else None
-    if not m or unit not in _UNITS:
-        raise argparse.ArgumentTypeError(f"not a size: {text!r} (examples: 2GiB, 512MB, 1048576)")
-    return int(float(m.group(1)) * _UNITS[unit])
-
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="cluster-worker",
         description="An mlx-fleet worker: runs one model replica and serves the router at --router.",
     )
-    p.add_argument("--router", default="tcp://127.0.0.1:5555", help="the router's ZeroMQ address")
+    p.add_argument(
+        "--config", help="fleet TOML file (deploy/fleet.example.toml); flags override it"
+    )
+    p.add_argument("--router", help="the router's ZeroMQ address (default tcp://127.0.0.1:5555)")
     p.add_argument("--model", help="model dir, .gguf, HF repo id; default: SmolLM2-135M-Instruct")
     p.add_argument(
         "--model-id", help="model name to register (default: the model directory's name)"
     )
     p.add_argument("--worker-id", help="unique name of this worker (default: HOST-PID)")
     kv = p.add_mutually_exclusive_group()
-    kv.add_argument("--kv-memory", type=parse_size, help="KV cache budget, e.g. 2GiB")
+    kv.add_argument("--kv-memory", help="KV cache budget, e.g. 2GiB")
     kv.add_argument(
-        "--kv-fraction", type=float, help="KV budget as a fraction of device memory (default 0.25)"
+        "--kv-fraction", type=float, help="KV budget as a share of device memory (default 0.25)"
     )
-    p.add_argument("--block-size", type=int, default=32, help="tokens per KV block (default 32)")
-    p.add_argument("--max-running", type=int, default=64, help="most sequences decoding at once")
+    p.add_argument("--block-size", type=int, help="tokens per KV block (default 32)")
+    p.add_argument("--max-running", type=int, help="most sequences decoding at once (default 64)")
     p.add_argument(
-        "--prefill-chunk", type=int, default=256, help="most prompt tokens per sequence per step"
+        "--prefill-chunk", type=int, help="most prompt tokens per sequence per step (default 256)"
     )
-    p.add_argument("--step-token-budget", type=int, default=1024, help="tokens per engine step")
     p.add_argument(
-        "--compute-dtype", default="auto", help="auto, float32, float16, bfloat16, quantized"
+        "--compute-dtype", help="auto (default: float32 on CPU, quantized on Metal), float32, ..."
     )
-    p.add_argument("--log-level", default="INFO")
+    p.add_argument(
+        "--curve-secret-key", help="this worker's CURVE secret key file (mlx-fleet-keys)"
+    )
+    p.add_argument("--curve-server-key", help="the router's CURVE public key file")
+    p.add_argument("--log-level", help="DEBUG, INFO (default), WARNING, ERROR")
     return p
 
 
-def engine_config(args):
+def engine_config(worker, model):
+    """EngineConfig from the merged [worker] and [model] settings (None = the engine default)."""
     from worker.config import EngineConfig
 
-    extra = {}
-    if args.kv_memory:
-        extra["kv_memory_bytes"] = args.kv_memory
-    if args.kv_fraction:
-        extra["kv_memory_fraction"] = args.kv_fraction
-    return EngineConfig(
-        block_size=args.block_size,
-        max_running=args.max_running,
-        prefill_chunk=args.prefill_chunk,
-        step_token_budget=max(args.step_token_budget, args.prefill_chunk),
-        compute_dtype=args.compute_dtype,
-        **extra,
-    )
+    given = {
+        "kv_memory_bytes": worker.kv_memory,
+        "kv_memory_fraction": worker.kv_fraction,
+        "block_size": worker.block_size,
+        "max_running": worker.max_running,
+        "prefill_chunk": worker.prefill_chunk,
+        "compute_dtype": model.compute_dtype,
+    }
+    config = EngineConfig(**{k: v for k, v in given.items() if v is not None})
+    if config.step_token_budget < config.prefill_chunk:  # a bigger chunk widens the step
+        config = dataclasses.replace(config, step_token_budget=config.prefill_chunk)
+    config.validate()
+    return config
+
+
+def load_settings(parser: argparse.ArgumentParser, argv: list[str] | None):
+    """(args, [worker] section, [model] section), flags over the --config file."""
+    from shared.curve import CurveError, require_curve
+    from shared.fleet_config import ConfigError, load_with_flags
+
+    renames = {"worker": {}, "model": {"model": "path", "model_id": "id"}}
+    try:
+        args, fleet = load_with_flags(parser, argv, renames)
+        require_curve(fleet.worker.router, fleet.worker.curve_enabled, "--router")
+    except (ConfigError, CurveError) as exc:
+        parser.error(str(exc))
+    return args, fleet.worker, fleet.model
+
+
+def socket_setup(worker):
+    """What the link applies to its DEALER socket before connecting: CURVE, when configured."""
+    if not worker.curve_enabled:
+        return None
+    from shared.curve import configure_client
+
+    return lambda sock: configure_client(sock, worker.curve_secret_key, worker.curve_server_key)
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, worker, model = load_settings(parser, argv)
     reexec_with_openblas()
     logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s"
+        level=worker.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s"
     )
     log = logging.getLogger("worker")
-    worker_id = args.worker_id or f"{socket.gethostname()}-{os.getpid()}"
+    worker_id = worker.worker_id or f"{socket.gethostname()}-{os.getpid()}"
 
     from shared.model_store import ModelNotFound, resolve_model, stderr_progress
     from worker.engine import Engine
     from worker.server import WorkerServer
 
     try:
-        model_dir = resolve_model(args.model, stderr_progress)
-        config = engine_config(args)
-        config.validate()
+        model_dir = resolve_model(model.path, stderr_progress)
+        config = engine_config(worker, model)
     except (ModelNotFound, ValueError) as exc:
         print(f"cluster-worker: error: {exc}", file=sys.stderr)
         return 2
@@ -101,7 +118,9 @@ def main(argv: list[str] | None = None) -> int:
         worker_id, model_dir.name, time.perf_counter() - start, engine.pool.num_blocks - 1,
         config.block_size, "on" if openblas_active() else "off",
     )  # fmt: skip
-    server = WorkerServer(engine, args.router, worker_id, args.model_id or model_dir.name)
+    server = WorkerServer(
+        engine, worker.router, worker_id, model.id or model_dir.name, socket_setup(worker)
+    )
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: server.stop())
     return server.serve_forever()
