@@ -19,9 +19,8 @@ from scripts.loadgen.workloads import ALIASES, WORKLOADS, Shape
 def add_load_arguments(p: argparse.ArgumentParser) -> None:
     """The options shared by the load generator and the comparison runner."""
     d, s = LoadConfig(url=""), Shape()
-    p.add_argument(
-        "--workload", default=d.workload, choices=[*WORKLOADS, *ALIASES], help="prompt set"
-    )
+    names = ", ".join([*WORKLOADS, *ALIASES])
+    p.add_argument("--workload", default=d.workload, help=f"prompt set: {names}")
     p.add_argument("--requests", type=int, default=d.requests, help="requests per run")
     p.add_argument(
         "--concurrency", type=int, default=d.concurrency, help="closed loop: requests in flight"

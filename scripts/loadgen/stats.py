@@ -86,5 +86,5 @@ def requests_per_worker(before: dict | None, after: dict | None) -> dict[str, in
     served_before = {w["id"]: w.get("requests_served", 0) for w in before.get("workers", [])}
     return {
         w["id"]: w.get("requests_served", 0) - served_before.get(w["id"], 0)
-        for w in after.get("workers", [])
+        for w in sorted(after.get("workers", []), key=lambda w: w["id"])
     }
