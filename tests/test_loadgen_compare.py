@@ -126,7 +126,8 @@ def test_a_configuration_that_fails_to_start_is_reported_and_the_next_one_runs(m
 
 
 @pytest.mark.slow
-def test_ctrl_c_stops_every_process_it_started(model_dir, tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_ctrl_c_or_sigterm_stops_every_process_it_started(model_dir, tmp_path, sig):
     argv = [sys.executable, "scripts/compare.py", "--configs", "ours-2", "--model", str(model_dir)]
     argv += ["--launch-cmd", fake_launch(token_delay=0.05), "--out", str(tmp_path)]
     argv += ["--requests", "200", "--concurrency", "2", "--prefix-words", "20"]
@@ -136,7 +137,7 @@ def test_ctrl_c_stops_every_process_it_started(model_dir, tmp_path):
             if "requests" in line:
                 break
         assert len(processes_mentioning(str(model_dir))) >= 3  # launcher, router, 2 workers
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(sig)
         assert proc.wait(timeout=30) == 130
     finally:
         if proc.poll() is None:

@@ -32,6 +32,7 @@ from scripts.loadgen.report import markdown_table, plot
 from scripts.loadgen.runner import run_load
 from scripts.loadgen.services import ROOT, Service, ServiceFailed
 from scripts.loadgen.workloads import build
+from shared.blas import preload_env
 
 
 def say(text: str) -> None:
@@ -51,6 +52,12 @@ def python_output(*argv: str) -> str:
 def default_model_dir() -> Path:
     code = "from shared.model_store import resolve_model; print(resolve_model(None))"
     return Path(python_output("-c", code))
+
+
+def baseline_env() -> dict[str, str]:
+    """OpenBLAS preloaded for mlx_lm.server, as our entry points do for themselves (Linux)."""
+    preload = preload_env().get("LD_PRELOAD")
+    return {"LD_PRELOAD": preload} if preload else {}
 
 
 def machine() -> dict:
@@ -130,6 +137,7 @@ async def compare(args, names: list[str], workloads: list[str], meta: dict) -> l
                 launch_cmd=args.launch_cmd,
                 extra_launch_args=args.launch_args,
                 extra_baseline_args=args.baseline_args,
+                baseline_env=baseline_env(),
             )
             index = f"[{k}/{len(names)}]"
             rows += await run_configuration(args, index, spec, workloads, args.out)
