@@ -86,6 +86,8 @@ async def plain_server(mode: str) -> TestServer:
         for text in "abc":
             await asyncio.sleep(0.001)
             await resp.write(sse({"choices": [{"index": 0, "delta": {"content": text}}]}))
+        if mode == "malformed":
+            await resp.write(sse({"choices": "not a list of choices"}))
         if mode == "midstream_error":
             await resp.write(sse({"error": {"message": "worker lost", "code": 500}}))
         if mode != "no_done":
@@ -119,6 +121,7 @@ async def test_failures_are_counted_with_their_messages():
         ("reject", "HTTP 404"),
         ("midstream_error", "stream error: worker lost"),
         ("no_done", "without [DONE]"),
+        ("malformed", "malformed stream chunk"),
     ]:
         server = await plain_server(mode)
         try:

@@ -143,7 +143,10 @@ def _consume(events: list[str], result: RequestResult) -> bool:
     for data in events:
         if data.strip() == "[DONE]":
             return True
-        apply_chunk(json.loads(data), result, time.perf_counter())
+        try:
+            apply_chunk(json.loads(data), result, time.perf_counter())
+        except (AttributeError, TypeError, KeyError) as e:  # valid JSON, not a chunk's shape
+            raise ValueError(f"malformed stream chunk {data[:100]!r}: {e}") from None
     return False
 
 
