@@ -1,0 +1,1 @@
+"""mlx-fleet load generator and comparison runner (docs/benchmarks.md)."""

@@ -1,0 +1,61 @@
+"""The configurations the comparison runner knows: ours with N workers and a routing policy,
+and mlx_lm.server on the same model as the external baseline."""
+
+from __future__ import annotations
+
+import re
+import shlex
+import sys
+from pathlib import Path
+
+from scripts.loadgen.services import ServiceSpec, free_port
+
+POLICIES = ("cache_aware", "round_robin", "least_load")
+DEFAULT_CONFIGS = (
+    "ours-1",
+    "ours-2-cache_aware",
+    "ours-2-round_robin",
+    "ours-2-least_load",
+    "mlx_lm",
+)
+OURS = re.compile(r"ours-(?P<workers>[1-9][0-9]*)(?:-(?P<policy>[a-z_]+))?")
+MLX_LM_MODEL_NAME = "default_model"  # mlx_lm.server: the --model it was started with
+
+
+def parse_configs(text: str) -> list[str]:
+    """Comma-separated names, checked; ValueError names the bad one and the valid forms."""
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    for name in names:
+        match = OURS.fullmatch(name)
+        if name == "mlx_lm" or (match and (match["policy"] or "cache_aware") in POLICIES):
+            continue
+        raise ValueError(
+            f"unknown configuration {name!r}: use ours-N (N workers, cache_aware), "
+            f"ours-N-POLICY with POLICY one of {', '.join(POLICIES)}, or mlx_lm"
+        )
+    if not names:
+        raise ValueError("no configuration given")
+    return names
+
+
+def service_spec(
+    name: str,
+    model_dir: Path,
+    baseline_model_dir: Path,
+    launch_cmd: str,
+    extra_launch_args: str = "",
+    extra_baseline_args: str = "",
+    baseline_env: dict[str, str] | None = None,
+) -> ServiceSpec:
+    """How to start configuration `name` on a fresh localhost port."""
+    port = free_port()
+    if name == "mlx_lm":
+        argv = [sys.executable, "-m", "mlx_lm.server", "--model", str(baseline_model_dir)]
+        argv += ["--host", "127.0.0.1", "--port", str(port), *shlex.split(extra_baseline_args)]
+        return ServiceSpec(name, argv, port, MLX_LM_MODEL_NAME, None, baseline_env or {})
+    match = OURS.fullmatch(name)
+    workers, policy = int(match["workers"]), match["policy"] or "cache_aware"
+    argv = [*shlex.split(launch_cmd), "--workers", str(workers), "--policy", policy]
+    argv += ["--model", str(model_dir), "--host", "127.0.0.1", "--port", str(port)]
+    argv += shlex.split(extra_launch_args)
+    return ServiceSpec(name, argv, port, None, workers)
