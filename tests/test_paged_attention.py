@@ -18,10 +18,17 @@ from worker.paged_attention import (
     slot_ids,
     write_kv,
 )
-from worker.paged_attention_mlx import blockwise_attention, gather_attention
+from worker.paged_attention_mlx import (
+    blockwise_attention,
+    gather_attention,
+    plan_tiles,
+    tiled_gather_attention,
+)
 
 STRATEGIES = {
     "gather": gather_attention,
+    # A budget this small cuts every test batch into several groups and query chunks.
+    "tiled": partial(tiled_gather_attention, tile_bytes=20_000),
     "blockwise": blockwise_attention,
     "blockwise3": partial(blockwise_attention, blocks_per_step=3),
 }
@@ -89,6 +96,7 @@ def test_decode_batch_of_very_different_lengths():
 def test_prefill_chunk_attends_to_cached_prefix():
     check_all_strategies([45], 13)  # 32 cached tokens, a chunk ending mid-block
     check_all_strategies([40], 16)  # prefix and chunk both block-aligned
+    check_all_strategies([70], 40)  # long enough for the tiled strategy to cut query chunks
 
 
 def test_prefill_without_prefix():
@@ -97,6 +105,7 @@ def test_prefill_without_prefix():
 
 def test_prefill_chunks_batched_over_different_prefixes():
     check_all_strategies([12, 37, 24], 6)
+    check_all_strategies([50, 33, 21], 20)
 
 
 @pytest.mark.parametrize("num_heads,num_kv_heads", [(4, 4), (9, 3), (6, 1)])
@@ -154,6 +163,28 @@ def test_matches_dense_on_random_shapes(
         pad=pad,
     )
     check_all_strategies(lengths, num_queries, seed=seed, **shape)
+
+
+def test_tiles_group_similar_lengths_under_the_budget():
+    plan = plan_tiles([100, 10, 90, 20], 1, key_bytes=10, score_bytes=1, budget=2000)
+    assert plan.groups == [[0], [2, 3], [1]] and plan.query_chunk == 1
+
+
+def test_long_prefill_is_cut_into_query_chunks():
+    plan = plan_tiles([300, 280], 100, key_bytes=10, score_bytes=4, budget=30_000)
+    assert plan.groups == [[0], [1]] and plan.query_chunk == 25
+    tiny = plan_tiles([300], 100, key_bytes=10, score_bytes=4, budget=1_000)
+    assert tiny.query_chunk == 16  # never below MIN_QUERY_CHUNK
+
+
+@settings(max_examples=50, deadline=None)
+@given(lengths=st.lists(st.integers(1, 500), min_size=1, max_size=20), budget=st.integers(1, 5000))
+def test_tiles_cover_every_row_once(lengths, budget):
+    plan = plan_tiles(lengths, 1, key_bytes=2, score_bytes=1, budget=budget)
+    assert sorted(row for group in plan.groups for row in group) == list(range(len(lengths)))
+    for group in plan.groups:
+        padded = len(group) * max(lengths[row] for row in group) * 3
+        assert len(group) == 1 or padded <= budget
 
 
 def test_auto_runs_mlx_where_metal_is_missing():
