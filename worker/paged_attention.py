@@ -145,6 +145,8 @@ def _check_inputs(
         )
     batch, num_heads, num_queries, head_dim = queries.shape
     num_slots, num_kv_heads, pool_head_dim = k_pool.shape
+    if batch < 1 or num_queries < 1:
+        raise ValueError(f"queries {queries.shape} hold no sequence or no query")
     if head_dim != pool_head_dim or num_heads % num_kv_heads:
         raise ValueError(
             f"queries {queries.shape} don't fit pools {k_pool.shape}: head_dim must match and "
