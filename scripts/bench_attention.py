@@ -2,8 +2,9 @@
 
 Prints one JSON line per configuration.
 
-attention: decode at batch 1, 8, 32 over contexts of 128-1024 tokens and a prefill chunk
-(Lq=256 over a 1024-token prefix); 9 heads, 3 KV heads, head dim 64, block size 32, float32,
+attention: decode at batch 1, 8, 32 over contexts of 128-1024 tokens, a prefill chunk (Lq=256
+over a 1024-token prefix), and two long contexts (decode at batch 4 over 8192 tokens, Lq=256
+over a 4096-token prefix); 9 heads, 3 KV heads, head dim 64, block size 32, float32,
 shuffled block ids. Strategies: "tiled" (the "mlx" backend's default), "gather" (untiled),
 "blockwise" (online softmax, 1 or 8 blocks per step). Each is timed against dense
 `mx.fast.scaled_dot_product_attention` over contiguous `(B, Hkv, max_len, D)` K/V with the same
@@ -20,7 +21,7 @@ they run at 10k and 30k slots only (at 100k a step took 3-10 s). Per-step time f
 size = no copy.
 
 On Linux, preload OpenBLAS for representative numbers; on a small shared machine one BLAS
-thread gives steadier timings (two threads spin-wait on each other under load):
+thread gives steadier timings (with two, runs here varied more under the neighbours' load):
   OPENBLAS_NUM_THREADS=1 LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 \\
     python scripts/bench_attention.py
 """
@@ -45,21 +46,19 @@ from worker.paged_attention import slot_ids, write_kv  # noqa: E402
 from worker.paged_attention_mlx import (  # noqa: E402
     blockwise_attention,
     gather_attention,
-    tiled_gather_attention,
+    tiled_attention,
 )
 
 NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE = 9, 3, 64, 32
 NUM_LAYERS, WRITES_PER_STEP = 30, 32
 
 STRATEGIES: dict[str, Callable[..., mx.array]] = {
-    "tiled": tiled_gather_attention,  # the "mlx" backend's default
+    "tiled": tiled_attention,  # the "mlx" backend's default
     "gather": gather_attention,
     "blockwise": blockwise_attention,
     "blockwise8": partial(blockwise_attention, blocks_per_step=8),
 }
-TILE_SWEEP = {
-    f"tiled{mb}m": partial(tiled_gather_attention, tile_bytes=mb << 20) for mb in (2, 4, 16)
-}
+TILE_SWEEP = {f"tiled{mb}m": partial(tiled_attention, tile_bytes=mb << 20) for mb in (2, 4, 16)}
 
 
 def make_case(rng: np.random.Generator, lengths: list[int], num_queries: int) -> dict:
@@ -167,6 +166,9 @@ def attention_cases(rng: np.random.Generator) -> list[tuple[str, list[int], int]
         ("decode", mixed(32), 1),
         ("decode", [1024] * 32, 1),
         ("prefill_chunk", [1024 + 256], 256),
+        # Contexts over the tile budget, which the tiled strategy walks in key steps.
+        ("decode_long", [8192] * 4, 1),
+        ("prefill_chunk_long", [4096 + 256], 256),
     ]
 
 

@@ -22,13 +22,15 @@ from worker.paged_attention_mlx import (
     blockwise_attention,
     gather_attention,
     plan_tiles,
-    tiled_gather_attention,
+    tiled_attention,
 )
 
 STRATEGIES = {
     "gather": gather_attention,
-    # A budget this small cuts every test batch into several groups and query chunks.
-    "tiled": partial(tiled_gather_attention, tile_bytes=20_000),
+    # Budgets this small cut the test batches into several groups, and walk long contexts
+    # in key steps.
+    "tiled": partial(tiled_attention, tile_bytes=20_000),
+    "tiled_tiny": partial(tiled_attention, tile_bytes=1),
     "blockwise": blockwise_attention,
     "blockwise3": partial(blockwise_attention, blocks_per_step=3),
 }
@@ -96,7 +98,7 @@ def test_decode_batch_of_very_different_lengths():
 def test_prefill_chunk_attends_to_cached_prefix():
     check_all_strategies([45], 13)  # 32 cached tokens, a chunk ending mid-block
     check_all_strategies([40], 16)  # prefix and chunk both block-aligned
-    check_all_strategies([70], 40)  # long enough for the tiled strategy to cut query chunks
+    check_all_strategies([70], 40)
 
 
 def test_prefill_without_prefix():
@@ -166,25 +168,29 @@ def test_matches_dense_on_random_shapes(
 
 
 def test_tiles_group_similar_lengths_under_the_budget():
-    plan = plan_tiles([100, 10, 90, 20], 1, key_bytes=10, score_bytes=1, budget=2000)
-    assert plan.groups == [[0], [2, 3], [1]] and plan.query_chunk == 1
+    plan = plan_tiles([100, 10, 90, 20], key_bytes=11, block_size=4, budget=2000)
+    assert plan.groups == [[0], [2, 3], [1]]
+    assert plan.key_steps == [100, 90, 10]  # each group's context fits: one step
 
 
-def test_long_prefill_is_cut_into_query_chunks():
-    plan = plan_tiles([300, 280], 100, key_bytes=10, score_bytes=4, budget=30_000)
-    assert plan.groups == [[0], [1]] and plan.query_chunk == 25
-    tiny = plan_tiles([300], 100, key_bytes=10, score_bytes=4, budget=1_000)
-    assert tiny.query_chunk == 16  # never below MIN_QUERY_CHUNK
+def test_context_over_budget_is_walked_in_key_steps():
+    plan = plan_tiles([300, 280], key_bytes=100, block_size=8, budget=10_000)
+    assert plan.groups == [[0], [1]] and plan.key_steps == [96, 96]
+    assert plan_tiles([300], key_bytes=100, block_size=8, budget=10).key_steps == [8]
+    assert plan_tiles([5], key_bytes=100, block_size=8, budget=10).key_steps == [5]
 
 
 @settings(max_examples=50, deadline=None)
 @given(lengths=st.lists(st.integers(1, 500), min_size=1, max_size=20), budget=st.integers(1, 5000))
 def test_tiles_cover_every_row_once(lengths, budget):
-    plan = plan_tiles(lengths, 1, key_bytes=2, score_bytes=1, budget=budget)
+    plan = plan_tiles(lengths, key_bytes=3, block_size=4, budget=budget)
     assert sorted(row for group in plan.groups for row in group) == list(range(len(lengths)))
-    for group in plan.groups:
+    for group, step in zip(plan.groups, plan.key_steps, strict=True):
         padded = len(group) * max(lengths[row] for row in group) * 3
         assert len(group) == 1 or padded <= budget
+        longest = lengths[group[0]]
+        # One step over the whole context, or (over budget only) whole blocks at a time.
+        assert step == longest or (padded > budget and step % 4 == 0 and step < longest)
 
 
 def test_auto_runs_mlx_where_metal_is_missing():

@@ -16,7 +16,7 @@ from typing import NamedTuple
 import mlx.core as mx
 
 from worker import metal_attention
-from worker.paged_attention_mlx import tiled_gather_attention
+from worker.paged_attention_mlx import tiled_attention
 
 
 class BackendUnavailableError(RuntimeError):
@@ -35,7 +35,7 @@ BACKENDS: dict[str, AttentionBackend] = {
     "metal": AttentionBackend(
         "metal", metal_attention.paged_attention_metal, metal_attention.unavailable_reason
     ),
-    "mlx": AttentionBackend("mlx", tiled_gather_attention, lambda: None),
+    "mlx": AttentionBackend("mlx", tiled_attention, lambda: None),
 }
 AUTO_ORDER = ("metal", "mlx")
 

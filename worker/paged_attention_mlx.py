@@ -2,10 +2,10 @@
 
 Strategies (all exact; they differ in speed only):
 
-- `tiled_gather_attention` (the default): `gather_attention` over tiles of the batch, rows
-  grouped longest-first and query positions chunked so that each tile's gathered K/V and
-  scores stay near `DEFAULT_TILE_BYTES` (8 MB, cache-sized). Grouping by length also bounds
-  padding: a group pads only to its own longest member.
+- `tiled_attention` (the default): the batch cut into tiles whose gathered K/V and scores stay
+  near `DEFAULT_TILE_BYTES` (8 MB, cache-sized): rows grouped longest-first (so a group pads
+  only to its own longest member), each group by `gather_attention`, or by
+  `blockwise_attention` in budget-sized key steps when one sequence's context overflows.
 - `gather_attention`: one gather of every sequence's context by slot id (exactly `max_context`
   tokens, however wide the block table), then one masked attention over the padded batch.
 - `blockwise_attention`: walks the context `blocks_per_step` blocks at a time with a running
@@ -13,24 +13,27 @@ Strategies (all exact; they differ in speed only):
 
 Measured with `scripts/bench_attention.py` (one run; float32, 9 heads, 3 KV heads, head dim 64,
 block size 32, shuffled block ids; 2-core x86-64 CPU shared with other jobs, OpenBLAS
-preloaded, OPENBLAS_NUM_THREADS=1; under the neighbours' load a row can move up to 2x from run
-to run, so compare within a row; the contenders take turns), ms per call:
+preloaded, OPENBLAS_NUM_THREADS=1; the contenders take turns, but under the neighbours' load
+a row can move up to 2x from run to run, so compare within a row), ms per call:
 
     case                          dense SDPA  tiled  gather  blockwise  blockwise x8
-    decode B=1, ctx 1000                0.55   0.67    0.63        8.9           2.6
-    decode B=8, ctx 142..891            3.6    3.7     3.9        11.9          10.8
-    decode B=32, ctx 130..998          19.8   32.3    78.3        46.3          39.4
-    decode B=32, ctx 1024              28.7   46.5    50.8        49.7          43.5
-    prefill Lq=256, ctx 1280           78.5   50.2    45.6        61.0          49.5
+    decode B=1, ctx 1000                0.55   0.74    0.65        5.9           1.4
+    decode B=8, ctx 142..891            3.7    4.0     4.4        10.0           5.1
+    decode B=32, ctx 130..998          17.2   20.4    53.5        27.6          26.5
+    decode B=32, ctx 1024              18.5   31.7    34.4        32.9          31.0
+    decode B=4, ctx 8192               18.5   32.6    35.0       156.8          47.4
+    prefill Lq=256, ctx 1280           55.1   36.5    35.3        49.2          36.2
+    prefill Lq=256, ctx 4352          215.4  123.7   150.3       167.0         125.6
 
-Tiled and gather are equal within noise at B=1-8 and on the prefill chunk; tiled is 1.1-2.4x
-faster at B=32, where untiled K/V (50 MB) falls out of the 32 MB L3. Blockwise pays
-its per-step op overhead: 3-13x slower than tiled at B=1-8; at B=32 and prefill, stepping over
-keys keeps it cache-sized too and it lands at 0.9-1.4x of tiled. Against dense SDPA over K/V
-that is already contiguous (no gather at all), tiled costs 1.0-1.6x at decode and 0.6x at
-prefill (below). In `--tile-sweep` runs, 4 and 8 MB budgets were within noise of each other;
-2 MB lost on the prefill chunk and 16 MB on the mixed B=32 batch. The budget is tuned for CPU
-caches; it is not measured on a GPU.
+Tiled wins or ties everywhere: 2.6x over untiled gather on the mixed B=32 batch (1.3x in a
+quiet CPU-time measurement; more under load, when neighbours share the 32 MB L3 and 50 MB of
+gathered K/V does not fit), 1.2x on the long prefill chunk, within noise elsewhere. Blockwise
+pays ~12 ops per step: up to 11x slower at one block per step; at 8 blocks per step it ties
+where steps are large (B=32, prefill) and loses at B=1-8. Against dense SDPA over K/V that is
+already contiguous (no gather at all), tiled costs 1.1-1.8x at decode and 0.6x at prefill
+(below). In `--tile-sweep` runs 4 and 8 MB budgets were within noise of each other; 2 MB lost
+on the prefill chunk, 16 MB on the mixed B=32 batch. The budget is tuned for CPU caches; it is
+not measured on a GPU.
 
 Layout: everything runs KV-head-major, `(num_kv_heads, B, tokens, head_dim)`, gathered as rows
 of the pool viewed as `(slots * num_kv_heads, head_dim)` (`gather_by_kv_head`), so every matmul
@@ -52,7 +55,6 @@ import mlx.core as mx
 
 LOG2_E = 1.0 / math.log(2.0)
 DEFAULT_TILE_BYTES = 8 << 20  # tuned in the module docstring
-MIN_QUERY_CHUNK = 16
 
 
 def gather_attention(
@@ -82,37 +84,40 @@ def gather_attention(
 
 
 class TilePlan(NamedTuple):
-    """How `tiled_gather_attention` cuts a batch: groups of batch rows (longest context first)
-    times chunks of `query_chunk` query positions."""
+    """How `tiled_attention` cuts a batch: groups of batch rows (longest context first), each
+    attended `key_steps[i]` keys at a time: its whole context, or whole blocks at a time."""
 
     groups: list[list[int]]
-    query_chunk: int
+    key_steps: list[int]
 
 
-def plan_tiles(
-    lengths: list[int], num_queries: int, *, key_bytes: int, score_bytes: int, budget: int
-) -> TilePlan:
+def plan_tiles(lengths: list[int], *, key_bytes: int, block_size: int, budget: int) -> TilePlan:
     """Cut the batch into tiles whose working set stays near `budget` bytes.
 
-    A tile of n sequences padded to L keys and q query positions holds about
-    `n * L * (key_bytes + q * score_bytes)`: gathered K and V, plus float32 scores. Query chunks
-    keep one sequence's scores under budget, but no shorter than MIN_QUERY_CHUNK (tiny tiles
-    cost more in op overhead than they save). Rows are grouped longest first, so a group pads
-    its members to similar lengths; a sequence over budget alone gets a tile of its own.
+    `key_bytes`: what one key of one sequence costs, its gathered K and V plus the float32
+    scores of all its query rows. Rows are grouped longest first while the group, padded to
+    its longest member, fits the budget, so a group also pads its members to similar lengths.
+    A group whose context overflows the budget (one long sequence, or a long prefill chunk)
+    walks its keys in budget-sized steps instead.
     """
-    longest = max(lengths)
-    query_chunk = min(num_queries, max(MIN_QUERY_CHUNK, budget // (longest * score_bytes)))
-    per_key = key_bytes + query_chunk * score_bytes
     groups: list[list[int]] = []
     for row in sorted(range(len(lengths)), key=lambda b: -lengths[b]):
-        if groups and (len(groups[-1]) + 1) * lengths[groups[-1][0]] * per_key <= budget:
+        if groups and (len(groups[-1]) + 1) * lengths[groups[-1][0]] * key_bytes <= budget:
             groups[-1].append(row)
         else:
             groups.append([row])
-    return TilePlan(groups, query_chunk)
+    # Only a group of one can overflow the budget; it steps by whole blocks.
+    overflow_step = max(1, budget // key_bytes // block_size) * block_size
+    key_steps = [
+        lengths[g[0]]
+        if len(g) * lengths[g[0]] * key_bytes <= budget
+        else min(lengths[g[0]], overflow_step)
+        for g in groups
+    ]
+    return TilePlan(groups, key_steps)
 
 
-def tiled_gather_attention(
+def tiled_attention(
     queries: mx.array,
     k_pool: mx.array,
     v_pool: mx.array,
@@ -124,53 +129,39 @@ def tiled_gather_attention(
     max_context: int,
     tile_bytes: int = DEFAULT_TILE_BYTES,
 ) -> mx.array:
-    """`gather_attention` tile by tile (see `plan_tiles`), so each tile's K/V stays in cache.
-
-    Query chunk [start, end) of a sequence is a smaller prefill chunk: its context ends
-    `Lq - end` tokens earlier, so early chunks also skip keys they could not see.
-    """
+    """Attention tile by tile (see `plan_tiles`), so each tile's K/V and scores stay in cache:
+    `gather_attention` for a group whose context fits, `blockwise_attention` for one that
+    does not."""
     batch, num_heads, num_queries, _ = queries.shape
     lengths = context_lengths.tolist()
+    kv_bytes = 2 * k_pool.shape[1] * k_pool.shape[2] * k_pool.itemsize
     plan = plan_tiles(
         lengths,
-        num_queries,
-        key_bytes=2 * k_pool.shape[1] * k_pool.shape[2] * k_pool.itemsize,
-        score_bytes=num_heads * 4 * 2,
+        key_bytes=kv_bytes + num_heads * num_queries * 4 * 2,
+        block_size=block_size,
         budget=tile_bytes,
     )
-    if len(plan.groups) == 1 and plan.query_chunk == num_queries:
-        return gather_attention(
-            queries,
-            k_pool,
-            v_pool,
-            block_tables,
-            context_lengths,
-            scale=scale,
-            block_size=block_size,
-            max_context=max_context,
-        )
+    whole_batch = len(plan.groups) == 1
     outputs = []
-    for rows in plan.groups:
-        picked = mx.array(rows, dtype=mx.int32)
-        group_queries, group_tables = queries[picked], block_tables[picked]
-        group_lengths = context_lengths[picked]
-        chunks = []
-        for start in range(0, num_queries, plan.query_chunk):
-            end = min(start + plan.query_chunk, num_queries)
-            hidden = num_queries - end  # later queries of the chunk this one is cut from
-            chunks.append(
-                gather_attention(
-                    group_queries[:, :, start:end],
-                    k_pool,
-                    v_pool,
-                    group_tables,
-                    group_lengths - hidden,
-                    scale=scale,
-                    block_size=block_size,
-                    max_context=lengths[rows[0]] - hidden,
+    for rows, key_step in zip(plan.groups, plan.key_steps, strict=True):
+        if whole_batch:
+            q, tables, lens = queries, block_tables, context_lengths
+        else:
+            picked = mx.array(rows, dtype=mx.int32)
+            q, tables, lens = queries[picked], block_tables[picked], context_lengths[picked]
+        longest = lengths[rows[0]]
+        common = dict(scale=scale, block_size=block_size, max_context=longest)
+        if key_step >= longest:
+            outputs.append(gather_attention(q, k_pool, v_pool, tables, lens, **common))
+        else:
+            steps = key_step // block_size
+            outputs.append(
+                blockwise_attention(
+                    q, k_pool, v_pool, tables, lens, blocks_per_step=steps, **common
                 )
             )
-        outputs.append(mx.concatenate(chunks, axis=2) if len(chunks) > 1 else chunks[0])
+    if whole_batch:
+        return outputs[0]
     order = [row for rows in plan.groups for row in rows]
     back = mx.array(sorted(range(batch), key=order.__getitem__), dtype=mx.int32)
     return mx.concatenate(outputs)[back]
