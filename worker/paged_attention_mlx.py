@@ -131,7 +131,7 @@ def tiled_attention(
 ) -> mx.array:
     """Attention tile by tile (see `plan_tiles`), so each tile's K/V and scores stay in cache:
     `gather_attention` for a group whose context fits, `blockwise_attention` for one that
-    does not."""
+    does not. (`max_context` is unused: each group's own longest context sizes its work.)"""
     batch, num_heads, num_queries, _ = queries.shape
     lengths = context_lengths.tolist()
     kv_bytes = 2 * k_pool.shape[1] * k_pool.shape[2] * k_pool.itemsize
