@@ -121,9 +121,9 @@ def write_kv(
     that still holds the old pool makes the scatter copy all of it: a kept view or slice of the
     pool, or values read from the same pool in the same graph (`k[dst] = k[src]`: evaluate
     `k[src]` first). `scripts/bench_attention.py --only scatter`, 30 layers, 32 slots per layer
-    per step, eval per step: 4.3 / 4.9 / 4.9 ms per step for pools of 10k / 30k / 100k slots
-    (flat: no copy); with a kept view 93 / 217 ms (~10 s at 100k), reading from the same pool
-    68 / 323 ms (~3 s at 100k).
+    per step, eval per step: 4.1 / 4.2 / 4.2 ms per step for pools of 10k / 30k / 100k slots
+    (flat: no copy); with a kept view 55 / 161 ms (~10 s at 100k), reading from the same pool
+    59 / 102 ms (~3 s at 100k). Queuing the next step with `mx.async_eval` keeps it flat too.
     """
     k_pool[slots] = keys.astype(k_pool.dtype)
     v_pool[slots] = values.astype(v_pool.dtype)
