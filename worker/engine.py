@@ -12,6 +12,7 @@ import itertools
 import logging
 import random
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import mlx.core as mx
@@ -31,6 +32,14 @@ from worker.scheduler import PrefillChunk, Scheduler
 from worker.sequence import Sequence, Status
 
 log = logging.getLogger(__name__)
+
+
+@dataclass
+class _InFlight:
+    seqs: list[Sequence]
+    tokens: mx.array  # (B,) sampled, maybe not computed yet
+    logprobs: mx.array | None
+    started: float
 
 
 class EngineOverloaded(RuntimeError):
@@ -63,6 +72,8 @@ class Engine:
         self.stats_ = EngineStats()
         self._seqs: dict[str, Sequence] = {}
         self._arrivals = itertools.count()
+        self._inflight: _InFlight | None = None  # a decode step queued, its tokens unread
+        self._pending_failures: list[TokenDelta] = []
         if self.config.warmup:
             self._warmup()
 
@@ -134,7 +145,9 @@ class Engine:
         return True
 
     def has_work(self) -> bool:
-        return self.scheduler.has_work()
+        return (
+            self.scheduler.has_work() or self._inflight is not None or bool(self._pending_failures)
+        )
 
     def drain_kv_events(self) -> list[KVEvent]:
         events, self._events[:] = list(self._events), []
@@ -143,9 +156,22 @@ class Engine:
     # ---- the step ----------------------------------------------------------------------
 
     def step(self) -> list[TokenDelta]:
-        """Schedule and run one step; return the token deltas it produced."""
+        """Schedule and run one step; return the token deltas it produced.
+
+        Steady decoding is pipelined: a decode step is queued (`mx.async_eval`) with the
+        previous step's sampled tokens still on the device as its input, and the host reads
+        and hands out the previous step's tokens while it runs. Its deltas come one call later.
+        Anything else (admissions, prefill, preemption, a sequence about to hit its limit)
+        first settles the step in flight and runs as before.
+        """
+        if self._inflight is not None and self._can_pipeline():
+            return self._decode_pipelined()
+        deltas = self._resolve()
         plan = self.scheduler.schedule()
-        deltas: list[TokenDelta] = []
+        self.stats_.preemptions += len(plan.preempted)
+        if plan.decode and not plan.prefill:
+            self._launch_decode(plan.decode, None)
+            return deltas
         if plan.decode:
             start = time.perf_counter()
             deltas += self._run([PrefillChunk(s, 1) for s in plan.decode])
@@ -156,7 +182,77 @@ class Engine:
             self.stats_.record_prefill(
                 time.perf_counter() - start, sum(c.num_tokens for c in plan.prefill)
             )
-        self.stats_.preemptions += len(plan.preempted)
+        return deltas
+
+    # ---- pipelined decode --------------------------------------------------------------
+
+    def _can_pipeline(self) -> bool:
+        """Whether the next step is the in-flight batch decoding once more, safely: nothing to
+        admit or prefill, no sequence that the in-flight token could end by length, and room
+        for every next slot without preempting."""
+        seqs = self._inflight.seqs
+        sched = self.scheduler
+        if sched.waiting or len(sched.running) != len(seqs):
+            return False
+        for seq in seqs:
+            if seq.status is not Status.RUNNING or seq.num_uncomputed != 0:
+                return False
+            if (
+                seq.num_output + 1 >= seq.sampling.max_tokens
+                or len(seq.tokens) + 2 >= self.max_context
+            ):
+                return False
+        need = sum(self.pool.blocks_for_tokens(s.num_computed + 1) - len(s.block_ids) for s in seqs)
+        return sched.make_room(need)
+
+    def _decode_pipelined(self) -> list[TokenDelta]:
+        prev = self._inflight
+        for seq in prev.seqs:
+            need = self.pool.blocks_for_tokens(seq.num_computed + 1) - len(seq.block_ids)
+            if need > 0:
+                seq.block_ids += self.pool.allocate(need)
+        self._launch_decode(prev.seqs, prev.tokens)
+        return self._resolve(prev)
+
+    def _launch_decode(self, seqs: list[Sequence], tokens: mx.array | None) -> None:
+        """Queue one decode step for `seqs`; its input is `tokens` (device) or their last
+        host tokens. Leaves the sampled tokens in flight."""
+        start = time.perf_counter()
+        rows = [
+            ([s.tokens[-1]] if tokens is None else [0], s.num_computed, s.block_ids) for s in seqs
+        ]
+        try:
+            logits = self.runner.forward(rows, tokens)
+            result, keys = sample(logits, [s.sampling for s in seqs], [s.rng_key for s in seqs])
+            mx.async_eval(result.tokens, *(x for x in (result.logprobs, *keys) if x is not None))
+        except Exception as exc:  # building the graph failed: nothing is in flight
+            log.exception("decode step failed for %d sequences", len(seqs))
+            self._pending_failures += [self._fail(s, f"the model step failed: {exc}") for s in seqs]
+            return
+        for seq, key in zip(seqs, keys, strict=True):
+            seq.rng_key = key
+            seq.num_computed += 1
+        self._inflight = _InFlight(list(seqs), result.tokens, result.logprobs, start)
+
+    def _resolve(self, inflight: _InFlight | None = None) -> list[TokenDelta]:
+        """Read the tokens of the step in flight (or `inflight`) and advance its sequences."""
+        deltas, self._pending_failures = self._pending_failures, []
+        inflight = inflight or self._inflight
+        if inflight is self._inflight:
+            self._inflight = None
+        if inflight is None:
+            return deltas
+        try:
+            tokens = inflight.tokens.tolist()
+            logprobs = inflight.logprobs.tolist() if inflight.logprobs is not None else None
+        except Exception as exc:
+            log.exception("decode step failed for %d sequences", len(inflight.seqs))
+            live = [s for s in inflight.seqs if s.status is Status.RUNNING]
+            return deltas + [self._fail(s, f"the model step failed: {exc}") for s in live]
+        self.stats_.record_decode(time.perf_counter() - inflight.started, len(inflight.seqs))
+        for i, seq in enumerate(inflight.seqs):
+            if seq.status is Status.RUNNING:  # not aborted, nor ended by an earlier token
+                deltas.append(self._advance(seq, tokens[i], logprobs[i] if logprobs else None))
         return deltas
 
     def _run(self, batch: list[PrefillChunk]) -> list[TokenDelta]:

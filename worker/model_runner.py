@@ -9,6 +9,7 @@ paged attention over the sequence's blocks instead of the dense K/V it was given
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from dataclasses import dataclass
 
@@ -17,7 +18,7 @@ import mlx.nn as nn
 from mlx_lm.models import base as mlx_base
 
 from worker.kv.block_pool import BlockPool
-from worker.paged_attention import paged_attention
+from worker.paged_attention import paged_attention, write_kv
 
 _original_sdpa = mlx_base.scaled_dot_product_attention
 
@@ -104,9 +105,13 @@ class PagedLayerCache:
 
     def update_and_fetch(self, keys: mx.array, values: mx.array):
         B, H, L, D = keys.shape
-        slots = self.layout.write_slots
-        self.pool.k[self.layer][slots] = keys.transpose(0, 2, 1, 3).reshape(B * L, H, D)
-        self.pool.v[self.layer][slots] = values.transpose(0, 2, 1, 3).reshape(B * L, H, D)
+        write_kv(
+            self.pool.k[self.layer],
+            self.pool.v[self.layer],
+            self.layout.write_slots,
+            keys.swapaxes(1, 2).reshape(B * L, H, D),
+            values.swapaxes(1, 2).reshape(B * L, H, D),
+        )
         return keys, values
 
     def make_mask(self, *args, **kwargs):
@@ -160,9 +165,16 @@ class ModelRunner:
             raise NotImplementedError(f"{type(model).__name__} has no .model backbone")
         self._head = model_head(model)
 
-    def forward(self, rows: list[tuple[list[int], int, list[int]]]) -> mx.array:
-        """Logits (B, V) at each row's last real token; K/V of every row written to the pool."""
+    def forward(
+        self, rows: list[tuple[list[int], int, list[int]]], tokens: mx.array | None = None
+    ) -> mx.array:
+        """Logits (B, V) at each row's last real token; K/V of every row written to the pool.
+
+        `tokens` (B,), when given, replaces the rows' token ids: one decode token per row,
+        still on the device (the previous step's samples)."""
         layout = build_layout(rows, self.pool.block_size, self.scratch_block)
+        if tokens is not None:
+            layout = dataclasses.replace(layout, tokens=tokens.astype(mx.int32).reshape(-1, 1))
         caches = [
             PagedLayerCache(self.pool, i, layout, self.backend) for i in range(self.pool.num_layers)
         ]

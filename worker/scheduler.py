@@ -109,7 +109,7 @@ class Scheduler:
             self.pool.incref(match.block_ids)
             n = min(self.config.prefill_chunk, len(seq.tokens) - match.num_tokens, budget)
             need = self.pool.blocks_for_tokens(match.num_tokens + n) - len(match.block_ids)
-            if not self._make_room(need):
+            if not self.make_room(need):
                 self.cache.unlock(match.node)
                 self.pool.decref(match.block_ids)
                 self.waiting.appendleft(seq)
@@ -147,7 +147,7 @@ class Scheduler:
     def _reserve(self, seq: Sequence, num_tokens: int, preempted: list[Sequence]) -> bool:
         """Give `seq` blocks for `num_tokens`, evicting and preempting newer work as needed."""
         need = self.pool.blocks_for_tokens(num_tokens) - len(seq.block_ids)
-        while need > 0 and not self._make_room(need):
+        while need > 0 and not self.make_room(need):
             victim = max(self.running, key=lambda s: s.arrival)
             self.preempt(victim)
             preempted.append(victim)
@@ -157,7 +157,8 @@ class Scheduler:
             seq.block_ids += self.pool.allocate(need)
         return True
 
-    def _make_room(self, need: int) -> bool:
+    def make_room(self, need: int) -> bool:
+        """Mutates: evict cached blocks until `need` can be allocated; whether it can."""
         if need <= 0 or self.pool.can_allocate(need):
             return True
         self.cache.evict(need - self.pool.num_free)
