@@ -74,6 +74,7 @@ class Engine:
         self._arrivals = itertools.count()
         self._inflight: _InFlight | None = None  # a decode step queued, its tokens unread
         self._pending_failures: list[TokenDelta] = []
+        self._last_resolved = 0.0
         if self.config.warmup:
             self._warmup()
 
@@ -249,7 +250,12 @@ class Engine:
             log.exception("decode step failed for %d sequences", len(inflight.seqs))
             live = [s for s in inflight.seqs if s.status is Status.RUNNING]
             return deltas + [self._fail(s, f"the model step failed: {exc}") for s in live]
-        self.stats_.record_decode(time.perf_counter() - inflight.started, len(inflight.seqs))
+        # a pipelined step starts on the device when the previous one ends, not at its launch
+        now = time.perf_counter()
+        self.stats_.record_decode(
+            now - max(inflight.started, self._last_resolved), len(inflight.seqs)
+        )
+        self._last_resolved = now
         for i, seq in enumerate(inflight.seqs):
             if seq.status is Status.RUNNING:  # not aborted, nor ended by an earlier token
                 deltas.append(self._advance(seq, tokens[i], logprobs[i] if logprobs else None))
