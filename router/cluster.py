@@ -18,6 +18,7 @@ from shared.protocol import (
     Message,
     Register,
     RegisterAck,
+    ReRegister,
     TokenDelta,
 )
 
@@ -44,6 +45,7 @@ class Cluster:
         self._heartbeat_interval_s = heartbeat_interval_s
         self._heartbeat_timeout_s = heartbeat_timeout_s
         self._clock = clock
+        self._asked: dict[bytes, float] = {}  # unregistered peers asked to register, when
 
     def handle(self, identity: bytes, msg: Message) -> None:
         """One decoded message from the worker at `identity`."""
@@ -52,7 +54,7 @@ class Cluster:
             return
         worker = self.registry.by_identity(identity)
         if worker is None:
-            log.warning("dropped %s from an unregistered peer %r", type(msg).__name__, identity)
+            self._ask_to_register(identity, msg)
             return
         worker.last_seen = self._clock()
         if isinstance(msg, TokenDelta):
@@ -64,6 +66,20 @@ class Cluster:
                 self.index.apply(worker.worker_id, event)
         else:
             log.warning("dropped %s: not a worker-to-router message", type(msg).__name__)
+
+    def _ask_to_register(self, identity: bytes, msg: Message) -> None:
+        """A peer we don't know (this router restarted, say) talks: ask it to register,
+        at most once per heartbeat interval per peer."""
+        now = self._clock()
+        if now - self._asked.get(identity, float("-inf")) < self._heartbeat_interval_s:
+            return
+        if len(self._asked) > 4096:  # forget old peers rather than grow without bound
+            self._asked.clear()
+        self._asked[identity] = now
+        log.info(
+            "asked an unregistered peer %r to register (it sent %s)", identity, type(msg).__name__
+        )
+        self._send(identity, ReRegister("this router does not know this worker; register again"))
 
     def lose_identity(self, identity: bytes) -> None:
         """A send to `identity` failed: the worker is gone."""

@@ -120,7 +120,24 @@ class Shutdown:
     reason: str = ""
 
 
-Message = Register | Heartbeat | TokenDelta | KVEvents | RegisterAck | Generate | Abort | Shutdown
+@dataclass(frozen=True, slots=True)
+class ReRegister:
+    """The router does not know the sender (it restarted, or dropped the worker): register again."""
+
+    reason: str = ""
+
+
+Message = (
+    Register
+    | Heartbeat
+    | TokenDelta
+    | KVEvents
+    | RegisterAck
+    | Generate
+    | Abort
+    | Shutdown
+    | ReRegister
+)
 
 # Tags are the wire contract: never renumber, only add.
 MESSAGE_TYPES: dict[int, type] = {
@@ -132,6 +149,7 @@ MESSAGE_TYPES: dict[int, type] = {
     11: Generate,
     12: Abort,
     13: Shutdown,
+    14: ReRegister,
 }
 KV_EVENT_TYPES: dict[int, type] = {1: BlockStored, 2: BlockRemoved, 3: AllBlocksCleared}
 

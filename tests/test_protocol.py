@@ -21,6 +21,7 @@ from shared.protocol import (
     ProtocolError,
     Register,
     RegisterAck,
+    ReRegister,
     Shutdown,
     TokenDelta,
     Usage,
@@ -52,6 +53,7 @@ EXAMPLES = [
     Generate("r1", (1, 2, 3), SamplingParams(temperature=0.7, max_tokens=5, stop_token_ids=(2,))),
     Abort("r1"),
     Shutdown("bye"),
+    ReRegister("router restarted"),
 ]
 
 

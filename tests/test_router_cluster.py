@@ -206,3 +206,22 @@ async def test_reregistration_drops_the_workers_prefix_entries(make_cluster):
     await cluster.kill_worker("w1")
     await cluster.add_worker("w1")  # restarted with an empty cache
     assert index.num_blocks("w1") == 0
+
+
+async def test_unknown_peer_is_asked_to_register(make_cluster):
+    """A worker the router does not know (the router restarted) is told to register again."""
+    from shared.protocol import Heartbeat, ReRegister, decode, encode
+
+    cluster = await make_cluster()
+    ctx = zmq.asyncio.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.connect(cluster.zmq_endpoint)
+    try:
+        await sock.send(encode(Heartbeat("ghost", 0, 0, 10, 10, 0, 0)))
+        assert await sock.poll(5000)
+        assert isinstance(decode(await sock.recv()), ReRegister)
+        await sock.send(encode(Heartbeat("ghost", 0, 0, 10, 10, 0, 0)))  # asked once per interval
+        assert not await sock.poll(200)
+    finally:
+        sock.close(linger=0)
+        ctx.term()

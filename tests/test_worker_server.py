@@ -162,3 +162,12 @@ def test_refused_registration_exits_nonzero(model):
     thread.join(timeout=5)
     assert result == [1] and server.link.refused == "protocol version mismatch"
     router.close()
+
+
+def test_worker_registers_again_when_asked(running):
+    router, _, reg = running
+    from shared.protocol import ReRegister
+
+    router.send(ReRegister("router restarted"))
+    again = router.recv_until(Register)
+    assert again.worker_id == reg.worker_id

@@ -16,7 +16,15 @@ from collections.abc import Callable
 
 import zmq
 
-from shared.protocol import Message, ProtocolError, Register, RegisterAck, decode, encode
+from shared.protocol import (
+    Message,
+    ProtocolError,
+    Register,
+    RegisterAck,
+    ReRegister,
+    decode,
+    encode,
+)
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +56,7 @@ class WorkerLink:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="worker-link", daemon=True)
         self._heartbeat_interval = 1.0
+        self._next_register = 0.0
 
     # ---- engine-thread side ------------------------------------------------------------
 
@@ -81,13 +90,13 @@ class WorkerLink:
         poller = zmq.Poller()
         poller.register(dealer, zmq.POLLIN)
         poller.register(self._pull, zmq.POLLIN)
-        next_register = next_heartbeat = 0.0
+        next_heartbeat = 0.0
         try:
             while not self._stop.is_set():
                 now = time.monotonic()
-                if not self.registered.is_set() and now >= next_register:
+                if not self.registered.is_set() and now >= self._next_register:
                     dealer.send(encode(self.register))
-                    next_register = now + REGISTER_RETRY_S
+                    self._next_register = now + REGISTER_RETRY_S
                 if self.registered.is_set() and now >= next_heartbeat:
                     dealer.send(encode(self.heartbeat()))
                     next_heartbeat = now + self._heartbeat_interval
@@ -108,6 +117,10 @@ class WorkerLink:
             return
         if isinstance(msg, RegisterAck):
             self._on_ack(msg)
+        elif isinstance(msg, ReRegister):
+            log.warning("the router asked this worker to register again: %s", msg.reason)
+            self.registered.clear()
+            self._next_register = 0.0
         else:
             self.inbound.put(msg)
 
