@@ -61,8 +61,13 @@ def test_curve_worker_joins_and_unknown_key_is_refused(default_model_dir, tmp_pa
                     "--model-id", "smol"], logs["router"])  # fmt: skip
     worker_cmd = [sys.executable, "-m", "worker", "--router", f"tcp://127.0.0.1:{zmq_port}",
                   "--model", str(default_model_dir), "--kv-memory", "128MiB", "--curve-server-key", str(router_pub)]  # fmt: skip
-    good = start([*worker_cmd, "--worker-id", "remote-a", "--curve-secret-key", str(good_secret)], logs["good"])
-    bad = start([*worker_cmd, "--worker-id", "remote-b", "--curve-secret-key", str(bad_secret)], logs["bad"])
+    good = start(
+        [*worker_cmd, "--worker-id", "remote-a", "--curve-secret-key", str(good_secret)],
+        logs["good"],
+    )
+    bad = start(
+        [*worker_cmd, "--worker-id", "remote-b", "--curve-secret-key", str(bad_secret)], logs["bad"]
+    )
     try:
         deadline = time.monotonic() + 240
         while "remote-a" not in cluster_workers(url) and time.monotonic() < deadline:
@@ -76,7 +81,9 @@ def test_curve_worker_joins_and_unknown_key_is_refused(default_model_dir, tmp_pa
         assert "Paris" in r.choices[0].message.content
         # the unauthorized worker loaded its model and kept trying, but never got in
         deadline = time.monotonic() + 120
-        while b"loaded in" not in (tmp_path / "bad.log").read_bytes() and time.monotonic() < deadline:
+        while (
+            b"loaded in" not in (tmp_path / "bad.log").read_bytes() and time.monotonic() < deadline
+        ):
             time.sleep(0.5)
         time.sleep(3)
         assert "remote-b" not in cluster_workers(url)

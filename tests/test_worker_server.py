@@ -137,31 +137,29 @@ def test_malformed_frames_are_dropped(running, model):
     assert tokens == reference_greedy(model, [5, 6, 7], 3)
 
 
-def test_shutdown_message_stops_the_worker(model):
-    router = FakeRouter()
-    server = WorkerServer(make_engine(model), router.endpoint, "w-stop", "tiny")
-    result = []
+def serve_once(model, router: FakeRouter, *answers) -> tuple[WorkerServer, list[int]]:
+    """Run a worker until it exits after `answers` to its Register; its exit codes."""
+    server = WorkerServer(make_engine(model), router.endpoint, "w-once", "tiny")
+    result: list[int] = []
     thread = threading.Thread(target=lambda: result.append(server.serve_forever()), daemon=True)
     thread.start()
     router.recv_until(Register)
-    router.send(RegisterAck(accepted=True))
-    router.send(Shutdown("test"))
+    for msg in answers:
+        router.send(msg)
     thread.join(timeout=5)
-    assert result == [0]
     router.close()
+    return server, result
+
+
+def test_shutdown_message_stops_the_worker(model):
+    _, result = serve_once(model, FakeRouter(), RegisterAck(accepted=True), Shutdown("test"))
+    assert result == [0]
 
 
 def test_refused_registration_exits_nonzero(model):
-    router = FakeRouter()
-    server = WorkerServer(make_engine(model), router.endpoint, "w-no", "tiny")
-    result = []
-    thread = threading.Thread(target=lambda: result.append(server.serve_forever()), daemon=True)
-    thread.start()
-    router.recv_until(Register)
-    router.send(RegisterAck(accepted=False, reason="protocol version mismatch"))
-    thread.join(timeout=5)
+    refusal = RegisterAck(accepted=False, reason="protocol version mismatch")
+    server, result = serve_once(model, FakeRouter(), refusal)
     assert result == [1] and server.link.refused == "protocol version mismatch"
-    router.close()
 
 
 def test_worker_registers_again_when_asked(running):
