@@ -42,6 +42,10 @@ class _InFlight:
     started: float
 
 
+# Most context slots that folded prefill rows may gather in one step (see Engine._run).
+FOLD_CONTEXT_SLOTS = 16384
+
+
 class EngineOverloaded(RuntimeError):
     """The waiting queue is full; try again later."""
 
@@ -173,6 +177,13 @@ class Engine:
         if plan.decode and not plan.prefill:
             self._launch_decode(plan.decode, None)
             return deltas
+        if plan.decode and self._fold_prefill(plan.prefill):
+            start = time.perf_counter()
+            deltas += self._run([PrefillChunk(s, 1) for s in plan.decode] + plan.prefill, flat=True)
+            elapsed = time.perf_counter() - start
+            self.stats_.record_decode(elapsed, len(plan.decode))
+            self.stats_.record_prefill(elapsed, sum(c.num_tokens for c in plan.prefill))
+            return deltas
         if plan.decode:
             start = time.perf_counter()
             deltas += self._run([PrefillChunk(s, 1) for s in plan.decode])
@@ -261,15 +272,39 @@ class Engine:
                 deltas.append(self._advance(seq, tokens[i], logprobs[i] if logprobs else None))
         return deltas
 
-    def _run(self, batch: list[PrefillChunk]) -> list[TokenDelta]:
-        rows = [
-            (s.tokens[s.num_computed : s.num_computed + n], s.num_computed, s.block_ids)
-            for s, n in batch
-        ]
+    @staticmethod
+    def _fold_prefill(prefill: list[PrefillChunk]) -> bool:
+        """Whether these prefill chunks are small enough to ride in the decode forward as
+        one-token rows (see `_run`): each such row gathers its whole context, so only short
+        chunks are worth it."""
+        return (
+            sum(c.num_tokens * (c.seq.num_computed + c.num_tokens) for c in prefill)
+            <= FOLD_CONTEXT_SLOTS
+        )
+
+    def _run(self, batch: list[PrefillChunk], flat: bool = False) -> list[TokenDelta]:
+        """One forward for `batch`. `flat`: every token is its own one-token row at its own
+        position, so decode rows and prefill chunks share one forward (and its matmuls) with
+        no padding; each layer writes all rows' K/V before any row attends, so a prompt token
+        still sees the tokens before it in the same chunk."""
+        rows, last = [], []
+        for s, n in batch:
+            if flat:
+                rows += [
+                    (s.tokens[p : p + 1], p, s.block_ids)
+                    for p in range(s.num_computed, s.num_computed + n)
+                ]
+            else:
+                rows.append(
+                    (s.tokens[s.num_computed : s.num_computed + n], s.num_computed, s.block_ids)
+                )
+            last.append(len(rows) - 1)
         finishing = [i for i, (s, n) in enumerate(batch) if s.num_computed + n == len(s.tokens)]
         try:
             logits = self.runner.forward(rows)
-            sampled = self._sample(logits, finishing, [batch[i].seq for i in finishing])
+            sampled = self._sample(
+                logits, [last[i] for i in finishing], [batch[i].seq for i in finishing]
+            )
         except Exception as exc:  # a failed forward must not take the other requests down
             log.exception("forward pass failed for %d sequences", len(batch))
             return [self._fail(s, f"the model step failed: {exc}") for s, _ in batch]
