@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import hashlib
 import struct
-from collections.abc import Sequence
 from array import array
+from collections.abc import Sequence
 
 HASH_SEED = b"mlx-fleet/v1"
 ROOT_PARENT_HASH = 0  # the parent hash of a sequence's first block
