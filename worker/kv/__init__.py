@@ -8,14 +8,19 @@ from worker.kv.memory import (
     memory_budget_bytes,
     num_blocks_for_budget,
 )
+from worker.kv.radix_cache import MatchResult, RadixCache
+from worker.kv.radix_node import RadixNode
 
 __all__ = [
     "DEFAULT_BLOCK_SIZE",
     "BlockPool",
     "IntegrityError",
     "KVCacheError",
+    "MatchResult",
     "OutOfBlocksError",
     "PoolUsage",
+    "RadixCache",
+    "RadixNode",
     "bytes_per_block",
     "device_memory_bytes",
     "memory_budget_bytes",
