@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
-from shared.hashing import hash_block
+from shared.hashing import hash_blocks
 from shared.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 from worker.kv.block_pool import BlockPool
 from worker.kv.errors import KVCacheError
@@ -128,7 +128,8 @@ class RadixCache:
         `block_ids[i]` holds tokens [i*bs, (i+1)*bs); extra ids (a partial tail) are ignored.
         Blocks the tree already has keep the tree's id; the caller's duplicates are untouched.
         New blocks must be held by the caller and not cached; they become cached and each
-        emits BlockStored.
+        emits BlockStored. Otherwise raises KVCacheError, having cached nothing (the walk may
+        have split nodes and touched the matched path, which changes no cached content).
         """
         tokens, limit = self._full_blocks(token_ids)
         if len(block_ids) < limit // self.block_size:
@@ -256,10 +257,7 @@ class RadixCache:
                 f"ids: {block_ids}"
             )
         bs = self.block_size
-        hashes, parent_hash = [], parent.last_hash
-        for start in range(0, len(key), bs):
-            parent_hash = hash_block(parent_hash, key[start : start + bs])
-            hashes.append(parent_hash)
+        hashes = hash_blocks(key, bs, parent_hash=parent.last_hash)
         leaf = RadixNode(parent, key, block_ids, hashes)
         leaf.last_access = self._clock
         leaf.num_held = len(block_ids)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from shared.hashing import hash_block
+from shared.hashing import hash_blocks
 from worker.kv.errors import IntegrityError
 
 if TYPE_CHECKING:
@@ -76,11 +76,10 @@ def _check_children(cache: RadixCache, pool: BlockPool, node: RadixNode) -> None
 
 
 def _check_hashes(node: RadixNode, bs: int) -> None:
-    parent_hash = node.parent.last_hash
-    for i, block_hash in enumerate(node.block_hashes):
-        parent_hash = hash_block(parent_hash, node.key[i * bs : (i + 1) * bs])
-        if parent_hash != block_hash:
-            raise IntegrityError(f"block {node.block_ids[i]}'s hash does not chain")
+    expected = hash_blocks(node.key, bs, parent_hash=node.parent.last_hash)
+    for block_id, got, want in zip(node.block_ids, node.block_hashes, expected, strict=True):
+        if got != want:
+            raise IntegrityError(f"block {block_id}'s hash does not chain")
 
 
 def _check_totals(
