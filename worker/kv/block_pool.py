@@ -1,0 +1,267 @@
+"""Paged K/V storage: fixed-size blocks, a free list, ref counts, copy-on-write.
+
+Storage, per layer, K and V each: an `mx.array` of shape
+`(num_blocks * block_size, num_kv_heads, head_dim)`, a flat array of slots where
+slot = block_id * block_size + offset (see docs/architecture.md for why).
+
+Every block is in exactly one state:
+- free: on the free list, ref count 0, not cached;
+- held: ref count >= 1 (some sequence uses it); it may also be cached in the radix tree;
+- cached-only: in the radix tree with ref count 0 (evictable).
+
+The pool only keeps the books; the radix tree decides what is cached and when to evict.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter, deque
+from collections.abc import Callable, Iterable, Sequence
+from typing import NamedTuple
+
+import mlx.core as mx
+
+from worker.kv.errors import IntegrityError, KVCacheError, OutOfBlocksError
+from worker.kv.memory import bytes_per_block, num_blocks_for_budget
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_BLOCK_SIZE = 32
+
+# Called with cached blocks whose ref count crossed 0: held=True when they became held,
+# held=False when they became cached-only. The radix tree listens to keep eviction exact.
+HoldListener = Callable[[list[int], bool], None]
+
+
+class PoolUsage(NamedTuple):
+    free: int
+    held: int
+    cached_only: int
+
+
+class BlockPool:
+    """K/V blocks for every layer plus the books on who uses which block."""
+
+    num_blocks_for_budget = staticmethod(num_blocks_for_budget)
+
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int = DEFAULT_BLOCK_SIZE,
+        *,
+        num_layers: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: mx.Dtype = mx.float16,
+    ) -> None:
+        # The shape is keyword-only: three ints in a row are too easy to swap.
+        for name, value in (
+            ("num_blocks", num_blocks),
+            ("block_size", block_size),
+            ("num_layers", num_layers),
+            ("num_kv_heads", num_kv_heads),
+            ("head_dim", head_dim),
+        ):
+            if value < 1:
+                raise ValueError(f"{name} must be >= 1, got {value}")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.num_layers = num_layers
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.dtype = dtype
+        shape = (num_blocks * block_size, num_kv_heads, head_dim)
+        self.k = [mx.zeros(shape, dtype=dtype) for _ in range(num_layers)]
+        self.v = [mx.zeros(shape, dtype=dtype) for _ in range(num_layers)]
+        mx.eval(self.k, self.v)  # reserve the memory now, not at the first forward pass
+        self._refs = [0] * num_blocks
+        self._cached = [False] * num_blocks
+        self._free = deque(range(num_blocks))  # oldest-freed first
+        self._hold_listener: HoldListener | None = None
+        block_bytes = bytes_per_block(block_size, num_layers, num_kv_heads, head_dim, dtype)
+        logger.info(
+            "KV block pool: %d blocks x %d tokens (%d layers, %d KV heads, head dim %d, %s), "
+            "%.1f MiB",
+            num_blocks,
+            block_size,
+            num_layers,
+            num_kv_heads,
+            head_dim,
+            dtype,
+            num_blocks * block_bytes / 2**20,
+        )
+
+    # ---- queries (none of these mutate) ----
+
+    @property
+    def num_free(self) -> int:
+        return len(self._free)
+
+    def blocks_for_tokens(self, num_tokens: int) -> int:
+        """Blocks needed to hold `num_tokens` tokens (the last one may be partial)."""
+        return -(-num_tokens // self.block_size)
+
+    def ref_count(self, block_id: int) -> int:
+        return self._refs[self._checked_id(block_id)]
+
+    def is_cached(self, block_id: int) -> bool:
+        return self._cached[self._checked_id(block_id)]
+
+    def is_free(self, block_id: int) -> bool:
+        block_id = self._checked_id(block_id)
+        return self._refs[block_id] == 0 and not self._cached[block_id]
+
+    def can_allocate(self, num: int) -> bool:
+        return 0 <= num <= len(self._free)
+
+    def can_cache(self, block_id: int) -> bool:
+        """Whether `set_cached` would accept the block: held and not cached yet."""
+        return self.ref_count(block_id) >= 1 and not self._cached[block_id]
+
+    def needs_copy(self, block_id: int) -> bool:
+        """Whether writing to this held block needs a private copy first (shared or cached)."""
+        self._require_held(block_id)
+        return self._refs[block_id] > 1 or self._cached[block_id]
+
+    def can_copy_on_write(self, block_id: int) -> bool:
+        return not self.needs_copy(block_id) or self.can_allocate(1)
+
+    def usage(self) -> PoolUsage:
+        """Blocks in each state, counted (O(num_blocks))."""
+        held = sum(1 for ref in self._refs if ref > 0)
+        cached_only = sum(
+            1 for ref, cached in zip(self._refs, self._cached, strict=True) if cached and not ref
+        )
+        return PoolUsage(len(self._free), held, cached_only)
+
+    # ---- mutations ----
+
+    def set_hold_listener(self, listener: HoldListener | None) -> None:
+        """Mutates: the callback told when cached blocks become held or cached-only."""
+        if listener is not None and self._hold_listener is not None:
+            raise KVCacheError("this pool already has a hold listener (one radix cache per pool)")
+        self._hold_listener = listener
+
+    def allocate(self, num: int) -> list[int]:
+        """Mutates: takes `num` free blocks (oldest-freed first), each with ref count 1."""
+        if num < 0:
+            raise ValueError(f"cannot allocate a negative number of blocks ({num})")
+        if not self.can_allocate(num):
+            raise OutOfBlocksError(f"cannot allocate {num} blocks: only {self.num_free} free")
+        block_ids = [self._free.popleft() for _ in range(num)]
+        for block_id in block_ids:
+            self._refs[block_id] = 1
+        return block_ids
+
+    def incref(self, block_ids: Iterable[int]) -> None:
+        """Mutates: one more reference to each block (held or cached; never a free one)."""
+        block_ids = list(block_ids)
+        for block_id in block_ids:
+            if self.is_free(block_id):
+                raise KVCacheError(f"incref of free block {block_id}")
+        became_held = []
+        for block_id in block_ids:
+            if self._refs[block_id] == 0:
+                became_held.append(block_id)
+            self._refs[block_id] += 1
+        self._notify(became_held, held=True)
+
+    def decref(self, block_ids: Iterable[int]) -> None:
+        """Mutates: drops one reference per id; a block left unreferenced and uncached is freed.
+
+        Raises (changing nothing) if any block would drop below zero: a double free.
+        """
+        block_ids = list(block_ids)
+        for block_id, count in Counter(block_ids).items():
+            if self.ref_count(block_id) < count:
+                raise KVCacheError(
+                    f"decref of block {block_id} {count} time(s) but its ref count is "
+                    f"{self._refs[block_id]} (double free?)"
+                )
+        became_cached_only = []
+        for block_id in block_ids:
+            self._refs[block_id] -= 1
+            if self._refs[block_id] == 0:
+                self._release(block_id, became_cached_only)
+        self._notify(became_cached_only, held=False)
+
+    def set_cached(self, block_id: int) -> None:
+        """Mutates: marks a held block as a member of the radix tree."""
+        if not self.can_cache(block_id):
+            raise KVCacheError(
+                f"cannot cache block {block_id}: ref count {self._refs[block_id]}, "
+                f"cached={self._cached[block_id]} (must be held and not cached)"
+            )
+        self._cached[block_id] = True
+
+    def unset_cached(self, block_id: int) -> None:
+        """Mutates: the tree lets go of a block; it is freed if no sequence holds it."""
+        if not self.is_cached(block_id):
+            raise KVCacheError(f"unset_cached of block {block_id}, which is not cached")
+        self._cached[block_id] = False
+        if self._refs[block_id] == 0:
+            self._free.append(block_id)
+
+    def copy_on_write(self, block_id: int) -> int:
+        """Mutates: a block the caller may write to, standing in for its held `block_id`.
+
+        The same id when the caller is its only user and the tree does not have it; otherwise a
+        new block with a copy of its K/V in every layer, and the caller's reference to the old
+        block is dropped (the tree's copy never changes).
+        """
+        if not self.needs_copy(block_id):
+            return block_id
+        (new_id,) = self.allocate(1)
+        src = slice(block_id * self.block_size, (block_id + 1) * self.block_size)
+        dst = slice(new_id * self.block_size, (new_id + 1) * self.block_size)
+        for layer in range(self.num_layers):
+            self.k[layer][dst] = self.k[layer][src]
+            self.v[layer][dst] = self.v[layer][src]
+        self.decref([block_id])
+        return new_id
+
+    # ---- integrity ----
+
+    def check_integrity(self) -> PoolUsage:
+        """Raise IntegrityError unless every block is in exactly one state; no mutation."""
+        if any(ref < 0 for ref in self._refs):
+            raise IntegrityError(f"negative ref counts: {self._negative_refs()}")
+        free_set = set(self._free)
+        if len(free_set) != len(self._free):
+            dups = [b for b, n in Counter(self._free).items() if n > 1]
+            raise IntegrityError(f"free list has duplicates: {dups}")
+        expected_free = {b for b in range(self.num_blocks) if self.is_free(b)}
+        if free_set != expected_free:
+            raise IntegrityError(
+                f"free list disagrees with block states: listed but in use "
+                f"{sorted(free_set - expected_free)}, unused but not listed "
+                f"{sorted(expected_free - free_set)}"
+            )
+        usage = self.usage()
+        if sum(usage) != self.num_blocks:
+            raise IntegrityError(f"free + held + cached-only = {sum(usage)} != {self.num_blocks}")
+        return usage
+
+    # ---- helpers ----
+
+    def _checked_id(self, block_id: int) -> int:
+        if not 0 <= block_id < self.num_blocks:
+            raise KVCacheError(f"block id {block_id} out of range [0, {self.num_blocks})")
+        return block_id
+
+    def _require_held(self, block_id: int) -> None:
+        if self.ref_count(block_id) < 1:
+            raise KVCacheError(f"block {block_id} is not held by anyone")
+
+    def _release(self, block_id: int, became_cached_only: list[int]) -> None:
+        if self._cached[block_id]:
+            became_cached_only.append(block_id)
+        else:
+            self._free.append(block_id)
+
+    def _notify(self, block_ids: Sequence[int], held: bool) -> None:
+        if block_ids and self._hold_listener is not None:
+            self._hold_listener(list(block_ids), held)
+
+    def _negative_refs(self) -> dict[int, int]:
+        return {b: ref for b, ref in enumerate(self._refs) if ref < 0}

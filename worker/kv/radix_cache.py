@@ -1,0 +1,330 @@
+"""Radix prefix cache: a token tree whose nodes own the blocks of block-aligned prefixes.
+
+Only full blocks enter the tree. A sequence's partial last block stays private to it and is
+freed with it: its tokens are not a whole block, so no other prompt could share it.
+
+How the engine is meant to use it:
+- admission: `peek_prefix_length` to plan (no mutation), then `match_prefix` once (counts
+  hits/misses, splits, touches LRU), `lock(result.node)`, `pool.incref(result.block_ids)`,
+  allocate the rest;
+- finish: `insert(tokens, seq_blocks)`, `unlock(node)`, `pool.decref(seq_blocks)` (blocks the
+  tree already had are the caller's duplicates and go back to the free list);
+- out of blocks: `evict(n)`, which frees least recently used leaves that no lock or sequence
+  holds.
+
+LRU uses a counter bumped once per match/insert, not wall time, so order is deterministic.
+The pool tells the tree (a hold listener) when cached blocks become held or cached-only, so
+`evictable_blocks` is exactly what `evict` can free.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
+
+from shared.hashing import hash_blocks
+from shared.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
+from worker.kv.block_pool import BlockPool
+from worker.kv.errors import KVCacheError
+from worker.kv.radix_integrity import check_tree
+from worker.kv.radix_node import LRUHeap, RadixNode
+
+
+class MatchResult(NamedTuple):
+    node: RadixNode  # deepest matched node (the root when nothing matched); lock this
+    block_ids: list[int]  # the cached blocks of the prefix, in order
+    num_tokens: int  # len(block_ids) * block_size
+
+
+class RadixCache:
+    """Prefix cache over a BlockPool; emits shared.kv_events through `on_event`."""
+
+    def __init__(
+        self,
+        pool: BlockPool,
+        block_size: int | None = None,
+        on_event: Callable[[KVEvent], None] | None = None,
+    ) -> None:
+        if block_size is not None and block_size != pool.block_size:
+            raise ValueError(f"block_size {block_size} != the pool's {pool.block_size}")
+        self.block_size = pool.block_size
+        self._pool = pool
+        self._on_event = on_event
+        self.root = RadixNode(None, (), [], [])
+        self._node_of_block: dict[int, RadixNode] = {}
+        self._heap = LRUHeap()
+        self._clock = 0
+        self._evictable_blocks = 0
+        self._num_locks = 0
+        self.hit_tokens = 0
+        self.miss_tokens = 0
+        pool.set_hold_listener(self._on_hold_change)
+
+    # ---- queries (none of these mutate) ----
+
+    @property
+    def cached_blocks(self) -> int:
+        return len(self._node_of_block)
+
+    @property
+    def evictable_blocks(self) -> int:
+        """Blocks `evict` would free if asked for all: unlocked, unheld subtrees."""
+        return self._evictable_blocks
+
+    @property
+    def num_locks(self) -> int:
+        return self._num_locks
+
+    def peek_prefix_length(self, token_ids: Sequence[int]) -> int:
+        """Tokens of the longest cached block-aligned prefix, without splitting, touching or
+        counting anything."""
+        tokens, limit = self._full_blocks(token_ids)
+        node, pos = self.root, 0
+        while pos < limit:
+            child = node.children.get(tokens[pos : pos + self.block_size])
+            if child is None:
+                break
+            matched = self._common_blocks(child, tokens, pos, limit)
+            pos += matched * self.block_size
+            if matched < child.num_blocks:
+                break
+            node = child
+        return pos
+
+    # ---- mutations ----
+
+    def match_prefix(self, token_ids: Sequence[int]) -> MatchResult:
+        """Mutates: the longest cached block-aligned prefix of `token_ids`.
+
+        Splits the node the match ends inside, marks the path most recently used, and adds
+        to `hit_tokens` (matched) and `miss_tokens` (the rest): call it once per admission.
+        """
+        tokens, limit = self._full_blocks(token_ids)
+        path = self._walk(tokens, limit)
+        block_ids = [block_id for node in path for block_id in node.block_ids]
+        num_tokens = len(block_ids) * self.block_size
+        self.hit_tokens += num_tokens
+        self.miss_tokens += len(tokens) - num_tokens
+        return MatchResult(path[-1] if path else self.root, block_ids, num_tokens)
+
+    def lock(self, node: RadixNode) -> None:
+        """Mutates: protects `node` and its ancestors from eviction (locking root is a no-op)."""
+        self._require_live(node)
+        if not node.is_root:
+            self._shift_locks(node, 1)
+
+    def unlock(self, node: RadixNode) -> None:
+        """Mutates: undoes one `lock(node)`; raises if `node` is not locked."""
+        self._require_live(node)
+        if node.is_root:
+            return
+        if node.lock_ref < 1:
+            raise KVCacheError("unlock of a node that is not locked")
+        self._shift_locks(node, -1)
+
+    def insert(self, token_ids: Sequence[int], block_ids: Sequence[int]) -> int:
+        """Mutates: caches the full blocks of `token_ids`; returns how many tokens were cached.
+
+        `block_ids[i]` holds tokens [i*bs, (i+1)*bs); extra ids (a partial tail) are ignored.
+        Blocks the tree already has keep the tree's id; the caller's duplicates are untouched.
+        New blocks must be held by the caller and not cached; they become cached and each
+        emits BlockStored. Otherwise raises KVCacheError, having cached nothing (the walk may
+        have split nodes and touched the matched path, which changes no cached content).
+        """
+        tokens, limit = self._full_blocks(token_ids)
+        if len(block_ids) < limit // self.block_size:
+            raise ValueError(
+                f"{limit // self.block_size} full blocks of tokens but {len(block_ids)} block ids"
+            )
+        path = self._walk(tokens, limit)
+        node = path[-1] if path else self.root
+        cached = sum(n.num_blocks for n in path) * self.block_size
+        if cached < limit:
+            new_ids = list(block_ids[cached // self.block_size : limit // self.block_size])
+            self._add_leaf(node, tokens[cached:limit], new_ids)
+        return cached
+
+    def evict(self, num_blocks: int) -> int:
+        """Mutates: frees at least `num_blocks` blocks, least recently used leaves first, or
+        all it can; returns how many were freed. Emits one BlockRemoved for the batch."""
+        if num_blocks < 0:
+            raise ValueError(f"num_blocks must be >= 0, got {num_blocks}")
+        freed, removed_hashes = 0, []
+        while freed < num_blocks:
+            leaf = self._heap.pop_lru_evictable_leaf()
+            if leaf is None:
+                break
+            removed_hashes.extend(leaf.block_hashes)
+            freed += self._remove_leaf(leaf)
+        if removed_hashes:
+            self._emit(BlockRemoved(tuple(removed_hashes)))
+        return freed
+
+    def reset(self) -> None:
+        """Mutates: drops the whole tree (blocks no sequence holds are freed) and emits
+        AllBlocksCleared. Raises if any node is locked. Hit/miss counters are kept."""
+        if self._num_locks:
+            raise KVCacheError(f"reset while {self._num_locks} lock(s) are held")
+        for node in self.root.walk():
+            for block_id in node.block_ids:
+                self._pool.unset_cached(block_id)
+            node.removed = True
+        self.root.removed = False
+        self.root.children = {}
+        self.root.num_held_children = 0
+        self._node_of_block.clear()
+        self._heap.clear()
+        self._evictable_blocks = 0
+        self._emit(AllBlocksCleared())
+
+    def check_integrity(self) -> None:
+        """Raise IntegrityError unless the tree and its pool agree; no mutation."""
+        check_tree(self, self._pool, self._node_of_block)
+
+    # ---- walking and shaping the tree ----
+
+    def _full_blocks(self, token_ids: Sequence[int]) -> tuple[tuple[int, ...], int]:
+        tokens = tuple(token_ids)
+        return tokens, len(tokens) - len(tokens) % self.block_size
+
+    def _walk(self, tokens: tuple[int, ...], limit: int) -> list[RadixNode]:
+        """Mutates: the nodes of the longest cached prefix of tokens[:limit], the last one split
+        so that it ends where the match does; marks them most recently used."""
+        self._clock += 1
+        node, pos, path = self.root, 0, []
+        while pos < limit:
+            child = node.children.get(tokens[pos : pos + self.block_size])
+            if child is None:
+                break
+            matched = self._common_blocks(child, tokens, pos, limit)
+            if matched < child.num_blocks:
+                child = self._split(child, matched)
+            child.last_access = self._clock
+            path.append(child)
+            node, pos = child, pos + child.num_blocks * self.block_size
+        return path
+
+    def _common_blocks(self, node: RadixNode, tokens: tuple[int, ...], pos: int, limit: int) -> int:
+        """Leading full blocks of `node.key` equal to tokens[pos:limit] (>= 1: the child map
+        matched the first)."""
+        bs = self.block_size
+        end = min(len(node.key), limit - pos)
+        if tokens[pos : pos + end] == node.key[:end]:
+            return end // bs
+        matched = 1  # a mismatch lies before `end`, so this loop stops there
+        while (
+            tokens[pos + matched * bs : pos + (matched + 1) * bs]
+            == node.key[matched * bs : (matched + 1) * bs]
+        ):
+            matched += 1
+        return matched
+
+    def _split(self, node: RadixNode, num_blocks: int) -> RadixNode:
+        """Mutates: cuts `node` after its first `num_blocks` blocks; returns the new upper part.
+        Blocks, hashes and what is cached do not change."""
+        bs = self.block_size
+        if node.evictable:
+            self._evictable_blocks -= node.num_blocks
+        upper = RadixNode(
+            node.parent,
+            node.key[: num_blocks * bs],
+            node.block_ids[:num_blocks],
+            node.block_hashes[:num_blocks],
+        )
+        node.key = node.key[num_blocks * bs :]
+        node.block_ids = node.block_ids[num_blocks:]
+        node.block_hashes = node.block_hashes[num_blocks:]
+        node.parent.children[upper.key[:bs]] = upper
+        node.parent = upper
+        upper.children[node.key[:bs]] = node
+        upper.lock_ref = node.lock_ref
+        upper.last_access = node.last_access
+        upper.num_held = sum(1 for b in upper.block_ids if self._pool.ref_count(b) > 0)
+        node.num_held -= upper.num_held
+        upper.num_held_children = int(node.subtree_held)
+        for block_id in upper.block_ids:
+            self._node_of_block[block_id] = upper
+        for part in (upper, node):
+            self._settle(part, was_evictable=False)
+        return upper
+
+    def _add_leaf(self, parent: RadixNode, key: tuple[int, ...], block_ids: list[int]) -> None:
+        """Mutates: a new leaf under `parent` owning `block_ids` (held by the caller)."""
+        bad = [b for b in block_ids if not self._pool.can_cache(b)]
+        if bad or len(set(block_ids)) != len(block_ids):
+            raise KVCacheError(
+                f"insert needs distinct held, uncached blocks for new tokens; bad: {bad}, "
+                f"ids: {block_ids}"
+            )
+        bs = self.block_size
+        hashes = hash_blocks(key, bs, parent_hash=parent.last_hash)
+        leaf = RadixNode(parent, key, block_ids, hashes)
+        leaf.last_access = self._clock
+        leaf.num_held = len(block_ids)
+        parent.children[key[:bs]] = leaf
+        for block_id in block_ids:
+            self._pool.set_cached(block_id)
+            self._node_of_block[block_id] = leaf
+        self._propagate_held(leaf, was_subtree_held=False)
+        for i, block_hash in enumerate(hashes):
+            prev = hashes[i - 1] if i else parent.last_hash
+            self._emit(BlockStored(block_hash, prev, key[i * bs : (i + 1) * bs], bs))
+
+    def _remove_leaf(self, leaf: RadixNode) -> int:
+        """Mutates: detaches an evictable leaf and returns its blocks to the pool."""
+        parent = leaf.parent
+        del parent.children[leaf.key[: self.block_size]]
+        leaf.removed = True
+        self._evictable_blocks -= leaf.num_blocks
+        for block_id in leaf.block_ids:
+            del self._node_of_block[block_id]
+            self._pool.unset_cached(block_id)
+        self._queue_if_evictable_leaf(parent)  # eviction cascades up
+        return leaf.num_blocks
+
+    # ---- evictability bookkeeping ----
+
+    def _shift_locks(self, node: RadixNode, delta: int) -> None:
+        """Mutates: adds `delta` to lock_ref along the path from `node` to the root."""
+        for on_path in node.path_to_root():
+            was_evictable = on_path.evictable
+            on_path.lock_ref += delta
+            self._settle(on_path, was_evictable)
+        self._num_locks += delta
+
+    def _on_hold_change(self, block_ids: list[int], held: bool) -> None:
+        """Mutates: the pool's news that cached blocks became held (or cached-only)."""
+        for block_id in block_ids:
+            node = self._node_of_block[block_id]
+            was_subtree_held, was_evictable = node.subtree_held, node.evictable
+            node.num_held += 1 if held else -1
+            self._settle(node, was_evictable)
+            self._propagate_held(node, was_subtree_held)
+
+    def _propagate_held(self, node: RadixNode, was_subtree_held: bool) -> None:
+        """Mutates: tells ancestors that `node`'s subtree started (or stopped) holding blocks,
+        stopping at the first ancestor whose own answer does not change."""
+        while node.parent is not None and node.subtree_held != was_subtree_held:
+            parent = node.parent
+            was_subtree_held, was_evictable = parent.subtree_held, parent.evictable
+            parent.num_held_children += 1 if node.subtree_held else -1
+            self._settle(parent, was_evictable)
+            node = parent
+
+    def _settle(self, node: RadixNode, was_evictable: bool) -> None:
+        """Mutates: books a change in `node`'s evictability; queues it if an evictable leaf."""
+        if node.evictable != was_evictable:
+            self._evictable_blocks += node.num_blocks if node.evictable else -node.num_blocks
+        self._queue_if_evictable_leaf(node)
+
+    def _queue_if_evictable_leaf(self, node: RadixNode) -> None:
+        if node.evictable and node.is_leaf:
+            self._heap.push(node)
+
+    def _require_live(self, node: RadixNode) -> None:
+        if node.removed:
+            raise KVCacheError("node was evicted or reset; match again")
+
+    def _emit(self, event: KVEvent) -> None:
+        if self._on_event is not None:
+            self._on_event(event)
