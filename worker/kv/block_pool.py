@@ -214,9 +214,13 @@ class BlockPool:
         (new_id,) = self.allocate(1)
         src = slice(block_id * self.block_size, (block_id + 1) * self.block_size)
         dst = slice(new_id * self.block_size, (new_id + 1) * self.block_size)
+        # Read the source into arrays of their own first: a write whose value still reads the
+        # same pool makes MLX copy the whole pool (seconds for a big one), see write_kv.
+        copies = [mx.array(pool[src]) for pool in (*self.k, *self.v)]
+        mx.eval(copies)
         for layer in range(self.num_layers):
-            self.k[layer][dst] = self.k[layer][src]
-            self.v[layer][dst] = self.v[layer][src]
+            self.k[layer][dst] = copies[layer]
+            self.v[layer][dst] = copies[self.num_layers + layer]
         self.decref([block_id])
         return new_id
 
