@@ -8,10 +8,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from router.detokenize import IncrementalDetokenizer
+from shared.model_store import DEFAULT_CONTEXT_LENGTH, config_context_length
 
 log = logging.getLogger(__name__)
 
-DEFAULT_CONTEXT_LENGTH = 4096
 _PROBE = "\x00mlx-fleet-probe\x00"
 
 
@@ -82,9 +82,8 @@ class ModelTokenizer:
 
 
 def _context_length(config: dict, hf_tokenizer) -> int:
-    for key in ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length"):
-        if isinstance(config.get(key), int):
-            return config[key]
+    if (declared := config_context_length(config)) is not None:
+        return declared
     # Tokenizers without a limit report a huge sentinel (1e30) here.
     limit = getattr(hf_tokenizer, "model_max_length", None)
     if isinstance(limit, int) and limit < 10_000_000:

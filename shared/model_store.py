@@ -131,15 +131,26 @@ def read_config(model_dir: Path) -> dict:
     return json.loads((Path(model_dir) / "config.json").read_text())
 
 
+CONTEXT_KEYS = (
+    "max_position_embeddings", "max_sequence_length", "n_positions", "max_seq_len", "n_ctx", "seq_length",
+)  # fmt: skip
+DEFAULT_CONTEXT_LENGTH = 4096
+
+
+def config_context_length(config: dict) -> int | None:
+    """The context length a model's config.json declares (or its text_config), if any.
+
+    The router (to refuse long prompts) and the workers (to stop at the limit) both read it
+    here, so they agree on every model."""
+    for section in (config, config.get("text_config") or {}):
+        for key in CONTEXT_KEYS:
+            if isinstance(section.get(key), int):
+                return section[key]
+    return None
+
+
 def context_length(model_dir: Path) -> int:
-    config = read_config(model_dir)
-    text = config.get("text_config", {})
-    for key in ("max_position_embeddings", "max_sequence_length", "n_ctx", "seq_length"):
-        if key in config:
-            return int(config[key])
-        if key in text:
-            return int(text[key])
-    return 4096
+    return config_context_length(read_config(model_dir)) or DEFAULT_CONTEXT_LENGTH
 
 
 def stderr_progress(msg: str) -> None:
