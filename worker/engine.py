@@ -214,15 +214,12 @@ class Engine:
                 or len(seq.tokens) + 2 >= self.max_context
             ):
                 return False
-        need = sum(self.pool.blocks_for_tokens(s.num_computed + 1) - len(s.block_ids) for s in seqs)
-        return sched.make_room(need)
+        return sched.make_room(sum(sched.blocks_needed(s, s.num_computed + 1) for s in seqs))
 
     def _decode_pipelined(self) -> list[TokenDelta]:
         prev = self._inflight
-        for seq in prev.seqs:
-            need = self.pool.blocks_for_tokens(seq.num_computed + 1) - len(seq.block_ids)
-            if need > 0:
-                seq.block_ids += self.pool.allocate(need)
+        for seq in prev.seqs:  # _can_pipeline made room for these
+            self.scheduler.grow(seq, seq.num_computed + 1)
         self._launch_decode(prev.seqs, prev.tokens)
         return self._resolve(prev)
 

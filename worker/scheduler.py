@@ -146,16 +146,24 @@ class Scheduler:
 
     def _reserve(self, seq: Sequence, num_tokens: int, preempted: list[Sequence]) -> bool:
         """Give `seq` blocks for `num_tokens`, evicting and preempting newer work as needed."""
-        need = self.pool.blocks_for_tokens(num_tokens) - len(seq.block_ids)
+        need = self.blocks_needed(seq, num_tokens)
         while need > 0 and not self.make_room(need):
             victim = max(self.running, key=lambda s: s.arrival)
             self.preempt(victim)
             preempted.append(victim)
             if victim is seq:
                 return False
-        if need > 0:
-            seq.block_ids += self.pool.allocate(need)
+        self.grow(seq, num_tokens)
         return True
+
+    def blocks_needed(self, seq: Sequence, num_tokens: int) -> int:
+        """New blocks `seq` needs to hold `num_tokens` tokens (0 when it has them)."""
+        return max(0, self.pool.blocks_for_tokens(num_tokens) - len(seq.block_ids))
+
+    def grow(self, seq: Sequence, num_tokens: int) -> None:
+        """Mutates: give `seq` blocks for `num_tokens`; the caller made room (`make_room`)."""
+        if need := self.blocks_needed(seq, num_tokens):
+            seq.block_ids += self.pool.allocate(need)
 
     def make_room(self, need: int) -> bool:
         """Mutates: evict cached blocks until `need` can be allocated; whether it can."""
