@@ -45,8 +45,13 @@ def main() -> None:
 
     from shared.model_loading import load_model
     from shared.model_store import resolve_model
+    from shared.sampling import SamplingParams
     from worker.kv.block_pool import BlockPool
-    from worker.model_runner import ModelRunner, probe_shape
+    from worker.model_runner import ModelRunner
+    from worker.model_support import probe_shape
+    from worker.paged_attention import resolve_backend
+    from worker.scheduler import StepKind, StepPlan
+    from worker.sequence import Sequence
 
     model, _ = load_model(resolve_model(None))
     shape = probe_shape(model)
@@ -59,9 +64,14 @@ def main() -> None:
         blocks = -(-(args.context + 1) // 32)
         pool = BlockPool(1 + batch * blocks, 32, num_layers=shape.num_layers, num_kv_heads=shape.num_kv_heads,
                          head_dim=shape.head_dim, dtype=shape.kv_dtype)  # fmt: skip
-        runner = ModelRunner(model, pool, pool.allocate(1)[0])
-        rows = [([1], args.context, pool.allocate(blocks)) for _ in range(batch)]
-        paged = timed(lambda r=rows, m=runner: m.forward(r), args.iters)
+        runner = ModelRunner(model, pool, pool.allocate(1)[0], resolve_backend("auto"))
+        seqs = []
+        for i in range(batch):
+            seq = Sequence(str(i), args.context, [1] * (args.context + 1), SamplingParams(), i)
+            seq.block_ids, seq.num_computed = pool.allocate(blocks), args.context
+            seqs.append(seq)
+        plan = StepPlan(StepKind.DECODE, seqs, [], [])
+        paged = timed(lambda p=plan, m=runner: m.run(p).outputs, args.iters)
         print(json.dumps({"batch": batch, "context": args.context, "dense_mlx_lm_ms": round(dense, 1),
                           "paged_ms": round(paged, 1), "ratio": round(paged / dense, 2)}), flush=True)  # fmt: skip
 

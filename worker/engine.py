@@ -21,17 +21,29 @@ import mlx.nn as nn
 from shared.kv_events import KVEvent
 from shared.protocol import TokenDelta, Usage
 from shared.sampling import InvalidRequest, SamplingParams
+from worker.attention_hook import AttentionSinksUnsupported
 from worker.config import EngineConfig
 from worker.engine_stats import EngineStats
 from worker.kv.block_pool import BlockPool
 from worker.kv.memory import memory_budget_bytes, num_blocks_for_budget
 from worker.kv.radix_cache import RadixCache
-from worker.model_runner import ModelRunner, probe_shape
-from worker.sampler import sample
-from worker.scheduler import PrefillChunk, Scheduler
+from worker.model_runner import LayerTimes, ModelRunner
+from worker.model_support import (
+    COVERED_ARCHITECTURES,
+    UnsupportedModel,
+    check_seam,
+    model_type,
+    probe_shape,
+    reference_greedy,
+    verification_prompt,
+)
+from worker.paged_attention import resolve_backend
+from worker.scheduler import PrefillChunk, Scheduler, StepKind, StepPlan
 from worker.sequence import Sequence, Status
 
 log = logging.getLogger(__name__)
+
+PROFILE_EVERY = 64  # every n-th step is timed layer by layer (phase metrics)
 
 
 @dataclass
@@ -42,15 +54,14 @@ class _InFlight:
     started: float
 
 
-# Most context slots that folded prefill rows may gather in one step (see Engine._run).
-FOLD_CONTEXT_SLOTS = 16384
-
-
 class EngineOverloaded(RuntimeError):
     """The waiting queue is full; try again later."""
 
 
 class Engine:
+    """Orchestration: requests in, `schedule()` -> `ModelRunner.run(plan)` -> postprocess
+    (the scheduler advances or finishes sequences), token deltas out."""
+
     def __init__(
         self, model: nn.Module, config: EngineConfig | None = None, max_context: int = 4096
     ):
@@ -69,16 +80,17 @@ class Engine:
         self.scratch_block = self.pool.allocate(1)[0]  # padding rows write here
         self._events: list[KVEvent] = []
         self.cache = RadixCache(self.pool, self.config.block_size, on_event=self._events.append)
-        self.scheduler = Scheduler(self.pool, self.cache, self.config)
-        self.runner = ModelRunner(
-            model, self.pool, self.scratch_block, self.config.attention_backend
-        )
+        self.scheduler = Scheduler(self.pool, self.cache, self.config, max_context)
+        self.backend = resolve_backend(self.config.attention_backend)
+        self.runner = ModelRunner(model, self.pool, self.scratch_block, self.backend)
         self.stats_ = EngineStats()
         self._seqs: dict[str, Sequence] = {}
         self._arrivals = itertools.count()
         self._inflight: _InFlight | None = None  # a decode step queued, its tokens unread
         self._pending_failures: list[TokenDelta] = []
         self._last_resolved = 0.0
+        self._steps = 0
+        self._check_model()
         if self.config.warmup:
             self._warmup()
 
@@ -163,85 +175,47 @@ class Engine:
     def step(self) -> list[TokenDelta]:
         """Schedule and run one step; return the token deltas it produced.
 
-        Steady decoding is pipelined: a decode step is queued (`mx.async_eval`) with the
-        previous step's sampled tokens still on the device as its input, and the host reads
-        and hands out the previous step's tokens while it runs. Its deltas come one call later.
-        Anything else (admissions, prefill, preemption, a sequence about to hit its limit)
-        first settles the step in flight and runs as before.
+        Steady decoding is pipelined: while a decode step is in flight, the next one is
+        queued (`mx.async_eval`) with that step's sampled tokens, still on the device, as its
+        input, and the host reads and hands out the previous tokens while it runs. Anything
+        else (admissions, prefill, preemption, a sequence about to hit its limit) first
+        settles the step in flight.
         """
-        if self._inflight is not None and self._can_pipeline():
-            return self._decode_pipelined()
+        inflight = self._inflight
+        if inflight is not None and self.scheduler.can_continue_decode(inflight.seqs):
+            self._launch(self.scheduler.continue_decode(inflight.seqs), inflight.tokens)
+            return self._resolve(inflight)
         deltas = self._resolve()
         plan = self.scheduler.schedule()
         self.stats_.preemptions += len(plan.preempted)
-        if plan.decode and not plan.prefill:
-            self._launch_decode(plan.decode, None)
+        if plan.kind is StepKind.DECODE:
+            self._launch(plan, None)
             return deltas
-        if plan.decode and self._fold_prefill(plan.prefill):
-            start = time.perf_counter()
-            deltas += self._run([PrefillChunk(s, 1) for s in plan.decode] + plan.prefill, flat=True)
-            elapsed = time.perf_counter() - start
-            self.stats_.record_decode(elapsed, len(plan.decode))
-            self.stats_.record_prefill(elapsed, sum(c.num_tokens for c in plan.prefill))
-            return deltas
-        if plan.decode:
-            start = time.perf_counter()
-            deltas += self._run([PrefillChunk(s, 1) for s in plan.decode])
-            self.stats_.record_decode(time.perf_counter() - start, len(plan.decode))
-        if plan.prefill:
-            start = time.perf_counter()
-            deltas += self._run(plan.prefill)
-            self.stats_.record_prefill(
-                time.perf_counter() - start, sum(c.num_tokens for c in plan.prefill)
-            )
+        for part in plan.split():
+            if part.kind is not StepKind.IDLE:
+                deltas += self._execute(part)
         return deltas
 
-    # ---- pipelined decode --------------------------------------------------------------
-
-    def _can_pipeline(self) -> bool:
-        """Whether the next step is the in-flight batch decoding once more, safely: nothing to
-        admit or prefill, no sequence that the in-flight token could end by length, and room
-        for every next slot without preempting."""
-        seqs = self._inflight.seqs
-        sched = self.scheduler
-        if sched.waiting or len(sched.running) != len(seqs):
-            return False
-        for seq in seqs:
-            if seq.status is not Status.RUNNING or seq.num_uncomputed != 0:
-                return False
-            if (
-                seq.num_output + 1 >= seq.sampling.max_tokens
-                or len(seq.tokens) + 2 >= self.max_context
-            ):
-                return False
-        return sched.make_room(sum(sched.blocks_needed(s, s.num_computed + 1) for s in seqs))
-
-    def _decode_pipelined(self) -> list[TokenDelta]:
-        prev = self._inflight
-        for seq in prev.seqs:  # _can_pipeline made room for these
-            self.scheduler.grow(seq, seq.num_computed + 1)
-        self._launch_decode(prev.seqs, prev.tokens)
-        return self._resolve(prev)
-
-    def _launch_decode(self, seqs: list[Sequence], tokens: mx.array | None) -> None:
-        """Queue one decode step for `seqs`; its input is `tokens` (device) or their last
-        host tokens. Leaves the sampled tokens in flight."""
+    def _launch(self, plan: StepPlan, device_tokens: mx.array | None) -> None:
+        """Queue the DECODE `plan` on the device; its tokens stay in flight until resolved.
+        `device_tokens`: the inputs, the in-flight step's samples (else the host tokens)."""
         start = time.perf_counter()
-        rows = [
-            ([s.tokens[-1]] if tokens is None else [0], s.num_computed, s.block_ids) for s in seqs
-        ]
+        times = self._profile_sample()
         try:
-            logits = self.runner.forward(rows, tokens)
-            result, keys = sample(logits, [s.sampling for s in seqs], [s.rng_key for s in seqs])
-            mx.async_eval(result.tokens, *(x for x in (result.logprobs, *keys) if x is not None))
+            out = self.runner.run(plan, device_tokens, times)
+            mx.async_eval(*out.outputs)
         except Exception as exc:  # building the graph failed: nothing is in flight
-            log.exception("decode step failed for %d sequences", len(seqs))
-            self._pending_failures += [self._fail(s, f"the model step failed: {exc}") for s in seqs]
+            log.exception("decode step failed for %d sequences", len(plan.decode))
+            self._pending_failures += [
+                self._fail(s, f"the model step failed: {exc}") for s in plan.decode
+            ]
             return
-        for seq, key in zip(seqs, keys, strict=True):
-            seq.rng_key = key
-            seq.num_computed += 1
-        self._inflight = _InFlight(list(seqs), result.tokens, result.logprobs, start)
+        for seq in plan.decode:
+            self.scheduler.computed(seq, 1)
+        self.stats_.record_decode_shape(plan.decode, self.pool, self.shape)
+        if times is not None:
+            self.stats_.record_layer_times(times)
+        self._inflight = _InFlight(out.seqs, out.tokens, out.logprobs, start)
 
     def _resolve(self, inflight: _InFlight | None = None) -> list[TokenDelta]:
         """Read the tokens of the step in flight (or `inflight`) and advance its sequences."""
@@ -269,84 +243,52 @@ class Engine:
                 deltas.append(self._advance(seq, tokens[i], logprobs[i] if logprobs else None))
         return deltas
 
-    @staticmethod
-    def _fold_prefill(prefill: list[PrefillChunk]) -> bool:
-        """Whether these prefill chunks are small enough to ride in the decode forward as
-        one-token rows (see `_run`): each such row gathers its whole context, so only short
-        chunks are worth it."""
-        return (
-            sum(c.num_tokens * (c.seq.num_computed + c.num_tokens) for c in prefill)
-            <= FOLD_CONTEXT_SLOTS
-        )
-
-    def _run(self, batch: list[PrefillChunk], flat: bool = False) -> list[TokenDelta]:
-        """One forward for `batch`. `flat`: every token is its own one-token row at its own
-        position, so decode rows and prefill chunks share one forward (and its matmuls) with
-        no padding; each layer writes all rows' K/V before any row attends, so a prompt token
-        still sees the tokens before it in the same chunk."""
-        rows, last = [], []
-        for s, n in batch:
-            if flat:
-                rows += [
-                    (s.tokens[p : p + 1], p, s.block_ids)
-                    for p in range(s.num_computed, s.num_computed + n)
-                ]
-            else:
-                rows.append(
-                    (s.tokens[s.num_computed : s.num_computed + n], s.num_computed, s.block_ids)
-                )
-            last.append(len(rows) - 1)
-        finishing = [i for i, (s, n) in enumerate(batch) if s.num_computed + n == len(s.tokens)]
+    def _execute(self, plan: StepPlan) -> list[TokenDelta]:
+        """Run the MIXED, DECODE or PREFILL `plan` to completion; its deltas."""
+        start = time.perf_counter()
+        times = self._profile_sample()
         try:
-            logits = self.runner.forward(rows)
-            sampled = self._sample(
-                logits, [last[i] for i in finishing], [batch[i].seq for i in finishing]
-            )
+            out = self.runner.run(plan, None, times)
+            mx.eval(*out.outputs)
+            tokens = out.tokens.tolist() if out.tokens is not None else []
+            logprobs = out.logprobs.tolist() if out.logprobs is not None else [None] * len(tokens)
         except Exception as exc:  # a failed forward must not take the other requests down
-            log.exception("forward pass failed for %d sequences", len(batch))
-            return [self._fail(s, f"the model step failed: {exc}") for s, _ in batch]
-        for seq, n in batch:
-            seq.num_computed += n
-            if seq.num_computed >= seq.prompt_len and seq.inserted_tokens < seq.prompt_len:
-                self.scheduler.cache_computed(seq)  # let waiting requests share this prompt
+            seqs = plan.decode + [c.seq for c in plan.prefill]
+            log.exception("forward pass failed for %d sequences", len(seqs))
+            return [self._fail(s, f"the model step failed: {exc}") for s in seqs]
+        elapsed = time.perf_counter() - start
+        if plan.decode:
+            self.stats_.record_decode(elapsed, len(plan.decode))
+            self.stats_.record_decode_shape(plan.decode, self.pool, self.shape)
+        if plan.prefill:
+            self.stats_.record_prefill(elapsed, sum(c.num_tokens for c in plan.prefill))
+        if times is not None:
+            self.stats_.record_layer_times(times)
+        for seq in plan.decode:
+            self.scheduler.computed(seq, 1)
+        for seq, n in plan.prefill:
+            self.scheduler.computed(seq, n)
         return [
-            self._advance(batch[i].seq, tok, lp)
-            for i, tok, lp in zip(finishing, *sampled, strict=True)
+            self._advance(seq, tok, lp)
+            for seq, tok, lp in zip(out.seqs, tokens, logprobs, strict=True)
         ]
 
-    def _sample(
-        self, logits: mx.array, rows: list[int], seqs: list[Sequence]
-    ) -> tuple[list[int], list[float | None]]:
-        """Sample the next token of `seqs` from `logits[rows]`; always runs the forward."""
-        if not seqs:
-            mx.eval(logits)  # runs the forward, so the K/V writes land in the pool
-            return [], []
-        if len(rows) != logits.shape[0]:
-            logits = logits[mx.array(rows, dtype=mx.int32)]
-        result, keys = sample(logits, [s.sampling for s in seqs], [s.rng_key for s in seqs])
-        mx.eval(logits, result.tokens, *(k for k in keys if k is not None))
-        for seq, key in zip(seqs, keys, strict=True):
-            seq.rng_key = key
-        logprobs = result.logprobs.tolist() if result.logprobs is not None else [None] * len(seqs)
-        return result.tokens.tolist(), logprobs
+    def _profile_sample(self) -> LayerTimes | None:
+        """Every `PROFILE_EVERY`-th step is profiled layer by layer (write and attention
+        time); the evaluation it forces costs that one step, not the others."""
+        self._steps += 1
+        return LayerTimes() if self._steps % PROFILE_EVERY == 0 else None
 
     def _advance(self, seq: Sequence, token: int, logprob: float | None) -> TokenDelta:
-        seq.tokens.append(token)
-        if seq.sampling.logprobs and logprob is not None:
-            seq.logprobs.append(logprob)
-        p = seq.sampling
-        if token in p.stop_token_ids:
-            return self._finish(seq, "stop", [])
-        if seq.num_output >= p.max_tokens or len(seq.tokens) >= self.max_context:
-            return self._finish(seq, "length", [token])
-        return TokenDelta(seq.request_id, (token,), logprobs=(logprob,) if p.logprobs else None)
-
-    def _finish(self, seq: Sequence, reason: str, tokens: list[int]) -> TokenDelta:
+        reason = self.scheduler.append_token(seq, token, logprob)
+        if reason is None:
+            lps = (logprob,) if seq.sampling.logprobs else None
+            return TokenDelta(seq.request_id, (token,), logprobs=lps)
         self._seqs.pop(seq.request_id, None)
-        self.scheduler.remove(seq)
+        tokens = (token,) if reason == "length" else ()
         usage = Usage(seq.prompt_len, seq.num_output, seq.num_cached)
         logprobs = tuple(seq.logprobs[-1:]) if seq.sampling.logprobs and tokens else None
-        return TokenDelta(seq.request_id, tuple(tokens), reason, usage, logprobs)
+        return TokenDelta(seq.request_id, tokens, reason, usage, logprobs)
 
     def _fail(self, seq: Sequence, message: str) -> TokenDelta:
         self._seqs.pop(seq.request_id, None)
@@ -357,17 +299,53 @@ class Engine:
 
     # ---- upkeep ------------------------------------------------------------------------
 
+    def _check_model(self) -> None:
+        """Refuse a model the paged KV would serve wrongly (see `worker.model_support`)."""
+        probe = Sequence("__probe__", 1, [0], SamplingParams(max_tokens=1), arrival=-1)
+        probe.block_ids = [self.scratch_block]
+        plan = StepPlan(StepKind.PREFILL, [], [PrefillChunk(probe, 1)], [])
+        try:
+            mx.eval(*self.runner.run(plan).outputs)
+        except AttentionSinksUnsupported as exc:
+            raise UnsupportedModel(f"model type {model_type(self.model)!r}: {exc}") from exc
+        check_seam(self.model, self.runner.last_caches)
+        self.runner.last_caches = []
+        name = model_type(self.model)
+        if name not in COVERED_ARCHITECTURES:
+            self._verify_greedy(name)
+
+    def _verify_greedy(self, name: str) -> None:
+        """For an architecture the tests do not cover: one prompt, greedy, against plain
+        mlx-lm; refuse the model unless the tokens match."""
+        prompt = verification_prompt(self.shape.vocab_size, self.config.block_size + 5)
+        expected = reference_greedy(self.model, prompt, 4)
+        got = self._run_alone(prompt, 4)
+        if got != expected:
+            raise UnsupportedModel(
+                f"model type {name!r} is not among the tested architectures "
+                f"({', '.join(sorted(COVERED_ARCHITECTURES))}) and its greedy output over the "
+                f"paged KV differs from mlx-lm's ({got} vs {expected})"
+            )
+        log.info("model type %r: paged greedy output matches mlx-lm; serving it", name)
+
+    def _run_alone(self, prompt: list[int], max_tokens: int) -> list[int]:
+        """Greedy tokens of one internal request, run to the end; forgets its cache entries."""
+        self.add_request("__check__", prompt, SamplingParams(max_tokens=max_tokens))
+        tokens: list[int] = []
+        while self.has_work():
+            for delta in self.step():
+                if delta.error:
+                    raise UnsupportedModel(f"the load-time check failed: {delta.error}")
+                tokens += delta.token_ids
+        self.cache.reset()
+        self._events.clear()
+        return tokens
+
     def _warmup(self) -> None:
         """Run a short request through prefill and decode, then forget it, so the first real
         request pays no one-time costs (allocations, graph construction)."""
         start = time.perf_counter()
-        self.add_request(
-            "__warmup__", [0] * (self.config.block_size + 3), SamplingParams(max_tokens=3)
-        )
-        while self.has_work():
-            self.step()
-        self.cache.reset()
-        self._events.clear()
+        self._run_alone([0] * (self.config.block_size + 3), 3)
         self.stats_ = EngineStats()
         log.info("warm-up took %.2fs", time.perf_counter() - start)
 

@@ -1,4 +1,6 @@
-"""Per-step figures the engine keeps for `stats()`: step times, batch sizes, preemptions."""
+"""Per-step figures the engine keeps for `stats()`: step times, batch sizes, preemptions, and
+the phase metrics (decode tick percentiles and spikes, prefill chunk time, sampled K/V write
+and attention time, blocks and K/V bytes a decode tick reads)."""
 
 from __future__ import annotations
 
@@ -6,6 +8,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 WINDOW = 2048  # recent steps kept for percentiles
+SPIKE_S = 0.2  # a decode tick longer than this is a spike (a user sees the stream stall)
 
 
 def percentile(values, q: float) -> float:
@@ -23,11 +26,32 @@ class EngineStats:
     decode_tokens: int = 0
     prefill_tokens: int = 0
     preemptions: int = 0
+    spikes: int = 0
+    spike_seconds: float = 0.0
+    decode_blocks: deque = field(default_factory=lambda: deque(maxlen=WINDOW))
+    decode_kv_bytes: deque = field(default_factory=lambda: deque(maxlen=WINDOW))
+    layer_write_s: deque = field(default_factory=lambda: deque(maxlen=WINDOW))
+    layer_attend_s: deque = field(default_factory=lambda: deque(maxlen=WINDOW))
 
     def record_decode(self, seconds: float, batch: int) -> None:
         self.decode_times.append(seconds)
         self.decode_batches.append(batch)
         self.decode_tokens += batch
+        if seconds > SPIKE_S:
+            self.spikes += 1
+            self.spike_seconds += seconds
+
+    def record_decode_shape(self, seqs, pool, shape) -> None:
+        """Blocks and K/V bytes a decode tick over `seqs` reads (from host counters)."""
+        tokens = sum(s.num_computed + 1 for s in seqs)
+        self.decode_blocks.append(sum(pool.blocks_for_tokens(s.num_computed + 1) for s in seqs))
+        per_token = 2 * shape.num_layers * shape.num_kv_heads * shape.head_dim
+        self.decode_kv_bytes.append(tokens * per_token * shape.kv_dtype.size)
+
+    def record_layer_times(self, times) -> None:
+        """A profiled step's K/V write and attention seconds, summed over its layers."""
+        self.layer_write_s.append(times.write_s)
+        self.layer_attend_s.append(times.attend_s)
 
     def record_prefill(self, seconds: float, tokens: int) -> None:
         self.prefill_times.append(seconds)
@@ -41,7 +65,17 @@ class EngineStats:
             if self.decode_batches
             else 0.0,
             "prefill_chunk_p50_ms": 1000 * percentile(self.prefill_times, 0.5),
+            "decode_spikes": self.spikes,
+            "decode_spike_seconds": self.spike_seconds,
+            "decode_blocks_mean": _mean(self.decode_blocks),
+            "decode_kv_bytes_mean": _mean(self.decode_kv_bytes),
+            "kv_write_ms_p50": 1000 * percentile(self.layer_write_s, 0.5),
+            "attention_ms_p50": 1000 * percentile(self.layer_attend_s, 0.5),
             "decode_tokens": self.decode_tokens,
             "prefill_tokens": self.prefill_tokens,
             "preemptions": self.preemptions,
         }
+
+
+def _mean(values) -> float:
+    return sum(values) / len(values) if values else 0.0

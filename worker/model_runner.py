@@ -3,48 +3,40 @@
 The seam (see DESIGN.md): attention in mlx-lm models does rope(offset=cache.offset) ->
 cache.update_and_fetch(k, v) -> base.scaled_dot_product_attention(q, k, v, cache=cache).
 We hand each layer a `PagedLayerCache`, whose update_and_fetch scatters the new K/V into the
-pool by slot id, and patch `scaled_dot_product_attention` so that, for our cache, it runs
-paged attention over the sequence's blocks instead of the dense K/V it was given.
+pool by slot id, and patch `scaled_dot_product_attention` (`worker.attention_hook`, installed
+when a runner is made and checked per model by `worker.model_support`) so that, for our cache,
+it runs the forward's `AttentionPlan` over the sequence's blocks instead of the dense K/V.
+
+`ModelRunner.run(plan)` is the whole device side of a step: the batch layout built once from
+host ints, one attention plan per forward, the forward, and the only place tokens are sampled.
+Nothing in it reads device data on the host, so a step can be built while the previous one is
+still running (`tests/test_no_host_sync.py`).
 """
 
 from __future__ import annotations
 
-import dataclasses
-import sys
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx_lm.models import base as mlx_base
 
+from worker.attention_hook import install_attention_hook
 from worker.kv.block_pool import BlockPool
-from worker.paged_attention import paged_attention, write_kv
-
-_original_sdpa = mlx_base.scaled_dot_product_attention
-
-
-def _sdpa(queries, keys, values, cache, scale, mask, sinks=None, **kwargs):
-    if isinstance(cache, PagedLayerCache):
-        if sinks is not None:
-            raise NotImplementedError("attention sinks are not supported over the paged KV")
-        return cache.attend(queries, scale)
-    return _original_sdpa(
-        queries, keys, values, cache=cache, scale=scale, mask=mask, sinks=sinks, **kwargs
-    )
+from worker.paged_attention import AttentionBackend, AttentionPlan, write_kv
+from worker.sampler import sample
+from worker.scheduler import StepKind, StepPlan
+from worker.sequence import Sequence
 
 
-def install_paged_attention() -> None:
-    """Route mlx-lm's attention through `_sdpa`, in base and in every model module loaded."""
-    mlx_base.scaled_dot_product_attention = _sdpa
-    for name, module in list(sys.modules.items()):
-        if (
-            name.startswith("mlx_lm.models.")
-            and getattr(module, "scaled_dot_product_attention", None) is _original_sdpa
-        ):
-            module.scaled_dot_product_attention = _sdpa
+class Row(NamedTuple):
+    """One row of a forward: `tokens` fed at positions `start`.. of a sequence's blocks."""
 
-
-install_paged_attention()
+    tokens: list[int]
+    start: int
+    block_ids: list[int]
 
 
 @dataclass(frozen=True)
@@ -54,22 +46,19 @@ class BatchLayout:
     Rows are sequences, right-padded to a common length L. Padding tokens write to a scratch
     block and their outputs are ignored; `context_lengths` counts them as if real so that
     every row's queries are its last L positions (the paged-attention contract), while the
-    causal mask keeps real queries off the padding keys.
+    causal mask keeps real queries off the padding keys. Built from host ints only.
     """
 
     tokens: mx.array  # (B, L) int32
     offsets: mx.array  # (B,) position of each row's first token
     write_slots: mx.array  # (B * L,) pool slot of each token
     block_tables: mx.array  # (B, max_blocks)
-    context_lengths: mx.array  # (B,) offsets + L
-    last_index: mx.array  # (B,) index in L of each row's last real token
+    context_lengths: list[int]  # (B,) offsets + L, host ints
+    last_index: list[int]  # (B,) index in L of each row's last real token, host ints
 
 
-def build_layout(
-    rows: list[tuple[list[int], int, list[int]]], block_size: int, scratch_block: int
-) -> BatchLayout:
-    """`rows`: (new token ids, position of the first, block ids of the sequence)."""
-    width = max(len(toks) for toks, _, _ in rows)
+def build_layout(rows: list[Row], block_size: int, scratch_block: int) -> BatchLayout:
+    width = max(len(r.tokens) for r in rows)
     tokens, offsets, slots, last = [], [], [], []
     for toks, start, blocks in rows:
         tokens.append(toks + [0] * (width - len(toks)))
@@ -78,111 +67,178 @@ def build_layout(
         for pos in range(start, start + len(toks)):
             slots.append(blocks[pos // block_size] * block_size + pos % block_size)
         slots.extend(scratch_block * block_size + i % block_size for i in range(width - len(toks)))
-    max_blocks = max(-(-(start + width) // block_size) for _, start, _ in rows)
+    max_blocks = max(-(-(r.start + width) // block_size) for r in rows)
     tables = [
         blocks[:max_blocks] + [scratch_block] * (max_blocks - len(blocks)) for _, _, blocks in rows
     ]
-    offsets_arr = mx.array(offsets, dtype=mx.int32)
     return BatchLayout(
         tokens=mx.array(tokens, dtype=mx.int32),
-        offsets=offsets_arr,
+        offsets=mx.array(offsets, dtype=mx.int32),
         write_slots=mx.array(slots, dtype=mx.int32),
         block_tables=mx.array(tables, dtype=mx.int32),
-        context_lengths=offsets_arr + width,
-        last_index=mx.array(last, dtype=mx.int32),
+        context_lengths=[start + width for start in offsets],
+        last_index=last,
     )
+
+
+class LayerTimes:
+    """K/V write and attention time of one profiled forward (every layer evaluated apart)."""
+
+    def __init__(self):
+        self.write_s = 0.0
+        self.attend_s = 0.0
+
+    def timed(self, field: str, fn: Callable[[], mx.array | None], *inputs: mx.array):
+        mx.eval(*inputs)  # what came before is not this phase's time
+        start = time.perf_counter()
+        result = fn()
+        mx.eval(result if result is not None else [])
+        setattr(self, field, getattr(self, field) + time.perf_counter() - start)
+        return result
 
 
 class PagedLayerCache:
     """What one attention layer sees as its cache during one forward."""
 
-    def __init__(self, pool: BlockPool, layer: int, layout: BatchLayout, backend: str):
-        self.pool, self.layer, self.layout, self.backend = pool, layer, layout, backend
+    def __init__(
+        self,
+        pool: BlockPool,
+        layer: int,
+        layout: BatchLayout,
+        attention: AttentionPlan,
+        times: LayerTimes | None = None,
+    ):
+        self.pool, self.layer, self.layout, self.attention = pool, layer, layout, attention
+        self.times = times
+        self.writes = self.attends = 0  # calls, checked by the load-time probe
+        self.window_sizes: list[int] = []  # sliding windows asked of make_mask
 
     @property
     def offset(self) -> mx.array:
         return self.layout.offsets
 
     def update_and_fetch(self, keys: mx.array, values: mx.array):
+        self.writes += 1
         B, H, L, D = keys.shape
-        write_kv(
-            self.pool.k[self.layer],
-            self.pool.v[self.layer],
-            self.layout.write_slots,
-            keys.swapaxes(1, 2).reshape(B * L, H, D),
-            values.swapaxes(1, 2).reshape(B * L, H, D),
-        )
+        k, v = self.pool.k, self.pool.v
+
+        def write():
+            write_kv(
+                k[self.layer],
+                v[self.layer],
+                self.layout.write_slots,
+                keys.swapaxes(1, 2).reshape(B * L, H, D),
+                values.swapaxes(1, 2).reshape(B * L, H, D),
+            )
+            return [k[self.layer], v[self.layer]]
+
+        if self.times is None:
+            write()
+        else:
+            self.times.timed("write_s", write, keys, values)
         return keys, values
 
-    def make_mask(self, *args, **kwargs):
+    def make_mask(self, *args, window_size: int | None = None, **kwargs):
+        if window_size is not None:
+            self.window_sizes.append(window_size)
         return None  # paged attention applies causality and lengths itself
 
     def attend(self, queries: mx.array, scale: float) -> mx.array:
-        return paged_attention(
-            queries,
-            self.pool.k[self.layer],
-            self.pool.v[self.layer],
-            self.layout.block_tables,
-            self.layout.context_lengths,
-            scale=scale,
-            block_size=self.pool.block_size,
-            backend=self.backend,
+        self.attends += 1
+        k, v = self.pool.k[self.layer], self.pool.v[self.layer]
+        if self.times is None:
+            return self.attention(queries, k, v, scale=scale)
+        return self.times.timed(
+            "attend_s", lambda: self.attention(queries, k, v, scale=scale), queries
         )
 
 
-@dataclass(frozen=True)
-class ModelShape:
-    num_layers: int
-    num_kv_heads: int
-    head_dim: int
-    kv_dtype: mx.Dtype
-    vocab_size: int
+class StepOutput(NamedTuple):
+    """What one forward produced, still on the device until evaluated."""
 
-
-def probe_shape(model: nn.Module) -> ModelShape:
-    """Layer count, KV heads, head dim and the K/V dtype, read off a one-token forward."""
-    from mlx_lm.models.cache import make_prompt_cache
-
-    cache = make_prompt_cache(model)
-    logits = model(mx.array([[0]]), cache=cache)
-    keys = cache[0].state[0]
-    return ModelShape(len(cache), keys.shape[1], keys.shape[3], keys.dtype, logits.shape[-1])
+    seqs: list[Sequence]  # the sequences that sampled a token, in row order
+    tokens: mx.array | None  # (len(seqs),) int32; None when none sampled
+    logprobs: mx.array | None
+    # Evaluating these runs the whole forward (every layer's K/V write included): the samples,
+    # or with none, the pools themselves. Not kept past evaluation: a kept reference to a pool
+    # array makes the next step's K/V scatter copy the whole pool (see `write_kv`).
+    outputs: list[mx.array]
 
 
 class ModelRunner:
-    """Forward passes of one model over a BlockPool."""
+    """Forward passes of one model over a BlockPool, and the sampling of their tokens."""
 
     def __init__(
-        self, model: nn.Module, pool: BlockPool, scratch_block: int, backend: str = "auto"
+        self, model: nn.Module, pool: BlockPool, scratch_block: int, backend: AttentionBackend
     ):
-        self.model, self.pool, self.scratch_block, self.backend = (
-            model,
-            pool,
-            scratch_block,
-            backend,
-        )
+        install_attention_hook()
         if not hasattr(model, "model"):
             raise NotImplementedError(f"{type(model).__name__} has no .model backbone")
+        self.model, self.pool, self.scratch_block = model, pool, scratch_block
+        self.backend = backend
         self._head = model_head(model)
+        self.last_caches: list[PagedLayerCache] = []  # of the latest forward, for the probe
 
-    def forward(
-        self, rows: list[tuple[list[int], int, list[int]]], tokens: mx.array | None = None
-    ) -> mx.array:
-        """Logits (B, V) at each row's last real token; K/V of every row written to the pool.
+    def run(
+        self, plan: StepPlan, device_tokens: mx.array | None = None, times: LayerTimes | None = None
+    ) -> StepOutput:
+        """Build and queue (lazily) the forward of `plan` and its sampling. Mutates only the
+        sampling state of the sequences that sample (their rng keys).
 
-        `tokens` (B,), when given, replaces the rows' token ids: one decode token per row,
-        still on the device (the previous step's samples)."""
+        `device_tokens` (B,), with a DECODE plan: the rows' input tokens, still on the device
+        (the previous step's samples); the rows then sit at `num_computed` and all sample.
+        `times`: evaluate layer by layer and add up write and attention time (profiling).
+        """
+        rows, sampling_rows, seqs = self._rows(plan, device_tokens is not None)
         layout = build_layout(rows, self.pool.block_size, self.scratch_block)
-        if tokens is not None:
-            layout = dataclasses.replace(layout, tokens=tokens.astype(mx.int32).reshape(-1, 1))
+        tokens = layout.tokens
+        if device_tokens is not None:
+            tokens = device_tokens.astype(mx.int32).reshape(-1, 1)
+        attention = AttentionPlan(
+            self.backend,
+            layout.block_tables,
+            layout.context_lengths,
+            block_size=self.pool.block_size,
+        )
         caches = [
-            PagedLayerCache(self.pool, i, layout, self.backend) for i in range(self.pool.num_layers)
+            PagedLayerCache(self.pool, i, layout, attention, times)
+            for i in range(self.pool.num_layers)
         ]
-        # The backbone, then the output projection on the rows' last real tokens only:
-        # projecting every prefill position onto the vocabulary is wasted work.
-        hidden = self.model.model(layout.tokens, cache=caches)
-        last = hidden[mx.arange(hidden.shape[0]), layout.last_index]
-        return self._head(last)
+        self.last_caches = caches
+        hidden = self.model.model(tokens, cache=caches)
+        if not seqs:
+            return StepOutput([], None, None, self.pool.k + self.pool.v)
+        # The output projection on the sampling rows' last real tokens only: projecting
+        # every prefill position onto the vocabulary is wasted work.
+        row_idx = mx.array(sampling_rows, dtype=mx.int32)
+        col_idx = mx.array([layout.last_index[r] for r in sampling_rows], dtype=mx.int32)
+        logits = self._head(hidden[row_idx, col_idx])
+        result, keys = sample(logits, [s.sampling for s in seqs], [s.rng_key for s in seqs])
+        for seq, key in zip(seqs, keys, strict=True):
+            seq.rng_key = key
+        outputs = [result.tokens, *(x for x in (result.logprobs, *keys) if x is not None)]
+        return StepOutput(seqs, result.tokens, result.logprobs, outputs)
+
+    def _rows(self, plan: StepPlan, on_device: bool) -> tuple[list[Row], list[int], list[Sequence]]:
+        """The rows of `plan`, which of them sample, and the sequences they sample for."""
+        rows: list[Row] = []
+        sampling_rows: list[int] = []
+        seqs: list[Sequence] = []
+        for s in plan.decode:
+            start = s.num_computed
+            rows.append(Row([0] if on_device else [s.tokens[start]], start, s.block_ids))
+            sampling_rows.append(len(rows) - 1)
+            seqs.append(s)
+        for s, n in plan.prefill:
+            start = s.num_computed
+            if plan.kind is StepKind.MIXED:  # every token its own one-token row
+                rows += [Row(s.tokens[p : p + 1], p, s.block_ids) for p in range(start, start + n)]
+            else:
+                rows.append(Row(s.tokens[start : start + n], start, s.block_ids))
+            if start + n == len(s.tokens):  # the prompt's last token: sample the next
+                sampling_rows.append(len(rows) - 1)
+                seqs.append(s)
+        return rows, sampling_rows, seqs
 
 
 def model_head(model: nn.Module):

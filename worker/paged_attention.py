@@ -4,8 +4,13 @@ Pools, per layer, K and V each: `(num_blocks * block_size, num_kv_heads, head_di
 `block_id * block_size + offset` (docs/architecture.md). Backends:
 
 - "mlx": MLX ops only, any device; the reference and the fallback (`worker.paged_attention_mlx`).
-- "metal": the Metal kernel, only where Metal is (`worker.metal_attention`; a seam for now).
+- "metal": the Metal kernel, only where Metal is (`worker.metal_attention`).
 - "auto": the first available of ("metal", "mlx").
+
+A forward builds one `AttentionPlan` from host ints (lengths, block tables) and every layer
+calls it: the backend is resolved, the lengths checked and the tiles planned once per forward,
+and nothing in a layer reads device data on the host (on an Apple GPU one such read idles the
+GPU until the step in flight ends).
 """
 
 from __future__ import annotations
@@ -16,26 +21,36 @@ from typing import NamedTuple
 import mlx.core as mx
 
 from worker import metal_attention
-from worker.paged_attention_mlx import tiled_attention
+from worker.paged_attention_mlx import prepare_tiles, tiled_attention
 
 
 class BackendUnavailableError(RuntimeError):
     """A paged-attention backend was asked for by name where it can't run."""
 
 
+def _no_preparation(**_) -> dict:
+    return {}
+
+
+def _prepare_tiles(*, lengths, num_queries, num_heads, k_pool, block_size) -> dict:
+    return {"tiles": prepare_tiles(lengths, num_queries, num_heads, k_pool, block_size)}
+
+
 class AttentionBackend(NamedTuple):
     name: str
     # (queries, k_pool, v_pool, block_tables, context_lengths, *, scale, block_size,
-    #  max_context) -> (B, n_heads, Lq, head_dim); inputs already validated.
+    #  max_context, **prepared) -> (B, n_heads, Lq, head_dim); inputs already validated.
     run: Callable[..., mx.array]
     unavailable_reason: Callable[[], str | None]  # None: it can run here
+    # host-side work shared by every layer of a forward -> extra keyword arguments of `run`
+    prepare: Callable[..., dict] = _no_preparation
 
 
 BACKENDS: dict[str, AttentionBackend] = {
     "metal": AttentionBackend(
         "metal", metal_attention.paged_attention_metal, metal_attention.unavailable_reason
     ),
-    "mlx": AttentionBackend("mlx", tiled_attention, lambda: None),
+    "mlx": AttentionBackend("mlx", tiled_attention, lambda: None, _prepare_tiles),
 }
 AUTO_ORDER = ("metal", "mlx")
 
@@ -57,6 +72,54 @@ def resolve_backend(name: str = "auto") -> AttentionBackend:
     return BACKENDS[name]
 
 
+class AttentionPlan:
+    """One forward's paged attention, built once from host ints and called by every layer.
+
+    `lengths`: each row's context length (tokens in its KV including its Lq queries), as
+    Python ints; `block_tables` int32 `(B, max_blocks)` built from host ints. The checks that
+    need shapes run on the first layer's call; the backend's host-side preparation (the tile
+    plan of the "mlx" backend) too, and is reused by the other layers.
+    """
+
+    def __init__(
+        self,
+        backend: AttentionBackend,
+        block_tables: mx.array,
+        lengths: list[int],
+        *,
+        block_size: int,
+    ):
+        self.backend, self.block_tables, self.block_size = backend, block_tables, block_size
+        self.lengths = lengths
+        self.context_lengths = mx.array(lengths, dtype=mx.int32)
+        self.max_context = max(lengths) if lengths else 0
+        self._prepared: dict | None = None
+
+    def __call__(
+        self, queries: mx.array, k_pool: mx.array, v_pool: mx.array, *, scale: float
+    ) -> mx.array:
+        if self._prepared is None:
+            _check_inputs(queries, k_pool, v_pool, self.block_tables, self.lengths, self.block_size)
+            self._prepared = self.backend.prepare(
+                lengths=self.lengths,
+                num_queries=queries.shape[2],
+                num_heads=queries.shape[1],
+                k_pool=k_pool,
+                block_size=self.block_size,
+            )
+        return self.backend.run(
+            queries,
+            k_pool,
+            v_pool,
+            self.block_tables,
+            self.context_lengths,
+            scale=scale,
+            block_size=self.block_size,
+            max_context=self.max_context,
+            **self._prepared,
+        )
+
+
 def paged_attention(
     queries: mx.array,
     k_pool: mx.array,
@@ -76,22 +139,13 @@ def paged_attention(
     whose K/V are already in the pools; query i sits at position `context_lengths[b] - Lq + i`.
     Returns `(B, n_heads, Lq, head_dim)` in the queries' dtype.
 
-    Reads `context_lengths` on the host (the longest context sizes the work): free when it is
-    an evaluated array, as one built from Python ints is; otherwise it forces that evaluation.
+    A one-off call: it reads `context_lengths` on the host. A forward over many layers builds
+    one `AttentionPlan` from host ints instead, which reads nothing from the device.
     """
-    chosen = resolve_backend(backend)
-    lengths = context_lengths.tolist()
-    _check_inputs(queries, k_pool, v_pool, block_tables, lengths, block_size)
-    return chosen.run(
-        queries,
-        k_pool,
-        v_pool,
-        block_tables,
-        context_lengths,
-        scale=scale,
-        block_size=block_size,
-        max_context=max(lengths),
+    plan = AttentionPlan(
+        resolve_backend(backend), block_tables, context_lengths.tolist(), block_size=block_size
     )
+    return plan(queries, k_pool, v_pool, scale=scale)
 
 
 def slot_ids(

@@ -117,6 +117,39 @@ def plan_tiles(lengths: list[int], *, key_bytes: int, block_size: int, budget: i
     return TilePlan(groups, key_steps)
 
 
+class PreparedTiles(NamedTuple):
+    """A `TilePlan` with its device index arrays, built once per forward from host ints."""
+
+    plan: TilePlan
+    lengths: list[int]
+    picked: list[mx.array] | None  # per group, its batch rows; None: one group, the whole batch
+    back: mx.array | None  # undoes the grouping order
+
+
+def prepare_tiles(
+    lengths: list[int],
+    num_queries: int,
+    num_heads: int,
+    k_pool: mx.array,
+    block_size: int,
+    tile_bytes: int = DEFAULT_TILE_BYTES,
+) -> PreparedTiles:
+    """The tile plan of a batch whose context lengths are `lengths` (host ints)."""
+    kv_bytes = 2 * k_pool.shape[1] * k_pool.shape[2] * k_pool.itemsize
+    plan = plan_tiles(
+        lengths,
+        key_bytes=kv_bytes + num_heads * num_queries * 4 * 2,
+        block_size=block_size,
+        budget=tile_bytes,
+    )
+    if len(plan.groups) == 1:
+        return PreparedTiles(plan, lengths, None, None)
+    picked = [mx.array(rows, dtype=mx.int32) for rows in plan.groups]
+    order = [row for rows in plan.groups for row in rows]
+    back = mx.array(sorted(range(len(lengths)), key=order.__getitem__), dtype=mx.int32)
+    return PreparedTiles(plan, lengths, picked, back)
+
+
 def tiled_attention(
     queries: mx.array,
     k_pool: mx.array,
@@ -128,28 +161,32 @@ def tiled_attention(
     block_size: int,
     max_context: int,
     tile_bytes: int = DEFAULT_TILE_BYTES,
+    tiles: PreparedTiles | None = None,
 ) -> mx.array:
     """Attention tile by tile (see `plan_tiles`), so each tile's K/V and scores stay in cache:
     `gather_attention` for a group whose context fits, `blockwise_attention` for one that
-    does not. (`max_context` is unused: each group's own longest context sizes its work.)"""
-    batch, num_heads, num_queries, _ = queries.shape
-    lengths = context_lengths.tolist()
-    kv_bytes = 2 * k_pool.shape[1] * k_pool.shape[2] * k_pool.itemsize
-    plan = plan_tiles(
-        lengths,
-        key_bytes=kv_bytes + num_heads * num_queries * 4 * 2,
-        block_size=block_size,
-        budget=tile_bytes,
-    )
-    whole_batch = len(plan.groups) == 1
+    does not. (`max_context` is unused: each group's own longest context sizes its work.)
+
+    `tiles`: the plan from `prepare_tiles`; without it, one is made here, which reads
+    `context_lengths` on the host."""
+    if tiles is None:
+        tiles = prepare_tiles(
+            context_lengths.tolist(),
+            queries.shape[2],
+            queries.shape[1],
+            k_pool,
+            block_size,
+            tile_bytes,
+        )
+    plan = tiles.plan
     outputs = []
-    for rows, key_step in zip(plan.groups, plan.key_steps, strict=True):
-        if whole_batch:
+    for i, (rows, key_step) in enumerate(zip(plan.groups, plan.key_steps, strict=True)):
+        if tiles.picked is None:
             q, tables, lens = queries, block_tables, context_lengths
         else:
-            picked = mx.array(rows, dtype=mx.int32)
+            picked = tiles.picked[i]
             q, tables, lens = queries[picked], block_tables[picked], context_lengths[picked]
-        longest = lengths[rows[0]]
+        longest = tiles.lengths[rows[0]]
         common = dict(scale=scale, block_size=block_size, max_context=longest)
         if key_step >= longest:
             outputs.append(gather_attention(q, k_pool, v_pool, tables, lens, **common))
@@ -160,11 +197,9 @@ def tiled_attention(
                     q, k_pool, v_pool, tables, lens, blocks_per_step=steps, **common
                 )
             )
-    if whole_batch:
+    if tiles.picked is None:
         return outputs[0]
-    order = [row for rows in plan.groups for row in rows]
-    back = mx.array(sorted(range(batch), key=order.__getitem__), dtype=mx.int32)
-    return mx.concatenate(outputs)[back]
+    return mx.concatenate(outputs)[tiles.back]
 
 
 def blockwise_attention(

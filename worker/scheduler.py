@@ -11,6 +11,7 @@ requeued at the front.
 
 from __future__ import annotations
 
+import enum
 from collections import deque
 from typing import NamedTuple
 
@@ -25,19 +26,53 @@ class PrefillChunk(NamedTuple):
     num_tokens: int
 
 
+class StepKind(enum.Enum):
+    """How one step's work goes through the model."""
+
+    DECODE = "decode"  # one token per decoding sequence, one forward (pipelined when steady)
+    MIXED = "mixed"  # decode rows + short prefill chunks as one-token rows, one forward
+    SEPARATE = "separate"  # a decode forward, then a prefill forward (chunks too long to fold)
+    PREFILL = "prefill"  # prefill chunks only, rows right-padded to a common length
+    IDLE = "idle"  # nothing to run
+
+
 class StepPlan(NamedTuple):
+    kind: StepKind
     decode: list[Sequence]
     prefill: list[PrefillChunk]
     preempted: list[Sequence]
 
-    @property
-    def empty(self) -> bool:
-        return not self.decode and not self.prefill
+    def split(self) -> list[StepPlan]:
+        """The forwards this plan runs, in order: a SEPARATE plan is a DECODE then a PREFILL."""
+        if self.kind is not StepKind.SEPARATE:
+            return [self]
+        return [
+            StepPlan(StepKind.DECODE, self.decode, [], self.preempted),
+            StepPlan(StepKind.PREFILL, [], self.prefill, []),
+        ]
+
+
+# Most context slots that folded prefill rows may gather in one step: each one-token row of a
+# MIXED forward gathers its whole context, so only short chunks are worth folding.
+FOLD_CONTEXT_SLOTS = 16384
+
+
+def plan_kind(decode: list[Sequence], prefill: list[PrefillChunk]) -> StepKind:
+    if not decode:
+        return StepKind.PREFILL if prefill else StepKind.IDLE
+    if not prefill:
+        return StepKind.DECODE
+    folded = sum(c.num_tokens * (c.seq.num_computed + c.num_tokens) for c in prefill)
+    return StepKind.MIXED if folded <= FOLD_CONTEXT_SLOTS else StepKind.SEPARATE
 
 
 class Scheduler:
-    def __init__(self, pool: BlockPool, cache: RadixCache, config: EngineConfig):
+    """The only owner of sequence lifecycle: admission, block growth, preemption, advancing
+    and finishing. The engine asks it for plans and reports what the model produced."""
+
+    def __init__(self, pool: BlockPool, cache: RadixCache, config: EngineConfig, max_context: int):
         self.pool, self.cache, self.config = pool, cache, config
+        self.max_context = max_context
         self.block_size = pool.block_size
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
@@ -71,7 +106,59 @@ class Scheduler:
         # a later reservation may have preempted a sequence planned earlier in this step
         decode = [s for s in decode if s.status is Status.RUNNING]
         prefill = [c for c in prefill if c.seq.status is Status.RUNNING]
-        return StepPlan(decode, prefill, preempted)
+        return StepPlan(plan_kind(decode, prefill), decode, prefill, preempted)
+
+    # ---- pipelined decode --------------------------------------------------------------
+
+    def can_continue_decode(self, seqs: list[Sequence]) -> bool:
+        """Whether the next step can be `seqs` (the batch whose step is in flight, its tokens
+        not yet read) decoding once more, safely: nothing to admit or prefill, none that the
+        in-flight token could end by length, and blocks for every next slot without
+        preempting. Does not mutate."""
+        if self.waiting or len(self.running) != len(seqs):
+            return False
+        for seq in seqs:
+            if seq.status is not Status.RUNNING or seq.num_uncomputed != 0:
+                return False
+            if (
+                seq.num_output + 1 >= seq.sampling.max_tokens
+                or len(seq.tokens) + 2 >= self.max_context
+            ):
+                return False
+        need = sum(self.blocks_needed(s, s.num_computed + 1) for s in seqs)
+        return need <= self.pool.num_free + self.cache.evictable_blocks
+
+    def continue_decode(self, seqs: list[Sequence]) -> StepPlan:
+        """Mutates: the DECODE plan `can_continue_decode(seqs)` allowed, blocks grown."""
+        if not self.make_room(sum(self.blocks_needed(s, s.num_computed + 1) for s in seqs)):
+            raise RuntimeError("continue_decode without can_continue_decode")
+        for seq in seqs:
+            self.grow(seq, seq.num_computed + 1)
+        return StepPlan(StepKind.DECODE, list(seqs), [], [])
+
+    # ---- results -----------------------------------------------------------------------
+
+    def computed(self, seq: Sequence, num_tokens: int) -> None:
+        """Mutates: `num_tokens` more of `seq`'s tokens have their K/V in the pool (or will,
+        when the step that writes them is in flight); a finished prompt enters the cache."""
+        seq.num_computed += num_tokens
+        if seq.num_computed >= seq.prompt_len and seq.inserted_tokens < seq.prompt_len:
+            self.cache_computed(seq)  # let waiting requests share this prompt
+
+    def append_token(self, seq: Sequence, token: int, logprob: float | None) -> str | None:
+        """Mutates: `seq` sampled `token`; its finish reason ("stop", "length") if that ends
+        it (then it is removed and its blocks given back), else None."""
+        seq.tokens.append(token)
+        if seq.sampling.logprobs and logprob is not None:
+            seq.logprobs.append(logprob)
+        if token in seq.sampling.stop_token_ids:
+            reason = "stop"
+        elif seq.num_output >= seq.sampling.max_tokens or len(seq.tokens) >= self.max_context:
+            reason = "length"
+        else:
+            return None
+        self.remove(seq)
+        return reason
 
     def _schedule_decode(self, preempted: list[Sequence]) -> list[Sequence]:
         decode = []
