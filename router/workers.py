@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -61,6 +62,8 @@ class WorkerState:
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
             "cached_tokens": self.cached_tokens,
+            "attention": _as_json(self.info.attention),
+            "phases": _as_json(hb.phases if hb else None),
         }
 
 
@@ -96,3 +99,7 @@ class WorkerRegistry:
 
     def __len__(self) -> int:
         return len(self._by_id)
+
+
+def _as_json(report) -> dict | None:
+    return dataclasses.asdict(report) if report is not None else None

@@ -6,6 +6,10 @@ One process, one run, the same model object and prompts for both systems:
     (BatchGenerator) and of our engine, and their ratio; greedy outputs are compared too;
   - shared prefix: N prompts sharing a long system prompt, prefill time with the radix
     cache vs without it.
+  - --open-loop: requests arrive as a Poisson process (a tokens target: N requests x
+    max_tokens); prints static (all at once), continuous (open loop, whole run) and
+    steady-window tokens/s, and the time in ramp (until the first request finishes), steady
+    (until the last arrival) and tail, with the decode spikes (ticks over 200 ms).
 Prints one JSON line per configuration.   Usage: scripts/bench_engine.py [--help]
 """
 
@@ -13,8 +17,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import sys
 import time
+from collections import deque
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -74,13 +80,20 @@ def bench_batches(model, tokenizer, args) -> None:
         ours_time, ours_out, stats = run_engine(
             model, tokenizer, prompts, args.max_tokens, max_running=max(batch, 1)
         )
+        plain_time, plain_out, _ = run_engine(
+            model, tokenizer, prompts, args.max_tokens, max_running=max(batch, 1),
+            pipeline_decode=False,
+        )  # fmt: skip
         mlx_tps = sum(map(len, mlx_out)) / mlx_time
         ours_tps = sum(map(len, ours_out)) / ours_time
+        plain_tps = sum(map(len, plain_out)) / plain_time
         same = sum(a == b for a, b in zip(mlx_out, ours_out, strict=True))
         print(json.dumps({
             "bench": "throughput", "batch": batch, "max_tokens": args.max_tokens,
             "mlx_lm_tok_s": round(mlx_tps, 1), "engine_tok_s": round(ours_tps, 1),
             "ratio": round(ours_tps / mlx_tps, 2), "identical_outputs": f"{same}/{batch}",
+            "engine_unpipelined_tok_s": round(plain_tps, 1),
+            "pipelining_gain": round(ours_tps / plain_tps, 2),
             "engine_decode_step_p50_ms": round(stats["decode_step_p50_ms"], 1),
         }), flush=True)  # fmt: skip
 
@@ -111,6 +124,60 @@ def bench_shared_prefix(model, tokenizer, args) -> None:
     }), flush=True)  # fmt: skip
 
 
+def bench_open_loop(model, tokenizer, args) -> None:
+    from shared.sampling import SamplingParams
+    from worker.config import EngineConfig
+    from worker.engine import Engine
+
+    n, rate = args.open_loop_requests, args.rate
+    prompts = chat_prompts(tokenizer, n, offset=1000)
+    static_time, static_out, _ = run_engine(model, tokenizer, prompts, args.max_tokens)
+    rng = random.Random(0)
+    arrivals, t = [], 0.0
+    for _ in range(n):
+        t += rng.expovariate(rate)
+        arrivals.append(t)
+    engine = Engine(model, EngineConfig(), max_context=8192)
+    params = SamplingParams(max_tokens=args.max_tokens, stop_token_ids=tuple(tokenizer.eos_token_ids))
+    pending = deque(zip(arrivals, range(n), strict=True))
+    produced: list[tuple[float, int]] = []  # (time, tokens) per step
+    first_finish = None
+    start = time.perf_counter()
+    while pending or engine.has_work():
+        now = time.perf_counter() - start
+        while pending and pending[0][0] <= now:
+            _, i = pending.popleft()
+            engine.add_request(str(i), prompts[i], params)
+        if not engine.has_work():
+            time.sleep(min(0.01, max(0.0, pending[0][0] - now)))
+            continue
+        deltas = engine.step()
+        now = time.perf_counter() - start
+        produced.append((now, sum(len(d.token_ids) for d in deltas)))
+        if first_finish is None and any(d.finish_reason for d in deltas):
+            first_finish = now
+    total = produced[-1][0]
+    tokens = sum(k for _, k in produced)
+    ramp_end, steady_end = first_finish or total, max(arrivals[-1], first_finish or total)
+    steady = sum(k for t, k in produced if ramp_end < t <= steady_end)
+    stats = engine.stats()
+    print(json.dumps({
+        "bench": "open_loop", "requests": n, "rate_req_s": rate, "max_tokens": args.max_tokens,
+        "static_tok_s": round(sum(map(len, static_out)) / static_time, 1),
+        "continuous_tok_s": round(tokens / total, 1),
+        "steady_tok_s": round(steady / (steady_end - ramp_end), 1) if steady_end > ramp_end else None,
+        "ramp_s": round(ramp_end, 2), "steady_s": round(steady_end - ramp_end, 2),
+        "tail_s": round(total - steady_end, 2),
+        "spikes": stats["decode_spikes"], "spike_s": round(stats["decode_spike_seconds"], 2),
+        "decode_tick_p50_ms": round(stats["decode_step_p50_ms"], 1),
+        "decode_tick_p95_ms": round(stats["decode_step_p95_ms"], 1),
+        "prefill_chunk_p50_ms": round(stats["prefill_chunk_p50_ms"], 1),
+        "kv_write_ms_p50": round(stats["kv_write_ms_p50"], 2),
+        "attention_ms_p50": round(stats["attention_ms_p50"], 2),
+        "decode_batch_mean": round(stats["decode_batch_mean"], 1),
+    }), flush=True)  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -125,6 +192,11 @@ def main() -> None:
         "--prefix-rules", type=int, default=60, help="length of the shared system prompt"
     )
     parser.add_argument("--skip", choices=["throughput", "prefix"], action="append", default=[])
+    parser.add_argument(
+        "--open-loop", action="store_true", help="only the open-loop (Poisson arrivals) run"
+    )
+    parser.add_argument("--open-loop-requests", type=int, default=48)
+    parser.add_argument("--rate", type=float, default=2.0, help="open-loop arrivals per second")
     args = parser.parse_args()
     reexec_with_openblas()
 
@@ -133,6 +205,9 @@ def main() -> None:
 
     model, tokenizer = load_model(resolve_model(args.model))
     print(json.dumps({"bench": "setup", "openblas": openblas_active()}), flush=True)
+    if args.open_loop:
+        bench_open_loop(model, tokenizer, args)
+        return
     if "throughput" not in args.skip:
         bench_batches(model, tokenizer, args)
     if "prefix" not in args.skip:

@@ -35,6 +35,17 @@ class ProtocolError(ValueError):
 
 
 @dataclass(frozen=True, slots=True)
+class AttentionReport:
+    """Which paged-attention backend a worker chose at start, and why."""
+
+    backend: str  # "metal" | "mlx"
+    requested: str  # "auto" | "metal" | "mlx"
+    self_test: str = ""  # "passed", "failed: ...", "not run: ..."
+    candidate_ms: float | None = None  # the Metal kernel on the self-test's decode shape
+    reference_ms: float | None = None  # the MLX-ops backend on the same shape
+
+
+@dataclass(frozen=True, slots=True)
 class Register:
     """First message of a worker; re-sent after a restart (its old state is dropped)."""
 
@@ -45,6 +56,26 @@ class Register:
     host: str
     pid: int
     protocol_version: int = PROTOCOL_VERSION
+    attention: AttentionReport | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerPhases:
+    """Where a worker's step time goes (recent window; see worker/engine_stats.py)."""
+
+    decode_tick_p50_ms: float = 0.0
+    decode_tick_p95_ms: float = 0.0
+    decode_spikes: int = 0  # ticks over 200 ms, since start
+    decode_spike_seconds: float = 0.0
+    decode_batch_mean: float = 0.0
+    decode_blocks_mean: float = 0.0  # KV blocks one decode tick reads
+    decode_kv_bytes_mean: float = 0.0  # K/V bytes one decode tick reads
+    prefill_chunk_p50_ms: float = 0.0
+    kv_write_ms_p50: float = 0.0  # sampled steps, all layers
+    attention_ms_p50: float = 0.0  # sampled steps, all layers
+    decode_tokens: int = 0
+    prefill_tokens: int = 0
+    preemptions: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +90,7 @@ class Heartbeat:
     cached_blocks: int  # in the prefix cache, not held by any sequence
     hit_tokens: int  # cumulative prompt tokens served from the prefix cache
     prompt_tokens: int = 0  # cumulative prompt tokens seen (hit rate = hit / prompt)
+    phases: WorkerPhases | None = None
 
 
 @dataclass(frozen=True, slots=True)

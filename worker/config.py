@@ -21,6 +21,8 @@ class EngineConfig:
     enable_prefix_cache: bool = True  # off: no prompt reuse (for benchmarks and debugging)
     max_waiting: int = 4096  # bounded queue: add_request refuses beyond it
     warmup: bool = True
+    # queue decode step n+1 before reading step n's tokens (off: for measuring its gain)
+    pipeline_decode: bool = True
 
     def validate(self) -> None:
         if self.block_size < 1 or self.block_size & (self.block_size - 1):

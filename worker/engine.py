@@ -22,6 +22,7 @@ from shared.kv_events import KVEvent
 from shared.protocol import TokenDelta, Usage
 from shared.sampling import InvalidRequest, SamplingParams
 from worker.attention_hook import AttentionSinksUnsupported
+from worker.attention_select import select_backend
 from worker.config import EngineConfig
 from worker.engine_stats import EngineStats
 from worker.kv.block_pool import BlockPool
@@ -37,7 +38,6 @@ from worker.model_support import (
     reference_greedy,
     verification_prompt,
 )
-from worker.paged_attention import resolve_backend
 from worker.scheduler import PrefillChunk, Scheduler, StepKind, StepPlan
 from worker.sequence import Sequence, Status
 
@@ -81,7 +81,9 @@ class Engine:
         self._events: list[KVEvent] = []
         self.cache = RadixCache(self.pool, self.config.block_size, on_event=self._events.append)
         self.scheduler = Scheduler(self.pool, self.cache, self.config, max_context)
-        self.backend = resolve_backend(self.config.attention_backend)
+        self.backend, self.attention_report = select_backend(
+            self.config.attention_backend, self.shape, self.config.block_size
+        )
         self.runner = ModelRunner(model, self.pool, self.scratch_block, self.backend)
         self.stats_ = EngineStats()
         self._seqs: dict[str, Sequence] = {}
@@ -182,7 +184,11 @@ class Engine:
         settles the step in flight.
         """
         inflight = self._inflight
-        if inflight is not None and self.scheduler.can_continue_decode(inflight.seqs):
+        if (
+            inflight is not None
+            and self.config.pipeline_decode
+            and self.scheduler.can_continue_decode(inflight.seqs)
+        ):
             self._launch(self.scheduler.continue_decode(inflight.seqs), inflight.tokens)
             return self._resolve(inflight)
         deltas = self._resolve()

@@ -7,6 +7,8 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
+from shared.protocol import WorkerPhases
+
 WINDOW = 2048  # recent steps kept for percentiles
 SPIKE_S = 0.2  # a decode tick longer than this is a spike (a user sees the stream stall)
 
@@ -75,6 +77,24 @@ class EngineStats:
             "prefill_tokens": self.prefill_tokens,
             "preemptions": self.preemptions,
         }
+
+    def phases(self) -> WorkerPhases:
+        """The figures the worker reports in its heartbeats."""
+        return WorkerPhases(
+            decode_tick_p50_ms=1000 * percentile(self.decode_times, 0.5),
+            decode_tick_p95_ms=1000 * percentile(self.decode_times, 0.95),
+            decode_spikes=self.spikes,
+            decode_spike_seconds=self.spike_seconds,
+            decode_batch_mean=_mean(self.decode_batches),
+            decode_blocks_mean=_mean(self.decode_blocks),
+            decode_kv_bytes_mean=_mean(self.decode_kv_bytes),
+            prefill_chunk_p50_ms=1000 * percentile(self.prefill_times, 0.5),
+            kv_write_ms_p50=1000 * percentile(self.layer_write_s, 0.5),
+            attention_ms_p50=1000 * percentile(self.layer_attend_s, 0.5),
+            decode_tokens=self.decode_tokens,
+            prefill_tokens=self.prefill_tokens,
+            preemptions=self.preemptions,
+        )
 
 
 def _mean(values) -> float:

@@ -32,8 +32,19 @@ def _no_preparation(**_) -> dict:
     return {}
 
 
-def _prepare_tiles(*, lengths, num_queries, num_heads, k_pool, block_size) -> dict:
-    return {"tiles": prepare_tiles(lengths, num_queries, num_heads, k_pool, block_size)}
+def _prepare_tiles(
+    *, lengths, num_queries, num_heads, k_pool, block_size, block_tables, context_lengths
+) -> dict:
+    tiles = prepare_tiles(
+        lengths,
+        num_queries,
+        num_heads,
+        k_pool,
+        block_size,
+        block_tables=block_tables,
+        context_lengths=context_lengths,
+    )
+    return {"tiles": tiles}
 
 
 class AttentionBackend(NamedTuple):
@@ -106,6 +117,8 @@ class AttentionPlan:
                 num_heads=queries.shape[1],
                 k_pool=k_pool,
                 block_size=self.block_size,
+                block_tables=self.block_tables,
+                context_lengths=self.context_lengths,
             )
         return self.backend.run(
             queries,

@@ -67,20 +67,51 @@ def gather_attention(
     scale: float,
     block_size: int,
     max_context: int,
+    inputs: GatherInputs | None = None,
 ) -> mx.array:
     """Gather each sequence's first `max_context` K/V slots, then attend once, masked.
 
     `max_context` is the longest context in the batch: the gather never reads the padding of a
     block table wider than that, and never rounds it up to a whole block either.
+    `inputs`: the gather rows and mask from `gather_inputs`, made once per forward and shared
+    by its layers (else made here).
     """
-    slots = context_slot_table(block_tables, max_context, block_size)
-    keys, values = gather_by_kv_head(k_pool, slots), gather_by_kv_head(v_pool, slots)
+    if inputs is None:
+        inputs = gather_inputs(
+            block_tables, context_lengths, k_pool.shape[1], queries.shape[2],
+            max_context=max_context, block_size=block_size,
+        )  # fmt: skip
+    keys, values = _gather_rows(k_pool, inputs.rows), _gather_rows(v_pool, inputs.rows)
     q = _queries_by_kv_head(queries, k_pool.shape[1], scale)
-    scores = _masked_scores(q, keys, context_lengths, queries.shape[2], key_start=0)
+    scores = _apply_mask(q @ keys.swapaxes(-1, -2), inputs.visible, queries.shape[2])
     row_max = scores.max(axis=-1, keepdims=True)
     weights = mx.power(2.0, scores - row_max)
     out = _weighted_values(weights, values) / weights.sum(axis=-1).reshape(*q.shape[:3], 1)
     return _queries_layout(out, queries)
+
+
+class GatherInputs(NamedTuple):
+    """What `gather_attention` needs besides the pools and queries; the same for every layer."""
+
+    rows: mx.array  # (Hkv, B, n) rows of a pool viewed as (slots * Hkv, D)
+    visible: mx.array  # (B, 1, Lq, n) bool: causality and lengths
+
+
+def gather_inputs(
+    block_tables: mx.array,
+    context_lengths: mx.array,
+    num_kv_heads: int,
+    num_queries: int,
+    *,
+    max_context: int,
+    block_size: int,
+) -> GatherInputs:
+    slots = context_slot_table(block_tables, max_context, block_size)
+    heads = mx.arange(num_kv_heads, dtype=mx.int32)[:, None, None]
+    query_pos = context_lengths[:, None] - num_queries + mx.arange(num_queries, dtype=mx.int32)
+    key_pos = mx.arange(max_context, dtype=mx.int32)
+    visible = key_pos <= query_pos[:, :, None]  # (B, Lq, keys)
+    return GatherInputs(slots[None] * num_kv_heads + heads, visible[:, None])
 
 
 class TilePlan(NamedTuple):
@@ -124,6 +155,7 @@ class PreparedTiles(NamedTuple):
     lengths: list[int]
     picked: list[mx.array] | None  # per group, its batch rows; None: one group, the whole batch
     back: mx.array | None  # undoes the grouping order
+    gathers: list[GatherInputs | None]  # per group that fits in one gather, its inputs
 
 
 def prepare_tiles(
@@ -133,8 +165,11 @@ def prepare_tiles(
     k_pool: mx.array,
     block_size: int,
     tile_bytes: int = DEFAULT_TILE_BYTES,
+    block_tables: mx.array | None = None,
+    context_lengths: mx.array | None = None,
 ) -> PreparedTiles:
-    """The tile plan of a batch whose context lengths are `lengths` (host ints)."""
+    """The tile plan of a batch whose context lengths are `lengths` (host ints); with the
+    batch's `block_tables` and `context_lengths`, each gather group's rows and mask too."""
     kv_bytes = 2 * k_pool.shape[1] * k_pool.shape[2] * k_pool.itemsize
     plan = plan_tiles(
         lengths,
@@ -142,12 +177,23 @@ def prepare_tiles(
         block_size=block_size,
         budget=tile_bytes,
     )
-    if len(plan.groups) == 1:
-        return PreparedTiles(plan, lengths, None, None)
-    picked = [mx.array(rows, dtype=mx.int32) for rows in plan.groups]
-    order = [row for rows in plan.groups for row in rows]
-    back = mx.array(sorted(range(len(lengths)), key=order.__getitem__), dtype=mx.int32)
-    return PreparedTiles(plan, lengths, picked, back)
+    picked = back = None
+    if len(plan.groups) > 1:
+        picked = [mx.array(rows, dtype=mx.int32) for rows in plan.groups]
+        order = [row for rows in plan.groups for row in rows]
+        back = mx.array(sorted(range(len(lengths)), key=order.__getitem__), dtype=mx.int32)
+    gathers: list[GatherInputs | None] = [None] * len(plan.groups)
+    if block_tables is not None and context_lengths is not None:
+        for i, (rows, key_step) in enumerate(zip(plan.groups, plan.key_steps, strict=True)):
+            if key_step >= lengths[rows[0]]:
+                tables, lens = block_tables, context_lengths
+                if picked is not None:
+                    tables, lens = block_tables[picked[i]], context_lengths[picked[i]]
+                gathers[i] = gather_inputs(
+                    tables, lens, k_pool.shape[1], num_queries,
+                    max_context=lengths[rows[0]], block_size=block_size,
+                )  # fmt: skip
+    return PreparedTiles(plan, lengths, picked, back, gathers)
 
 
 def tiled_attention(
@@ -189,7 +235,9 @@ def tiled_attention(
         longest = tiles.lengths[rows[0]]
         common = dict(scale=scale, block_size=block_size, max_context=longest)
         if key_step >= longest:
-            outputs.append(gather_attention(q, k_pool, v_pool, tables, lens, **common))
+            outputs.append(
+                gather_attention(q, k_pool, v_pool, tables, lens, inputs=tiles.gathers[i], **common)
+            )
         else:
             steps = key_step // block_size
             outputs.append(
@@ -245,6 +293,18 @@ def context_slot_table(block_tables: mx.array, num_tokens: int, block_size: int)
     """`(B, num_tokens)` slot ids of positions 0..num_tokens-1 of every sequence."""
     positions = mx.arange(num_tokens, dtype=mx.int32)
     return block_tables[:, positions // block_size] * block_size + positions % block_size
+
+
+def _gather_rows(pool: mx.array, rows: mx.array) -> mx.array:
+    return pool.reshape(-1, pool.shape[-1])[rows]
+
+
+def _apply_mask(scores: mx.array, visible: mx.array, num_queries: int) -> mx.array:
+    """float32 `(Hkv, B, heads_per_kv, Lq, keys)` scores, -inf where `visible` is False."""
+    scores = scores.astype(mx.float32)
+    hkv, batch, rows, num_keys = scores.shape
+    scores = scores.reshape(hkv, batch, rows // num_queries, num_queries, num_keys)
+    return mx.where(visible, scores, -mx.inf)
 
 
 def gather_by_kv_head(pool: mx.array, slots: mx.array) -> mx.array:

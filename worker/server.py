@@ -12,6 +12,7 @@ import os
 import queue
 import socket
 import threading
+import time
 
 from shared.protocol import (
     Abort,
@@ -32,6 +33,7 @@ from worker.link import WorkerLink
 log = logging.getLogger(__name__)
 
 IDLE_WAIT_S = 0.05
+PHASES_EVERY_S = 1.0  # phase percentiles sort a window: refreshed this often, not per step
 
 
 class WorkerServer:
@@ -46,7 +48,9 @@ class WorkerServer:
             kv_capacity_blocks=engine.pool.num_blocks - 1,
             host=socket.gethostname(),
             pid=os.getpid(),
+            attention=engine.attention_report,
         )
+        self._phases, self._phases_at = None, 0.0
         self._load = self._heartbeat()
         self.link = WorkerLink(endpoint, register, lambda: self._load, configure_socket)
         self.stopping = threading.Event()
@@ -112,6 +116,9 @@ class WorkerServer:
 
     def _heartbeat(self) -> Heartbeat:
         e = self.engine
+        now = time.monotonic()
+        if now - self._phases_at >= PHASES_EVERY_S:
+            self._phases, self._phases_at = e.stats_.phases(), now
         return Heartbeat(
             worker_id=self.worker_id,
             running=len(e.scheduler.running),
@@ -121,4 +128,5 @@ class WorkerServer:
             cached_blocks=e.cache.cached_blocks,
             hit_tokens=e.cache.hit_tokens,
             prompt_tokens=e.cache.hit_tokens + e.cache.miss_tokens,
+            phases=self._phases,
         )
