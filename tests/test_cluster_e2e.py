@@ -104,6 +104,23 @@ def test_chat_completion_non_streaming(cluster):
     assert r.usage.prompt_tokens > 20 and r.usage.completion_tokens > 0
 
 
+def test_cluster_view_shows_attention_choice_and_phases(cluster):
+    cluster.client.chat.completions.create(
+        model=MODEL, messages=QUESTION, temperature=0, max_tokens=8
+    )
+    deadline = time.monotonic() + 10
+    while True:
+        workers = list(cluster.workers().values())
+        phases = [w["phases"] for w in workers if w["phases"]]
+        if any(p["prefill_tokens"] > 0 for p in phases) or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    for w in workers:
+        assert w["attention"]["backend"] == "mlx"  # no Metal on Linux
+        assert w["attention"]["self_test"].startswith("not run:")
+    assert any(p["prefill_tokens"] > 0 and p["prefill_chunk_p50_ms"] > 0 for p in phases)
+
+
 def test_greedy_output_equals_mlx_lm(cluster):
     r = cluster.client.chat.completions.create(
         model=MODEL, messages=QUESTION, temperature=0, max_tokens=24

@@ -15,6 +15,7 @@ from shared.protocol import (
     MESSAGE_TYPES,
     PROTOCOL_VERSION,
     Abort,
+    AttentionReport,
     Generate,
     Heartbeat,
     KVEvents,
@@ -25,6 +26,7 @@ from shared.protocol import (
     Shutdown,
     TokenDelta,
     Usage,
+    WorkerPhases,
     decode,
     encode,
 )
@@ -32,6 +34,15 @@ from shared.sampling import SamplingParams
 
 EXAMPLES = [
     Register("w1", "smollm", 16, 1024, "host-a", 4242),
+    Register(
+        "w1",
+        "smollm",
+        16,
+        1024,
+        "host-a",
+        4242,
+        attention=AttentionReport("mlx", "auto", "failed: mismatch 0.3", 1.5, 2.0),
+    ),  # fmt: skip
     RegisterAck(accepted=False, reason="protocol version 0 != 1"),
     RegisterAck(accepted=True, heartbeat_interval_s=0.5),
     Heartbeat(
@@ -43,6 +54,9 @@ EXAMPLES = [
         cached_blocks=5,
         hit_tokens=64,
         prompt_tokens=128,
+    ),
+    Heartbeat(
+        "w1", 0, 0, 1, 2, 0, 0, phases=WorkerPhases(decode_tick_p50_ms=80.5, decode_spikes=2)
     ),
     TokenDelta("r1", (1, 2, 3)),
     TokenDelta("r1", (), "length", Usage(10, 3, 8), logprobs=(-0.5, -1.0)),

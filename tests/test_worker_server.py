@@ -107,6 +107,18 @@ def test_kv_events_and_heartbeats_reach_the_router(running):
     assert any(isinstance(e, BlockStored) for e in events.events)
     beat = router.recv_until(Heartbeat)
     assert beat.worker_id == "w-test" and beat.total_blocks == 255
+    # the phase figures ride along once a step has run
+    deadline = time.monotonic() + 10
+    while beat.phases is None or beat.phases.prefill_tokens == 0:
+        assert time.monotonic() < deadline, "no phase figures in the heartbeats"
+        beat = router.recv_until(Heartbeat)
+    assert beat.phases.prefill_chunk_p50_ms > 0
+
+
+def test_registration_says_which_attention_backend_and_why(running):
+    _, _, reg = running
+    assert reg.attention.backend == "mlx" and reg.attention.requested == "auto"
+    assert reg.attention.self_test.startswith("not run: Metal is not available")
 
 
 def test_bad_request_gets_an_error_delta(running):
