@@ -138,7 +138,9 @@ def bench_open_loop(model, tokenizer, args) -> None:
         t += rng.expovariate(rate)
         arrivals.append(t)
     engine = Engine(model, EngineConfig(), max_context=8192)
-    params = SamplingParams(max_tokens=args.max_tokens, stop_token_ids=tuple(tokenizer.eos_token_ids))
+    params = SamplingParams(
+        max_tokens=args.max_tokens, stop_token_ids=tuple(tokenizer.eos_token_ids)
+    )
     pending = deque(zip(arrivals, range(n), strict=True))
     produced: list[tuple[float, int]] = []  # (time, tokens) per step
     first_finish = None

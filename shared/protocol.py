@@ -110,6 +110,7 @@ class TokenDelta:
     usage: Usage | None = None
     logprobs: tuple[float, ...] | None = None
     error: str | None = None  # with finish_reason "error": what went wrong
+    index: int = 0  # which of the request's n choices (Generate.n)
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,6 +139,9 @@ class Generate:
     request_id: str
     token_ids: tuple[int, ...]
     sampling: SamplingParams = field(default_factory=SamplingParams)
+    # choices sampled from one prefill (the worker forks the sequence); each choice's deltas
+    # carry its index, and each choice ends with its own finish delta
+    n: int = 1
 
 
 @dataclass(frozen=True, slots=True)

@@ -165,3 +165,75 @@ def test_kv_events_replay_to_the_cached_blocks(model):
                 stored.pop(h)
     assert len(stored) == engine.cache.cached_blocks
     assert engine.drain_kv_events() == []
+
+
+# ---- n > 1: choices forked after one prefill ------------------------------------------------
+
+
+def _choices(engine, request_id: str) -> dict[int, list[int]]:
+    out: dict[int, list[int]] = {}
+    finished = set()
+    while engine.has_work():
+        for d in engine.step():
+            assert d.request_id == request_id and d.error is None, d
+            out.setdefault(d.index, []).extend(d.token_ids)
+            if d.finish_reason:
+                assert d.index not in finished
+                finished.add(d.index)
+    assert finished == set(out)
+    return out
+
+
+@pytest.mark.parametrize(
+    "prompt_len", [17, 16, 6], ids=["aligned-tail", "copied-tail", "copied-first-block"]
+)
+def test_n_greedy_choices_fork_after_one_prefill(prompt_len):
+    model = tiny_model("llama")
+    engine = make_engine(model)
+    prompt = [(3 * i + 1) % 97 for i in range(prompt_len)]
+    engine.add_request("r", prompt, SamplingParams(max_tokens=6), n=3)
+    choices = _choices(engine, "r")
+    expected = reference_greedy(model, prompt, 6)
+    assert choices == {0: expected, 1: expected, 2: expected}
+    # one prefill: the prompt's tokens before the last were computed once, not three times
+    assert engine.stats()["prefill_tokens"] <= prompt_len - 1 + 3
+    engine.check_integrity()
+    assert engine.pool.usage().held == 1  # only the scratch block
+
+
+def test_n_sampled_choices_have_their_own_seed_streams():
+    model = tiny_model("qwen2")
+    sampling = SamplingParams(max_tokens=8, temperature=1.5, seed=11)
+    prompt = list(range(20))
+    engine = make_engine(model)
+    engine.add_request("r", prompt, sampling, n=3)
+    together = _choices(engine, "r")
+    assert len({tuple(v) for v in together.values()}) > 1  # not three copies of one sample
+    # choice i equals a lone request seeded with seed + i
+    for i in range(3):
+        alone = make_engine(model)
+        alone.add_request("a", prompt, SamplingParams(max_tokens=8, temperature=1.5, seed=11 + i))
+        assert run_to_completion(alone)["a"] == together[i]
+
+
+def test_n_with_a_fully_cached_prompt_and_abort():
+    model = tiny_model("llama")
+    engine = make_engine(model)
+    prompt = list(range(25))  # 24 cached (3 blocks of 8) + the last token
+    engine.add_request("warm", prompt, SamplingParams(max_tokens=1))
+    run_to_completion(engine)
+    engine.add_request("r", prompt, SamplingParams(max_tokens=50), n=4)
+    for _ in range(3):
+        engine.step()
+    assert len(engine.scheduler.sequences_of("r")) == 4
+    assert engine.abort("r")
+    assert not engine.scheduler.sequences_of("r") and not engine.abort("r")
+    while engine.has_work():
+        engine.step()
+    engine.check_integrity()
+
+
+def test_n_out_of_range_is_refused():
+    engine = make_engine(tiny_model("llama"), max_running=8)
+    with pytest.raises(InvalidRequest, match=r"n must be an integer in \[1, 8\]"):
+        engine.add_request("r", [1, 2, 3], SamplingParams(max_tokens=2), n=9)

@@ -86,7 +86,7 @@ class Engine:
         )
         self.runner = ModelRunner(model, self.pool, self.scratch_block, self.backend)
         self.stats_ = EngineStats()
-        self._seqs: dict[str, Sequence] = {}
+        self._open: dict[str, int] = {}  # request id -> its choices not finished yet
         self._arrivals = itertools.count()
         self._inflight: _InFlight | None = None  # a decode step queued, its tokens unread
         self._pending_failures: list[TokenDelta] = []
@@ -116,9 +116,14 @@ class Engine:
 
     # ---- requests ----------------------------------------------------------------------
 
-    def add_request(self, request_id: str, token_ids: list[int], sampling: SamplingParams) -> None:
-        """Queue a request; raise InvalidRequest (or EngineOverloaded) without side effects."""
+    def add_request(
+        self, request_id: str, token_ids: list[int], sampling: SamplingParams, n: int = 1
+    ) -> None:
+        """Queue a request for `n` choices (sampled after one prefill; choice i's deltas carry
+        index i); raise InvalidRequest (or EngineOverloaded) without side effects."""
         self._validate(request_id, token_ids, sampling)
+        if not isinstance(n, int) or not 1 <= n <= self.config.max_running:
+            raise InvalidRequest(f"n must be an integer in [1, {self.config.max_running}]")
         if len(self.scheduler.waiting) >= self.config.max_waiting:
             raise EngineOverloaded(f"{len(self.scheduler.waiting)} requests are already waiting")
         seed = sampling.seed if sampling.seed is not None else random.getrandbits(63)
@@ -129,14 +134,16 @@ class Engine:
             sampling=sampling,
             arrival=next(self._arrivals),
             rng_key=None if sampling.greedy else mx.random.key(seed),
+            seed=seed,
+            forks=n - 1,
         )
-        self._seqs[request_id] = seq
+        self._open[request_id] = n
         self.scheduler.add(seq)
 
     def _validate(self, request_id: str, token_ids: list[int], sampling: SamplingParams) -> None:
         if not isinstance(request_id, str) or not request_id:
             raise InvalidRequest("request_id must be a non-empty string")
-        if request_id in self._seqs:
+        if request_id in self._open:
             raise InvalidRequest(f"request {request_id!r} is already running")
         if not token_ids:
             raise InvalidRequest("the prompt is empty")
@@ -157,10 +164,10 @@ class Engine:
 
     def abort(self, request_id: str) -> bool:
         """Stop a request and free its blocks now; False if it is unknown or already done."""
-        seq = self._seqs.pop(request_id, None)
-        if seq is None:
+        if self._open.pop(request_id, None) is None:
             return False
-        self.scheduler.remove(seq)
+        for seq in self.scheduler.sequences_of(request_id):
+            self.scheduler.remove(seq)
         return True
 
     def has_work(self) -> bool:
@@ -289,19 +296,28 @@ class Engine:
         reason = self.scheduler.append_token(seq, token, logprob)
         if reason is None:
             lps = (logprob,) if seq.sampling.logprobs else None
-            return TokenDelta(seq.request_id, (token,), logprobs=lps)
-        self._seqs.pop(seq.request_id, None)
+            return TokenDelta(seq.request_id, (token,), logprobs=lps, index=seq.choice)
+        self._close_choice(seq.request_id)
         tokens = (token,) if reason == "length" else ()
         usage = Usage(seq.prompt_len, seq.num_output, seq.num_cached)
         logprobs = tuple(seq.logprobs[-1:]) if seq.sampling.logprobs and tokens else None
-        return TokenDelta(seq.request_id, tokens, reason, usage, logprobs)
+        return TokenDelta(seq.request_id, tokens, reason, usage, logprobs, index=seq.choice)
 
     def _fail(self, seq: Sequence, message: str) -> TokenDelta:
-        self._seqs.pop(seq.request_id, None)
-        if seq.status is not Status.FINISHED:
-            self.scheduler.drop(seq)
+        """End `seq`'s whole request with an error (every choice of it: one failed)."""
+        self._open.pop(seq.request_id, None)
+        for other in [seq, *self.scheduler.sequences_of(seq.request_id)]:
+            if other.status is not Status.FINISHED:
+                self.scheduler.drop(other)
         usage = Usage(seq.prompt_len, seq.num_output, seq.num_cached)
-        return TokenDelta(seq.request_id, (), "error", usage, error=message)
+        return TokenDelta(seq.request_id, (), "error", usage, error=message, index=seq.choice)
+
+    def _close_choice(self, request_id: str) -> None:
+        left = self._open.get(request_id, 0) - 1
+        if left > 0:
+            self._open[request_id] = left
+        else:
+            self._open.pop(request_id, None)
 
     # ---- upkeep ------------------------------------------------------------------------
 

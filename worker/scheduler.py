@@ -94,10 +94,15 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
+    def sequences_of(self, request_id: str) -> list[Sequence]:
+        """Every queued or running sequence of a request (its choices, with n > 1)."""
+        return [s for s in (*self.waiting, *self.running) if s.request_id == request_id]
+
     # ---- the step plan -----------------------------------------------------------------
 
     def schedule(self) -> StepPlan:
         preempted: list[Sequence] = []
+        self._fork_ready()
         decode = self._schedule_decode(preempted)
         budget = self.config.step_token_budget - len(decode)
         prefill = self._continue_prefills(budget, preempted)
@@ -163,7 +168,8 @@ class Scheduler:
     def _schedule_decode(self, preempted: list[Sequence]) -> list[Sequence]:
         decode = []
         for seq in sorted(
-            (s for s in self.running if not s.is_prefilling), key=lambda s: s.arrival
+            (s for s in self.running if not s.is_prefilling and not s.forks),
+            key=lambda s: s.arrival,
         ):
             if seq.status is not Status.RUNNING:
                 continue  # preempted earlier in this loop
@@ -174,7 +180,7 @@ class Scheduler:
     def _continue_prefills(self, budget: int, preempted: list[Sequence]) -> list[PrefillChunk]:
         chunks = []
         for seq in sorted((s for s in self.running if s.is_prefilling), key=lambda s: s.arrival):
-            n = min(self.config.prefill_chunk, seq.num_uncomputed, budget)
+            n = min(self.config.prefill_chunk, seq.prefill_left, budget)
             if seq.status is not Status.RUNNING or n <= 0:
                 continue
             if self._reserve(seq, seq.num_computed + n, preempted):
@@ -194,7 +200,8 @@ class Scheduler:
             # hold the match before making room, or the eviction could take it
             self.cache.lock(match.node)
             self.pool.incref(match.block_ids)
-            n = min(self.config.prefill_chunk, len(seq.tokens) - match.num_tokens, budget)
+            left = len(seq.tokens) - match.num_tokens - (1 if seq.forks else 0)
+            n = min(self.config.prefill_chunk, left, budget)
             need = self.pool.blocks_for_tokens(match.num_tokens + n) - len(match.block_ids)
             if not self.make_room(need):
                 self.cache.unlock(match.node)
@@ -202,7 +209,8 @@ class Scheduler:
                 self.waiting.appendleft(seq)
                 break
             self._start(seq, match, need)
-            chunks.append(PrefillChunk(seq, n))
+            if n > 0:  # 0: all but the last token cached, and forks pending
+                chunks.append(PrefillChunk(seq, n))
             budget -= n
         self.waiting.extendleft(reversed(deferred))
         return chunks
@@ -228,6 +236,30 @@ class Scheduler:
             seq.num_cached = match.num_tokens
         seq.status = Status.RUNNING
         self.running.append(seq)
+
+    # ---- n > 1: choices forked after one prefill ------------------------------------------
+
+    def _fork_ready(self) -> None:
+        """Mutates: fork every sequence whose prompt is computed but for its last token."""
+        for seq in [s for s in self.running if s.forks and s.num_uncomputed == 1]:
+            self._fork(seq)
+
+    def _fork(self, parent: Sequence) -> None:
+        """Give `parent`'s pending choices their own sequences: they share its full blocks by
+        reference count; a partial tail block, which each choice writes its next token into,
+        is copied (copy on write). Waits (no fork, no decode) while there is no room."""
+        partial_tail = parent.num_computed % self.block_size != 0
+        if not self.make_room(parent.forks if partial_tail else 0):
+            return
+        for choice in range(1, parent.forks + 1):
+            child = parent.fork(choice)
+            self.pool.incref(child.block_ids)
+            if partial_tail:
+                child.block_ids[-1] = self.pool.copy_on_write(child.block_ids[-1])
+            if child.lock_node is not None:
+                self.cache.lock(child.lock_node)
+            self.running.append(child)
+        parent.forks = 0
 
     # ---- blocks ------------------------------------------------------------------------
 

@@ -32,6 +32,28 @@ class Sequence:
     rng_key: mx.array | None = None
     logprobs: list[float] = field(default_factory=list)
     num_preemptions: int = 0
+    seed: int = 0  # of the rng key; choice i of a request samples with seed + i
+    choice: int = 0  # which of its request's n choices this sequence is
+    forks: int = 0  # choices still to fork off this one once its prompt is computed
+
+    def fork(self, choice: int) -> Sequence:
+        """A copy that shares the prompt computed so far (the caller shares its blocks)."""
+        return Sequence(
+            request_id=self.request_id,
+            prompt_len=self.prompt_len,
+            tokens=list(self.tokens),
+            sampling=self.sampling,
+            arrival=self.arrival,
+            status=self.status,
+            block_ids=list(self.block_ids),
+            num_computed=self.num_computed,
+            num_cached=self.num_cached,
+            lock_node=self.lock_node,
+            inserted_tokens=self.inserted_tokens,
+            rng_key=None if self.rng_key is None else mx.random.key(self.seed + choice),
+            seed=self.seed,
+            choice=choice,
+        )
 
     @property
     def num_output(self) -> int:
@@ -44,6 +66,12 @@ class Sequence:
     @property
     def is_prefilling(self) -> bool:
         return self.num_uncomputed > 1
+
+    @property
+    def prefill_left(self) -> int:
+        """Prompt tokens to compute before the next step samples (with forks pending, the
+        last one is computed by each choice on its own, after the fork)."""
+        return self.num_uncomputed - (1 if self.forks else 0)
 
     @property
     def output_tokens(self) -> list[int]:

@@ -102,7 +102,7 @@ class WorkerServer:
 
     def _generate(self, msg: Generate) -> None:
         try:
-            self.engine.add_request(msg.request_id, list(msg.token_ids), msg.sampling)
+            self.engine.add_request(msg.request_id, list(msg.token_ids), msg.sampling, msg.n)
         except (InvalidRequest, EngineOverloaded) as exc:
             usage = Usage(len(msg.token_ids), 0, 0)
             self.link.send(TokenDelta(msg.request_id, (), "error", usage, error=str(exc)))
