@@ -45,6 +45,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--block-size", type=int, help="tokens per KV block (default 32)")
     p.add_argument(
+        "--kv-disk",
+        help="per worker: keep evicted KV blocks on disk up to this size, e.g. 20GiB (default off)",
+    )
+    p.add_argument(
+        "--kv-disk-dir", type=Path,
+        help="disk tier folder; each worker uses its own subfolder (default ~/.cache/mlx-fleet/kv)",
+    )  # fmt: skip
+    p.add_argument(
+        "--attention-backend", choices=("auto", "metal", "mlx"),
+        help="paged attention backend of every worker (default auto: Metal kernel if it passes "
+        "its self-test, else MLX ops)",
+    )  # fmt: skip
+    p.add_argument(
         "--max-running", type=int, help="sequences decoding at once, per worker (default 64)"
     )
     p.add_argument(
@@ -81,7 +94,8 @@ def commands(
     router = py + ["router", *config, "--model", str(model_dir), "--model-id", name, "--host", r.host,
                    "--port", str(r.port), "--zmq-bind", f"tcp://127.0.0.1:{zmq_port}", "--policy", r.policy]  # fmt: skip
     tunables = {"--block-size": args.block_size, "--max-running": args.max_running,
-                "--prefill-chunk": args.prefill_chunk, "--kv-memory": args.kv_memory}  # fmt: skip
+                "--prefill-chunk": args.prefill_chunk, "--kv-memory": args.kv_memory,
+                "--kv-disk": args.kv_disk, "--attention-backend": args.attention_backend}  # fmt: skip
     extra = [str(x) for flag, value in tunables.items() if value is not None for x in (flag, value)]
     if (
         args.kv_memory is None
@@ -103,10 +117,19 @@ def commands(
             "--worker-id",
             f"worker-{i}",
             *extra,
+            *disk_dir(args, fleet, i),
         ]  # fmt: skip
         for i in range(workers)
     ]
     return router, worker_cmds
+
+
+def disk_dir(args, fleet, worker: int) -> list[str]:
+    """Each worker's own disk-tier folder (a restarted worker finds its files again)."""
+    if args.kv_disk is None and fleet.worker.kv_disk is None:
+        return []
+    base = args.kv_disk_dir or fleet.worker.kv_disk_dir or Path.home() / ".cache/mlx-fleet/kv"
+    return ["--kv-disk-dir", str(Path(base) / f"worker-{worker}")]
 
 
 def child_env(threads: int) -> dict:

@@ -42,6 +42,18 @@ def build_parser() -> argparse.ArgumentParser:
         "--compute-dtype", help="auto (default: float32 on CPU, quantized on Metal), float32, ..."
     )
     p.add_argument(
+        "--attention-backend",
+        choices=("auto", "metal", "mlx"),
+        help="paged attention: auto (default: the Metal kernel where it passes its self-test "
+        "at start, else MLX ops), metal, mlx",
+    )
+    p.add_argument(
+        "--kv-disk",
+        help="keep KV blocks evicted from memory on disk, up to this size (e.g. 20GiB), and "
+        "read them back when a prompt returns; survives restarts (default: off)",
+    )
+    p.add_argument("--kv-disk-dir", help="folder of the disk tier (default ~/.cache/mlx-fleet/kv)")
+    p.add_argument(
         "--curve-secret-key", help="this worker's CURVE secret key file (mlx-fleet-keys)"
     )
     p.add_argument("--curve-server-key", help="the router's CURVE public key file")
@@ -60,6 +72,9 @@ def engine_config(worker, model):
         "max_running": worker.max_running,
         "prefill_chunk": worker.prefill_chunk,
         "compute_dtype": model.compute_dtype,
+        "attention_backend": worker.attention_backend,
+        "kv_disk_bytes": worker.kv_disk,
+        "kv_disk_dir": str(worker.kv_disk_dir) if worker.kv_disk_dir else None,
     }
     config = EngineConfig(**{k: v for k, v in given.items() if v is not None})
     if config.step_token_budget < config.prefill_chunk:  # a bigger chunk widens the step

@@ -21,6 +21,10 @@ class EngineConfig:
     enable_prefix_cache: bool = True  # off: no prompt reuse (for benchmarks and debugging)
     max_waiting: int = 4096  # bounded queue: add_request refuses beyond it
     warmup: bool = True
+    # KV tier on disk: blocks evicted from the prefix cache are kept in files (bounded) and
+    # read back on a later hit; None: off
+    kv_disk_bytes: int | None = None
+    kv_disk_dir: str | None = None  # default ~/.cache/mlx-fleet/kv
     # queue decode step n+1 before reading step n's tokens (off: for measuring its gain)
     pipeline_decode: bool = True
 
@@ -33,5 +37,7 @@ class EngineConfig:
             raise ValueError("step_token_budget must be at least prefill_chunk")
         if self.max_running < 1:
             raise ValueError("max_running must be >= 1")
+        if self.kv_disk_bytes is not None and self.kv_disk_bytes < 1:
+            raise ValueError("kv_disk_bytes must be positive")
         if not 0 < self.kv_memory_fraction < 1:
             raise ValueError("kv_memory_fraction must be in (0, 1)")

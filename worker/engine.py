@@ -18,7 +18,7 @@ from pathlib import Path
 import mlx.core as mx
 import mlx.nn as nn
 
-from shared.kv_events import KVEvent
+from shared.kv_events import BlockRemoved, BlockStored, KVEvent
 from shared.protocol import TokenDelta, Usage
 from shared.sampling import InvalidRequest, SamplingParams
 from worker.attention_hook import AttentionSinksUnsupported
@@ -26,6 +26,8 @@ from worker.attention_select import select_backend
 from worker.config import EngineConfig
 from worker.engine_stats import EngineStats
 from worker.kv.block_pool import BlockPool
+from worker.kv.disk_store import DiskKVStore
+from worker.kv.disk_tier import DiskTier, block_layout, model_fingerprint
 from worker.kv.memory import memory_budget_bytes, num_blocks_for_budget
 from worker.kv.radix_cache import RadixCache
 from worker.model_runner import LayerTimes, ModelRunner
@@ -79,8 +81,9 @@ class Engine:
         )
         self.scratch_block = self.pool.allocate(1)[0]  # padding rows write here
         self._events: list[KVEvent] = []
-        self.cache = RadixCache(self.pool, self.config.block_size, on_event=self._events.append)
-        self.scheduler = Scheduler(self.pool, self.cache, self.config, max_context)
+        self.cache = RadixCache(self.pool, self.config.block_size, on_event=self._on_kv_event)
+        self.disk = self._disk_tier()
+        self.scheduler = Scheduler(self.pool, self.cache, self.config, max_context, self.disk)
         self.backend, self.attention_report = select_backend(
             self.config.attention_backend, self.shape, self.config.block_size
         )
@@ -95,6 +98,8 @@ class Engine:
         self._check_model()
         if self.config.warmup:
             self._warmup()
+        if self.disk is not None:
+            self._announce_disk_blocks()
 
     @classmethod
     def from_path(cls, model_dir: Path, config: EngineConfig | None = None) -> Engine:
@@ -176,6 +181,8 @@ class Engine:
         )
 
     def drain_kv_events(self) -> list[KVEvent]:
+        if self.disk is not None and (dropped := self.disk.store.drain_removed()):
+            self._events.append(BlockRemoved(tuple(dropped)))
         events, self._events[:] = list(self._events), []
         return events
 
@@ -321,6 +328,38 @@ class Engine:
 
     # ---- upkeep ------------------------------------------------------------------------
 
+    def _disk_tier(self) -> DiskTier | None:
+        """The KV tier on disk, when configured: its files from an earlier run indexed."""
+        if self.config.kv_disk_bytes is None:
+            return None
+        layout = block_layout(self.pool)
+        root = Path(self.config.kv_disk_dir or Path.home() / ".cache" / "mlx-fleet" / "kv")
+        store = DiskKVStore(
+            root, model_fingerprint(self.model, layout), layout, self.config.kv_disk_bytes
+        )
+        kept = store.scan()
+        log.info("KV disk tier at %s: %d blocks from earlier runs", store.dir, kept)
+        tier = DiskTier(self.pool, store)
+        self.cache.set_evict_listener(tier.save)
+        return tier
+
+    def _on_kv_event(self, event: KVEvent) -> None:
+        """Blocks evicted to the disk tier are still this worker's: not announced removed."""
+        if isinstance(event, BlockRemoved) and self.disk is not None:
+            kept = tuple(h for h in event.block_hashes if h not in self.disk.store)
+            if not kept:
+                return
+            event = BlockRemoved(kept)
+        self._events.append(event)
+
+    def _announce_disk_blocks(self) -> None:
+        """Tell the router what the disk holds (a restarted worker's returning prefixes)."""
+        bs = self.config.block_size
+        for block in self.disk.store.blocks():
+            self._events.append(
+                BlockStored(block.block_hash, block.parent_hash, block.token_ids, bs)
+            )
+
     def _check_model(self) -> None:
         """Refuse a model the paged KV would serve wrongly (see `worker.model_support`)."""
         probe = Sequence("__probe__", 1, [0], SamplingParams(max_tokens=1), arrival=-1)
@@ -382,6 +421,8 @@ class Engine:
             "evictable_blocks": self.cache.evictable_blocks,
             "held_blocks": usage.held,
             "cache_hit_tokens": self.cache.hit_tokens,
+            "disk_hit_tokens": self.disk.hit_tokens if self.disk else 0,
+            "disk_blocks": len(self.disk.store.blocks()) if self.disk else 0,
             "cache_miss_tokens": self.cache.miss_tokens,
             **self.stats_.summary(),
         }

@@ -17,7 +17,8 @@ from typing import NamedTuple
 
 from worker.config import EngineConfig
 from worker.kv.block_pool import BlockPool
-from worker.kv.radix_cache import RadixCache
+from worker.kv.disk_tier import DiskTier
+from worker.kv.radix_cache import MatchResult, RadixCache
 from worker.sequence import Sequence, Status
 
 
@@ -70,9 +71,16 @@ class Scheduler:
     """The only owner of sequence lifecycle: admission, block growth, preemption, advancing
     and finishing. The engine asks it for plans and reports what the model produced."""
 
-    def __init__(self, pool: BlockPool, cache: RadixCache, config: EngineConfig, max_context: int):
+    def __init__(
+        self,
+        pool: BlockPool,
+        cache: RadixCache,
+        config: EngineConfig,
+        max_context: int,
+        disk: DiskTier | None = None,
+    ):
         self.pool, self.cache, self.config = pool, cache, config
-        self.max_context = max_context
+        self.max_context, self.disk = max_context, disk
         self.block_size = pool.block_size
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
@@ -200,6 +208,7 @@ class Scheduler:
             # hold the match before making room, or the eviction could take it
             self.cache.lock(match.node)
             self.pool.incref(match.block_ids)
+            match = self._extend_from_disk(prompt, match)
             left = len(seq.tokens) - match.num_tokens - (1 if seq.forks else 0)
             n = min(self.config.prefill_chunk, left, budget)
             need = self.pool.blocks_for_tokens(match.num_tokens + n) - len(match.block_ids)
@@ -214,6 +223,23 @@ class Scheduler:
             budget -= n
         self.waiting.extendleft(reversed(deferred))
         return chunks
+
+    def _extend_from_disk(self, prompt: list[int], match: MatchResult) -> MatchResult:
+        """Mutates: the prompt's blocks after `match` that the disk tier holds, loaded into new
+        blocks (held, like the match's) and put back in the prefix cache; the longer match."""
+        start = len(match.block_ids)
+        wanted = len(prompt) // self.block_size - start
+        if self.disk is None or wanted <= 0 or not self.config.enable_prefix_cache:
+            return match
+        hits = self.disk.find(prompt, start, wanted)
+        if not hits or not self.make_room(len(hits)):
+            return match
+        loaded = self.pool.allocate(len(hits))
+        self.disk.load(loaded, hits)
+        block_ids = match.block_ids + loaded
+        num_tokens = len(block_ids) * self.block_size
+        self.cache.insert(prompt[:num_tokens], block_ids)
+        return MatchResult(match.node, block_ids, num_tokens)
 
     def _shares_pending_prefill(self, seq: Sequence, cached: int) -> bool:
         """Whether a running prefill will cache at least one more block of `seq`'s prompt."""

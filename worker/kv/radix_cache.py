@@ -58,7 +58,13 @@ class RadixCache:
         self._num_locks = 0
         self.hit_tokens = 0
         self.miss_tokens = 0
+        self._on_evict: Callable[..., None] | None = None
         pool.set_hold_listener(self._on_hold_change)
+
+    def set_evict_listener(self, listener: Callable[..., None]) -> None:
+        """`listener(block_ids, block_hashes, parent_hash, tokens)` hears of every node `evict`
+        removes, before its blocks go back to the pool (a lower tier can copy them)."""
+        self._on_evict = listener
 
     # ---- queries (none of these mutate) ----
 
@@ -155,6 +161,8 @@ class RadixCache:
             if leaf is None:
                 break
             removed_hashes.extend(leaf.block_hashes)
+            if self._on_evict is not None:
+                self._on_evict(leaf.block_ids, leaf.block_hashes, leaf.parent.last_hash, leaf.key)
             freed += self._remove_leaf(leaf)
         if removed_hashes:
             self._emit(BlockRemoved(tuple(removed_hashes)))
