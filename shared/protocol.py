@@ -23,7 +23,9 @@ import msgpack
 from shared.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 from shared.sampling import SamplingParams
 
-PROTOCOL_VERSION = 1
+# 2: SamplingParams gained logit processing (bias, penalties, grammar, top_logprobs) and
+# TokenDelta top_logprobs; a version-1 worker would ignore them silently, so it is refused.
+PROTOCOL_VERSION = 2
 MAX_FRAME_BYTES = 64 * 1024 * 1024
 
 
@@ -101,6 +103,14 @@ class Usage:
 
 
 @dataclass(frozen=True, slots=True)
+class TopLogprobs:
+    """The most likely tokens at one position, most likely first (log-probabilities)."""
+
+    token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class TokenDelta:
     """New tokens of one request; the last delta has finish_reason (and usage)."""
 
@@ -111,6 +121,7 @@ class TokenDelta:
     logprobs: tuple[float, ...] | None = None
     error: str | None = None  # with finish_reason "error": what went wrong
     index: int = 0  # which of the request's n choices (Generate.n)
+    top_logprobs: tuple[TopLogprobs, ...] | None = None  # per token, with top_logprobs > 0
 
 
 @dataclass(frozen=True, slots=True)

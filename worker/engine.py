@@ -25,11 +25,13 @@ from worker.attention_hook import AttentionSinksUnsupported
 from worker.attention_select import select_backend
 from worker.config import EngineConfig
 from worker.engine_stats import EngineStats
+from worker.grammar import GrammarCompiler
 from worker.kv.block_pool import BlockPool
 from worker.kv.disk_store import DiskKVStore
 from worker.kv.disk_tier import DiskTier, block_layout, model_fingerprint
 from worker.kv.memory import memory_budget_bytes, num_blocks_for_budget
 from worker.kv.radix_cache import RadixCache
+from worker.logits_processors import LogitsState
 from worker.model_runner import LayerTimes, ModelRunner
 from worker.model_support import (
     COVERED_ARCHITECTURES,
@@ -40,6 +42,7 @@ from worker.model_support import (
     reference_greedy,
     verification_prompt,
 )
+from worker.sampler import TokenLogprob, TokenLogprobs, delta_logprob_fields
 from worker.scheduler import PrefillChunk, Scheduler, StepKind, StepPlan
 from worker.sequence import Sequence, Status
 
@@ -52,7 +55,7 @@ PROFILE_EVERY = 64  # every n-th step is timed layer by layer (phase metrics)
 class _InFlight:
     seqs: list[Sequence]
     tokens: mx.array  # (B,) sampled, maybe not computed yet
-    logprobs: mx.array | None
+    logprobs: TokenLogprobs | None
     started: float
 
 
@@ -65,9 +68,14 @@ class Engine:
     (the scheduler advances or finishes sequences), token deltas out."""
 
     def __init__(
-        self, model: nn.Module, config: EngineConfig | None = None, max_context: int = 4096
+        self,
+        model: nn.Module,
+        config: EngineConfig | None = None,
+        max_context: int = 4096,
+        grammars: GrammarCompiler | None = None,
     ):
         self.config = config or EngineConfig()
+        self.grammars = grammars  # for grammar-constrained requests; None refuses them
         self.config.validate()
         self.model, self.max_context = model, max_context
         self.shape = probe_shape(model)
@@ -107,8 +115,9 @@ class Engine:
         from shared.model_store import context_length
 
         config = config or EngineConfig()
-        model, _ = load_model(model_dir, config.compute_dtype)
-        return cls(model, config, max_context=context_length(model_dir))
+        model, tokenizer = load_model(model_dir, config.compute_dtype)
+        grammars = GrammarCompiler.from_hf_tokenizer(tokenizer, probe_shape(model).vocab_size)
+        return cls(model, config, max_context=context_length(model_dir), grammars=grammars)
 
     def _num_blocks(self) -> int:
         c, s = self.config, self.shape
@@ -141,6 +150,9 @@ class Engine:
             rng_key=None if sampling.greedy else mx.random.key(seed),
             seed=seed,
             forks=n - 1,
+            logits_state=LogitsState.create(
+                sampling, token_ids, self.shape.vocab_size, self.grammars
+            ),
         )
         self._open[request_id] = n
         self.scheduler.add(seq)
@@ -165,7 +177,7 @@ class Engine:
             raise InvalidRequest(
                 f"the prompt needs more KV memory than this worker has ({usable} blocks)"
             )
-        sampling.validate()
+        sampling.validate(vocab)
 
     def abort(self, request_id: str) -> bool:
         """Stop a request and free its blocks now; False if it is unknown or already done."""
@@ -299,16 +311,18 @@ class Engine:
         self._steps += 1
         return LayerTimes() if self._steps % PROFILE_EVERY == 0 else None
 
-    def _advance(self, seq: Sequence, token: int, logprob: float | None) -> TokenDelta:
-        reason = self.scheduler.append_token(seq, token, logprob)
+    def _advance(self, seq: Sequence, token: int, logprob: TokenLogprob | None) -> TokenDelta:
+        reason = self.scheduler.append_token(seq, token, logprob and logprob.logprob)
+        lps = delta_logprob_fields(seq.sampling, logprob)
         if reason is None:
-            lps = (logprob,) if seq.sampling.logprobs else None
-            return TokenDelta(seq.request_id, (token,), logprobs=lps, index=seq.choice)
+            return TokenDelta(seq.request_id, (token,), index=seq.choice, **lps)
         self._close_choice(seq.request_id)
-        tokens = (token,) if reason == "length" else ()
+        # a stop token is not output; a token that completed the grammar is
+        tokens = () if token in seq.sampling.stop_token_ids else (token,)
         usage = Usage(seq.prompt_len, seq.num_output, seq.num_cached)
-        logprobs = tuple(seq.logprobs[-1:]) if seq.sampling.logprobs and tokens else None
-        return TokenDelta(seq.request_id, tokens, reason, usage, logprobs, index=seq.choice)
+        return TokenDelta(
+            seq.request_id, tokens, reason, usage, index=seq.choice, **(lps if tokens else {})
+        )
 
     def _fail(self, seq: Sequence, message: str) -> TokenDelta:
         """End `seq`'s whole request with an error (every choice of it: one failed)."""

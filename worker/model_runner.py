@@ -26,7 +26,7 @@ import mlx.nn as nn
 from worker.attention_hook import install_attention_hook
 from worker.kv.block_pool import BlockPool
 from worker.paged_attention import AttentionBackend, AttentionPlan, write_kv
-from worker.sampler import sample
+from worker.sampler import TokenLogprobs, sample
 from worker.scheduler import StepKind, StepPlan
 from worker.sequence import Sequence
 
@@ -158,7 +158,7 @@ class StepOutput(NamedTuple):
 
     seqs: list[Sequence]  # the sequences that sampled a token, in row order
     tokens: mx.array | None  # (len(seqs),) int32; None when none sampled
-    logprobs: mx.array | None
+    logprobs: TokenLogprobs | None
     # Evaluating these runs the whole forward (every layer's K/V write included): the samples,
     # or with none, the pools themselves. Not kept past evaluation: a kept reference to a pool
     # array makes the next step's K/V scatter copy the whole pool (see `write_kv`).
@@ -213,10 +213,15 @@ class ModelRunner:
         row_idx = mx.array(sampling_rows, dtype=mx.int32)
         col_idx = mx.array([layout.last_index[r] for r in sampling_rows], dtype=mx.int32)
         logits = self._head(hidden[row_idx, col_idx])
-        result, keys = sample(logits, [s.sampling for s in seqs], [s.rng_key for s in seqs])
+        result, keys = sample(
+            logits,
+            [s.sampling for s in seqs],
+            [s.rng_key for s in seqs],
+            [s.logits_state for s in seqs],
+        )
         for seq, key in zip(seqs, keys, strict=True):
             seq.rng_key = key
-        outputs = [result.tokens, *(x for x in (result.logprobs, *keys) if x is not None)]
+        outputs = [*result.arrays(), *(k for k in keys if k is not None)]
         return StepOutput(seqs, result.tokens, result.logprobs, outputs)
 
     def _rows(self, plan: StepPlan, on_device: bool) -> tuple[list[Row], list[int], list[Sequence]]:
