@@ -55,7 +55,11 @@ class Job:
 
     def continuation(self) -> Generate:
         """The Generate that carries on from where the job is (the whole job at first)."""
-        sampling = dataclasses.replace(self.sampling, max_tokens=self.tokens_left)
+        sampling = dataclasses.replace(
+            self.sampling,
+            max_tokens=self.tokens_left,
+            prior_output_tokens=len(self.generated),  # penalties and the grammar count them
+        )
         return Generate(self.wire_id, self.prompt_ids + tuple(self.generated), sampling)
 
 

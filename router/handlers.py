@@ -13,6 +13,7 @@ from router import keys
 from router.dispatch import Job, NoWorkerAvailable, Overloaded
 from router.errors import ApiError, bad_request, no_workers, overloaded
 from router.generation import pieces, usage_of
+from router.logprobs import LogprobsRenderer
 from router.openai_schema import GenerationRequest, parse_chat, parse_completion
 from router.responses import ResponseBuilder
 
@@ -81,7 +82,7 @@ async def _generate(request: web.Request, parse: Parser, id_prefix: str) -> web.
     req = parse(body, app[keys.TOKENIZER], config.served_model_id, config.max_tokens_cap)
     request_id = f"{id_prefix}-{uuid.uuid4().hex}"
     job = _start(app, request_id, req)
-    builder = ResponseBuilder(req.kind, request_id, req.model)
+    builder = ResponseBuilder(req.kind, request_id, req.model, logprobs=_renderer(app, req))
     try:
         if req.stream:
             return await _stream(request, job, req, builder)
@@ -109,16 +110,24 @@ def _start(app: web.Application, request_id: str, req: GenerationRequest) -> Job
         raise no_workers() from None
 
 
+def _renderer(app: web.Application, req: GenerationRequest) -> LogprobsRenderer | None:
+    if not req.sampling.logprobs:
+        return None
+    return LogprobsRenderer(app[keys.TOKENIZER], req.kind, req.sampling.top_logprobs)
+
+
 async def _whole(request, job: Job, req: GenerationRequest, builder) -> web.Response:
-    texts = []
+    texts, entries = [], []
     async for piece in pieces(
         job, request.app[keys.TOKENIZER], request.app[keys.DISPATCHER], req.stop
     ):
         texts.append(piece.text)
+        entries += piece.logprobs
         finish_reason = piece.finish_reason
     usage = usage_of(job)
     _count_usage(request.app, usage)
-    return web.json_response(builder.full("".join(texts), finish_reason, usage))
+    body = builder.full("".join(texts), finish_reason, usage, tuple(entries))
+    return web.json_response(body)
 
 
 async def _stream(request, job: Job, req: GenerationRequest, builder) -> web.StreamResponse:
@@ -153,8 +162,9 @@ async def _send_pieces(
 ) -> None:
     first = True
     while piece is not None:
-        if piece.text or first:
-            await _send_event(response, builder.chunk(piece.text, None, first, include_usage))
+        if piece.text or piece.logprobs or first:
+            chunk = builder.chunk(piece.text, None, first, include_usage, piece.logprobs)
+            await _send_event(response, chunk)
             first = False
         if piece.finish_reason is not None:
             await _send_event(

@@ -6,6 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from router.errors import ApiError, bad_request
+from router.sampling_fields import sampling_fields
 from router.tokenization import ModelTokenizer
 from shared.sampling import InvalidRequest, SamplingParams
 
@@ -79,6 +80,7 @@ def _build(
         max_tokens=max_tokens,
         stop_token_ids=tuple(stop_ids),
         seed=_field(body, "seed", int, None),
+        **sampling_fields(body, kind, tokenizer.vocab_size),
     )
     try:
         sampling.validate()
@@ -203,12 +205,7 @@ _UNSUPPORTED: dict[str, Callable[[object], bool]] = {
     "n": lambda v: v == 1,
     "best_of": lambda v: v == 1,
     "echo": lambda v: v is False,
-    "logprobs": lambda v: v is False,
-    "top_logprobs": lambda v: v == 0,
-    "presence_penalty": lambda v: v == 0,
-    "frequency_penalty": lambda v: v == 0,
     "tools": lambda v: v == [],
-    "response_format": lambda v: isinstance(v, dict) and v.get("type") == "text",
     "suffix": lambda v: v == "",
 }
 

@@ -6,6 +6,7 @@ import time
 from dataclasses import dataclass, field
 
 from router.generation import UsageCount
+from router.logprobs import LogprobEntry, LogprobsRenderer
 
 
 @dataclass
@@ -14,28 +15,54 @@ class ResponseBuilder:
     request_id: str
     model: str
     created: int = field(default_factory=lambda: int(time.time()))
+    logprobs: LogprobsRenderer | None = None  # when the request asked for them
 
-    def full(self, text: str, finish_reason: str, usage: UsageCount) -> dict:
+    def full(
+        self,
+        text: str,
+        finish_reason: str,
+        usage: UsageCount,
+        entries: tuple[LogprobEntry, ...] = (),
+    ) -> dict:
+        logprobs = self._logprobs(entries)
         if self.kind == "chat":
             choice = {
                 "index": 0,
                 "message": {"role": "assistant", "content": text},
-                "logprobs": None,
+                "logprobs": logprobs,
                 "finish_reason": finish_reason,
             }
             return self._envelope("chat.completion", choice, usage.to_json())
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+        choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
         return self._envelope("text_completion", choice, usage.to_json())
 
-    def chunk(self, text: str, finish_reason: str | None, first: bool, include_usage: bool) -> dict:
+    def chunk(
+        self,
+        text: str,
+        finish_reason: str | None,
+        first: bool,
+        include_usage: bool,
+        entries: tuple[LogprobEntry, ...] = (),
+    ) -> dict:
+        logprobs = self._logprobs(entries) if entries else None
         if self.kind == "chat":
             delta = {"role": "assistant", "content": text} if first else {"content": text}
             if finish_reason is not None and not text:
                 delta = {}
-            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+            choice = {
+                "index": 0,
+                "delta": delta,
+                "logprobs": logprobs,
+                "finish_reason": finish_reason,
+            }
             body = self._envelope("chat.completion.chunk", choice, None)
         else:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+            choice = {
+                "index": 0,
+                "text": text,
+                "logprobs": logprobs,
+                "finish_reason": finish_reason,
+            }
             body = self._envelope("text_completion", choice, None)
         if not include_usage:
             del body["usage"]
@@ -46,6 +73,9 @@ class ResponseBuilder:
         body = self._envelope(self._chunk_object, None, usage.to_json())
         body["choices"] = []
         return body
+
+    def _logprobs(self, entries: tuple[LogprobEntry, ...]) -> dict | None:
+        return self.logprobs.render(list(entries)) if self.logprobs is not None else None
 
     @property
     def _chunk_object(self) -> str:

@@ -7,12 +7,11 @@ sampler unpacks on the device; after the step the sampled token advances the mat
 
 from __future__ import annotations
 
-import copy
 import logging
 
 import numpy as np
 
-from shared.grammar import check_grammar
+from shared.grammar import check_grammar, ll_tokenizer
 from shared.sampling import Grammar, InvalidRequest
 
 log = logging.getLogger(__name__)
@@ -31,13 +30,7 @@ class GrammarCompiler:
     @classmethod
     def from_hf_tokenizer(cls, hf_tokenizer, vocab_size: int) -> GrammarCompiler:
         """`vocab_size`: the model's logits width (may exceed the tokenizer's own count)."""
-        import llguidance
-
-        backend = copy.copy(_rust_tokenizer(hf_tokenizer))
-        backend.no_padding()
-        backend.no_truncation()
-        eos = getattr(hf_tokenizer, "eos_token_id", None)
-        ll = llguidance.LLTokenizer(backend.to_str(), n_vocab=vocab_size, eos_token=eos)
+        ll = ll_tokenizer(hf_tokenizer, vocab_size)
         return cls(ll)
 
     def compile(self, grammar: Grammar, stop_token_ids: tuple[int, ...]) -> GrammarMatcher:
@@ -103,18 +96,3 @@ class GrammarMatcher:
             raise InvalidRequest(
                 f"the earlier output does not match the grammar: {self.matcher.get_error()}"
             )
-
-
-def _rust_tokenizer(tokenizer):
-    """The `tokenizers.Tokenizer` inside an HF tokenizer (of any class) or inside mlx-lm's
-    TokenizerWrapper; llguidance reads its JSON."""
-    for _ in range(3):
-        if hasattr(tokenizer, "to_str"):
-            return tokenizer
-        inner = getattr(tokenizer, "backend_tokenizer", None) or getattr(
-            tokenizer, "_tokenizer", None
-        )
-        if inner is None:
-            break
-        tokenizer = inner
-    raise ValueError("grammars need a fast (Rust) tokenizer")

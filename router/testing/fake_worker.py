@@ -35,6 +35,7 @@ from shared.protocol import (
     RegisterAck,
     Shutdown,
     TokenDelta,
+    TopLogprobs,
     Usage,
     decode,
     encode,
@@ -173,7 +174,8 @@ class FakeWorker:
             if finish is None and produced == msg.sampling.max_tokens:
                 finish = "length"
             usage = Usage(len(msg.token_ids), produced, cached_tokens) if finish else None
-            await self._send(TokenDelta(msg.request_id, (token,), finish, usage))
+            logprobs = _fake_logprobs(msg.sampling, token, alphabet) if finish != "stop" else {}
+            await self._send(TokenDelta(msg.request_id, (token,), finish, usage, **logprobs))
             if finish:
                 return
 
@@ -208,6 +210,20 @@ class FakeWorker:
 
     async def _send(self, msg: Message) -> None:
         await self._sock.send(encode(msg))
+
+
+def _fake_logprobs(sampling, token: int, alphabet: tuple[int, ...]) -> dict:
+    """With logprobs asked for: the token at -0.5, then the next alphabet tokens at -1.5,
+    -2.5, ... as the alternatives (the token itself first)."""
+    if not sampling.logprobs:
+        return {}
+    fields: dict = {"logprobs": (-0.5,)}
+    if sampling.top_logprobs:
+        start = alphabet.index(token)
+        ids = [alphabet[(start + i) % len(alphabet)] for i in range(sampling.top_logprobs)]
+        values = [-0.5 - i for i in range(len(ids))]
+        fields["top_logprobs"] = (TopLogprobs(tuple(ids), tuple(values)),)
+    return fields
 
 
 def main(argv: list[str] | None = None) -> None:
