@@ -37,9 +37,9 @@ def _state(p: SamplingParams, prompt: list[int]) -> LogitsState | None:
 
 def _processed(logits: np.ndarray, params, states) -> np.ndarray:
     """The logits the sampler sampled from, recovered through full logprobs."""
-    from worker.logits_processors import apply_bias_and_penalties
+    from worker.logits_processors import PenaltyBatch
 
-    return np.array(apply_bias_and_penalties(mx.array(logits), states))
+    return np.array(PenaltyBatch(states).apply(mx.array(logits)))
 
 
 PARAMS = [
@@ -81,7 +81,7 @@ def test_penalty_state_advances_with_sampled_tokens():
         token = sampled.tokens.item()
         assert token == int(np.argmax(expected))
         output.append(token)
-    counts = np.array(state.counts)
+    counts = np.array(state.counts.value())
     assert counts.sum() == 6 and all(counts[t] == output.count(t) for t in set(output))
 
 

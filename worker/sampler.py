@@ -16,12 +16,7 @@ import mlx.core as mx
 
 from shared.protocol import TopLogprobs
 from shared.sampling import SamplingParams
-from worker.logits_processors import (
-    LogitsState,
-    apply_bias_and_penalties,
-    apply_grammar_masks,
-    record_sampled,
-)
+from worker.logits_processors import LogitsState, PenaltyBatch, apply_grammar_masks
 
 
 class TokenLogprob(NamedTuple):
@@ -104,15 +99,14 @@ def sample(
     `states`: each row's logit processors (None for a row without); mutated: penalty state
     advanced by the sampled token. Rows with a grammar need their matcher current (host).
     """
+    penalties = None
     if states is not None and any(s is not None for s in states):
-        logits = apply_bias_and_penalties(logits.astype(mx.float32), states)
+        penalties = PenaltyBatch(states)
+        logits = penalties.apply(logits.astype(mx.float32))
         logits = apply_grammar_masks(logits, states)
     chosen, new_keys = _choose(logits, params, keys)
     logprobs = _logprobs(logits, chosen, params)
-    state_arrays: list[mx.array] = []
-    if states is not None and any(s is not None for s in states):
-        record_sampled(states, chosen)
-        state_arrays = [a for s in states if s is not None for a in s.arrays()]
+    state_arrays = penalties.record(chosen) if penalties is not None else []
     return Sampled(chosen, logprobs, state_arrays), new_keys
 
 
