@@ -210,3 +210,34 @@ def test_out_of_vocabulary_bias_is_refused():
     engine = make_engine(tiny_model("llama"))
     with pytest.raises(InvalidRequest, match="outside the vocabulary"):
         engine.add_request("x", [1], SamplingParams(logit_bias=(LogitBias(VOCAB, 1.0),)))
+
+
+def test_penalized_and_grammar_steps_build_without_host_reads(grammar_setup):
+    """Penalty state advances on the device and masks come from the host matcher: building
+    a step (pipelined or not) reads no device data."""
+    from tests.test_no_host_sync import counting_host_reads
+
+    compiler, model, _ = grammar_setup
+    engine = make_engine(model, grammars=compiler)
+    original, reads, pipelined = engine.runner.run, [], []
+
+    def run(plan, device_tokens=None, times=None):
+        pipelined.append(device_tokens is not None)
+        with counting_host_reads(reads):
+            return original(plan, device_tokens, times)
+
+    engine.runner.run = run
+    grammar = Grammar("json_schema", json.dumps({"type": "array", "items": {"type": "integer"}}))
+    penalized = SamplingParams(
+        max_tokens=16,
+        frequency_penalty=1.0,
+        repetition_penalty=1.3,
+        logit_bias=(LogitBias(3, 2.0),),
+    )
+    engine.add_request("pen", [1, 2, 3], penalized)
+    _run(engine)
+    assert sum(pipelined) >= 8  # penalties alone keep the pipelined decode
+    engine.add_request("g", [1, 2, 3], SamplingParams(max_tokens=16, grammar=grammar))
+    engine.add_request("pen2", [4, 5, 6], penalized)
+    _run(engine)
+    assert reads == []
