@@ -42,6 +42,7 @@ from worker.model_support import (
 )
 from worker.scheduler import PrefillChunk, Scheduler, StepKind, StepPlan
 from worker.sequence import Sequence, Status
+from worker.speculative import DraftState, accepted_prefix
 
 log = logging.getLogger(__name__)
 
@@ -141,9 +142,14 @@ class Engine:
             rng_key=None if sampling.greedy else mx.random.key(seed),
             seed=seed,
             forks=n - 1,
+            drafting=DraftState() if self._may_draft(sampling, n) else None,
         )
         self._open[request_id] = n
         self.scheduler.add(seq)
+
+    def _may_draft(self, sampling: SamplingParams, n: int) -> bool:
+        """Speculative decoding keeps greedy output identical; sampled requests don't draft."""
+        return self.config.speculative != "off" and sampling.greedy and n == 1
 
     def _validate(self, request_id: str, token_ids: list[int], sampling: SamplingParams) -> None:
         if not isinstance(request_id, str) or not request_id:
@@ -208,7 +214,7 @@ class Engine:
         deltas = self._resolve()
         plan = self.scheduler.schedule()
         self.stats_.preemptions += len(plan.preempted)
-        if plan.kind is StepKind.DECODE:
+        if plan.kind is StepKind.DECODE and not any(s.draft for s in plan.decode):
             self._launch(plan, None)
             return deltas
         for part in plan.split():
@@ -260,7 +266,8 @@ class Engine:
         self._last_resolved = now
         for i, seq in enumerate(inflight.seqs):
             if seq.status is Status.RUNNING:  # not aborted, nor ended by an earlier token
-                deltas.append(self._advance(seq, tokens[i], logprobs[i] if logprobs else None))
+                lp = logprobs[i] if logprobs else None
+                deltas.append(self._advance(seq, [tokens[i]], [lp]))
         return deltas
 
     def _execute(self, plan: StepPlan) -> list[TokenDelta]:
@@ -284,14 +291,23 @@ class Engine:
             self.stats_.record_prefill(elapsed, sum(c.num_tokens for c in plan.prefill))
         if times is not None:
             self.stats_.record_layer_times(times)
-        for seq in plan.decode:
-            self.scheduler.computed(seq, 1)
         for seq, n in plan.prefill:
             self.scheduler.computed(seq, n)
-        return [
-            self._advance(seq, tok, lp)
-            for seq, tok, lp in zip(out.seqs, tokens, logprobs, strict=True)
-        ]
+        decoding = {id(s) for s in plan.decode}
+        deltas, at = [], 0
+        for seq, count in zip(out.seqs, out.counts, strict=True):
+            toks, lps = tokens[at : at + count], logprobs[at : at + count]
+            at += count
+            if seq.draft:  # keep what the model agrees with, and its own next token
+                accepted = accepted_prefix(seq.draft, toks)
+                seq.drafting.record(len(seq.draft), accepted)
+                self.stats_.record_drafts(len(seq.draft), accepted)
+                toks, lps = toks[: accepted + 1], lps[: accepted + 1]
+                seq.draft = []
+            if id(seq) in decoding:  # its input token and the accepted drafts are computed
+                self.scheduler.computed(seq, len(toks))
+            deltas.append(self._advance(seq, toks, lps))
+        return deltas
 
     def _profile_sample(self) -> LayerTimes | None:
         """Every `PROFILE_EVERY`-th step is profiled layer by layer (write and attention
@@ -299,16 +315,22 @@ class Engine:
         self._steps += 1
         return LayerTimes() if self._steps % PROFILE_EVERY == 0 else None
 
-    def _advance(self, seq: Sequence, token: int, logprob: float | None) -> TokenDelta:
-        reason = self.scheduler.append_token(seq, token, logprob)
+    def _advance(self, seq: Sequence, tokens: list[int], logprobs: list) -> TokenDelta:
+        """`seq` produced `tokens` (one, or several when drafts were accepted); its delta."""
+        emitted: list[int] = []
+        reason = None
+        for token, logprob in zip(tokens, logprobs, strict=True):
+            reason = self.scheduler.append_token(seq, token, logprob)
+            if reason != "stop":  # a stop token ends the text, unshown
+                emitted.append(token)
+            if reason is not None:
+                break
+        lps = tuple(seq.logprobs[-len(emitted) :]) if seq.sampling.logprobs and emitted else None
         if reason is None:
-            lps = (logprob,) if seq.sampling.logprobs else None
-            return TokenDelta(seq.request_id, (token,), logprobs=lps, index=seq.choice)
+            return TokenDelta(seq.request_id, tuple(emitted), logprobs=lps, index=seq.choice)
         self._close_choice(seq.request_id)
-        tokens = (token,) if reason == "length" else ()
         usage = Usage(seq.prompt_len, seq.num_output, seq.num_cached)
-        logprobs = tuple(seq.logprobs[-1:]) if seq.sampling.logprobs and tokens else None
-        return TokenDelta(seq.request_id, tokens, reason, usage, logprobs, index=seq.choice)
+        return TokenDelta(seq.request_id, tuple(emitted), reason, usage, lps, index=seq.choice)
 
     def _fail(self, seq: Sequence, message: str) -> TokenDelta:
         """End `seq`'s whole request with an error (every choice of it: one failed)."""

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import mlx.core as mx
 
 from shared.sampling import SamplingParams
+from worker.speculative import DraftState
 
 
 class Status(enum.Enum):
@@ -35,6 +36,8 @@ class Sequence:
     seed: int = 0  # of the rng key; choice i of a request samples with seed + i
     choice: int = 0  # which of its request's n choices this sequence is
     forks: int = 0  # choices still to fork off this one once its prompt is computed
+    draft: list[int] = field(default_factory=list)  # this step's speculative tokens
+    drafting: DraftState | None = None  # set when speculative decoding may draft for it
 
     def fork(self, choice: int) -> Sequence:
         """A copy that shares the prompt computed so far (the caller shares its blocks)."""
