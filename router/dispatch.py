@@ -14,6 +14,7 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from router.affinity import PrefixAffinity
 from router.metrics import Metrics
 from router.policy import Candidate, Policy
 from router.prefix_index import PrefixIndex
@@ -82,6 +83,7 @@ class Dispatcher:
         self._max_pending = max_pending
         self._max_resubmits = max_resubmits
         self._jobs: dict[str, Job] = {}  # by wire id
+        self._affinity = PrefixAffinity()
 
     @property
     def num_pending(self) -> int:
@@ -141,6 +143,7 @@ class Dispatcher:
         msg = job.continuation()
         worker, hashes, matched = self._choose(msg.token_ids, workers)
         self._index.add_optimistic(worker.worker_id, hashes)
+        self._affinity.remember(hashes, worker.worker_id)
         job.worker_id = worker.worker_id
         self._jobs[job.wire_id] = job
         worker.inflight.add(job.wire_id)
@@ -156,8 +159,15 @@ class Dispatcher:
         for size, size_hashes in hashes.items():
             same_size = [w.worker_id for w in workers if w.block_size == size]
             matched.update(self._index.match(size_hashes, same_size))
+        sticky = {self._affinity.lookup(h) for h in hashes.values()}
         candidates = [
-            Candidate(w.worker_id, w.load, matched[w.worker_id], len(hashes[w.block_size]))
+            Candidate(
+                w.worker_id,
+                w.load,
+                matched[w.worker_id],
+                len(hashes[w.block_size]),
+                affinity=w.worker_id in sticky,
+            )
             for w in workers
         ]
         chosen = self._policy.choose(candidates)

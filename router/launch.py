@@ -19,6 +19,7 @@ import urllib.request
 from pathlib import Path
 
 from router.supervisor import Child, Supervisor
+from shared.parent_watch import ENV as PARENT_ENV
 
 POLICIES = ("cache_aware", "round_robin", "least_load")
 
@@ -137,6 +138,7 @@ def child_env(threads: int) -> dict:
 
     env = preload_env()  # children start with OpenBLAS preloaded: no re-exec needed
     env["_MLX_FLEET_REEXECED"] = "1"
+    env[PARENT_ENV] = str(os.getpid())  # children watch it (shared/parent_watch.py)
     for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "VECLIB_MAXIMUM_THREADS"):
         env[var] = str(threads)
     env.setdefault("PYTHONUNBUFFERED", "1")

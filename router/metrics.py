@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import bisect
+import dataclasses
 from collections import Counter
 from collections.abc import Iterable
 
 from router.workers import WorkerState
+from shared.protocol import WorkerPhases
 
 LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
@@ -106,11 +108,43 @@ class Metrics:
                 lambda w: self.routed_hit_tokens[w.worker_id],
             ),
         }
+        for field in dataclasses.fields(WorkerPhases):  # where each worker's step time goes
+            series[f"router_worker_phase_{field.name}"] = (
+                "counter" if field.name in PHASE_COUNTERS else "gauge",
+                lambda w, f=field.name: (
+                    getattr(w.heartbeat.phases, f) if w.heartbeat and w.heartbeat.phases else 0
+                ),
+            )
         lines = []
         for name, (kind, value) in series.items():
             lines.append(f"# TYPE {name} {kind}")
             lines += [f'{name}{{worker="{_label(w.worker_id)}"}} {value(w)}' for w in workers]
-        return lines
+        return lines + _render_attention(workers)
+
+
+PHASE_COUNTERS = {"decode_spikes", "decode_spike_seconds", "decode_tokens", "prefill_tokens",
+                  "preemptions"}  # fmt: skip
+
+
+def _render_attention(workers: list[WorkerState]) -> list[str]:
+    """Each worker's paged-attention backend, its self-test and timings (from Register)."""
+    lines = ["# TYPE router_worker_attention_info gauge"]
+    timings = ["# TYPE router_worker_attention_selftest_ms gauge"]
+    for w in workers:
+        a = w.info.attention
+        if a is None:
+            continue
+        worker = _label(w.worker_id)
+        lines.append(
+            f'router_worker_attention_info{{worker="{worker}",backend="{_label(a.backend)}",'
+            f'requested="{_label(a.requested)}",self_test="{_label(a.self_test)}"}} 1'
+        )
+        for which, ms in (("candidate", a.candidate_ms), ("reference", a.reference_ms)):
+            if ms is not None:
+                timings.append(
+                    f'router_worker_attention_selftest_ms{{worker="{worker}",which="{which}"}} {ms}'
+                )
+    return lines + timings
 
 
 def _label(value: str) -> str:

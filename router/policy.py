@@ -1,7 +1,9 @@
 """Routing policies: pick one worker among healthy candidates for a request.
 
-cache_aware: cost = prefill_weight x uncached prompt blocks + load, lowest wins; but when load
-is badly unbalanced (max - min > balance_abs_threshold and max > balance_rel_threshold x min,
+cache_aware: cost = prefill_weight x uncached prompt blocks + load, lowest wins; the worker a
+prefix was last sent to (`router.affinity`) gets `affinity_share` of the prompt's blocks off
+its cost, which keeps tenants partitioned when the fleet's KV cannot hold them all; but when
+load is badly unbalanced (max - min > balance_abs_threshold and max > balance_rel_threshold x min,
 as SGLang's router does) it falls back to the least-loaded worker, so a hot prefix cannot pile
 every request on one worker.
 """
@@ -20,6 +22,7 @@ class Candidate(NamedTuple):
     load: int  # running + waiting requests
     matched_blocks: int  # leading prompt blocks the worker holds
     prompt_blocks: int  # full blocks of the prompt at this worker's block size
+    affinity: bool = False  # this prefix was last sent to this worker
 
 
 class Policy(Protocol):
@@ -34,6 +37,9 @@ class CacheAwarePolicy:
     prefill_weight: float = 0.1  # one queued request costs as much as 10 uncached blocks
     balance_abs_threshold: int = 8
     balance_rel_threshold: float = 2.0
+    # an affinity worker counts as holding this share of the prompt it may have lost: enough
+    # to win a tie of misses, not enough to beat a worker that holds the whole prefix
+    affinity_share: float = 0.5
     name: str = "cache_aware"
     _turn: int = 0  # rotates among equal-cost workers, so idle workers share new prefixes
 
@@ -48,7 +54,10 @@ class CacheAwarePolicy:
         return ties[(self._turn - 1) % len(ties)]
 
     def cost(self, c: Candidate) -> float:
-        return self.prefill_weight * (c.prompt_blocks - c.matched_blocks) + c.load
+        uncached = c.prompt_blocks - c.matched_blocks
+        if c.affinity:
+            uncached = max(0.0, uncached - self.affinity_share * c.prompt_blocks)
+        return self.prefill_weight * uncached + c.load
 
     def is_unbalanced(self, candidates: Sequence[Candidate]) -> bool:
         loads = [c.load for c in candidates]

@@ -15,6 +15,7 @@ from router.config import RouterConfig
 from router.policy import POLICY_NAMES
 from shared.curve import CurveError, load_secret, require_curve
 from shared.fleet_config import ConfigError, RouterSection, load_with_flags, read_api_keys
+from shared.parent_watch import watch_parent
 
 log = logging.getLogger("router")
 
@@ -208,6 +209,7 @@ def main(argv: list[str] | None = None) -> None:
     config = parse_args(argv)
     check_security(config)
     config = resolve_model_dir(config)
+    watch_parent()  # started by launch-cluster: go when it goes (macOS has no PDEATHSIG)
     web.run_app(
         create_app(config),
         host=config.host,

@@ -10,7 +10,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-BACKOFF_START_S = 1.0
+BACKOFF_START_S = 0.0  # the first restart is immediate; repeated crashes back off
+BACKOFF_FIRST_S = 1.0
 BACKOFF_MAX_S = 30.0
 HEALTHY_RUN_S = 60.0  # a child that ran this long starts its backoff afresh
 STOP_GRACE_S = 10.0
@@ -83,9 +84,10 @@ class Supervisor:
         return False
 
     def poll(self) -> None:
-        """Restart workers that died, each after its backoff."""
+        """Restart children that died (the router too, once serving), each after its backoff.
+        Workers re-register with a restarted router on their own (ReRegister)."""
         now = time.monotonic()
-        for w in self.workers:
+        for w in [self.router, *self.workers]:
             if self.stopping:
                 return
             if w.restart_at is not None and now >= w.restart_at:
@@ -99,13 +101,13 @@ class Supervisor:
                     f"{w.name} exited with code {w.proc.returncode}; restarting in {w.backoff:.0f}s"
                 )
                 w.restart_at = now + w.backoff
-                w.backoff = min(BACKOFF_MAX_S, w.backoff * 2)
+                w.backoff = min(BACKOFF_MAX_S, max(BACKOFF_FIRST_S, w.backoff * 2))
 
     def supervise(self) -> int:
+        """Until told to stop: restart whatever dies, the router included."""
+        self.router.restart = True
         while not self.stopping:
             self.poll()
-            if self.router_dead():
-                return 1
             time.sleep(0.2)
         return 0
 

@@ -84,6 +84,11 @@ def bench_batches(model, tokenizer, args) -> None:
             model, tokenizer, prompts, args.max_tokens, max_running=max(batch, 1),
             pipeline_decode=False,
         )  # fmt: skip
+        spec_time, spec_out, spec_stats = run_engine(
+            model, tokenizer, prompts, args.max_tokens, max_running=max(batch, 1),
+            speculative="ngram", spec_max_batch=max(batch, 1),
+        )  # fmt: skip
+        spec_tps = sum(map(len, spec_out)) / spec_time
         mlx_tps = sum(map(len, mlx_out)) / mlx_time
         ours_tps = sum(map(len, ours_out)) / ours_time
         plain_tps = sum(map(len, plain_out)) / plain_time
@@ -94,6 +99,9 @@ def bench_batches(model, tokenizer, args) -> None:
             "ratio": round(ours_tps / mlx_tps, 2), "identical_outputs": f"{same}/{batch}",
             "engine_unpipelined_tok_s": round(plain_tps, 1),
             "pipelining_gain": round(ours_tps / plain_tps, 2),
+            "engine_spec_tok_s": round(spec_tps, 1), "spec_ratio": round(spec_tps / mlx_tps, 2),
+            "spec_acceptance": round(spec_stats["spec_acceptance"], 2),
+            "spec_identical": spec_out == ours_out,
             "engine_decode_step_p50_ms": round(stats["decode_step_p50_ms"], 1),
         }), flush=True)  # fmt: skip
 

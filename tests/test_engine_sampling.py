@@ -241,3 +241,16 @@ def test_penalized_and_grammar_steps_build_without_host_reads(grammar_setup):
     engine.add_request("pen2", [4, 5, 6], penalized)
     _run(engine)
     assert reads == []
+
+
+def test_requests_with_processors_do_not_draft_but_match_the_reference():
+    """Speculation samples several points per sequence in one step; penalty state advances
+    once per step, so penalized requests never draft (and stay exact)."""
+    model = tiny_model("qwen2")
+    engine = make_engine(model, speculative="ngram", spec_tokens=4)
+    p = SamplingParams(max_tokens=16, frequency_penalty=1.2, repetition_penalty=1.4)
+    engine.add_request("pen", PROMPT, p)
+    (seq,) = engine.scheduler.sequences_of("pen")
+    assert seq.drafting is None
+    outputs, _ = _run(engine)
+    assert outputs["pen"] == _penalized_greedy(model, PROMPT, p, 16)

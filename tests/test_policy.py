@@ -60,3 +60,84 @@ def test_least_load_ignores_the_cache_except_to_break_ties():
 def test_unknown_policy_is_rejected():
     with pytest.raises(ValueError, match="unknown policy"):
         make_policy("random")
+
+
+# ---- affinity: tenants stay partitioned when the fleet's KV cannot hold them all ----------
+
+
+def test_affinity_remembers_the_deepest_prefix():
+    from router.affinity import PrefixAffinity
+
+    affinity = PrefixAffinity()
+    affinity.remember([1, 2, 3, 4, 5], "a")
+    affinity.remember([1, 9], "b")  # shares only the first block
+    assert affinity.lookup([1, 2, 3, 4, 5, 6]) == "a"
+    assert affinity.lookup([1, 9, 7]) == "b"
+    assert affinity.lookup([8]) is None
+    small = PrefixAffinity(max_keys=3)
+    for i in range(10):
+        small.remember([100 + i], "a")
+    assert small.lookup([100]) is None and small.lookup([109]) == "a"
+
+
+def test_affinity_wins_a_tie_of_misses_but_not_against_a_full_hit():
+    policy = CacheAwarePolicy()
+    a, b = Candidate("a", 0, 0, 40), Candidate("b", 0, 0, 40, affinity=True)
+    assert [policy.choose([a, b]).worker_id for _ in range(4)] == ["b"] * 4
+    holder = Candidate("a", 0, 40, 40)
+    assert policy.choose([holder, b]).worker_id == "a"
+
+
+def _serve_tenants(policy_name: str, tenants: int, capacity: int, requests: int) -> float:
+    """Two simulated workers, each an LRU of `capacity` tenants' prefixes, behind the real
+    dispatcher, policy and prefix index; the hit rate over `requests` random tenant visits."""
+    import random
+    from collections import OrderedDict
+
+    from router.dispatch import Dispatcher
+    from router.metrics import Metrics
+    from router.prefix_index import PrefixIndex
+    from router.workers import WorkerRegistry, WorkerState
+    from shared.hashing import hash_blocks
+    from shared.kv_events import BlockRemoved, BlockStored
+    from shared.protocol import Register, TokenDelta, Usage
+    from shared.sampling import SamplingParams
+
+    registry, index, sent = WorkerRegistry(), PrefixIndex(ttl_s=0.0), []
+    for name in ("w0", "w1"):
+        registry.add(WorkerState(Register(name, "m", 4, 1000, "h", 1), name.encode(), 0.0))
+    dispatcher = Dispatcher(
+        registry, index, make_policy(policy_name), lambda ident, msg: sent.append((ident, msg)),
+        Metrics(), max_pending=100, max_resubmits=1,
+    )  # fmt: skip
+    caches = {"w0": OrderedDict(), "w1": OrderedDict()}
+    prompts = [[1000 * t + i for i in range(40)] for t in range(tenants)]
+    rng, hits = random.Random(0), 0
+    for r in range(requests):
+        tenant = rng.randrange(tenants)
+        job = dispatcher.start(f"r{r}", prompts[tenant], SamplingParams(max_tokens=1))
+        worker = registry.get(job.worker_id)
+        cache = caches[job.worker_id]
+        hashes = hash_blocks(prompts[tenant], 4)
+        if tenant in cache:
+            hits += 1
+            cache.move_to_end(tenant)
+        else:
+            cache[tenant] = hashes
+            for i, h in enumerate(hashes):
+                index.apply(job.worker_id, BlockStored(h, hashes[i - 1] if i else 0, (0,) * 4, 4))
+            if len(cache) > capacity:
+                _, gone = cache.popitem(last=False)
+                index.apply(job.worker_id, BlockRemoved(tuple(gone)))
+        dispatcher.on_delta(worker, TokenDelta(job.wire_id, (), "stop", Usage(40, 0, 0)))
+    return hits / requests
+
+
+def test_cache_aware_uses_the_fleets_combined_kv_under_pressure():
+    """24 tenants, room for 8 per worker: round robin makes each worker cycle through all 24
+    (hit rate ~ 8/24); routed to where a prefix lives, no tenant is held twice and the two
+    caches act as one of 16 (~ 16/24)."""
+    aware = _serve_tenants("cache_aware", tenants=24, capacity=8, requests=600)
+    rr = _serve_tenants("round_robin", tenants=24, capacity=8, requests=600)
+    assert aware >= 1.7 * rr, (aware, rr)
+    assert aware > 0.55

@@ -182,3 +182,23 @@ def test_decode_of_random_structured_bodies_raises_only_protocol_error(tag, body
     except ProtocolError:
         return
     assert decode(encode(msg)) == msg
+
+
+def test_metrics_show_each_workers_phases_and_attention_choice():
+    from router.metrics import Metrics
+    from router.workers import WorkerState
+
+    report = AttentionReport("mlx", "auto", "failed: mismatch 0.3", 1.5, 2.0)
+    worker = WorkerState(Register("w1", "m", 16, 10, "h", 1, attention=report), b"id", 0.0)
+    worker.heartbeat = Heartbeat(
+        "w1", 0, 0, 1, 2, 0, 0, phases=WorkerPhases(decode_tick_p95_ms=91.5, decode_spikes=3)
+    )
+    text = Metrics().render([worker], pending=0)
+    assert 'router_worker_phase_decode_tick_p95_ms{worker="w1"} 91.5' in text
+    assert "# TYPE router_worker_phase_decode_spikes counter" in text
+    assert 'router_worker_phase_decode_spikes{worker="w1"} 3' in text
+    assert (
+        'router_worker_attention_info{worker="w1",backend="mlx",requested="auto",'
+        'self_test="failed: mismatch 0.3"} 1'
+    ) in text
+    assert 'router_worker_attention_selftest_ms{worker="w1",which="reference"} 2.0' in text

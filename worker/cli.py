@@ -12,6 +12,7 @@ import sys
 import time
 
 from shared.blas import openblas_active, reexec_with_openblas
+from shared.parent_watch import watch_parent
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -138,6 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: server.stop())
+    watch_parent()  # started by launch-cluster: go when it goes (macOS has no PDEATHSIG)
     return server.serve_forever()
 
 

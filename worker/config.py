@@ -23,6 +23,11 @@ class EngineConfig:
     warmup: bool = True
     # KV tier on disk: blocks evicted from the prefix cache are kept in files (bounded) and
     # read back on a later hit; None: off
+    # speculative decoding: "ngram" (prompt lookup) drafts up to spec_tokens tokens for greedy
+    # sequences while the decode batch has at most spec_max_batch of them; "off"
+    speculative: str = "off"
+    spec_tokens: int = 4
+    spec_max_batch: int = 8
     kv_disk_bytes: int | None = None
     kv_disk_dir: str | None = None  # default ~/.cache/mlx-fleet/kv
     # queue decode step n+1 before reading step n's tokens (off: for measuring its gain)
@@ -37,6 +42,10 @@ class EngineConfig:
             raise ValueError("step_token_budget must be at least prefill_chunk")
         if self.max_running < 1:
             raise ValueError("max_running must be >= 1")
+        if self.speculative not in ("off", "ngram"):
+            raise ValueError(f"speculative must be 'off' or 'ngram', got {self.speculative!r}")
+        if self.spec_tokens < 1:
+            raise ValueError("spec_tokens must be >= 1")
         if self.kv_disk_bytes is not None and self.kv_disk_bytes < 1:
             raise ValueError("kv_disk_bytes must be positive")
         if not 0 < self.kv_memory_fraction < 1:

@@ -45,6 +45,7 @@ from worker.model_support import (
 from worker.sampler import TokenLogprob, TokenLogprobs, delta_logprob_fields
 from worker.scheduler import PrefillChunk, Scheduler, StepKind, StepPlan
 from worker.sequence import Sequence, Status
+from worker.speculative import DraftState, accepted_prefix
 
 log = logging.getLogger(__name__)
 
@@ -153,9 +154,20 @@ class Engine:
             logits_state=LogitsState.create(
                 sampling, token_ids, self.shape.vocab_size, self.grammars
             ),
+            drafting=DraftState() if self._may_draft(sampling, n) else None,
         )
         self._open[request_id] = n
         self.scheduler.add(seq)
+
+    def _may_draft(self, sampling: SamplingParams, n: int) -> bool:
+        """Speculative decoding keeps greedy output identical; sampled requests don't draft."""
+        # nor do requests with logit processors: their state advances once per step
+        return (
+            self.config.speculative != "off"
+            and sampling.greedy
+            and n == 1
+            and not sampling.processes_logits
+        )
 
     def _validate(self, request_id: str, token_ids: list[int], sampling: SamplingParams) -> None:
         if not isinstance(request_id, str) or not request_id:
@@ -220,7 +232,7 @@ class Engine:
         deltas = self._resolve()
         plan = self.scheduler.schedule()
         self.stats_.preemptions += len(plan.preempted)
-        if plan.kind is StepKind.DECODE:
+        if plan.kind is StepKind.DECODE and not any(s.draft for s in plan.decode):
             self._launch(plan, None)
             return deltas
         for part in plan.split():
@@ -272,7 +284,8 @@ class Engine:
         self._last_resolved = now
         for i, seq in enumerate(inflight.seqs):
             if seq.status is Status.RUNNING:  # not aborted, nor ended by an earlier token
-                deltas.append(self._advance(seq, tokens[i], logprobs[i] if logprobs else None))
+                lp = logprobs[i] if logprobs else None
+                deltas.append(self._advance(seq, [tokens[i]], [lp]))
         return deltas
 
     def _execute(self, plan: StepPlan) -> list[TokenDelta]:
@@ -296,14 +309,23 @@ class Engine:
             self.stats_.record_prefill(elapsed, sum(c.num_tokens for c in plan.prefill))
         if times is not None:
             self.stats_.record_layer_times(times)
-        for seq in plan.decode:
-            self.scheduler.computed(seq, 1)
         for seq, n in plan.prefill:
             self.scheduler.computed(seq, n)
-        return [
-            self._advance(seq, tok, lp)
-            for seq, tok, lp in zip(out.seqs, tokens, logprobs, strict=True)
-        ]
+        decoding = {id(s) for s in plan.decode}
+        deltas, at = [], 0
+        for seq, count in zip(out.seqs, out.counts, strict=True):
+            toks, lps = tokens[at : at + count], logprobs[at : at + count]
+            at += count
+            if seq.draft:  # keep what the model agrees with, and its own next token
+                accepted = accepted_prefix(seq.draft, toks)
+                seq.drafting.record(len(seq.draft), accepted)
+                self.stats_.record_drafts(len(seq.draft), accepted)
+                toks, lps = toks[: accepted + 1], lps[: accepted + 1]
+                seq.draft = []
+            if id(seq) in decoding:  # its input token and the accepted drafts are computed
+                self.scheduler.computed(seq, len(toks))
+            deltas.append(self._advance(seq, toks, lps))
+        return deltas
 
     def _profile_sample(self) -> LayerTimes | None:
         """Every `PROFILE_EVERY`-th step is profiled layer by layer (write and attention
@@ -311,18 +333,25 @@ class Engine:
         self._steps += 1
         return LayerTimes() if self._steps % PROFILE_EVERY == 0 else None
 
-    def _advance(self, seq: Sequence, token: int, logprob: TokenLogprob | None) -> TokenDelta:
-        reason = self.scheduler.append_token(seq, token, logprob and logprob.logprob)
-        lps = delta_logprob_fields(seq.sampling, logprob)
+    def _advance(self, seq: Sequence, tokens: list[int], logprobs: list) -> TokenDelta:
+        """`seq` produced `tokens` (one, or several when drafts were accepted); its delta."""
+        emitted: list[int] = []
+        entries: list[TokenLogprob | None] = []
+        reason = None
+        for token, logprob in zip(tokens, logprobs, strict=True):
+            reason = self.scheduler.append_token(seq, token, logprob and logprob.logprob)
+            # a stop token ends the text, unshown; a token that completed the grammar is shown
+            if token not in seq.sampling.stop_token_ids:
+                emitted.append(token)
+                entries.append(logprob)
+            if reason is not None:
+                break
+        lps = delta_logprob_fields(seq.sampling, entries)
         if reason is None:
-            return TokenDelta(seq.request_id, (token,), index=seq.choice, **lps)
+            return TokenDelta(seq.request_id, tuple(emitted), index=seq.choice, **lps)
         self._close_choice(seq.request_id)
-        # a stop token is not output; a token that completed the grammar is
-        tokens = () if token in seq.sampling.stop_token_ids else (token,)
         usage = Usage(seq.prompt_len, seq.num_output, seq.num_cached)
-        return TokenDelta(
-            seq.request_id, tokens, reason, usage, index=seq.choice, **(lps if tokens else {})
-        )
+        return TokenDelta(seq.request_id, tuple(emitted), reason, usage, index=seq.choice, **lps)
 
     def _fail(self, seq: Sequence, message: str) -> TokenDelta:
         """End `seq`'s whole request with an error (every choice of it: one failed)."""

@@ -28,6 +28,8 @@ class EngineStats:
     decode_tokens: int = 0
     prefill_tokens: int = 0
     preemptions: int = 0
+    drafted: int = 0  # speculative tokens proposed
+    draft_accepted: int = 0
     spikes: int = 0
     spike_seconds: float = 0.0
     decode_blocks: deque = field(default_factory=lambda: deque(maxlen=WINDOW))
@@ -42,6 +44,11 @@ class EngineStats:
         if seconds > SPIKE_S:
             self.spikes += 1
             self.spike_seconds += seconds
+
+    def record_drafts(self, proposed: int, accepted: int) -> None:
+        self.drafted += proposed
+        self.draft_accepted += accepted
+        self.decode_tokens += accepted  # tokens the step produced beyond one per sequence
 
     def record_decode_shape(self, seqs, pool, shape) -> None:
         """Blocks and K/V bytes a decode tick over `seqs` reads (from host counters)."""
@@ -67,6 +74,9 @@ class EngineStats:
             if self.decode_batches
             else 0.0,
             "prefill_chunk_p50_ms": 1000 * percentile(self.prefill_times, 0.5),
+            "spec_drafted": self.drafted,
+            "spec_accepted": self.draft_accepted,
+            "spec_acceptance": self.draft_accepted / self.drafted if self.drafted else 0.0,
             "decode_spikes": self.spikes,
             "decode_spike_seconds": self.spike_seconds,
             "decode_blocks_mean": _mean(self.decode_blocks),

@@ -156,13 +156,22 @@ class PagedLayerCache:
 class StepOutput(NamedTuple):
     """What one forward produced, still on the device until evaluated."""
 
-    seqs: list[Sequence]  # the sequences that sampled a token, in row order
-    tokens: mx.array | None  # (len(seqs),) int32; None when none sampled
+    seqs: list[Sequence]  # the sequences that sampled, in row order
+    counts: list[int]  # tokens each sampled: 1, or 1 + its drafts (verified together)
+    tokens: mx.array | None  # (sum(counts),) int32; None when none sampled
     logprobs: TokenLogprobs | None
     # Evaluating these runs the whole forward (every layer's K/V write included): the samples,
     # or with none, the pools themselves. Not kept past evaluation: a kept reference to a pool
     # array makes the next step's K/V scatter copy the whole pool (see `write_kv`).
     outputs: list[mx.array]
+
+
+class Points(NamedTuple):
+    """Where a forward's logits are read: (row, column) pairs, and the sequence of each."""
+
+    rows: list[int]
+    cols: list[int | None]  # None: the row's last real token
+    seqs: list[Sequence]
 
 
 class ModelRunner:
@@ -189,7 +198,7 @@ class ModelRunner:
         (the previous step's samples); the rows then sit at `num_computed` and all sample.
         `times`: evaluate layer by layer and add up write and attention time (profiling).
         """
-        rows, sampling_rows, seqs = self._rows(plan, device_tokens is not None)
+        rows, points = self._rows(plan, device_tokens is not None)
         layout = build_layout(rows, self.pool.block_size, self.scratch_block)
         tokens = layout.tokens
         if device_tokens is not None:
@@ -206,13 +215,15 @@ class ModelRunner:
         ]
         self.last_caches = caches
         hidden = self.model.model(tokens, cache=caches)
-        if not seqs:
-            return StepOutput([], None, None, self.pool.k + self.pool.v)
-        # The output projection on the sampling rows' last real tokens only: projecting
-        # every prefill position onto the vocabulary is wasted work.
-        row_idx = mx.array(sampling_rows, dtype=mx.int32)
-        col_idx = mx.array([layout.last_index[r] for r in sampling_rows], dtype=mx.int32)
-        logits = self._head(hidden[row_idx, col_idx])
+        if not points.seqs:
+            return StepOutput([], [], None, None, self.pool.k + self.pool.v)
+        # The output projection at the sampling points only: projecting every prefill
+        # position onto the vocabulary is wasted work.
+        row_idx = mx.array(points.rows, dtype=mx.int32)
+        cols = [layout.last_index[r] if c is None else c for r, c in zip(*points[:2], strict=True)]
+        logits = self._head(hidden[row_idx, mx.array(cols, dtype=mx.int32)])
+        seqs = points.seqs
+        # a sequence with logit processors samples at one point per step (it never drafts)
         result, keys = sample(
             logits,
             [s.sampling for s in seqs],
@@ -221,29 +232,60 @@ class ModelRunner:
         )
         for seq, key in zip(seqs, keys, strict=True):
             seq.rng_key = key
+        unique, counts = _runs(seqs)
         outputs = [*result.arrays(), *(k for k in keys if k is not None)]
-        return StepOutput(seqs, result.tokens, result.logprobs, outputs)
+        return StepOutput(unique, counts, result.tokens, result.logprobs, outputs)
 
-    def _rows(self, plan: StepPlan, on_device: bool) -> tuple[list[Row], list[int], list[Sequence]]:
-        """The rows of `plan`, which of them sample, and the sequences they sample for."""
+    def _rows(self, plan: StepPlan, on_device: bool) -> tuple[list[Row], Points]:
+        """The rows of `plan` and where they sample. A decode row carries its last token and
+        its drafts (each position samples: the drafts are verified); in a MIXED plan every
+        token is its own one-token row."""
         rows: list[Row] = []
-        sampling_rows: list[int] = []
-        seqs: list[Sequence] = []
+        points = Points([], [], [])
+
+        def add(row: Row, seq: Sequence, cols: list[int | None]) -> None:
+            rows.append(row)
+            for col in cols:
+                points.rows.append(len(rows) - 1)
+                points.cols.append(col)
+                points.seqs.append(seq)
+
+        flat = plan.kind is StepKind.MIXED
         for s in plan.decode:
             start = s.num_computed
-            rows.append(Row([0] if on_device else [s.tokens[start]], start, s.block_ids))
-            sampling_rows.append(len(rows) - 1)
-            seqs.append(s)
+            toks = [0] if on_device else [s.tokens[start], *s.draft]
+            if flat:
+                for i, tok in enumerate(toks):
+                    add(Row([tok], start + i, s.block_ids), s, [0])
+            else:
+                add(Row(toks, start, s.block_ids), s, list(range(len(toks))))
         for s, n in plan.prefill:
             start = s.num_computed
-            if plan.kind is StepKind.MIXED:  # every token its own one-token row
-                rows += [Row(s.tokens[p : p + 1], p, s.block_ids) for p in range(start, start + n)]
+            samples = start + n == len(s.tokens)  # the prompt's last token: sample the next
+            if flat:
+                for p in range(start, start + n):
+                    last = samples and p == start + n - 1
+                    add(Row(s.tokens[p : p + 1], p, s.block_ids), s, [0] if last else [])
             else:
-                rows.append(Row(s.tokens[start : start + n], start, s.block_ids))
-            if start + n == len(s.tokens):  # the prompt's last token: sample the next
-                sampling_rows.append(len(rows) - 1)
-                seqs.append(s)
-        return rows, sampling_rows, seqs
+                add(
+                    Row(s.tokens[start : start + n], start, s.block_ids),
+                    s,
+                    [None] if samples else [],
+                )
+        return rows, points
+
+
+def _runs(seqs: list[Sequence]) -> tuple[list[Sequence], list[int]]:
+    """Consecutive repeats collapsed: the sequences in order, and how many points each."""
+    unique: list[Sequence] = []
+    counts: list[int] = []
+    for seq in seqs:
+        if unique and unique[-1] is seq:
+            counts[-1] += 1
+        else:
+            unique.append(seq)
+            counts.append(1)
+    return unique, counts
 
 
 def model_head(model: nn.Module):

@@ -154,12 +154,13 @@ def _logprobs(
     return TokenLogprobs(len(params), rows, top_counts, picked, top_ids, top_values)
 
 
-def delta_logprob_fields(params: SamplingParams, logprob: TokenLogprob | None) -> dict:
-    """TokenDelta's `logprobs` / `top_logprobs` fields for one sampled token."""
-    if logprob is None or not params.logprobs:
+def delta_logprob_fields(params: SamplingParams, entries: list[TokenLogprob | None]) -> dict:
+    """TokenDelta's `logprobs` / `top_logprobs` fields for a delta's sampled tokens."""
+    if not params.logprobs or not entries or any(e is None for e in entries):
         return {}
-    fields: dict = {"logprobs": (logprob.logprob,)}
+    fields: dict = {"logprobs": tuple(e.logprob for e in entries)}
     if params.top_logprobs:
-        ids, values = zip(*logprob.top, strict=True) if logprob.top else ((), ())
-        fields["top_logprobs"] = (TopLogprobs(tuple(ids), tuple(values)),)
+        fields["top_logprobs"] = tuple(
+            TopLogprobs(tuple(t for t, _ in e.top), tuple(v for _, v in e.top)) for e in entries
+        )
     return fields

@@ -112,7 +112,8 @@ class Scheduler:
         preempted: list[Sequence] = []
         self._fork_ready()
         decode = self._schedule_decode(preempted)
-        budget = self.config.step_token_budget - len(decode)
+        self._plan_drafts(decode)
+        budget = self.config.step_token_budget - sum(1 + len(s.draft) for s in decode)
         prefill = self._continue_prefills(budget, preempted)
         budget -= sum(c.num_tokens for c in prefill)
         prefill += self._admit(budget)
@@ -140,6 +141,8 @@ class Scheduler:
                 or len(seq.tokens) + 2 >= self.max_context
             ):
                 return False
+        if self._would_draft(seqs):
+            return False  # verifying drafts needs the tokens on the host: a planned step
         need = sum(self.blocks_needed(s, s.num_computed + 1) for s in seqs)
         return need <= self.pool.num_free + self.cache.evictable_blocks
 
@@ -149,6 +152,9 @@ class Scheduler:
             raise RuntimeError("continue_decode without can_continue_decode")
         for seq in seqs:
             self.grow(seq, seq.num_computed + 1)
+            seq.draft = []
+            if seq.drafting is not None:
+                seq.drafting.tick()
         return StepPlan(StepKind.DECODE, list(seqs), [], [])
 
     # ---- results -----------------------------------------------------------------------
@@ -265,6 +271,41 @@ class Scheduler:
             seq.num_cached = match.num_tokens
         seq.status = Status.RUNNING
         self.running.append(seq)
+
+    # ---- speculative decoding ----------------------------------------------------------------
+
+    def _draft_budget(self, seq: Sequence) -> int:
+        """Most draft tokens `seq` may verify this step (its token and context limits)."""
+        left = min(
+            seq.sampling.max_tokens - seq.num_output - 1,
+            self.max_context - len(seq.tokens) - 2,
+        )
+        return max(0, min(self.config.spec_tokens, left))
+
+    def _would_draft(self, seqs: list[Sequence]) -> bool:
+        if self.config.speculative == "off" or len(seqs) > self.config.spec_max_batch:
+            return False
+        return any(
+            s.drafting is not None and s.drafting.propose(s.tokens, self._draft_budget(s))
+            for s in seqs
+        )
+
+    def _plan_drafts(self, decode: list[Sequence]) -> None:
+        """Mutates: this step's drafts of the decoding sequences, with blocks for them (only
+        from free or evictable blocks: a draft never preempts anyone)."""
+        speculate = self.config.speculative != "off" and len(decode) <= self.config.spec_max_batch
+        for seq in decode:
+            seq.draft = []
+            if seq.drafting is None:
+                continue
+            seq.drafting.tick()
+            if not speculate:
+                continue
+            draft = seq.drafting.propose(seq.tokens, self._draft_budget(seq))
+            end = seq.num_computed + 1 + len(draft)
+            if draft and self.make_room(self.blocks_needed(seq, end)):
+                self.grow(seq, end)
+                seq.draft = draft
 
     # ---- n > 1: choices forked after one prefill ------------------------------------------
 

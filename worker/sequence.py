@@ -9,6 +9,7 @@ import mlx.core as mx
 
 from shared.sampling import SamplingParams
 from worker.logits_processors import LogitsState
+from worker.speculative import DraftState
 
 
 class Status(enum.Enum):
@@ -37,6 +38,8 @@ class Sequence:
     choice: int = 0  # which of its request's n choices this sequence is
     forks: int = 0  # choices still to fork off this one once its prompt is computed
     logits_state: LogitsState | None = None  # bias, penalties, grammar (when asked for)
+    draft: list[int] = field(default_factory=list)  # this step's speculative tokens
+    drafting: DraftState | None = None  # set when speculative decoding may draft for it
 
     def fork(self, choice: int) -> Sequence:
         """A copy that shares the prompt computed so far (the caller shares its blocks)."""
