@@ -1,0 +1,90 @@
+"""Tensor-parallel groups (worker/tp.py): the plan codec, the shardability checks, and real
+rank processes in a ring over loopback whose greedy tokens must equal the unsharded engine's."""
+
+from __future__ import annotations
+
+import pytest
+from mlx_lm.models import llama
+
+from tests.tp_group import TINY_TP_ARGS, run_group_case, save_tiny_model
+from tests.tp_rank_main import run_phases
+from worker.config import EngineConfig
+from worker.engine import Engine
+from worker.model_runner import Row
+from worker.tp import GroupError, WireStep, check_divides, check_shardable, decode_step, encode_step
+
+
+def test_step_codec_round_trips_rows_copies_and_device_tokens():
+    step = WireStep(
+        rows=[Row([5, 6, 7], 16, [3, 9, 4]), Row([1], 0, [2])], samples=True, copies=[(4, 11)]
+    )
+    assert decode_step(encode_step(step), []) == step
+    decode = WireStep([Row([0], 8, [1, 2]), Row([0], 3, [5])], samples=True, copies=[])
+    got = decode_step(encode_step(decode), [42, 17])
+    assert [r.tokens for r in got.rows] == [[42], [17]]
+    assert [r.block_ids for r in got.rows] == [[1, 2], [5]]
+
+
+def test_group_size_must_divide_heads_and_mlp():
+    default_model = {"num_attention_heads": 9, "num_key_value_heads": 3, "intermediate_size": 1536}
+    check_divides(default_model, 3)
+    with pytest.raises(GroupError, match="KV heads"):
+        check_divides(default_model, 2)
+    with pytest.raises(GroupError, match="query heads"):
+        check_divides({"num_attention_heads": 6, "num_key_value_heads": 2}, 4)
+
+
+def test_model_without_shard_is_refused():
+    model = llama.Model(llama.ModelArgs.from_dict(TINY_TP_ARGS))
+    check_shardable(model, 2)
+    model.shard = None  # as a model type whose mlx-lm module has no shard()
+    with pytest.raises(GroupError, match="no tensor-parallel shard"):
+        check_shardable(model, 2)
+
+
+@pytest.fixture(scope="module")
+def tiny_tp_model(tmp_path_factory):
+    return save_tiny_model(tmp_path_factory.mktemp("tp-model"))
+
+
+def unsharded_outputs(model_dir, case) -> dict[str, list[int]]:
+    from shared.model_loading import load_model
+
+    model, _ = load_model(model_dir, "float32")
+    engine = Engine(model, EngineConfig(**case["config"]), max_context=case["max_context"])
+    outputs = run_phases(engine, case["phases"])
+    return outputs, engine.stats()
+
+
+def prompt(seed: int, length: int) -> list[int]:
+    return [(seed * 31 + 7 * i) % 96 + 1 for i in range(length)]
+
+
+SHARED = prompt(1, 40)
+CASE = {
+    # 26 usable blocks of 8 tokens: the second phase's batch does not fit and is preempted
+    "config": dict(
+        block_size=8, num_blocks=27, prefill_chunk=16, step_token_budget=48, warmup=True
+    ),
+    "max_context": 512,
+    "phases": [
+        [  # chunked prefill (40 tokens, chunks of 16) and decode in one batch
+            {"id": "a", "prompt": SHARED, "max_tokens": 10},
+            {"id": "b", "prompt": prompt(2, 5), "max_tokens": 14},
+        ],
+        [  # cache hits on a's prefix, a forked request (copy on write), preemption
+            {"id": "c", "prompt": SHARED + prompt(3, 9), "max_tokens": 30},
+            {"id": "d", "prompt": SHARED[:24] + prompt(4, 3), "max_tokens": 40},
+            {"id": "e", "prompt": prompt(5, 30), "max_tokens": 40, "n": 2},
+        ],
+    ],
+}
+
+
+def test_tp2_group_greedy_equals_unsharded_engine(tiny_tp_model, tmp_path):
+    expected, expected_stats = unsharded_outputs(tiny_tp_model, CASE)
+    assert expected_stats["cache_hit_tokens"] > 0 and expected_stats["preemptions"] > 0
+    got = run_group_case(tiny_tp_model, CASE, size=2, workdir=tmp_path, timeout=120)
+    assert got["outputs"] == expected
+    assert got["stats"]["cache_hit_tokens"] == expected_stats["cache_hit_tokens"]
+    assert got["stats"]["preemptions"] == expected_stats["preemptions"]
