@@ -6,12 +6,13 @@ from __future__ import annotations
 import pytest
 from mlx_lm.models import llama
 
+from shared.tensor_parallel import GroupError, check_divides
 from tests.tp_group import TINY_TP_ARGS, run_group_case, save_tiny_model
 from tests.tp_rank_main import run_phases
 from worker.config import EngineConfig
 from worker.engine import Engine
 from worker.model_runner import Row
-from worker.tp import GroupError, WireStep, check_divides, check_shardable, decode_step, encode_step
+from worker.tp import WireStep, check_shardable, decode_step, encode_step
 
 
 def test_step_codec_round_trips_rows_copies_and_device_tokens():

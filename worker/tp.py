@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import threading
 import time
 from dataclasses import dataclass
@@ -33,6 +34,8 @@ from enum import IntEnum
 import mlx.core as mx
 import mlx.nn as nn
 
+from shared.protocol import GroupReport, RankReport
+from shared.tensor_parallel import GroupError, check_divides
 from worker.kv.block_pool import BlockPool
 from worker.model_runner import LayerTimes, ModelRunner, Row, StepOutput
 from worker.model_support import COVERED_ARCHITECTURES, model_type
@@ -42,11 +45,8 @@ log = logging.getLogger(__name__)
 
 KEEPALIVE_EVERY_S = 1.0
 DEFAULT_TIMEOUT_S = 60.0  # longest a rank may go without a message or a finished step
-EXIT_GROUP_LOST = 3  # exit status of a rank whose group broke (peer lost or stalled)
-
-
-class GroupError(ValueError):
-    """This model or group cannot be served tensor-parallel; the message says why."""
+EXIT_GROUP_LOST = 3
+HOST_BYTES = 64  # exit status of a rank whose group broke (peer lost or stalled)
 
 
 class Op(IntEnum):
@@ -70,6 +70,20 @@ def init_group(expected_size: int | None = None) -> mx.distributed.Group:
     return group
 
 
+def gather_ranks(group: mx.distributed.Group) -> GroupReport:
+    """Every rank's host and pid, on every rank (one all_sum; each rank fills its own row)."""
+    rows = mx.zeros((group.size(), 1 + HOST_BYTES), dtype=mx.int32)
+    host = list(socket.gethostname().encode()[:HOST_BYTES])
+    mine = mx.array([os.getpid(), *host, *[0] * (HOST_BYTES - len(host))], dtype=mx.int32)
+    rows[group.rank()] = mine
+    table = mx.distributed.all_sum(rows, group=group).tolist()
+    ranks = tuple(
+        RankReport(r, bytes(b for b in row[1:] if b).decode(errors="replace"), row[0])
+        for r, row in enumerate(table)
+    )
+    return GroupReport(group.size(), ranks)
+
+
 def check_shardable(model: nn.Module, size: int) -> None:
     """Raise GroupError unless mlx-lm can shard `model` `size` ways over our paged KV."""
     name = model_type(model)
@@ -81,20 +95,6 @@ def check_shardable(model: nn.Module, size: int) -> None:
             f"({', '.join(sorted(COVERED_ARCHITECTURES))}); tensor parallel needs one of them"
         )
     check_divides(vars(model.args), size)
-
-
-def check_divides(config: dict, size: int) -> None:
-    """Raise GroupError unless `size` divides the query heads, KV heads and MLP width of a
-    model config (config.json keys)."""
-    heads = config.get("num_attention_heads")
-    kv_heads = config.get("num_key_value_heads") or heads
-    ffn = config.get("intermediate_size")
-    for what, count in (("query heads", heads), ("KV heads", kv_heads), ("MLP width", ffn)):
-        if count is not None and count % size:
-            raise GroupError(
-                f"tensor parallel over {size} ranks needs {size} to divide the model's {what}; "
-                f"it has {count} (heads {heads}, KV heads {kv_heads})"
-            )
 
 
 def shard(model: nn.Module, group: mx.distributed.Group) -> nn.Module:

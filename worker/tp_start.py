@@ -4,6 +4,13 @@ then runs whatever the leader sends."""
 
 from __future__ import annotations
 
+import json
+import logging
+import os
+import signal
+import socket
+import sys
+import tempfile
 from pathlib import Path
 
 import mlx.core as mx
@@ -13,8 +20,19 @@ from worker.attention_select import select_backend
 from worker.config import EngineConfig
 from worker.engine import Engine
 from worker.model_support import probe_shape
-from worker.tp import GroupError, LeaderRunner, StepWire, Watchdog, follower_runner, serve_follower
+from worker.tp import (
+    GroupError,
+    LeaderRunner,
+    StepWire,
+    Watchdog,
+    follower_runner,
+    gather_ranks,
+    init_group,
+    serve_follower,
+)
 from worker.tp import shard as shard_model
+
+log = logging.getLogger(__name__)
 
 
 def load_sharded(model_dir: Path, config: EngineConfig, group: mx.distributed.Group) -> nn.Module:
@@ -50,3 +68,48 @@ def follow(
     wire = StepWire(group)
     runner = follower_runner(model, wire, shape, backend)
     return serve_follower(runner, wire, watchdog)
+
+
+def ring_env_from_hosts(hosts: tuple[str, ...], rank: int, default_port: int) -> None:
+    """Point MLX at a ring of `hosts` (IP or IP:port each, rank 0 first) as this `rank`: the
+    hostfile and variables `mlx.launch` would set."""
+    ring = []
+    for entry in hosts:
+        host, _, port = entry.rpartition(":") if ":" in entry else (entry, "", "")
+        ip = socket.gethostbyname(host)  # the ring backend wants addresses, not names
+        ring.append([f"{ip}:{port or default_port}"])
+    hostfile = Path(tempfile.gettempdir()) / f"mlx-fleet-ring-{os.getpid()}.json"
+    hostfile.write_text(json.dumps(ring))
+    os.environ.update(MLX_RANK=str(rank), MLX_HOSTFILE=str(hostfile))
+
+
+def serve_group_rank(worker, model_id: str, model_dir: Path, config: EngineConfig, worker_id: str,
+                     configure_socket) -> int:  # fmt: skip
+    """`cluster-worker` as one rank of a group: rank 0 serves the router, the others follow."""
+    from shared.model_store import context_length
+    from worker.server import WorkerServer
+
+    try:
+        if worker.tp_hosts:
+            ring_env_from_hosts(worker.tp_hosts, worker.tp_rank, worker.tp_port)
+        group = init_group()
+        ranks = gather_ranks(group)
+        model = load_sharded(model_dir, config, group)
+    except (GroupError, OSError) as exc:
+        print(f"cluster-worker: error: {exc}", file=sys.stderr)
+        return 2
+    log.info("rank %d of %d: %s sharded", group.rank(), group.size(), model_dir.name)
+    if group.rank() != 0:
+        return follow(model, config, group, worker.tp_timeout_s)
+    engine, leader = leader_engine(
+        model, config, group, context_length(model_dir), worker.tp_timeout_s
+    )
+    server = WorkerServer(
+        engine, worker.router, worker_id, model_id, configure_socket, ranks, leader.keepalive
+    )
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: server.stop())
+    try:
+        return server.serve_forever()
+    finally:
+        leader.stop()
