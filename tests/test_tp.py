@@ -3,16 +3,39 @@ rank processes in a ring over loopback whose greedy tokens must equal the unshar
 
 from __future__ import annotations
 
+import contextlib
+import signal
+import subprocess
+import time
+
+import mlx.core as mx
 import pytest
 from mlx_lm.models import llama
 
+from shared.sampling import SamplingParams
 from shared.tensor_parallel import GroupError, check_divides
-from tests.tp_group import TINY_TP_ARGS, run_group_case, save_tiny_model
+from tests.engine_fixtures import reference_greedy, run_to_completion, tiny_model
+from tests.test_no_host_sync import counting_host_reads
+from tests.tp_group import (
+    TINY_TP_ARGS,
+    rank_logs,
+    run_group_case,
+    save_tiny_model,
+    start_group_case,
+)
 from tests.tp_rank_main import run_phases
 from worker.config import EngineConfig
 from worker.engine import Engine
 from worker.model_runner import Row
-from worker.tp import WireStep, check_shardable, decode_step, encode_step
+from worker.tp import (
+    EXIT_GROUP_LOST,
+    LeaderRunner,
+    Watchdog,
+    WireStep,
+    check_shardable,
+    decode_step,
+    encode_step,
+)
 
 
 def test_step_codec_round_trips_rows_copies_and_device_tokens():
@@ -89,3 +112,82 @@ def test_tp2_group_greedy_equals_unsharded_engine(tiny_tp_model, tmp_path):
     assert got["outputs"] == expected
     assert got["stats"]["cache_hit_tokens"] == expected_stats["cache_hit_tokens"]
     assert got["stats"]["preemptions"] == expected_stats["preemptions"]
+
+
+IDLE_CASE = {
+    "config": dict(block_size=8, num_blocks=32, prefill_chunk=16, step_token_budget=48),
+    "max_context": 512,
+    "phases": [[{"id": "a", "prompt": prompt(6, 12), "max_tokens": 4}]],
+    "idle_s": 60,
+    "timeout_s": 3,
+}
+
+
+@contextlib.contextmanager
+def idle_group(model_dir, workdir, size=2):
+    """A group that served one request and now idles (leader keepalives); killed on exit."""
+    procs, out = start_group_case(model_dir, IDLE_CASE, size, workdir)
+    try:
+        deadline = time.monotonic() + 60
+        while not out.exists():
+            alive = all(p.poll() is None for p in procs)
+            assert alive and time.monotonic() < deadline, rank_logs(workdir, size)
+            time.sleep(0.1)
+        yield procs
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+
+
+def exit_code_within(proc, seconds: float) -> int | None:
+    try:
+        return proc.wait(timeout=seconds)
+    except subprocess.TimeoutExpired:
+        return None
+
+
+@pytest.mark.parametrize("victim", [pytest.param(0, marks=pytest.mark.slow), 1])
+def test_a_dead_rank_makes_the_rest_of_the_group_exit(tiny_tp_model, tmp_path, victim):
+    with idle_group(tiny_tp_model, tmp_path) as procs:
+        procs[victim].kill()
+        assert exit_code_within(procs[1 - victim], 15) == EXIT_GROUP_LOST, rank_logs(tmp_path, 2)
+
+
+@pytest.mark.slow
+def test_a_stalled_rank_trips_the_watchdog(tiny_tp_model, tmp_path):
+    """A peer alive but silent (SIGSTOP) raises nothing in the ring: the leader's keepalive
+    waits in its all_sum, and the watchdog (timeout 3 s here) ends it."""
+    with idle_group(tiny_tp_model, tmp_path) as procs:
+        procs[1].send_signal(signal.SIGSTOP)
+        assert exit_code_within(procs[0], 20) == EXIT_GROUP_LOST, rank_logs(tmp_path, 2)
+
+
+def test_leader_queues_pipelined_steps_without_host_reads():
+    """The leader's broadcast of a pipelined decode step carries the in-flight tokens inside
+    the all_sum, lazily: building the step reads nothing on the host. (A one-process group:
+    the same code path; all_sum is then the identity.)"""
+    group = mx.distributed.init()
+    assert group.size() == 1
+    model = tiny_model("llama")
+    config = EngineConfig(block_size=8, num_blocks=64, prefill_chunk=64, warmup=False)
+    make_runner = LeaderRunner.factory(group, Watchdog(3600, "test"))
+    engine = Engine(model, config, max_context=512, make_runner=make_runner)
+    original_run, reads, pipelined = engine.runner.run, [], []
+
+    def run(plan, device_tokens=None, times=None):
+        if device_tokens is None or times is not None:
+            return original_run(plan, device_tokens, times)
+        with counting_host_reads(reads):
+            out = original_run(plan, device_tokens, times)
+        pipelined.append(len(plan.decode))
+        return out
+
+    engine.runner.run = run
+    prompts = {f"r{i}": [(5 * i + j) % 97 for j in range(9 + 4 * i)] for i in range(3)}
+    for rid, p in prompts.items():
+        engine.add_request(rid, p, SamplingParams(max_tokens=16))
+    outputs = run_to_completion(engine)
+    assert len(pipelined) >= 8 and reads == [], sorted(set(reads))
+    for rid, p in prompts.items():
+        assert outputs[rid] == reference_greedy(model, p, 16)

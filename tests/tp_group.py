@@ -80,25 +80,28 @@ def start_ranks(size: int, args: list[str], workdir: Path) -> list[subprocess.Po
     ]
 
 
-def run_group_case(model_dir: Path, case: dict, size: int, workdir: Path, timeout: float) -> dict:
-    """Run `case` (see tests/tp_rank_main.py) on a group of `size` real ranks; rank 0's result."""
+def start_group_case(model_dir: Path, case: dict, size: int, workdir: Path):
+    """Start the ranks of `case` (see tests/tp_rank_main.py); the processes and rank 0's
+    result file (written once the case's phases are done)."""
     (workdir / "case.json").write_text(json.dumps(case))
     out = workdir / "out.json"
-    args = [
-        sys.executable,
-        "-m",
-        "tests.tp_rank_main",
-        str(model_dir),
-        str(workdir / "case.json"),
-        str(out),
-    ]
-    procs = start_ranks(size, args, workdir)
+    args = [sys.executable, "-m", "tests.tp_rank_main", str(model_dir), str(workdir / "case.json"),
+            str(out)]  # fmt: skip
+    return start_ranks(size, args, workdir), out
+
+
+def rank_logs(workdir: Path, size: int) -> str:
+    return "\n".join((workdir / f"rank{r}.log").read_text()[-3000:] for r in range(size))
+
+
+def run_group_case(model_dir: Path, case: dict, size: int, workdir: Path, timeout: float) -> dict:
+    """Run `case` (see tests/tp_rank_main.py) on a group of `size` real ranks; rank 0's result."""
+    procs, out = start_group_case(model_dir, case, size, workdir)
     try:
         codes = [p.wait(timeout=timeout) for p in procs]
     finally:
         for p in procs:
             if p.poll() is None:
                 p.kill()
-    logs = "\n".join((workdir / f"rank{r}.log").read_text()[-3000:] for r in range(size))
-    assert codes == [0] * size, f"rank exit codes {codes}\n{logs}"
+    assert codes == [0] * size, f"rank exit codes {codes}\n{rank_logs(workdir, size)}"
     return json.loads(out.read_text())

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import time
 from pathlib import Path
 
 from shared.sampling import SamplingParams
@@ -36,18 +37,20 @@ def main(model_dir: str, case_path: str, out_path: str) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s tp-test %(levelname)s %(message)s")
     case = json.loads(Path(case_path).read_text())
     config = EngineConfig(**case["config"])
+    timeout_s = case.get("timeout_s", 60)
     group = init_group()
     model = load_sharded(Path(model_dir), config, group)
     if group.rank() != 0:
-        return follow(model, config, group, timeout_s=60)
-    engine, leader = leader_engine(model, config, group, case["max_context"], timeout_s=60)
-    try:
-        outputs = run_phases(engine, case["phases"])
-        engine.check_integrity()
-        stats = engine.stats()
-    finally:
-        leader.stop()
-    Path(out_path).write_text(json.dumps({"outputs": outputs, "stats": stats}))
+        return follow(model, config, group, timeout_s)
+    engine, leader = leader_engine(model, config, group, case["max_context"], timeout_s)
+    outputs = run_phases(engine, case["phases"])
+    engine.check_integrity()
+    Path(out_path).write_text(json.dumps({"outputs": outputs, "stats": engine.stats()}))
+    idle_until = time.monotonic() + case.get("idle_s", 0)
+    while time.monotonic() < idle_until:  # as a server between requests
+        leader.keepalive()
+        time.sleep(0.05)
+    leader.stop()
     return 0
 
 
