@@ -36,12 +36,13 @@ log = logging.getLogger(__name__)
 
 
 def load_sharded(model_dir: Path, config: EngineConfig, group: mx.distributed.Group) -> nn.Module:
-    """The model, loaded whole and then cut to this rank's shard."""
+    """This rank's shard of the model: loaded lazily and cut before any weight is read, so
+    a rank holds its shard (plus, briefly, the tensor being sliced), not the whole model."""
     from shared.model_loading import load_model
 
     if config.kv_disk_bytes is not None:
         raise GroupError("the KV disk tier (--kv-disk) is not supported in tensor-parallel groups")
-    model, _ = load_model(model_dir, config.compute_dtype)
+    model, _ = load_model(model_dir, config.compute_dtype, lazy=True)
     return shard_model(model, group)
 
 
