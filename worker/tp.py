@@ -45,6 +45,7 @@ log = logging.getLogger(__name__)
 
 KEEPALIVE_EVERY_S = 1.0
 DEFAULT_TIMEOUT_S = 60.0  # longest a rank may go without a message or a finished step
+STARTUP_ALLOWANCE_S = 600.0  # before the first check-in (see Watchdog)
 EXIT_GROUP_LOST = 3
 HOST_BYTES = 64  # exit status of a rank whose group broke (peer lost or stalled)
 
@@ -184,22 +185,24 @@ class StepWire:
 
 class Watchdog:
     """Exit the process when the serving thread has not checked in for `timeout_s`: a rank
-    stuck in a collective whose peer hangs (a dead peer makes the ring raise instead)."""
+    stuck in a collective whose peer hangs (a dead peer makes the ring raise instead).
 
-    def __init__(self, timeout_s: float, what: str):
+    Until the first check-in it allows `startup_s`: start-up forwards wait for the slowest
+    rank's pool allocation (tens of GiB of zeros on a big Mac take a while)."""
+
+    def __init__(self, timeout_s: float, what: str, startup_s: float = STARTUP_ALLOWANCE_S):
         self.timeout_s, self.what = timeout_s, what
-        self._last = time.monotonic()
+        self._deadline = time.monotonic() + max(timeout_s, startup_s)
         threading.Thread(target=self._watch, name="tp-watchdog", daemon=True).start()
 
     def check_in(self) -> None:
-        self._last = time.monotonic()
+        self._deadline = time.monotonic() + self.timeout_s
 
     def _watch(self) -> None:
         while True:
             time.sleep(min(1.0, self.timeout_s / 4))
-            stalled = time.monotonic() - self._last
-            if stalled > self.timeout_s:
-                log.error("%s: no progress for %.0fs; leaving the group", self.what, stalled)
+            if time.monotonic() > self._deadline:
+                log.error("%s: no progress for %.0fs; leaving the group", self.what, self.timeout_s)
                 os._exit(EXIT_GROUP_LOST)
 
 
@@ -305,7 +308,7 @@ def copy_block(pool: BlockPool, src: int, dst: int) -> None:
 
 def follower_runner(model: nn.Module, wire: StepWire, shape, backend) -> ModelRunner:
     """The follower's pool (its KV heads, the leader's block count) and runner."""
-    op, (num_blocks, block_size, scratch_block), _ = wire.receive()
+    _, (num_blocks, block_size, scratch_block), _ = wire.receive()
     pool = BlockPool(
         num_blocks,
         block_size,

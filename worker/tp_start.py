@@ -27,6 +27,7 @@ from worker.tp import (
     Watchdog,
     follower_runner,
     gather_ranks,
+    group_lost,
     init_group,
     serve_follower,
 )
@@ -63,11 +64,15 @@ def follow(
     model: nn.Module, config: EngineConfig, group: mx.distributed.Group, timeout_s: float
 ) -> int:
     """A follower rank, until the leader stops the group (0); exits if the group breaks."""
-    watchdog = Watchdog(timeout_s, f"rank {group.rank()}")
-    shape = probe_shape(model)  # the leader's Engine runs this same forward first
-    backend, _ = select_backend(config.attention_backend, shape, config.block_size)
-    wire = StepWire(group)
-    runner = follower_runner(model, wire, shape, backend)
+    rank = f"rank {group.rank()}"
+    watchdog = Watchdog(timeout_s, rank)
+    try:
+        shape = probe_shape(model)  # the leader's Engine runs this same forward first
+        backend, _ = select_backend(config.attention_backend, shape, config.block_size)
+        wire = StepWire(group)
+        runner = follower_runner(model, wire, shape, backend)
+    except RuntimeError as exc:  # the leader failed to start: its sockets closed
+        group_lost(rank, exc)
     return serve_follower(runner, wire, watchdog)
 
 
