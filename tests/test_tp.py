@@ -4,9 +4,12 @@ rank processes in a ring over loopback whose greedy tokens must equal the unshar
 from __future__ import annotations
 
 import contextlib
+import json
+import os
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 import mlx.core as mx
 import pytest
@@ -18,6 +21,7 @@ from tests.engine_fixtures import reference_greedy, run_to_completion, tiny_mode
 from tests.test_no_host_sync import counting_host_reads
 from tests.tp_group import (
     TINY_TP_ARGS,
+    TINY_TP_QWEN3_ARGS,
     rank_logs,
     run_group_case,
     save_tiny_model,
@@ -36,6 +40,7 @@ from worker.tp import (
     decode_step,
     encode_step,
 )
+from worker.tp_start import ring_env_from_hosts
 
 
 def test_step_codec_round_trips_rows_copies_and_device_tokens():
@@ -106,9 +111,19 @@ CASE = {
 
 
 def test_tp2_group_greedy_equals_unsharded_engine(tiny_tp_model, tmp_path):
-    expected, expected_stats = unsharded_outputs(tiny_tp_model, CASE)
+    check_group_equals_unsharded(tiny_tp_model, tmp_path)
+
+
+@pytest.mark.slow
+def test_tp2_qwen3_group_greedy_equals_unsharded_engine(tmp_path):
+    model_dir = save_tiny_model(tmp_path / "qwen3", args=TINY_TP_QWEN3_ARGS)
+    check_group_equals_unsharded(model_dir, tmp_path)
+
+
+def check_group_equals_unsharded(model_dir, tmp_path):
+    expected, expected_stats = unsharded_outputs(model_dir, CASE)
     assert expected_stats["cache_hit_tokens"] > 0 and expected_stats["preemptions"] > 0
-    got = run_group_case(tiny_tp_model, CASE, size=2, workdir=tmp_path, timeout=120)
+    got = run_group_case(model_dir, CASE, size=2, workdir=tmp_path, timeout=120)
     assert got["outputs"] == expected
     assert got["stats"]["cache_hit_tokens"] == expected_stats["cache_hit_tokens"]
     assert got["stats"]["preemptions"] == expected_stats["preemptions"]
@@ -191,3 +206,13 @@ def test_leader_queues_pipelined_steps_without_host_reads():
     assert len(pipelined) >= 8 and reads == [], sorted(set(reads))
     for rid, p in prompts.items():
         assert outputs[rid] == reference_greedy(model, p, 16)
+
+
+def test_tp_hosts_become_an_mlx_ring_hostfile(monkeypatch):
+    monkeypatch.setenv("MLX_RANK", "")
+    monkeypatch.setenv("MLX_HOSTFILE", "")
+    ring_env_from_hosts(("127.0.0.1", "localhost:6001"), rank=1, default_port=52100)
+    assert os.environ["MLX_RANK"] == "1"
+    ring = json.loads(Path(os.environ["MLX_HOSTFILE"]).read_text())
+    assert ring == [["127.0.0.1:52100"], ["127.0.0.1:6001"]]  # names resolved: ring wants IPs
+    Path(os.environ["MLX_HOSTFILE"]).unlink()

@@ -3,6 +3,7 @@ ranks can load, and real rank processes joined in a ring over loopback."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import socket
@@ -30,19 +31,25 @@ TINY_TP_ARGS = dict(
 )
 
 
-def save_tiny_model(directory: Path, seed: int = 0) -> Path:
-    """A random llama (4 query heads, 2 KV heads) with a tokenizer, loadable by mlx_lm.load."""
-    from mlx_lm.models import llama
+# qwen3: per-head q/k norms, tied embeddings, an explicit head_dim
+TINY_TP_QWEN3_ARGS = {
+    **TINY_TP_ARGS, "model_type": "qwen3", "head_dim": 8, "tie_word_embeddings": True,
+    "rope_theta": 1e6,
+}  # fmt: skip
 
+
+def save_tiny_model(directory: Path, seed: int = 0, args: dict = TINY_TP_ARGS) -> Path:
+    """A random model (by default a llama with 4 query heads, 2 KV heads) with a tokenizer,
+    loadable by mlx_lm.load."""
+    module = importlib.import_module(f"mlx_lm.models.{args['model_type']}")
     build_tiny_model(directory, context_length=512)
     mx.random.seed(seed)
-    model = llama.Model(llama.ModelArgs.from_dict(TINY_TP_ARGS))
+    model = module.Model(module.ModelArgs.from_dict(args))
     mx.eval(model.parameters())
-    mx.save_safetensors(
-        str(directory / "model.safetensors"), dict(tree_flatten(model.parameters()))
-    )
+    weights = dict(tree_flatten(model.parameters()))
+    mx.save_safetensors(str(directory / "model.safetensors"), weights)
     config = json.loads((directory / "config.json").read_text())
-    (directory / "config.json").write_text(json.dumps({**config, **TINY_TP_ARGS}))
+    (directory / "config.json").write_text(json.dumps({**config, **args}))
     return directory
 
 
