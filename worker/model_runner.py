@@ -216,7 +216,10 @@ class ModelRunner:
         return StepOutput(unique, counts, result.tokens, result.logprobs, outputs)
 
     def forward(
-        self, rows: list[Row], device_tokens: mx.array | None = None, times: LayerTimes | None = None
+        self,
+        rows: list[Row],
+        device_tokens: mx.array | None = None,
+        times: LayerTimes | None = None,
     ) -> tuple[mx.array, BatchLayout]:
         """The backbone's forward over `rows` (lazy): its hidden states (B, L, hidden) and the
         layout. `device_tokens` (B,), when given, replace the rows' one host token each."""
