@@ -120,13 +120,23 @@ def test_tp2_qwen3_group_greedy_equals_unsharded_engine(tmp_path):
     check_group_equals_unsharded(model_dir, tmp_path)
 
 
-def check_group_equals_unsharded(model_dir, tmp_path):
-    expected, expected_stats = unsharded_outputs(model_dir, CASE)
-    assert expected_stats["cache_hit_tokens"] > 0 and expected_stats["preemptions"] > 0
-    got = run_group_case(model_dir, CASE, size=2, workdir=tmp_path, timeout=120)
+@pytest.mark.slow
+def test_tp2_group_with_speculative_decoding_equals_unsharded_engine(tiny_tp_model, tmp_path):
+    """Decode rows carrying n-gram drafts (several tokens, K/V rolled back when rejected)."""
+    case = {**CASE, "config": {**CASE["config"], "speculative": "ngram"}}
+    stats = check_group_equals_unsharded(tiny_tp_model, tmp_path, case, preempts=False)
+    assert stats["spec_drafted"] > 0
+
+
+def check_group_equals_unsharded(model_dir, tmp_path, case=CASE, preempts=True):
+    expected, expected_stats = unsharded_outputs(model_dir, case)
+    assert expected_stats["cache_hit_tokens"] > 0
+    assert expected_stats["preemptions"] > 0 or not preempts
+    got = run_group_case(model_dir, case, size=2, workdir=tmp_path, timeout=120)
     assert got["outputs"] == expected
     assert got["stats"]["cache_hit_tokens"] == expected_stats["cache_hit_tokens"]
     assert got["stats"]["preemptions"] == expected_stats["preemptions"]
+    return got["stats"]
 
 
 IDLE_CASE = {
