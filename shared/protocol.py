@@ -48,6 +48,24 @@ class AttentionReport:
 
 
 @dataclass(frozen=True, slots=True)
+class RankReport:
+    """One process of a tensor-parallel worker group."""
+
+    rank: int
+    host: str
+    pid: int
+
+
+@dataclass(frozen=True, slots=True)
+class GroupReport:
+    """The ranks that serve this worker's one model replica with tensor parallelism (rank 0
+    is the worker the router talks to)."""
+
+    size: int
+    ranks: tuple[RankReport, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class Register:
     """First message of a worker; re-sent after a restart (its old state is dropped)."""
 
@@ -59,6 +77,7 @@ class Register:
     pid: int
     protocol_version: int = PROTOCOL_VERSION
     attention: AttentionReport | None = None
+    group: GroupReport | None = None  # None: one process holds the whole model
 
 
 @dataclass(frozen=True, slots=True)

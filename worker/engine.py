@@ -12,6 +12,7 @@ import itertools
 import logging
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -74,7 +75,11 @@ class Engine:
         config: EngineConfig | None = None,
         max_context: int = 4096,
         grammars: GrammarCompiler | None = None,
+        make_runner: Callable[..., ModelRunner] = ModelRunner,
     ):
+        """`make_runner(model, pool, scratch_block, backend)`: the runner the steps go
+        through; a tensor-parallel group's leader passes one that first broadcasts the plan
+        to the other ranks (`worker.tp`)."""
         self.config = config or EngineConfig()
         self.grammars = grammars  # for grammar-constrained requests; None refuses them
         self.config.validate()
@@ -96,7 +101,7 @@ class Engine:
         self.backend, self.attention_report = select_backend(
             self.config.attention_backend, self.shape, self.config.block_size
         )
-        self.runner = ModelRunner(model, self.pool, self.scratch_block, self.backend)
+        self.runner = make_runner(model, self.pool, self.scratch_block, self.backend)
         self.stats_ = EngineStats()
         self._open: dict[str, int] = {}  # request id -> its choices not finished yet
         self._arrivals = itertools.count()

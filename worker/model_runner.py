@@ -198,23 +198,8 @@ class ModelRunner:
         (the previous step's samples); the rows then sit at `num_computed` and all sample.
         `times`: evaluate layer by layer and add up write and attention time (profiling).
         """
-        rows, points = self._rows(plan, device_tokens is not None)
-        layout = build_layout(rows, self.pool.block_size, self.scratch_block)
-        tokens = layout.tokens
-        if device_tokens is not None:
-            tokens = device_tokens.astype(mx.int32).reshape(-1, 1)
-        attention = AttentionPlan(
-            self.backend,
-            layout.block_tables,
-            layout.context_lengths,
-            block_size=self.pool.block_size,
-        )
-        caches = [
-            PagedLayerCache(self.pool, i, layout, attention, times)
-            for i in range(self.pool.num_layers)
-        ]
-        self.last_caches = caches
-        hidden = self.model.model(tokens, cache=caches)
+        rows, points = self.plan_rows(plan, device_tokens is not None)
+        hidden, layout = self.forward(rows, device_tokens, times)
         if not points.seqs:
             return StepOutput([], [], None, None, self.pool.k + self.pool.v)
         # The output projection at the sampling points only: projecting every prefill
@@ -236,7 +221,32 @@ class ModelRunner:
         outputs = [*result.arrays(), *(k for k in keys if k is not None)]
         return StepOutput(unique, counts, result.tokens, result.logprobs, outputs)
 
-    def _rows(self, plan: StepPlan, on_device: bool) -> tuple[list[Row], Points]:
+    def forward(
+        self,
+        rows: list[Row],
+        device_tokens: mx.array | None = None,
+        times: LayerTimes | None = None,
+    ) -> tuple[mx.array, BatchLayout]:
+        """The backbone's forward over `rows` (lazy): its hidden states (B, L, hidden) and the
+        layout. `device_tokens` (B,), when given, replace the rows' one host token each."""
+        layout = build_layout(rows, self.pool.block_size, self.scratch_block)
+        tokens = layout.tokens
+        if device_tokens is not None:
+            tokens = device_tokens.astype(mx.int32).reshape(-1, 1)
+        attention = AttentionPlan(
+            self.backend,
+            layout.block_tables,
+            layout.context_lengths,
+            block_size=self.pool.block_size,
+        )
+        caches = [
+            PagedLayerCache(self.pool, i, layout, attention, times)
+            for i in range(self.pool.num_layers)
+        ]
+        self.last_caches = caches
+        return self.model.model(tokens, cache=caches), layout
+
+    def plan_rows(self, plan: StepPlan, on_device: bool) -> tuple[list[Row], Points]:
         """The rows of `plan` and where they sample. A decode row carries its last token and
         its drafts (each position samples: the drafts are verified); in a MIXED plan every
         token is its own one-token row."""
