@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 from aiohttp import web
 
-from router import keys
+from router import choices, keys
 from router.dispatch import Job, NoWorkerAvailable, Overloaded
 from router.errors import ApiError, bad_request, no_workers, overloaded
 from router.generation import pieces, usage_of
@@ -84,6 +84,10 @@ async def _generate(request: web.Request, parse: Parser, id_prefix: str) -> web.
     job = _start(app, request_id, req)
     builder = ResponseBuilder(req.kind, request_id, req.model, logprobs=_renderer(app, req))
     try:
+        if req.n > 1:
+            return await (choices.stream if req.stream else choices.whole)(
+                request, job, req, builder
+            )
         if req.stream:
             return await _stream(request, job, req, builder)
         return await _whole(request, job, req, builder)
@@ -103,7 +107,7 @@ async def _json_body(request: web.Request) -> dict:
 
 def _start(app: web.Application, request_id: str, req: GenerationRequest) -> Job:
     try:
-        return app[keys.DISPATCHER].start(request_id, req.prompt_ids, req.sampling)
+        return app[keys.DISPATCHER].start(request_id, req.prompt_ids, req.sampling, req.n)
     except Overloaded:
         raise overloaded() from None
     except NoWorkerAvailable:

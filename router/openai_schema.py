@@ -23,6 +23,7 @@ class GenerationRequest:
     stop: tuple[str, ...]
     stream: bool
     include_usage: bool
+    n: int = 1  # choices, sampled after one prefill (the worker forks the sequence)
 
 
 def parse_chat(
@@ -95,7 +96,18 @@ def _build(
         _stop_strings(body),
         stream,
         _include_usage(body, stream),
+        _choices(body),
     )
+
+
+MAX_CHOICES = 16
+
+
+def _choices(body: dict) -> int:
+    n = _field(body, "n", int, 1)
+    if not 1 <= n <= MAX_CHOICES:
+        raise bad_request(f"'n' must be between 1 and {MAX_CHOICES}, got {n}", "n")
+    return n
 
 
 # ------------------------------------------------------------ fields
@@ -202,7 +214,6 @@ def _include_usage(body: dict, stream: bool) -> bool:
 
 _UNSUPPORTED: dict[str, Callable[[object], bool]] = {
     # field -> values we can honour; anything else is refused rather than silently ignored
-    "n": lambda v: v == 1,
     "best_of": lambda v: v == 1,
     "echo": lambda v: v is False,
     "tools": lambda v: v == [],

@@ -36,6 +36,15 @@ class ResponseBuilder:
         choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
         return self._envelope("text_completion", choice, usage.to_json())
 
+    def full_choices(
+        self, choices: list[tuple[str, str, tuple[LogprobEntry, ...]]], usage: UsageCount
+    ) -> dict:
+        """A whole response of n choices: (text, finish reason, logprob entries) each."""
+        bodies = [self.full(text, reason, usage, entries) for text, reason, entries in choices]
+        body = bodies[0]
+        body["choices"] = [dict(b["choices"][0], index=i) for i, b in enumerate(bodies)]
+        return body
+
     def chunk(
         self,
         text: str,
@@ -43,6 +52,7 @@ class ResponseBuilder:
         first: bool,
         include_usage: bool,
         entries: tuple[LogprobEntry, ...] = (),
+        index: int = 0,
     ) -> dict:
         logprobs = self._logprobs(entries) if entries else None
         if self.kind == "chat":
@@ -50,7 +60,7 @@ class ResponseBuilder:
             if finish_reason is not None and not text:
                 delta = {}
             choice = {
-                "index": 0,
+                "index": index,
                 "delta": delta,
                 "logprobs": logprobs,
                 "finish_reason": finish_reason,
@@ -58,7 +68,7 @@ class ResponseBuilder:
             body = self._envelope("chat.completion.chunk", choice, None)
         else:
             choice = {
-                "index": 0,
+                "index": index,
                 "text": text,
                 "logprobs": logprobs,
                 "finish_reason": finish_reason,

@@ -179,6 +179,7 @@ class Abort:
     """Stop a request and free its blocks; no further deltas are needed."""
 
     request_id: str
+    index: int | None = None  # only this choice of an n > 1 request
 
 
 @dataclass(frozen=True, slots=True)

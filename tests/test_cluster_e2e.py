@@ -125,6 +125,20 @@ def test_cluster_view_shows_attention_choice_and_phases(cluster):
     assert 'router_worker_phase_decode_tick_p95_ms{worker="worker-0"}' in metrics
 
 
+def test_n_choices_fork_on_the_worker(cluster):
+    r = cluster.client.chat.completions.create(
+        model=MODEL, messages=QUESTION, temperature=0, max_tokens=12, n=2
+    )
+    assert [c.index for c in r.choices] == [0, 1]
+    expected = greedy_reference(QUESTION, 12)
+    assert [c.message.content for c in r.choices] == [expected, expected]
+    single = cluster.client.chat.completions.create(
+        model=MODEL, messages=QUESTION, temperature=0, max_tokens=12
+    )
+    assert r.usage.prompt_tokens == single.usage.prompt_tokens
+    assert r.usage.completion_tokens == 2 * single.usage.completion_tokens
+
+
 def test_greedy_output_equals_mlx_lm(cluster):
     r = cluster.client.chat.completions.create(
         model=MODEL, messages=QUESTION, temperature=0, max_tokens=24

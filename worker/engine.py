@@ -196,12 +196,21 @@ class Engine:
             )
         sampling.validate(vocab)
 
-    def abort(self, request_id: str) -> bool:
-        """Stop a request and free its blocks now; False if it is unknown or already done."""
-        if self._open.pop(request_id, None) is None:
+    def abort(self, request_id: str, index: int | None = None) -> bool:
+        """Stop a request (or only its choice `index`) and free its blocks now; False if it
+        is unknown or already done."""
+        if request_id not in self._open:
             return False
-        for seq in self.scheduler.sequences_of(request_id):
+        seqs = self.scheduler.sequences_of(request_id)
+        if index is not None:
+            seqs = [s for s in seqs if s.choice == index]
+            if not seqs:
+                return False  # done already, or not forked yet (then it runs; it is ignored)
+        for seq in seqs:
             self.scheduler.remove(seq)
+            self._close_choice(request_id)
+        if index is None:
+            self._open.pop(request_id, None)
         return True
 
     def has_work(self) -> bool:

@@ -105,7 +105,7 @@ class WorkerServer:
         if isinstance(msg, Generate):
             self._generate(msg)
         elif isinstance(msg, Abort):
-            self.engine.abort(msg.request_id)
+            self.engine.abort(msg.request_id, msg.index)
         elif isinstance(msg, Shutdown):
             log.info("shutdown requested by the router: %s", msg.reason or "no reason")
             self.stop()

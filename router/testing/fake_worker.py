@@ -125,6 +125,8 @@ class FakeWorker:
                 self._running[msg.request_id] = task
         elif isinstance(msg, Abort):
             self.aborted.append(msg.request_id)
+            if msg.index is not None:
+                return  # one choice: the fake keeps generating it (the router ignores it)
             task = self._running.pop(msg.request_id, None)
             if task is not None:
                 task.cancel()
@@ -132,7 +134,7 @@ class FakeWorker:
     async def _generate(self, msg: Generate) -> None:
         try:
             cached_tokens = await self._prefill(msg.token_ids)
-            await self._decode(msg, cached_tokens)
+            await asyncio.gather(*(self._decode(msg, cached_tokens, i) for i in range(msg.n)))
         finally:
             self._running.pop(msg.request_id, None)
 
@@ -158,8 +160,9 @@ class FakeWorker:
             await self._send(KVEvents(self.config.worker_id, tuple(events)))
         return hit * size
 
-    async def _decode(self, msg: Generate, cached_tokens: int) -> None:
-        context = list(msg.token_ids)
+    async def _decode(self, msg: Generate, cached_tokens: int, index: int = 0) -> None:
+        """Choice `index` walks the alphabet from its own offset."""
+        context = list(msg.token_ids) + [0] * index
         alphabet = self.config.alphabet
         stop_ids = set(msg.sampling.stop_token_ids)
         for produced in range(1, msg.sampling.max_tokens + 1):
@@ -175,7 +178,9 @@ class FakeWorker:
                 finish = "length"
             usage = Usage(len(msg.token_ids), produced, cached_tokens) if finish else None
             logprobs = _fake_logprobs(msg.sampling, token, alphabet) if finish != "stop" else {}
-            await self._send(TokenDelta(msg.request_id, (token,), finish, usage, **logprobs))
+            await self._send(
+                TokenDelta(msg.request_id, (token,), finish, usage, index=index, **logprobs)
+            )
             if finish:
                 return
 
