@@ -7,7 +7,9 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from tests.metal_emulator import EmulatedKernel, signature
+from tests.metal_emulator import EmulatedKernel, require_compiler, signature
+
+require_compiler()
 
 GROUP = 64
 REDUCE_BODY = """

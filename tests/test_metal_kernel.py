@@ -15,14 +15,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.metal_emulator import EmulatedKernel, compiler
+from tests.metal_emulator import EmulatedKernel, require_compiler
 from worker.metal_attention import paged_attention_metal
 from worker.paged_attention_mlx import gather_attention
 
-try:
-    compiler()
-except RuntimeError as error:  # pragma: no cover - scripts/setup installs g++
-    pytest.skip(f"SIMT emulator unavailable: {error}", allow_module_level=True)
+require_compiler()
 
 TOLERANCE = {mx.float32: 1e-5, mx.float16: 4e-3, mx.bfloat16: 3e-2}
 DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}

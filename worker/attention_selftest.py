@@ -58,7 +58,9 @@ def random_decode_batch(
     return DecodeBatch(mx.array(queries).astype(dtype), *pools, mx.array(tables), lengths)
 
 
-def _plan(backend: AttentionBackend, batch: DecodeBatch, block_size: int) -> Callable[[], mx.array]:
+def plan_call(
+    backend: AttentionBackend, batch: DecodeBatch, block_size: int
+) -> Callable[[], mx.array]:
     plan = AttentionPlan(backend, batch.block_tables, batch.lengths, block_size=block_size)
     scale = batch.queries.shape[-1] ** -0.5
     return lambda: plan(batch.queries, batch.k_pool, batch.v_pool, scale=scale)
@@ -93,10 +95,10 @@ def self_test(
         batch=batch, context=context, block_size=block_size, dtype=dtype,
         num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
     )  # fmt: skip
-    candidate = _plan(
+    candidate = plan_call(
         AttentionBackend("candidate", candidate_run, lambda: None), inputs, block_size
     )
-    reference = _plan(BACKENDS["mlx"], inputs, block_size)
+    reference = plan_call(BACKENDS["mlx"], inputs, block_size)
     want = reference()
     try:
         got = candidate()
@@ -149,7 +151,7 @@ def prewarm(
                 batch=1, context=block_size, block_size=block_size, dtype=dtype,
                 num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
             )  # fmt: skip
-            step = _plan(
+            step = plan_call(
                 AttentionBackend("prewarm", candidate_run, lambda: None), inputs, block_size
             )
             try:
