@@ -10,6 +10,7 @@ import pytest
 from tests.metal_emulator import EmulatedKernel, require_compiler, signature
 
 require_compiler()
+pytestmark = pytest.mark.timeout(120, method="thread")  # a deadlocked emulator fails, not hangs
 
 GROUP = 64
 REDUCE_BODY = """

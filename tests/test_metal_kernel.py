@@ -3,8 +3,10 @@ reference (`gather_attention`) over random batches.
 
 The reference runs in float32 on the very values the kernel reads (pools and queries rounded
 to the pool dtype first), so the tolerances bound the kernel's own error: fp32 accumulation in
-a different order, plus rounding the output to the dtype. Per dtype (|values| <= ~4):
-float32 1e-5, float16 4e-3 (output rounding 2^-11 relative), bfloat16 3e-2 (2^-8 relative).
+a different order, plus rounding the output to the dtype. Outputs are weighted means of unit
+normals (|out| < 4), so the output rounding is at most half an ulp at 4: float16 2^-10 x 2 =
+2e-3, bfloat16 2^-7 x 2 = 1.6e-2; float32 1e-5. Observed over 8 random cases per dtype
+(64 blocks at most, GQA 1-8): float32 4.8e-7, float16 2.4e-4, bfloat16 1.9e-3.
 """
 
 from __future__ import annotations
@@ -20,8 +22,10 @@ from worker.metal_attention import paged_attention_metal
 from worker.paged_attention_mlx import gather_attention
 
 require_compiler()
+# A body that calls a simd collective in divergent control flow deadlocks the emulator: fail.
+pytestmark = pytest.mark.timeout(300, method="thread")
 
-TOLERANCE = {mx.float32: 1e-5, mx.float16: 4e-3, mx.bfloat16: 3e-2}
+TOLERANCE = {mx.float32: 1e-5, mx.float16: 2e-3, mx.bfloat16: 1.6e-2}
 DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
 
 

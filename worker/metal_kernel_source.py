@@ -48,7 +48,7 @@ KERNEL_BODY = """
     const uint kv_head = threadgroup_position_in_grid.x;
     const uint seq = threadgroup_position_in_grid.y;
     const uint q_row = threadgroup_position_in_grid.z;
-    const uint simd = simdgroup_index_in_threadgroup;
+    const uint simd_group = simdgroup_index_in_threadgroup;
     const uint lane = thread_index_in_simdgroup;
     const uint tid = thread_index_in_threadgroup;
     constexpr int THREADS = NUM_SIMDGROUPS * 32;
@@ -87,7 +87,7 @@ KERNEL_BODY = """
         }
     }
 
-    for (int blk = int(simd); blk < num_blocks; blk += NUM_SIMDGROUPS) {
+    for (int blk = int(simd_group); blk < num_blocks; blk += NUM_SIMDGROUPS) {
         const int64_t first_slot = int64_t(block_tables[int64_t(seq) * max_blocks + blk]) * BLOCK_SIZE;
         const int valid = metal::min(BLOCK_SIZE, visible - blk * BLOCK_SIZE);
         const bool live = int(lane) < valid;  // lane t scores token t of the block
@@ -98,14 +98,14 @@ KERNEL_BODY = """
         if (live) {
             const int64_t key_at = ((first_slot + lane) * num_kv_heads + kv_head) * HEAD_DIM;
             for (int g = 0; g < GROUP; ++g) {
-                float dot = 0.0f;
+                float qk = 0.0f;
                 for (int d = 0; d < HEAD_DIM; ++d) {
-                    dot += q_tile[g * HEAD_DIM + d] * float(k_pool[key_at + d]);
+                    qk += q_tile[g * HEAD_DIM + d] * float(k_pool[key_at + d]);
                 }
-                score[g] = dot;
+                score[g] = qk;
             }
         }
-        const int probs_at = int(simd) * GROUP * BLOCK_SIZE;
+        const int probs_at = int(simd_group) * GROUP * BLOCK_SIZE;
         for (int g = 0; g < GROUP; ++g) {
             // valid >= 1, so the block max is finite; -inf lanes get probability 0.
             const float new_max = metal::max(run_max[g], simd_max(score[g]));
@@ -136,7 +136,7 @@ KERNEL_BODY = """
 
     // Merge the simdgroups' partial softmaxes (a simdgroup with no block has max -inf).
     for (int g = 0; g < GROUP; ++g) {
-        const int part = int(simd) * GROUP + g;
+        const int part = int(simd_group) * GROUP + g;
         if (lane == 0) {
             part_max[part] = run_max[g];
             part_sum[part] = run_sum[g];
