@@ -164,3 +164,50 @@ def test_signature_matches_mlx_rules():
     assert "uint3 thread_position_in_grid [[thread_position_in_grid]]" in source
     assert [s.kind for s in slots] == ["array", "shape", "array", "scalar"]
     assert attrs == [("thread_position_in_grid", "uint3")]
+
+
+def _mlx_generates_sources() -> bool:
+    from tests.metal_emulator.mlx_source import source_from_mlx
+
+    call = dict(inputs=[mx.zeros((4,))], grid=(4, 1, 1), threadgroup=(4, 1, 1),
+                output_shapes=[(4,)], output_dtypes=[mx.float32])  # fmt: skip
+    return source_from_mlx("probe", ["a"], ["b"], "b[0] = a[0];", "", call) is not None
+
+
+needs_mlx_source = pytest.mark.skipif(
+    not _mlx_generates_sources(), reason="this MLX does not generate sources while exporting"
+)
+
+
+@needs_mlx_source
+def test_emulator_compiles_exactly_what_mlx_generates():
+    import worker.metal_kernel_source as ks
+    from worker.metal_attention import paged_attention_metal
+
+    kernels = []
+
+    def recording_factory(*args, **kwargs):
+        kernels.append(EmulatedKernel(*args, **kwargs))
+        return kernels[-1]
+
+    queries, pool = mx.ones((3, 6, 1, 64)), mx.ones((32, 2, 64))
+    tables, lengths = mx.zeros((3, 4), dtype=mx.int32), mx.array([3, 8, 1], dtype=mx.int32)
+    paged_attention_metal(
+        queries, pool, pool, tables, lengths, scale=0.125, block_size=8, max_context=8,
+        kernel_factory=recording_factory,
+    )  # fmt: skip
+    (kernel,) = kernels
+    assert kernel.checked_against_mlx
+    assert ks.KERNEL_BODY in kernel.last_source
+    assert "const constant float& scale [[buffer(8)]]" in kernel.last_source
+
+
+@needs_mlx_source
+def test_a_signature_that_drifts_from_mlx_is_refused(monkeypatch):
+    from tests.metal_emulator import SignatureMismatch
+
+    monkeypatch.setattr(signature, "MAX_CONSTANT_ARRAY_SIZE", 2)  # MLX says 8
+    kernel = EmulatedKernel("drift", ["a"], ["b"], "b[0] = a[0];")
+    with pytest.raises(SignatureMismatch, match="const constant float"):
+        kernel(inputs=[mx.zeros((4,))], grid=(1, 1, 1), threadgroup=(1, 1, 1),
+               output_shapes=[(1,)], output_dtypes=[mx.float32])  # fmt: skip

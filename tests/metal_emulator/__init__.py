@@ -7,7 +7,8 @@ exchange buffers through numpy.
                      output_shapes=[...], output_dtypes=[...])
 
 takes the same call arguments as the callable `mx.fast.metal_kernel` returns and gives back
-mx arrays. Built libraries are cached by a hash of their source (EMULATOR_CACHE_DIR or a
+mx arrays. Each call also asks MLX for the source it would generate (`mlx_source`) and refuses
+to run if our mirror of that source (`signature`) differs by a byte. Built libraries are cached by a hash of their source (EMULATOR_CACHE_DIR or a
 directory under the system temp dir), so a pipeline compiles once per machine.
 """
 
@@ -25,6 +26,7 @@ import mlx.core as mx
 import numpy as np
 
 from tests.metal_emulator import signature
+from tests.metal_emulator.mlx_source import source_from_mlx
 
 HERE = Path(__file__).parent
 COMPILE_FLAGS = ["-std=c++20", "-O1", "-pthread", "-shared", "-fPIC", "-Wno-attributes"]
@@ -38,6 +40,17 @@ _NUMPY = {
     mx.bool_: np.bool_,
 }
 _LIBRARIES: dict[str, ctypes.CDLL] = {}
+
+
+class SignatureMismatch(AssertionError):
+    """Our mirror of MLX's generated source differs from what MLX generated: the emulator
+    would compile something other than what a Mac compiles, so it refuses to run."""
+
+    def __init__(self, ours: str, mlx_text: str):
+        import difflib
+
+        diff = difflib.unified_diff(mlx_text.splitlines(), ours.splitlines(), "mlx", "emulator")
+        super().__init__("emulator source differs from MLX's:\n" + "\n".join(diff))
 
 
 class EmulatorUnavailable(RuntimeError):
@@ -121,6 +134,7 @@ class EmulatedKernel:
         self.name, self.source, self.header = name, source, header
         self.input_names, self.output_names = list(input_names), list(output_names)
         self.last_source: str | None = None  # the Metal source of the latest call
+        self.checked_against_mlx = False  # was it identical to what MLX itself generated?
 
     def __call__(
         self,
@@ -139,8 +153,16 @@ class EmulatedKernel:
             self.name, self.input_names, self.output_names, self.source, self.header,
             inputs, output_dtypes, list(template),
         )  # fmt: skip
-        self.last_source = metal
-        entry = signature.entry_source(self.name, slots, output_dtypes, attributes, template)
+        from_mlx = source_from_mlx(
+            self.name, self.input_names, self.output_names, self.source, self.header,
+            dict(inputs=inputs, template=list(template), grid=grid, threadgroup=threadgroup,
+                 output_shapes=output_shapes, output_dtypes=output_dtypes),
+        )  # fmt: skip
+        if from_mlx is not None and from_mlx != metal:
+            raise SignatureMismatch(metal, from_mlx)
+        self.last_source, self.checked_against_mlx = metal, from_mlx is not None
+        func = signature.kernel_name(self.name, inputs, output_dtypes, list(template))
+        entry = signature.entry_source(func, slots, output_dtypes, attributes, template)
         library = build(metal + entry)
         buffers = [_slot_buffer(slot, inputs[slot.input_index]) for slot in slots]
         outputs = [empty_output(s, d) for s, d in zip(output_shapes, output_dtypes, strict=True)]

@@ -104,6 +104,17 @@ def template_text(template: list) -> tuple[str, str]:
     return ", ".join(params), ", ".join(args)
 
 
+def kernel_name(name: str, inputs: list, output_dtypes: list, template: list) -> str:
+    """MLX's function name: the template arguments and the inputs' types and kinds in it."""
+    func = f"custom_kernel_{name}"
+    if template:
+        func += "__" + template_text(template)[1].replace(", ", "_")
+    for arr in inputs:
+        kind = "s" if arr.ndim == 0 else ("c" if arr.size < MAX_CONSTANT_ARRAY_SIZE else "")
+        func += f"_{type_name(arr.dtype)}{kind}"
+    return func + "".join(f"_{type_name(d)}" for d in output_dtypes)
+
+
 def kernel_source(
     name: str,
     input_names: list[str],
@@ -137,21 +148,18 @@ def kernel_source(
     params = [f"{p} [[buffer({i})]]" for i, p in enumerate(params)]
     attributes = used_attributes(body)
     params += [f"  {kind} {attr} [[{attr}]]" for attr, kind in attributes]
-    func = f"custom_kernel_{name}"
-    lines = [header]
+    func = kernel_name(name, inputs, output_dtypes, template)
     template_params, template_args = template_text(template)
-    if template:
-        lines.append(f"template <{template_params}>")
-    lines.append(f"[[kernel]] void {func}(\n" + ",\n".join(params) + ") {")
-    lines += [body, "}"]
+    text = header + (f"template <{template_params}>\n" if template else "")
+    text += f"[[kernel]] void {func}(\n" + ",\n".join(params) + ") {\n" + body + "\n}\n"
     if template:
         inst = f"{func}<{template_args}>"
-        lines.append(f'template [[host_name("{func}")]] [[kernel]] decltype({inst}) {inst};')
-    return "\n".join(lines) + "\n", slots, attributes
+        text += f'\ntemplate [[host_name("{func}")]] [[kernel]] decltype({inst}) {inst};\n'
+    return text, slots, attributes
 
 
 def entry_source(
-    name: str, slots: list[InputSlot], output_dtypes: list, attributes, template: list
+    func: str, slots: list[InputSlot], output_dtypes: list, attributes, template: list
 ) -> str:
     """The `extern "C" emu_run(buffers, grid, threadgroup, stagger_us)` the glue calls."""
     args = []
@@ -164,7 +172,7 @@ def entry_source(
         args.append(f"static_cast<{type_name(dtype)}*>(buffers[{len(slots) + j}])")
     args += [f"at.{attr}" for attr, _ in attributes]
     _, template_args = template_text(template)
-    func = f"custom_kernel_{name}" + (f"<{template_args}>" if template else "")
+    func += f"<{template_args}>" if template else ""
     call = ",\n      ".join(args)
     return (
         '\nextern "C" int emu_run(void** buffers, const int* grid, const int* group_size,'
