@@ -13,7 +13,7 @@ import mlx.core as mx
 import pytest
 
 from worker import attention_selftest, metal_attention
-from worker.attention_selftest import SelfTestResult, prewarm, self_test
+from worker.attention_selftest import SelfTestResult, prewarm, random_decode_batch, self_test
 from worker.paged_attention import resolve_backend
 from worker.paged_attention_mlx import gather_attention
 
@@ -106,7 +106,8 @@ def test_prewarm_reports_each_pipeline():
         (32, "mlx.core.float16"): "ValueError: no pipeline for 32",
         (32, "mlx.core.bfloat16"): "ValueError: no pipeline for 32",
     }
-    assert len(calls) == 4
+    # three pipeline variants per (block size, dtype); a failure stops that pair's runs
+    assert len(calls) == 3 * 2 + 1 * 2
 
 
 def test_metal_backend_stays_off_without_metal_or_a_passed_self_test(monkeypatch):
@@ -142,3 +143,26 @@ def test_emulated_kernel_passes_the_match_and_loses_the_race():
     result = self_test(kernel, dtype=mx.bfloat16, repeats=1, **SHAPE)
     assert not result.ok and result.reason.startswith("slower: ")
     assert result.max_error <= attention_selftest.TOLERANCE[mx.bfloat16]
+
+
+def test_prewarm_shapes_cover_every_pipeline_a_worker_meets():
+    """MLX names (and compiles) a pipeline per input kind: the prewarm shapes must hit every
+    name that any batch size and context of one (block size, dtype) can produce."""
+    from tests.metal_emulator.signature import kernel_name
+    from worker.metal_kernel_source import KERNEL_NAME, make_launch
+
+    def name(batch, blocks, block_size=16):
+        inputs = random_decode_batch(
+            batch=batch, context=blocks * block_size, block_size=block_size, dtype=mx.float16,
+            num_heads=4, num_kv_heads=2, head_dim=64,
+        )  # fmt: skip
+        launch = make_launch(
+            inputs.queries, inputs.k_pool, inputs.v_pool, inputs.block_tables,
+            mx.array(inputs.lengths), scale=0.1, block_size=block_size,
+        )  # fmt: skip
+        return kernel_name(KERNEL_NAME, launch.inputs, launch.output_dtypes, launch.template)
+
+    warmed = {name(b, n) for b, n in attention_selftest.PREWARM_SHAPES}
+    assert len(warmed) == 3
+    met = {name(b, n) for b in (1, 2, 3, 7, 8, 9, 16) for n in (1, 2, 4, 8, 9)}
+    assert met == warmed

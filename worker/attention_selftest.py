@@ -133,6 +133,12 @@ def _mismatch(got: mx.array, want: mx.array, dtype) -> tuple[str, float | None] 
     return None
 
 
+# (batch, blocks per row) of the prewarm runs. MLX passes an input of fewer than 8 elements
+# as `constant` memory, which is a different pipeline: block tables and context lengths of
+# < 8 / >= 8 elements give three variants a worker meets (batch 1 short, batch 1 long, batch 8).
+PREWARM_SHAPES = ((1, 1), (1, 8), (8, 1))
+
+
 def prewarm(
     candidate_run: Callable[..., mx.array],
     block_sizes,
@@ -142,24 +148,30 @@ def prewarm(
     num_kv_heads: int,
     head_dim: int,
 ) -> dict[tuple[int, str], str | None]:
-    """Run the candidate once per (block size, dtype), so each pipeline is compiled before a
-    request needs it. Returns {(block_size, dtype name): None, or why it failed}."""
+    """Run the candidate on each pipeline variant per (block size, dtype), so each is compiled
+    before a request needs it. Returns {(block_size, dtype name): None, or why it failed}."""
     outcome = {}
     for block_size in block_sizes:
         for dtype in dtypes:
-            inputs = random_decode_batch(
-                batch=1, context=block_size, block_size=block_size, dtype=dtype,
+            outcome[(block_size, str(dtype))] = _prewarm_one(
+                candidate_run, block_size, dtype,
                 num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
             )  # fmt: skip
-            step = plan_call(
-                AttentionBackend("prewarm", candidate_run, lambda: None), inputs, block_size
-            )
-            try:
-                mx.eval(step())
-                outcome[(block_size, str(dtype))] = None
-            except Exception as error:  # reported, so the caller can fall back
-                outcome[(block_size, str(dtype))] = f"{type(error).__name__}: {error}"
     return outcome
+
+
+def _prewarm_one(candidate_run, block_size, dtype, **shape) -> str | None:
+    backend = AttentionBackend("prewarm", candidate_run, lambda: None)
+    try:
+        for batch, blocks in PREWARM_SHAPES:
+            inputs = random_decode_batch(
+                batch=batch, context=blocks * block_size, block_size=block_size, dtype=dtype,
+                **shape,
+            )  # fmt: skip
+            mx.eval(plan_call(backend, inputs, block_size)())
+    except Exception as error:  # reported, so the caller can fall back
+        return f"{type(error).__name__}: {error}"
+    return None
 
 
 def verify_metal_backend(
