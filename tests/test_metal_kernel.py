@@ -140,3 +140,22 @@ def test_unsupported_shapes_say_why():
             queries, pool, pool, tables, lengths, scale=1.0, block_size=8, max_context=3,
             kernel_factory=EmulatedKernel,
         )  # fmt: skip
+
+
+def test_every_supported_shape_fits_apple_limits():
+    """Threadgroup memory <= 32 KiB and threads <= 1024 for every served (GQA, head dim,
+    block size); the emulator cannot feel either limit, so it is checked here."""
+    from worker.metal_kernel_source import pick_num_simdgroups, threadgroup_bytes
+
+    for group in range(1, 17):
+        for head_dim in (64, 128):
+            for block_size in (8, 16, 32):
+                count = pick_num_simdgroups(group=group, head_dim=head_dim, block_size=block_size)
+                assert count is not None, (group, head_dim, block_size)
+                assert count * 32 <= 1024
+                need = threadgroup_bytes(
+                    group=group, head_dim=head_dim, block_size=block_size, num_simdgroups=count
+                )
+                assert need <= 32 * 1024
+                if group <= 8:
+                    assert count == 4  # the common GQA ratios keep the full layout

@@ -53,6 +53,9 @@ KERNEL_BODY = """
     const uint tid = thread_index_in_threadgroup;
     constexpr int THREADS = NUM_SIMDGROUPS * 32;
     constexpr int PER_LANE = HEAD_DIM / 32;  // head-dim elements a lane accumulates
+    // "No score yet": finite, so the softmax stays exact even where a pipeline is compiled
+    // with fast math (no infinities assumed); exp2(NO_SCORE - any real score) is 0.
+    constexpr float NO_SCORE = -1.0e30f;
     const int num_heads = queries_shape[1];
     const int num_queries = queries_shape[2];
     const int num_kv_heads = k_pool_shape[1];
@@ -80,7 +83,7 @@ KERNEL_BODY = """
     float run_sum[GROUP];
     float acc[GROUP][PER_LANE];
     for (int g = 0; g < GROUP; ++g) {
-        run_max[g] = -INFINITY;
+        run_max[g] = NO_SCORE;
         run_sum[g] = 0.0f;
         for (int j = 0; j < PER_LANE; ++j) {
             acc[g][j] = 0.0f;
@@ -93,7 +96,7 @@ KERNEL_BODY = """
         const bool live = int(lane) < valid;  // lane t scores token t of the block
         float score[GROUP];
         for (int g = 0; g < GROUP; ++g) {
-            score[g] = -INFINITY;
+            score[g] = NO_SCORE;
         }
         if (live) {
             const int64_t key_at = ((first_slot + lane) * num_kv_heads + kv_head) * HEAD_DIM;
@@ -107,7 +110,7 @@ KERNEL_BODY = """
         }
         const int probs_at = int(simd_group) * GROUP * BLOCK_SIZE;
         for (int g = 0; g < GROUP; ++g) {
-            // valid >= 1, so the block max is finite; -inf lanes get probability 0.
+            // valid >= 1, so the block max is a real score; idle lanes get probability 0.
             const float new_max = metal::max(run_max[g], simd_max(score[g]));
             const float p = live ? metal::exp2(score[g] - new_max) : 0.0f;
             const float rescale = metal::exp2(run_max[g] - new_max);
@@ -134,7 +137,7 @@ KERNEL_BODY = """
         simdgroup_barrier(mem_flags::mem_threadgroup);
     }
 
-    // Merge the simdgroups' partial softmaxes (a simdgroup with no block has max -inf).
+    // Merge the simdgroups' partial softmaxes (a simdgroup with no block has max NO_SCORE).
     for (int g = 0; g < GROUP; ++g) {
         const int part = int(simd_group) * GROUP + g;
         if (lane == 0) {
@@ -148,7 +151,7 @@ KERNEL_BODY = """
     threadgroup_barrier(mem_flags::mem_threadgroup);
     for (int i = int(tid); i < GROUP * HEAD_DIM; i += THREADS) {
         const int g = i / HEAD_DIM;
-        float best = -INFINITY;
+        float best = NO_SCORE;
         for (int s = 0; s < NUM_SIMDGROUPS; ++s) {
             best = metal::max(best, part_max[s * GROUP + g]);
         }

@@ -40,6 +40,7 @@ _NUMPY = {
     mx.bool_: np.bool_,
 }
 _LIBRARIES: dict[str, ctypes.CDLL] = {}
+MAX_THREADS_PER_THREADGROUP = 1024  # Apple GPUs; a pipeline may allow fewer
 
 
 class SignatureMismatch(AssertionError):
@@ -149,6 +150,9 @@ class EmulatedKernel:
         **_ignored,
     ) -> list[mx.array]:
         inputs = [x if isinstance(x, mx.array) else mx.array(x) for x in inputs]
+        threads = threadgroup[0] * threadgroup[1] * threadgroup[2]
+        if threads > MAX_THREADS_PER_THREADGROUP:
+            raise ValueError(f"threadgroup of {threads} threads: Metal allows at most 1024")
         metal, slots, attributes = signature.kernel_source(
             self.name, self.input_names, self.output_names, self.source, self.header,
             inputs, output_dtypes, list(template),
