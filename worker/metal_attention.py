@@ -4,8 +4,9 @@
 Where it is verified: on Linux, tests compile the exact kernel body with the SIMT emulator
 (`tests/metal_emulator`) and compare it with the MLX-ops reference over random batches; on a
 Mac, `worker.attention_selftest.self_test` runs it against the reference before a worker uses
-it. `unavailable_reason` only says whether Metal is here at all; whether the kernel is trusted
-on this Mac is the self-test's call.
+it. `unavailable_reason` is None only where Metal is here AND the kernel passed that
+self-test in this process, so `backend="auto"` never picks an unchecked kernel; the worker
+start (the lead's wiring) calls `verify_metal_backend` for its block size and dtype.
 """
 
 from __future__ import annotations
