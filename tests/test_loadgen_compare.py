@@ -71,6 +71,20 @@ def test_mlx_lm_is_started_on_localhost_and_asked_for_its_default_model(tmp_path
     assert ours.expected_workers == 2 and ours.model is None
 
 
+def test_vllm_mlx_is_refused_with_the_install_hint_until_installed(monkeypatch, tmp_path):
+    monkeypatch.setenv("MLX_FLEET_VLLM_MLX", str(tmp_path / "missing"))
+    with pytest.raises(ValueError, match="scripts/setup-vllm-mlx"):
+        parse_configs("ours-1,vllm_mlx")
+    exe = tmp_path / "vllm-mlx"
+    exe.write_text("")
+    monkeypatch.setenv("MLX_FLEET_VLLM_MLX", str(exe))
+    assert parse_configs("vllm_mlx") == ["vllm_mlx"]
+    spec = service_spec("vllm_mlx", tmp_path / "a", tmp_path / "b", launch_cmd="unused")
+    assert spec.argv[:3] == [str(exe), "serve", str(tmp_path / "b")]
+    assert {"--continuous-batching", "--enable-prefix-cache", "--offline"} <= set(spec.argv)
+    assert spec.argv[spec.argv.index("--host") + 1] == "127.0.0.1"
+
+
 def test_a_failed_run_shows_in_the_table():
     rows = [{"config": "ours-1", "workload": "control", "failed": "exited with status 1\nlog"}]
     assert "| ours-1 | control | failed: exited with status 1 |" in markdown_table(rows)

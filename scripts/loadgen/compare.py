@@ -124,8 +124,8 @@ async def compare(args, names: list[str], workloads: list[str], meta: dict) -> l
     rows: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="mlx-fleet-baseline-") as tmp:
         baseline_dir = Path(args.baseline_model) if args.baseline_model else None
-        if "mlx_lm" in names and baseline_dir is None:
-            say("mlx_lm: preparing its model (float32 copy where there is no Metal)")
+        if {"mlx_lm", "vllm_mlx"} & set(names) and baseline_dir is None:
+            say("peers: preparing their model (float32 copy where there is no Metal)")
             out = python_output("-m", "scripts.loadgen.baseline_model", str(model_dir), tmp)
             baseline_dir = Path(out)
         meta["baseline_model_dir"] = str(baseline_dir) if baseline_dir else None

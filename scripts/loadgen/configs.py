@@ -1,8 +1,10 @@
 """The configurations the comparison runner knows: ours with N workers and a routing policy,
-and mlx_lm.server on the same model as the external baseline."""
+and the peers a Mac user could pick instead on the same model: mlx_lm.server, and vllm-mlx
+(continuous batching + prefix cache) where `scripts/setup-vllm-mlx` installed it."""
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 import sys
@@ -20,6 +22,14 @@ DEFAULT_CONFIGS = (
 )
 OURS = re.compile(r"ours-(?P<workers>[1-9][0-9]*)(?:-(?P<policy>[a-z_]+))?")
 MLX_LM_MODEL_NAME = "default_model"  # mlx_lm.server: the --model it was started with
+PEERS = ("mlx_lm", "vllm_mlx")
+# its own venv: it pulls torch; MLX_FLEET_VLLM_MLX names another executable
+VLLM_MLX = Path(__file__).resolve().parents[2] / ".venv-vllm-mlx" / "bin" / "vllm-mlx"
+
+
+def vllm_mlx_executable() -> Path | None:
+    path = Path(os.environ.get("MLX_FLEET_VLLM_MLX", VLLM_MLX))
+    return path if path.exists() else None
 
 
 def parse_configs(text: str) -> list[str]:
@@ -27,11 +37,16 @@ def parse_configs(text: str) -> list[str]:
     names = [n.strip() for n in text.split(",") if n.strip()]
     for name in names:
         match = OURS.fullmatch(name)
-        if name == "mlx_lm" or (match and (match["policy"] or "cache_aware") in POLICIES):
+        if name == "vllm_mlx" and vllm_mlx_executable() is None:
+            raise ValueError(
+                "vllm_mlx is not installed: run scripts/setup-vllm-mlx (a separate venv, "
+                "several minutes), or set MLX_FLEET_VLLM_MLX to its executable"
+            )
+        if name in PEERS or (match and (match["policy"] or "cache_aware") in POLICIES):
             continue
         raise ValueError(
             f"unknown configuration {name!r}: use ours-N (N workers, cache_aware), "
-            f"ours-N-POLICY with POLICY one of {', '.join(POLICIES)}, or mlx_lm"
+            f"ours-N-POLICY with POLICY one of {', '.join(POLICIES)}, mlx_lm or vllm_mlx"
         )
     if not names:
         raise ValueError("no configuration given")
@@ -53,6 +68,11 @@ def service_spec(
         argv = [sys.executable, "-m", "mlx_lm.server", "--model", str(baseline_model_dir)]
         argv += ["--host", "127.0.0.1", "--port", str(port), *shlex.split(extra_baseline_args)]
         return ServiceSpec(name, argv, port, MLX_LM_MODEL_NAME, None, baseline_env or {})
+    if name == "vllm_mlx":
+        argv = [str(vllm_mlx_executable()), "serve", str(baseline_model_dir),
+                "--continuous-batching", "--enable-prefix-cache", "--offline",
+                "--host", "127.0.0.1", "--port", str(port)]  # fmt: skip
+        return ServiceSpec(name, argv, port, None, None, baseline_env or {})
     match = OURS.fullmatch(name)
     workers, policy = int(match["workers"]), match["policy"] or "cache_aware"
     argv = [*shlex.split(launch_cmd), "--workers", str(workers), "--policy", policy]
