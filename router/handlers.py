@@ -11,9 +11,10 @@ from aiohttp import web
 
 from router import keys
 from router.dispatch import Job, NoWorkerAvailable, Overloaded
-from router.errors import ApiError, bad_request, no_workers, overloaded
+from router.errors import ApiError, no_workers, overloaded
 from router.generation import pieces, usage_of
 from router.openai_schema import GenerationRequest, parse_chat, parse_completion
+from router.request_body import json_object_body
 from router.responses import ResponseBuilder
 
 Parser = Callable[..., GenerationRequest]
@@ -76,7 +77,7 @@ async def cluster(request: web.Request) -> web.Response:
 
 async def _generate(request: web.Request, parse: Parser, id_prefix: str) -> web.StreamResponse:
     app = request.app
-    body = await _json_body(request)
+    body = await json_object_body(request)
     config = app[keys.CONFIG]
     req = parse(body, app[keys.TOKENIZER], config.served_model_id, config.max_tokens_cap)
     request_id = f"{id_prefix}-{uuid.uuid4().hex}"
@@ -88,16 +89,6 @@ async def _generate(request: web.Request, parse: Parser, id_prefix: str) -> web.
         return await _whole(request, job, req, builder)
     finally:
         app[keys.DISPATCHER].cancel(job)  # no-op when finished; aborts on disconnect/error
-
-
-async def _json_body(request: web.Request) -> dict:
-    try:
-        body = await request.json(loads=json.loads)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise bad_request(f"the request body is not valid JSON: {e}") from None
-    if not isinstance(body, dict):
-        raise bad_request("the request body must be a JSON object")
-    return body
 
 
 def _start(app: web.Application, request_id: str, req: GenerationRequest) -> Job:
