@@ -10,12 +10,13 @@ from collections.abc import Callable
 from aiohttp import web
 
 from router import keys
+from router.chat_output import ChatReader
 from router.dispatch import Job, NoWorkerAvailable, Overloaded
 from router.errors import ApiError, no_workers, overloaded
 from router.generation import pieces, usage_of
 from router.openai_schema import GenerationRequest, parse_chat, parse_completion
 from router.request_body import json_object_body
-from router.responses import ResponseBuilder
+from router.responses import ResponseBuilder, chat_delta, chat_message
 
 Parser = Callable[..., GenerationRequest]
 
@@ -109,7 +110,12 @@ async def _whole(request, job: Job, req: GenerationRequest, builder) -> web.Resp
         finish_reason = piece.finish_reason
     usage = usage_of(job)
     _count_usage(request.app, usage)
-    return web.json_response(builder.full("".join(texts), finish_reason, usage))
+    reply = "".join(texts)
+    if req.kind == "chat":
+        reader = ChatReader(req.tool_family, req.starts_in_reasoning)
+        reply = chat_message(reader.feed(reply) + reader.finish())
+        finish_reason = reader.finish_reason(finish_reason)
+    return web.json_response(builder.full(reply, finish_reason, usage))
 
 
 async def _stream(request, job: Job, req: GenerationRequest, builder) -> web.StreamResponse:
@@ -124,7 +130,7 @@ async def _stream(request, job: Job, req: GenerationRequest, builder) -> web.Str
     await response.prepare(request)
     try:
         try:
-            await _send_pieces(response, builder, req.include_usage, piece, stream)
+            await _send_pieces(response, builder, req, piece, stream)
         except ApiError as e:  # headers are sent: the error goes in the stream, as OpenAI does
             await _send_event(response, e.body())
         else:
@@ -140,18 +146,28 @@ async def _stream(request, job: Job, req: GenerationRequest, builder) -> web.Str
 
 
 async def _send_pieces(
-    response, builder: ResponseBuilder, include_usage: bool, piece, stream
+    response, builder: ResponseBuilder, req: GenerationRequest, piece, stream
 ) -> None:
+    include_usage = req.include_usage
+    reader = ChatReader(req.tool_family, req.starts_in_reasoning) if req.kind == "chat" else None
     first = True
     while piece is not None:
-        if piece.text or first:
-            await _send_event(response, builder.chunk(piece.text, None, first, include_usage))
+        done = piece.finish_reason is not None
+        for part in _stream_parts(reader, piece.text, done) or ([""] if first else []):
+            await _send_event(response, builder.chunk(part, None, first, include_usage))
             first = False
-        if piece.finish_reason is not None:
-            await _send_event(
-                response, builder.chunk("", piece.finish_reason, False, include_usage)
-            )
+        if done:
+            reason = reader.finish_reason(piece.finish_reason) if reader else piece.finish_reason
+            await _send_event(response, builder.chunk("", reason, False, include_usage))
         piece = await anext(stream, None)
+
+
+def _stream_parts(reader: ChatReader | None, text: str, done: bool) -> list:
+    """What to send for a piece of text: itself, or for chat the deltas its events make."""
+    if reader is None:
+        return [text] if text else []
+    events = reader.feed(text) + (reader.finish() if done else [])
+    return [chat_delta(e) for e in events]
 
 
 async def _send_event(response: web.StreamResponse, body: dict) -> None:

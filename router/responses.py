@@ -15,11 +15,13 @@ class ResponseBuilder:
     model: str
     created: int = field(default_factory=lambda: int(time.time()))
 
-    def full(self, text: str, finish_reason: str, usage: UsageCount) -> dict:
+    def full(self, text: str | dict, finish_reason: str, usage: UsageCount) -> dict:
+        """`text` is the reply, or for chat the whole assistant message (chat_message())."""
         if self.kind == "chat":
+            message = text if isinstance(text, dict) else {"role": "assistant", "content": text}
             choice = {
                 "index": 0,
-                "message": {"role": "assistant", "content": text},
+                "message": message,
                 "logprobs": None,
                 "finish_reason": finish_reason,
             }
@@ -27,9 +29,14 @@ class ResponseBuilder:
         choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
         return self._envelope("text_completion", choice, usage.to_json())
 
-    def chunk(self, text: str, finish_reason: str | None, first: bool, include_usage: bool) -> dict:
+    def chunk(
+        self, text: str | dict, finish_reason: str | None, first: bool, include_usage: bool
+    ) -> dict:
+        """`text` is the new text, or for chat a whole `delta` (chat_delta())."""
         if self.kind == "chat":
-            delta = {"role": "assistant", "content": text} if first else {"content": text}
+            delta = text if isinstance(text, dict) else {"content": text}
+            if first:
+                delta = {"role": "assistant", "content": "", **delta}
             if finish_reason is not None and not text:
                 delta = {}
             choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
@@ -61,3 +68,32 @@ class ResponseBuilder:
             "choices": [choice] if choice is not None else [],
             "usage": usage,
         }
+
+
+def chat_message(events) -> dict:
+    """The assistant message of a whole chat reply, from its ChatReader events."""
+    content = "".join(e.text for e in events if e.kind == "content")
+    reasoning = "".join(e.text for e in events if e.kind == "reasoning")
+    calls = [_tool_call_json(e) for e in events if e.kind == "tool_call"]
+    if calls:  # the whitespace that separated the text from the markup goes with the markup
+        content = content.strip()
+    message = {"role": "assistant", "content": content if content or not calls else None}
+    if reasoning:
+        message["reasoning_content"] = reasoning
+    if calls:
+        message["tool_calls"] = calls
+    return message
+
+
+def chat_delta(event) -> dict:
+    """One streamed event as an OpenAI `delta`: the whole call goes in one tool_calls chunk
+    (id, type, name, arguments), since a call is only known to parse once it is complete."""
+    if event.kind == "tool_call":
+        return {"tool_calls": [{"index": event.call_index, **_tool_call_json(event)}]}
+    key = "reasoning_content" if event.kind == "reasoning" else "content"
+    return {key: event.text}
+
+
+def _tool_call_json(event) -> dict:
+    function = {"name": event.call.name, "arguments": event.call.arguments}
+    return {"id": event.call_id, "type": "function", "function": function}
