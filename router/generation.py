@@ -15,6 +15,7 @@ from router.tokenization import ModelTokenizer
 class Piece:
     text: str
     finish_reason: str | None = None  # set on the last piece: "stop" | "length"
+    stop_string: str | None = None  # the stop string that ended the reply, if one did
 
 
 @dataclass(frozen=True)
@@ -55,7 +56,7 @@ async def pieces(
         text = matcher.feed(detokenizer.add([t for t in delta.token_ids if t not in stop_ids]))
         if matcher.stopped:
             dispatcher.cancel(job)
-            yield Piece(text, "stop")
+            yield Piece(text, "stop", matcher.matched)
             return
         if delta.finish_reason is None:
             if text:
@@ -63,5 +64,5 @@ async def pieces(
             continue
         text += matcher.feed(detokenizer.flush())
         text += matcher.flush()
-        yield Piece(text, "stop" if matcher.stopped else delta.finish_reason)
+        yield Piece(text, "stop" if matcher.stopped else delta.finish_reason, matcher.matched)
         return
