@@ -90,15 +90,18 @@ class _ReasoningSplit:
                 self._state, buffer = "reasoning", head[len(THINK_OPEN) :]
             else:
                 self._state = "content"
-        if self._state == "content":
+        if self._state == "after_reasoning":  # the blank lines after </think> are layout
+            buffer = buffer.lstrip()
+            self._state = "content" if buffer else "after_reasoning"
+        if self._state in ("content", "after_reasoning"):
             return [("content", buffer)]
         return self._in_reasoning(buffer)
 
     def _in_reasoning(self, buffer: str) -> list[tuple[str, str]]:
         end = buffer.find(THINK_CLOSE)
         if end >= 0:
-            self._state = "content"
             rest = buffer[end + len(THINK_CLOSE) :].lstrip()
+            self._state = "content" if rest else "after_reasoning"
             return [("reasoning", buffer[:end]), ("content", rest)]
         hold = held_suffix(buffer, THINK_CLOSE)
         self._held = buffer[len(buffer) - hold :] if hold else ""
