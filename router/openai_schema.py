@@ -7,6 +7,7 @@ from dataclasses import dataclass, replace
 
 from router.chat_prompt import build_chat_prompt, template_kwargs
 from router.errors import ApiError, bad_request
+from router.openai_fields import check_chat_fields
 from router.tokenization import ModelTokenizer
 from router.tools import chat_messages, parse_tools
 from shared.sampling import InvalidRequest, SamplingParams
@@ -34,6 +35,7 @@ def parse_chat(
     body: dict, tokenizer: ModelTokenizer, model_id: str, max_tokens_cap: int | None = None
 ) -> GenerationRequest:
     _check_model(body, model_id)
+    check_chat_fields(body)
     tools = parse_tools(body)
     prompt = build_chat_prompt(chat_messages(body), tools, tokenizer, template_kwargs(body))
     max_tokens = _field(body, "max_completion_tokens", int, None)

@@ -255,3 +255,34 @@ async def test_router_flags_set_the_template_and_the_parser(make_cluster, tok):
     assert "TOOLS: get_weather" in tokenizer.decode(worker.received[0].token_ids)
     (call,) = resp.choices[0].message.tool_calls
     assert json.loads(call.function.arguments) == {"city": "Lima"}
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"functions": [{"name": "f"}]}, "functions"),
+        ({"modalities": ["text", "audio"]}, "modalities"),
+        ({"reasoning_effort": "high"}, "reasoning_effort"),
+        ({"user": 5}, "user"),
+        ({"store": "yes"}, "store"),
+        ({"metadata": []}, "metadata"),
+        ({"parallel_tool_calls": "no"}, "parallel_tool_calls"),
+    ],
+)
+async def test_refused_fields_and_mistyped_no_ops_are_400(tool_cluster, body, param):
+    request = {"model": MODEL, "messages": ASK, "max_tokens": 2} | body
+    resp = await tool_cluster.client.post("/v1/chat/completions", json=request)
+    assert resp.status == 400
+    assert (await resp.json())["error"]["param"] == param
+
+
+async def test_accepted_no_ops_change_nothing(tool_cluster, tok):
+    await tool_cluster.add_worker("w1")
+    no_ops = {"user": "u1", "store": False, "metadata": {"k": "v"}, "service_tier": "auto",
+              "parallel_tool_calls": True, "modalities": ["text"], "prompt_cache_key": "p"}  # fmt: skip
+    request = {"model": MODEL, "messages": ASK, "max_tokens": 2}
+    plain = await tool_cluster.client.post("/v1/chat/completions", json=request)
+    resp = await tool_cluster.client.post("/v1/chat/completions", json=request | no_ops)
+    assert resp.status == plain.status == 200
+    texts = [(await r.json())["choices"][0]["message"]["content"] for r in (plain, resp)]
+    assert texts[0] == texts[1]
