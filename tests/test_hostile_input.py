@@ -237,6 +237,33 @@ def wrong_shapes(draw):
     return body
 
 
+@st.composite
+def near_valid_tools(draw):
+    """Tool requests right in shape but for one drawn value: reaches the tool code paths."""
+    function = {
+        "name": draw(st.sampled_from(["f", "get_weather", "", "a b", 5])),
+        "parameters": draw(JSON_VALUES | st.just({"type": "object"})),
+    }
+    if draw(st.booleans()):
+        function["description"] = draw(JSON_VALUES)
+    call = {
+        "id": draw(JSON_VALUES),
+        "type": "function",
+        "function": {"name": draw(st.sampled_from(["f", 3])), "arguments": draw(JSON_VALUES)},
+    }
+    body = dict(CHAT) | {
+        "tools": [{"type": draw(st.sampled_from(["function", "other"])), "function": function}],
+        "tool_choice": draw(st.sampled_from(["auto", "none", "required", {"type": "function",
+                        "function": {"name": "f"}}, {"type": "tool", "name": "f"}, {"type": "any"}])),
+        "messages": [{"role": "user", "content": "hi"},
+                     {"role": "assistant", "content": draw(JSON_VALUES), "tool_calls": [call]},
+                     {"role": "tool", "tool_call_id": draw(JSON_VALUES), "content": draw(JSON_VALUES)}],
+    }  # fmt: skip
+    # the same in Anthropic's shape, for /v1/messages
+    body["system"] = draw(JSON_VALUES | st.just([{"type": "text", "text": "x"}]))
+    return body
+
+
 FUZZ = settings(
     max_examples=200,
     deadline=None,
@@ -266,4 +293,29 @@ JSONISH = st.lists(
 @given(data=JSONISH, path=st.sampled_from(POST_PATHS))
 async def test_jsonish_bytes_are_never_5xx(cluster, data, path):
     status, raw = await post_raw(cluster, path, data)
+    assert_client_error(status, raw)
+
+
+@FUZZ
+@given(body=near_valid_tools(), path=st.sampled_from(POST_PATHS))
+async def test_near_valid_tool_requests_are_never_5xx(cluster, body, path):
+    status, raw = await post_raw(cluster, path, json.dumps(body).encode())
+    assert_client_error(status, raw)
+
+
+@FUZZ
+@given(
+    content=st.lists(
+        st.fixed_dictionaries(
+            {"type": st.sampled_from(["text", "tool_use", "tool_result", "image"])},
+            optional={"text": JSON_VALUES, "id": JSON_VALUES, "name": JSON_VALUES,
+                      "input": JSON_VALUES, "tool_use_id": JSON_VALUES, "content": JSON_VALUES},
+        ),
+        max_size=3,
+    ),
+    role=st.sampled_from(["user", "assistant"]),
+)  # fmt: skip
+async def test_anthropic_content_blocks_are_never_5xx(cluster, content, role):
+    body = {"model": MODEL, "max_tokens": 2, "messages": [{"role": role, "content": content}]}
+    status, raw = await post_raw(cluster, "/v1/messages", json.dumps(body).encode())
     assert_client_error(status, raw)
