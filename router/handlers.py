@@ -16,7 +16,7 @@ from router.errors import ApiError, no_workers, overloaded
 from router.generation import pieces, usage_of
 from router.openai_schema import GenerationRequest, parse_chat, parse_completion
 from router.request_body import json_object_body
-from router.responses import ResponseBuilder, chat_delta, chat_message
+from router.responses import ResponseBuilder, chat_deltas, chat_message
 
 Parser = Callable[..., GenerationRequest]
 
@@ -167,7 +167,7 @@ def _stream_parts(reader: ChatReader | None, text: str, done: bool) -> list:
     if reader is None:
         return [text] if text else []
     events = reader.feed(text) + (reader.finish() if done else [])
-    return [chat_delta(e) for e in events]
+    return [delta for e in events for delta in chat_deltas(e)]
 
 
 async def _send_event(response: web.StreamResponse, body: dict) -> None:

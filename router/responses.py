@@ -85,13 +85,17 @@ def chat_message(events) -> dict:
     return message
 
 
-def chat_delta(event) -> dict:
-    """One streamed event as an OpenAI `delta`: the whole call goes in one tool_calls chunk
-    (id, type, name, arguments), since a call is only known to parse once it is complete."""
+def chat_deltas(event) -> list[dict]:
+    """One streamed event as OpenAI `delta`s. A call goes as OpenAI streams one: a first
+    entry with its index, id, type and name, then its arguments; the router sends a call once
+    it is complete, since only then is it known to parse."""
     if event.kind == "tool_call":
-        return {"tool_calls": [{"index": event.call_index, **_tool_call_json(event)}]}
+        head = {"index": event.call_index, **_tool_call_json(event)}
+        head["function"] = {"name": event.call.name, "arguments": ""}
+        arguments = {"index": event.call_index, "function": {"arguments": event.call.arguments}}
+        return [{"tool_calls": [head]}, {"tool_calls": [arguments]}]
     key = "reasoning_content" if event.kind == "reasoning" else "content"
-    return {key: event.text}
+    return [{key: event.text}]
 
 
 def _tool_call_json(event) -> dict:

@@ -223,10 +223,13 @@ async def test_tool_calls_streamed_as_deltas(tool_cluster, tok):
     deltas = [c.choices[0].delta for c in chunks]
     content = "".join(d.content or "" for d in deltas)
     assert content.strip() == "Checking." and "<tool" not in content
-    calls = [tc for d in deltas for tc in d.tool_calls or []]
-    assert [c.index for c in calls] == [0, 1]
-    assert [json.loads(c.function.arguments)["city"] for c in calls] == ["Paris", "Rome"]
-    assert all(c.id.startswith("call_") and c.function.name == "get_weather" for c in calls)
+    entries = [tc for d in deltas for tc in d.tool_calls or []]
+    assert [c.index for c in entries] == [0, 0, 1, 1]
+    heads, arguments = entries[0::2], entries[1::2]  # name first, then the arguments
+    assert all(c.id.startswith("call_") and c.type == "function" for c in heads)
+    assert all(c.function.name == "get_weather" and not c.function.arguments for c in heads)
+    assert all(c.id is None and c.function.name is None for c in arguments)
+    assert [json.loads(c.function.arguments)["city"] for c in arguments] == ["Paris", "Rome"]
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
 
 
@@ -286,3 +289,16 @@ async def test_accepted_no_ops_change_nothing(tool_cluster, tok):
     assert resp.status == plain.status == 200
     texts = [(await r.json())["choices"][0]["message"]["content"] for r in (plain, resp)]
     assert texts[0] == texts[1]
+
+
+async def test_the_sdk_stream_helper_assembles_the_calls(tool_cluster, tok):
+    body = {"model": MODEL, "messages": ASK, "tools": [WEATHER]}
+    prompt = parse_chat(body, tok, MODEL).prompt_ids
+    _, n = await scripted_worker(tool_cluster, tok, prompt, "Ok. " + CALL_TEXT)
+    api = tool_cluster.openai()
+    async with api.chat.completions.stream(**body, max_tokens=n) as stream:
+        final = await stream.get_final_completion()
+    (call,) = final.choices[0].message.tool_calls
+    assert call.function.name == "get_weather" and call.id.startswith("call_")
+    assert json.loads(call.function.arguments) == {"city": "Paris"}
+    assert final.choices[0].finish_reason == "tool_calls"
