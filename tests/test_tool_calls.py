@@ -302,3 +302,23 @@ async def test_the_sdk_stream_helper_assembles_the_calls(tool_cluster, tok):
     assert call.function.name == "get_weather" and call.id.startswith("call_")
     assert json.loads(call.function.arguments) == {"city": "Paris"}
     assert final.choices[0].finish_reason == "tool_calls"
+
+
+@pytest.mark.parametrize("size", [1, 4])
+@pytest.mark.parametrize(
+    ("family", "text"),
+    [
+        ("llama3", ' {"name": "f", "parameters": {"a": "}"}}'),
+        ("llama3", '<|python_tag|>{"name": "f", "parameters": {}}'),
+        ("llama3", "Sure: {not a call}"),
+        ("mistral", '[TOOL_CALLS][{"name": "f", "arguments": {"q": "]"}}]'),
+        ("mistral", "[1] is a citation, not a call"),
+        ("mistral", 'text first [TOOL_CALLS][{"name": "f", "arguments": {}}]'),
+    ],
+)
+def test_streamed_reading_matches_whole_reading_per_family(family, text, size):
+    events, _ = read_in_pieces(family, text, size)
+    parsed = parse_tool_calls(family, text)
+    assert [e.call for e in events if e.kind == "tool_call"] == list(parsed.calls)
+    content = "".join(e.text for e in events if e.kind == "content")
+    assert content.strip() == parsed.content.strip()
