@@ -155,3 +155,27 @@ async def test_x_api_key_auth(make_cluster, sdk):
     msg = await api.messages.create(**body)
     assert msg.usage.output_tokens == 2 and msg.stop_reason == "max_tokens"
     await api.close()
+
+
+def test_tool_choice_maps_to_the_openai_meanings(tiny_model_dir):
+    from router.tokenization import ModelTokenizer
+
+    tokenizer = ModelTokenizer.load(tiny_model_dir, CONTEXT)
+    base = {"model": MODEL, "messages": ASK, "max_tokens": 5, "tools": [WEATHER]}
+    plain = parse_messages_request({**base, "tools": None}, tokenizer, MODEL)
+    off = parse_messages_request({**base, "tool_choice": {"type": "none"}}, tokenizer, MODEL)
+    assert off.prompt_ids == plain.prompt_ids and off.tool_family is None
+    auto = parse_messages_request(base, tokenizer, MODEL)
+    assert auto.tool_family == "hermes" and auto.tool_grammar is None
+    for choice in ({"type": "any"}, {"type": "tool", "name": "get_weather"}):
+        req = parse_messages_request({**base, "tool_choice": choice}, tokenizer, MODEL)
+        assert req.tool_grammar["properties"]["name"] == {"const": "get_weather"}
+
+
+async def test_parallel_tool_use_blocks(cluster, sdk):
+    body = {"messages": ASK, "max_tokens": 300, "tools": [WEATHER]}
+    await scripted(cluster, body, CALL + "\n" + CALL.replace("Paris", "Rome"))
+    msg = await sdk(api_key="none").messages.create(model=MODEL, **body)
+    assert [b.type for b in msg.content] == ["tool_use", "tool_use"]
+    assert [b.input["city"] for b in msg.content] == ["Paris", "Rome"]
+    assert len({b.id for b in msg.content}) == 2
