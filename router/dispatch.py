@@ -20,7 +20,7 @@ from router.policy import Candidate, Policy
 from router.prefix_index import PrefixIndex
 from router.workers import WorkerRegistry, WorkerState
 from shared.hashing import hash_blocks
-from shared.protocol import Abort, Generate, Message, TokenDelta
+from shared.protocol import Abort, Generate, Message, TokenDelta, Usage
 from shared.sampling import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -45,10 +45,18 @@ class Job:
     attempt: int = 0
     cached_tokens: int = 0  # prompt tokens the serving worker found in its cache
     finished: bool = False
+    n: int = 1  # choices, forked by the worker after one prefill
+    choices: list[Job] = field(default_factory=list)  # with n > 1: one sub-job per choice
+    parent: Job | None = None  # of a choice
+    index: int = 0  # of a choice
 
     @property
     def wire_id(self) -> str:
         return f"{self.request_id}#{self.attempt}"
+
+    @property
+    def completion_tokens(self) -> int:
+        return sum(len(c.generated) for c in self.choices) if self.choices else len(self.generated)
 
     @property
     def tokens_left(self) -> int:
@@ -56,8 +64,12 @@ class Job:
 
     def continuation(self) -> Generate:
         """The Generate that carries on from where the job is (the whole job at first)."""
-        sampling = dataclasses.replace(self.sampling, max_tokens=self.tokens_left)
-        return Generate(self.wire_id, self.prompt_ids + tuple(self.generated), sampling)
+        sampling = dataclasses.replace(
+            self.sampling,
+            max_tokens=self.tokens_left,
+            prior_output_tokens=len(self.generated),  # penalties and the grammar count them
+        )
+        return Generate(self.wire_id, self.prompt_ids + tuple(self.generated), sampling, self.n)
 
 
 class Dispatcher:
@@ -85,11 +97,18 @@ class Dispatcher:
     def num_pending(self) -> int:
         return len(self._jobs)
 
-    def start(self, request_id: str, prompt_ids: Sequence[int], sampling: SamplingParams) -> Job:
-        """Route a new job and send it; Overloaded or NoWorkerAvailable if it cannot be."""
+    def start(
+        self, request_id: str, prompt_ids: Sequence[int], sampling: SamplingParams, n: int = 1
+    ) -> Job:
+        """Route a new job and send it; Overloaded or NoWorkerAvailable if it cannot be.
+        With n > 1 the handler reads each choice from `job.choices`."""
         if len(self._jobs) >= self._max_pending:
             raise Overloaded
-        job = Job(request_id, tuple(prompt_ids), sampling)
+        job = Job(request_id, tuple(prompt_ids), sampling, n=n)
+        if n > 1:
+            job.choices = [
+                Job(request_id, job.prompt_ids, sampling, parent=job, index=i) for i in range(n)
+            ]
         self._route(job)
         return job
 
@@ -97,6 +116,9 @@ class Dispatcher:
         job = self._jobs.get(delta.request_id)
         if job is None or job.worker_id != worker.worker_id:
             return  # a late delta of an attempt that was aborted or moved
+        if job.choices:
+            self._on_choice_delta(worker, job, delta)
+            return
         job.generated.extend(delta.token_ids)
         if delta.usage is not None:
             job.cached_tokens = min(delta.usage.cached_tokens, len(job.prompt_ids))
@@ -106,11 +128,53 @@ class Dispatcher:
             _credit(worker, delta)
         job.events.put_nowait(delta)
 
+    def _on_choice_delta(self, worker: WorkerState, job: Job, delta: TokenDelta) -> None:
+        if not 0 <= delta.index < len(job.choices):
+            return
+        choice = job.choices[delta.index]
+        if delta.finish_reason in ("error", "abort"):  # the whole request ended
+            for c in job.choices:
+                if not c.finished:
+                    c.finished = True
+                    c.events.put_nowait(delta)
+            self._untrack(job)
+            job.finished = True
+            return
+        if choice.finished:
+            return  # cancelled here (a stop string): its late tokens are not wanted
+        choice.generated.extend(delta.token_ids)
+        if delta.usage is not None:
+            job.cached_tokens = min(delta.usage.cached_tokens, len(job.prompt_ids))
+            choice.cached_tokens = job.cached_tokens
+        if delta.finish_reason is not None:
+            choice.finished = True
+        choice.events.put_nowait(delta)
+        self._finish_if_done(job, worker)
+
+    def _finish_if_done(self, job: Job, worker: WorkerState | None) -> None:
+        if job.finished or not all(c.finished for c in job.choices):
+            return
+        self._untrack(job)
+        job.finished = True
+        if worker is not None:
+            usage = Usage(len(job.prompt_ids), job.completion_tokens, job.cached_tokens)
+            _credit(worker, TokenDelta(job.wire_id, (), "stop", usage))
+
     def cancel(self, job: Job) -> None:
-        """Stop a job the client no longer wants (disconnect, stop string)."""
+        """Stop a job the client no longer wants (disconnect, stop string); a choice of an
+        n > 1 job stops alone."""
         if job.finished:
             return
         job.finished = True
+        if job.parent is not None:
+            parent = job.parent
+            worker = self._registry.get(parent.worker_id) if parent.worker_id else None
+            if worker is not None and not parent.finished:
+                self._send(worker.identity, Abort(parent.wire_id, index=job.index))
+            self._finish_if_done(parent, None)
+            return
+        for choice in job.choices:
+            choice.finished = True
         worker = self._untrack(job)
         if worker is not None:
             self._send(worker.identity, Abort(job.wire_id))
@@ -128,7 +192,8 @@ class Dispatcher:
         """End every job with an error (router shutting down)."""
         for job in list(self._jobs.values()):
             self.cancel(job)
-            job.events.put_nowait(_error_delta(job, reason))
+            for target in job.choices or [job]:
+                target.events.put_nowait(_error_delta(job, reason))
 
     # ------------------------------------------------------------ internals
 
@@ -171,6 +236,10 @@ class Dispatcher:
         return worker, hashes[worker.block_size], chosen.matched_blocks
 
     def _resubmit(self, job: Job) -> None:
+        if job.choices and any(c.generated for c in job.choices):
+            # the choices went their own ways: no single continuation carries them all
+            self._fail(job, "the worker generating this request's choices was lost; retry it")
+            return
         if job.tokens_left <= 0:
             job.finished = True
             job.events.put_nowait(TokenDelta(job.request_id, (), "length"))
@@ -194,7 +263,9 @@ class Dispatcher:
 
     def _fail(self, job: Job, reason: str) -> None:
         job.finished = True
-        job.events.put_nowait(_error_delta(job, reason))
+        for target in job.choices or [job]:
+            target.finished = True
+            target.events.put_nowait(_error_delta(job, reason))
 
     def _untrack(self, job: Job) -> WorkerState | None:
         self._jobs.pop(job.wire_id, None)

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from router.detokenize import StopMatcher
 from router.dispatch import Dispatcher, Job
 from router.errors import generation_failed
+from router.logprobs import LogprobEntry, entries_of
 from router.tokenization import ModelTokenizer
 
 
@@ -15,6 +16,9 @@ from router.tokenization import ModelTokenizer
 class Piece:
     text: str
     finish_reason: str | None = None  # set on the last piece: "stop" | "length"
+    # the tokens that arrived since the last piece, when logprobs were asked for (a token's
+    # text may still be held back: by a partial character or a possible stop string)
+    logprobs: tuple[LogprobEntry, ...] = ()
     stop_string: str | None = None  # the stop string that ended the reply, if one did
 
 
@@ -47,22 +51,30 @@ async def pieces(
     detokenizer = tokenizer.detokenizer()
     matcher = StopMatcher(stop)
     stop_ids = set(job.sampling.stop_token_ids)
+    logprobs: list[LogprobEntry] = []
     while True:
         delta = await job.events.get()
         if delta.finish_reason in ("error", "abort"):
             raise generation_failed(
                 delta.error or f"the worker ended the request ({delta.finish_reason})"
             )
+        logprobs += entries_of(delta, stop_ids)
         text = matcher.feed(detokenizer.add([t for t in delta.token_ids if t not in stop_ids]))
         if matcher.stopped:
             dispatcher.cancel(job)
-            yield Piece(text, "stop", matcher.matched)
+            yield Piece(text, "stop", tuple(logprobs), matcher.matched)
             return
         if delta.finish_reason is None:
-            if text:
-                yield Piece(text)
+            if text or logprobs:
+                yield Piece(text, None, tuple(logprobs))
+                logprobs = []
             continue
         text += matcher.feed(detokenizer.flush())
         text += matcher.flush()
-        yield Piece(text, "stop" if matcher.stopped else delta.finish_reason, matcher.matched)
+        yield Piece(
+            text,
+            "stop" if matcher.stopped else delta.finish_reason,
+            tuple(logprobs),
+            matcher.matched,
+        )
         return

@@ -9,11 +9,12 @@ from collections.abc import Callable
 
 from aiohttp import web
 
-from router import keys
+from router import choices, keys
 from router.chat_output import ChatReader
 from router.dispatch import Job, NoWorkerAvailable, Overloaded
 from router.errors import ApiError, no_workers, overloaded
 from router.generation import pieces, usage_of
+from router.logprobs import LogprobsRenderer
 from router.openai_schema import GenerationRequest, parse_chat, parse_completion
 from router.request_body import json_object_body
 from router.responses import ResponseBuilder, chat_deltas, chat_message
@@ -83,8 +84,12 @@ async def _generate(request: web.Request, parse: Parser, id_prefix: str) -> web.
     req = parse(body, app[keys.TOKENIZER], config.served_model_id, config.max_tokens_cap)
     request_id = f"{id_prefix}-{uuid.uuid4().hex}"
     job = _start(app, request_id, req)
-    builder = ResponseBuilder(req.kind, request_id, req.model)
+    builder = ResponseBuilder(req.kind, request_id, req.model, logprobs=_renderer(app, req))
     try:
+        if req.n > 1:
+            return await (choices.stream if req.stream else choices.whole)(
+                request, job, req, builder
+            )
         if req.stream:
             return await _stream(request, job, req, builder)
         return await _whole(request, job, req, builder)
@@ -94,19 +99,26 @@ async def _generate(request: web.Request, parse: Parser, id_prefix: str) -> web.
 
 def _start(app: web.Application, request_id: str, req: GenerationRequest) -> Job:
     try:
-        return app[keys.DISPATCHER].start(request_id, req.prompt_ids, req.sampling)
+        return app[keys.DISPATCHER].start(request_id, req.prompt_ids, req.sampling, req.n)
     except Overloaded:
         raise overloaded() from None
     except NoWorkerAvailable:
         raise no_workers() from None
 
 
+def _renderer(app: web.Application, req: GenerationRequest) -> LogprobsRenderer | None:
+    if not req.sampling.logprobs:
+        return None
+    return LogprobsRenderer(app[keys.TOKENIZER], req.kind, req.sampling.top_logprobs)
+
+
 async def _whole(request, job: Job, req: GenerationRequest, builder) -> web.Response:
-    texts = []
+    texts, entries = [], []
     async for piece in pieces(
         job, request.app[keys.TOKENIZER], request.app[keys.DISPATCHER], req.stop
     ):
         texts.append(piece.text)
+        entries += piece.logprobs
         finish_reason = piece.finish_reason
     usage = usage_of(job)
     _count_usage(request.app, usage)
@@ -115,7 +127,8 @@ async def _whole(request, job: Job, req: GenerationRequest, builder) -> web.Resp
         reader = ChatReader(req.tool_family, req.starts_in_reasoning)
         reply = chat_message(reader.feed(reply) + reader.finish())
         finish_reason = reader.finish_reason(finish_reason)
-    return web.json_response(builder.full(reply, finish_reason, usage))
+    body = builder.full(reply, finish_reason, usage, tuple(entries))
+    return web.json_response(body)
 
 
 async def _stream(request, job: Job, req: GenerationRequest, builder) -> web.StreamResponse:
@@ -153,8 +166,14 @@ async def _send_pieces(
     first = True
     while piece is not None:
         done = piece.finish_reason is not None
-        for part in _stream_parts(reader, piece.text, done) or ([""] if first else []):
-            await _send_event(response, builder.chunk(part, None, first, include_usage))
+        parts = _stream_parts(reader, piece.text, done)
+        if not parts and (piece.logprobs or first):
+            parts = [""]
+        entries = piece.logprobs  # they go with the piece's first chunk
+        for part in parts:
+            chunk = builder.chunk(part, None, first, include_usage, entries)
+            await _send_event(response, chunk)
+            entries = ()
             first = False
         if done:
             reason = reader.finish_reason(piece.finish_reason) if reader else piece.finish_reason

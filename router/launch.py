@@ -18,7 +18,8 @@ import time
 import urllib.request
 from pathlib import Path
 
-from router.supervisor import Child, Supervisor
+from router.supervisor import Child, RankGroup, Supervisor
+from shared.parent_watch import ENV as PARENT_ENV
 
 POLICIES = ("cache_aware", "round_robin", "least_load")
 
@@ -33,6 +34,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--config", help="fleet TOML file (deploy/fleet.example.toml); flags override it"
     )
     p.add_argument("--workers", type=int, help="worker processes (default 2)")
+    p.add_argument(
+        "--tp", type=int,
+        help="ranks per worker: each worker is one model replica sharded over K processes "
+        "with tensor parallelism (mx.distributed ring); K must divide the model's heads (default 1)",
+    )  # fmt: skip
     p.add_argument("--model", help="model dir, .gguf, HF repo id; default: SmolLM2-135M-Instruct")
     p.add_argument("--host", help="HTTP bind address (default 127.0.0.1)")
     p.add_argument("--port", type=int, help="HTTP port (default 8000)")
@@ -102,7 +108,8 @@ def commands(
         and fleet.worker.kv_memory is None
         and fleet.worker.kv_fraction is None
     ):
-        extra += ["--kv-fraction", f"{min(0.9, 0.25 / workers):.4f}"]
+        processes = workers * fleet.cluster.tp  # every rank holds a pool (of its KV heads)
+        extra += ["--kv-fraction", f"{min(0.9, 0.25 / processes):.4f}"]
     worker_cmds = [
         py
         + [
@@ -132,11 +139,37 @@ def disk_dir(args, fleet, worker: int) -> list[str]:
     return ["--kv-disk-dir", str(Path(base) / f"worker-{worker}")]
 
 
+def worker_child(name: str, cmd: list[str], env: dict, tp: int, log_dir: Path | None):
+    """One worker process, or with tp > 1 a group of that many ranks started as one."""
+    if tp == 1:
+        return Child(name, cmd, env, restart=True, log_dir=log_dir)
+    return RankGroup(name, cmd, env, tp, restart=True, log_dir=log_dir)
+
+
+def tp_problem(model_dir: Path, tp: int, args, fleet) -> str | None:
+    """Why the model cannot be served by groups of `tp` ranks (read from config.json before
+    any process starts), or None."""
+    if tp == 1:
+        return None
+    if args.kv_disk is not None or fleet.worker.kv_disk is not None:
+        return "--kv-disk is not supported with --tp (tensor-parallel groups)"
+    from shared.tensor_parallel import GroupError, check_divides
+
+    try:
+        check_divides(json.loads((model_dir / "config.json").read_text()), tp)
+    except GroupError as exc:
+        return f"--tp {tp}: {exc}"
+    except (OSError, ValueError) as exc:
+        return f"cannot read {model_dir / 'config.json'}: {exc}"
+    return None
+
+
 def child_env(threads: int) -> dict:
     from shared.blas import preload_env
 
     env = preload_env()  # children start with OpenBLAS preloaded: no re-exec needed
     env["_MLX_FLEET_REEXECED"] = "1"
+    env[PARENT_ENV] = str(os.getpid())  # children watch it (shared/parent_watch.py)
     for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "VECLIB_MAXIMUM_THREADS"):
         env[var] = str(threads)
     env.setdefault("PYTHONUNBUFFERED", "1")
@@ -197,13 +230,17 @@ def main(argv: list[str] | None = None) -> int:
     name = fleet.model.id or model_name(fleet.model.path, model_dir)
     workers = fleet.cluster.workers
     zmq_port = args.zmq_port or free_port()
-    threads = args.threads or max(1, (os.cpu_count() or 1) // workers)
+    tp = fleet.cluster.tp
+    if (problem := tp_problem(model_dir, tp, args, fleet)) is not None:
+        print(f"launch-cluster: error: {problem}", file=sys.stderr)
+        return 2
+    threads = args.threads or max(1, (os.cpu_count() or 1) // (workers * tp))
     router_cmd, worker_cmds = commands(args, fleet, model_dir, name, zmq_port)
     env = child_env(threads)
     sup = Supervisor(
         Child("router", router_cmd, env, restart=False, log_dir=args.log_dir),
         [
-            Child(f"worker-{i}", cmd, env, restart=True, log_dir=args.log_dir)
+            worker_child(f"worker-{i}", cmd, env, tp, args.log_dir)
             for i, cmd in enumerate(worker_cmds)
         ],
     )
@@ -220,10 +257,8 @@ def main(argv: list[str] | None = None) -> int:
                 )
             return 0 if sup.stopping else 1
         policy = fleet.router.policy
-        print(
-            f"mlx-fleet is serving {name} at {url}/v1 ({workers} workers, policy {policy})",
-            flush=True,
-        )
+        shape = f"{workers} workers" + (f" of {tp} ranks each" if tp > 1 else "")
+        print(f"mlx-fleet is serving {name} at {url}/v1 ({shape}, policy {policy})", flush=True)
         return sup.supervise()
     finally:
         sup.shutdown()

@@ -8,6 +8,7 @@ from dataclasses import dataclass, replace
 from router.chat_prompt import build_chat_prompt, template_kwargs
 from router.errors import ApiError, bad_request
 from router.openai_fields import check_chat_fields
+from router.sampling_fields import sampling_fields
 from router.tokenization import ModelTokenizer
 from router.tools import chat_messages, parse_tools
 from shared.sampling import InvalidRequest, SamplingParams
@@ -24,6 +25,7 @@ class GenerationRequest:
     stop: tuple[str, ...]
     stream: bool
     include_usage: bool
+    n: int = 1  # choices, sampled after one prefill (the worker forks the sequence)
     # Chat only (router/chat_prompt.py): how to read the reply, and the call a tool_choice of
     # "required" / a named function demands (a JSON schema for constrained decoding).
     tool_family: str | None = None
@@ -91,6 +93,7 @@ def _build(
         max_tokens=max_tokens,
         stop_token_ids=tuple(stop_ids),
         seed=_field(body, "seed", int, None),
+        **sampling_fields(body, kind, tokenizer.vocab_size),
     )
     try:
         sampling.validate()
@@ -105,7 +108,18 @@ def _build(
         _stop_strings(body),
         stream,
         _include_usage(body, stream),
+        _choices(body),
     )
+
+
+MAX_CHOICES = 16
+
+
+def _choices(body: dict) -> int:
+    n = _field(body, "n", int, 1)
+    if not 1 <= n <= MAX_CHOICES:
+        raise bad_request(f"'n' must be between 1 and {MAX_CHOICES}, got {n}", "n")
+    return n
 
 
 # ------------------------------------------------------------ fields
@@ -212,14 +226,8 @@ def _include_usage(body: dict, stream: bool) -> bool:
 
 _UNSUPPORTED: dict[str, Callable[[object], bool]] = {
     # field -> values we can honour; anything else is refused rather than silently ignored
-    "n": lambda v: v == 1,
     "best_of": lambda v: v == 1,
     "echo": lambda v: v is False,
-    "logprobs": lambda v: v is False,
-    "top_logprobs": lambda v: v == 0,
-    "presence_penalty": lambda v: v == 0,
-    "frequency_penalty": lambda v: v == 0,
-    "response_format": lambda v: isinstance(v, dict) and v.get("type") == "text",
     "suffix": lambda v: v == "",
 }
 

@@ -6,6 +6,7 @@ import time
 from dataclasses import dataclass, field
 
 from router.generation import UsageCount
+from router.logprobs import LogprobEntry, LogprobsRenderer
 
 
 @dataclass
@@ -14,35 +15,69 @@ class ResponseBuilder:
     request_id: str
     model: str
     created: int = field(default_factory=lambda: int(time.time()))
+    logprobs: LogprobsRenderer | None = None  # when the request asked for them
 
-    def full(self, text: str | dict, finish_reason: str, usage: UsageCount) -> dict:
+    def full(
+        self,
+        text: str | dict,
+        finish_reason: str,
+        usage: UsageCount,
+        entries: tuple[LogprobEntry, ...] = (),
+    ) -> dict:
         """`text` is the reply, or for chat the whole assistant message (chat_message())."""
+        logprobs = self._logprobs(entries)
         if self.kind == "chat":
             message = text if isinstance(text, dict) else {"role": "assistant", "content": text}
             choice = {
                 "index": 0,
                 "message": message,
-                "logprobs": None,
+                "logprobs": logprobs,
                 "finish_reason": finish_reason,
             }
             return self._envelope("chat.completion", choice, usage.to_json())
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+        choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
         return self._envelope("text_completion", choice, usage.to_json())
 
-    def chunk(
-        self, text: str | dict, finish_reason: str | None, first: bool, include_usage: bool
+    def full_choices(
+        self, choices: list[tuple[str, str, tuple[LogprobEntry, ...]]], usage: UsageCount
     ) -> dict:
-        """`text` is the new text, or for chat a whole `delta` (chat_delta())."""
+        """A whole response of n choices: (text, finish reason, logprob entries) each."""
+        bodies = [self.full(text, reason, usage, entries) for text, reason, entries in choices]
+        body = bodies[0]
+        body["choices"] = [dict(b["choices"][0], index=i) for i, b in enumerate(bodies)]
+        return body
+
+    def chunk(
+        self,
+        text: str | dict,
+        finish_reason: str | None,
+        first: bool,
+        include_usage: bool,
+        entries: tuple[LogprobEntry, ...] = (),
+        index: int = 0,
+    ) -> dict:
+        """`text` is the new text, or for chat a whole `delta` (chat_deltas())."""
+        logprobs = self._logprobs(entries) if entries else None
         if self.kind == "chat":
             delta = text if isinstance(text, dict) else {"content": text}
             if first:
                 delta = {"role": "assistant", "content": "", **delta}
             if finish_reason is not None and not text:
                 delta = {}
-            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+            choice = {
+                "index": index,
+                "delta": delta,
+                "logprobs": logprobs,
+                "finish_reason": finish_reason,
+            }
             body = self._envelope("chat.completion.chunk", choice, None)
         else:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+            choice = {
+                "index": index,
+                "text": text,
+                "logprobs": logprobs,
+                "finish_reason": finish_reason,
+            }
             body = self._envelope("text_completion", choice, None)
         if not include_usage:
             del body["usage"]
@@ -53,6 +88,9 @@ class ResponseBuilder:
         body = self._envelope(self._chunk_object, None, usage.to_json())
         body["choices"] = []
         return body
+
+    def _logprobs(self, entries: tuple[LogprobEntry, ...]) -> dict | None:
+        return self.logprobs.render(list(entries)) if self.logprobs is not None else None
 
     @property
     def _chunk_object(self) -> str:

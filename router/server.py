@@ -22,6 +22,7 @@ from shared.fleet_config import (
     load_with_flags,
     read_api_keys,
 )
+from shared.parent_watch import watch_parent
 
 log = logging.getLogger("router")
 
@@ -236,6 +237,7 @@ def main(argv: list[str] | None = None) -> None:
     config = parse_args(argv)
     check_security(config)
     config = resolve_model_dir(config)
+    watch_parent()  # started by launch-cluster: go when it goes (macOS has no PDEATHSIG)
     web.run_app(
         create_app(config),
         host=config.host,

@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import ctypes
+import json
+import os
 import signal
+import socket
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-BACKOFF_START_S = 1.0
+BACKOFF_START_S = 0.0  # the first restart is immediate; repeated crashes back off
+BACKOFF_FIRST_S = 1.0
 BACKOFF_MAX_S = 30.0
 HEALTHY_RUN_S = 60.0  # a child that ran this long starts its backoff afresh
 STOP_GRACE_S = 10.0
@@ -62,9 +67,91 @@ class Child:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(sig)
 
+    @property
+    def exit_code(self) -> int | None:
+        return self.proc.returncode if self.proc is not None else None
+
+    def processes(self) -> list[subprocess.Popen]:
+        return [self.proc] if self.proc is not None else []
+
+    def stop_rest(self) -> None:
+        """Nothing else to stop: one process."""
+
+
+@dataclass
+class RankGroup:
+    """The `size` rank processes of one tensor-parallel worker: they start, stop and restart
+    as one (a group missing a rank cannot serve). Each start writes a fresh ring hostfile on
+    new loopback ports (the old ones may linger) and gives rank r MLX_RANK=r."""
+
+    name: str
+    cmd: list[str]
+    env: dict
+    size: int
+    restart: bool = True
+    log_dir: Path | None = None
+    ranks: list[Child] = field(default_factory=list)
+    started_at: float = 0.0
+    backoff: float = BACKOFF_START_S
+    restart_at: float | None = None
+    restarts: int = 0
+    hostfile: Path | None = None
+
+    def start(self) -> None:
+        if self.hostfile is not None:
+            self.hostfile.unlink(missing_ok=True)
+        self.hostfile = hostfile = ring_hostfile(self.size)
+        self.ranks = [
+            Child(f"{self.name}-rank{r}", self.cmd,
+                  {**self.env, "MLX_RANK": str(r), "MLX_HOSTFILE": str(hostfile)},
+                  restart=False, log_dir=self.log_dir)
+            for r in range(self.size)
+        ]  # fmt: skip
+        for rank in self.ranks:
+            rank.start()
+        self.started_at = time.monotonic()
+        self.restart_at = None
+
+    @property
+    def exited(self) -> bool:
+        return any(r.exited for r in self.ranks)
+
+    @property
+    def exit_code(self) -> int | None:
+        return next((r.exit_code for r in self.ranks if r.exited), None)
+
+    def signal(self, sig: int) -> None:
+        for r in self.ranks:
+            r.signal(sig)
+
+    def processes(self) -> list[subprocess.Popen]:
+        return [p for r in self.ranks for p in r.processes()]
+
+    def stop_rest(self) -> None:
+        """One rank exited: kill the others now (their watchdog would, later)."""
+        for r in self.ranks:
+            if not r.exited:
+                say(f"stopping {r.name} with its group")
+                r.proc.kill()
+                r.proc.wait()
+
+
+def ring_hostfile(size: int) -> Path:
+    """An MLX ring hostfile of `size` ranks on free loopback ports."""
+    socks = [socket.socket() for _ in range(size)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ring = [[f"127.0.0.1:{s.getsockname()[1]}"] for s in socks]
+    for s in socks:
+        s.close()
+    fd, path = tempfile.mkstemp(prefix="mlx-fleet-ring-", suffix=".json")
+    with os.fdopen(fd, "w") as f:
+        json.dump(ring, f)
+    return Path(path)
+
 
 class Supervisor:
-    def __init__(self, router: Child, workers: list[Child]):
+    def __init__(self, router: Child, workers: list[Child | RankGroup]):
         self.router, self.workers = router, workers
         self.stopping = False
 
@@ -83,9 +170,10 @@ class Supervisor:
         return False
 
     def poll(self) -> None:
-        """Restart workers that died, each after its backoff."""
+        """Restart children that died (the router too, once serving), each after its backoff.
+        Workers re-register with a restarted router on their own (ReRegister)."""
         now = time.monotonic()
-        for w in self.workers:
+        for w in [self.router, *self.workers]:
             if self.stopping:
                 return
             if w.restart_at is not None and now >= w.restart_at:
@@ -95,17 +183,16 @@ class Supervisor:
             elif w.exited and w.restart_at is None and w.restart:
                 if now - w.started_at >= HEALTHY_RUN_S:
                     w.backoff = BACKOFF_START_S
-                say(
-                    f"{w.name} exited with code {w.proc.returncode}; restarting in {w.backoff:.0f}s"
-                )
+                say(f"{w.name} exited with code {w.exit_code}; restarting in {w.backoff:.0f}s")
+                w.stop_rest()
                 w.restart_at = now + w.backoff
-                w.backoff = min(BACKOFF_MAX_S, w.backoff * 2)
+                w.backoff = min(BACKOFF_MAX_S, max(BACKOFF_FIRST_S, w.backoff * 2))
 
     def supervise(self) -> int:
+        """Until told to stop: restart whatever dies, the router included."""
+        self.router.restart = True
         while not self.stopping:
             self.poll()
-            if self.router_dead():
-                return 1
             time.sleep(0.2)
         return 0
 
@@ -117,12 +204,10 @@ class Supervisor:
             for c in group:
                 c.signal(signal.SIGTERM)
             deadline = time.monotonic() + STOP_GRACE_S
-            for c in group:
-                if c.proc is None:
-                    continue
+            for proc in (p for c in group for p in c.processes()):
                 try:
-                    c.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+                    proc.wait(timeout=max(0.1, deadline - time.monotonic()))
                 except subprocess.TimeoutExpired:
-                    say(f"{c.name} did not stop in {STOP_GRACE_S:.0f}s; killing it")
-                    c.proc.kill()
-                    c.proc.wait()
+                    say(f"pid {proc.pid} did not stop in {STOP_GRACE_S:.0f}s; killing it")
+                    proc.kill()
+                    proc.wait()

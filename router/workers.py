@@ -63,6 +63,7 @@ class WorkerState:
             "completion_tokens": self.completion_tokens,
             "cached_tokens": self.cached_tokens,
             "attention": _as_json(self.info.attention),
+            "tensor_parallel": _as_json(self.info.group),
             "phases": _as_json(hb.phases if hb else None),
         }
 

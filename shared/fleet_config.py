@@ -121,6 +121,11 @@ class WorkerSection:
     log_level: str = spec("INFO", string(LOG_LEVELS), "log level")
     curve_secret_key: Path | None = spec(None, path(), "this worker's CURVE secret key file")
     curve_server_key: Path | None = spec(None, path(), "the router's CURVE public key file")
+    # Tensor-parallel group across machines (one rank per entry, rank 0 first); see deploy.md
+    tp_hosts: tuple[str, ...] = spec((), strings(), "every rank's IP or IP:port, rank 0 first")
+    tp_rank: int | None = spec(None, integer(0, optional=True), "this worker's place in tp_hosts")
+    tp_port: int = spec(52100, integer(1, 65535), "ring port of a tp_hosts entry without one")
+    tp_timeout_s: float = spec(60.0, number(0.0, low_open=True), "a stalled group exits after")
 
     @property
     def curve_enabled(self) -> bool:
@@ -130,6 +135,7 @@ class WorkerSection:
 @dataclass(frozen=True)
 class ClusterSection:
     workers: int = spec(2, integer(1, 256), "worker processes launch-cluster starts here")
+    tp: int = spec(1, integer(1, 64), "ranks per worker: one model replica sharded K ways")
 
 
 @dataclass(frozen=True)
@@ -220,6 +226,10 @@ def _check_pairs(router: RouterSection, worker: WorkerSection) -> None:
             "worker.curve_secret_key and worker.curve_server_key: set both (CURVE on) "
             "or neither (CURVE off)"
         )
+    if bool(worker.tp_hosts) != (worker.tp_rank is not None):
+        raise ConfigError("worker.tp_hosts and worker.tp_rank: set both (a group) or neither")
+    if worker.tp_rank is not None and worker.tp_rank >= len(worker.tp_hosts):
+        raise ConfigError(f"worker.tp_rank {worker.tp_rank} is not an index of worker.tp_hosts")
     if worker.kv_memory is not None and worker.kv_fraction is not None:
         raise ConfigError("worker.kv_memory and worker.kv_fraction: set one, not both")
 

@@ -29,16 +29,20 @@ def resolve_compute_dtype(choice: str = "auto") -> str:
     return "quantized" if metal_available() else "float32"
 
 
-def load_model(model_dir: Path, compute_dtype: str = "auto"):
-    """(model, tokenizer) for a local mlx-lm directory, in the chosen compute dtype."""
+def load_model(model_dir: Path, compute_dtype: str = "auto", lazy: bool = False):
+    """(model, tokenizer) for a local mlx-lm directory, in the chosen compute dtype.
+
+    `lazy`: the weights are not read yet; the caller evaluates them (a tensor-parallel rank
+    shards first, so that it only ever holds its own shard, not the whole model)."""
     import mlx.core as mx
     from mlx_lm import load
     from mlx_lm.utils import dequantize_model
 
-    model, tokenizer = load(str(model_dir))
+    model, tokenizer = load(str(model_dir), lazy=lazy)
     dtype = resolve_compute_dtype(compute_dtype)
     if dtype != "quantized":
         model = dequantize_model(model)
         model.set_dtype(getattr(mx, dtype))
+    if not lazy:
         mx.eval(model.parameters())
     return model, tokenizer

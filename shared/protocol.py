@@ -23,7 +23,9 @@ import msgpack
 from shared.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 from shared.sampling import SamplingParams
 
-PROTOCOL_VERSION = 1
+# 2: SamplingParams gained logit processing (bias, penalties, grammar, top_logprobs) and
+# TokenDelta top_logprobs; a version-1 worker would ignore them silently, so it is refused.
+PROTOCOL_VERSION = 2
 MAX_FRAME_BYTES = 64 * 1024 * 1024
 
 
@@ -46,6 +48,24 @@ class AttentionReport:
 
 
 @dataclass(frozen=True, slots=True)
+class RankReport:
+    """One process of a tensor-parallel worker group."""
+
+    rank: int
+    host: str
+    pid: int
+
+
+@dataclass(frozen=True, slots=True)
+class GroupReport:
+    """The ranks that serve this worker's one model replica with tensor parallelism (rank 0
+    is the worker the router talks to)."""
+
+    size: int
+    ranks: tuple[RankReport, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class Register:
     """First message of a worker; re-sent after a restart (its old state is dropped)."""
 
@@ -57,6 +77,7 @@ class Register:
     pid: int
     protocol_version: int = PROTOCOL_VERSION
     attention: AttentionReport | None = None
+    group: GroupReport | None = None  # None: one process holds the whole model
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +122,14 @@ class Usage:
 
 
 @dataclass(frozen=True, slots=True)
+class TopLogprobs:
+    """The most likely tokens at one position, most likely first (log-probabilities)."""
+
+    token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class TokenDelta:
     """New tokens of one request; the last delta has finish_reason (and usage)."""
 
@@ -111,6 +140,7 @@ class TokenDelta:
     logprobs: tuple[float, ...] | None = None
     error: str | None = None  # with finish_reason "error": what went wrong
     index: int = 0  # which of the request's n choices (Generate.n)
+    top_logprobs: tuple[TopLogprobs, ...] | None = None  # per token, with top_logprobs > 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,6 +179,7 @@ class Abort:
     """Stop a request and free its blocks; no further deltas are needed."""
 
     request_id: str
+    index: int | None = None  # only this choice of an n > 1 request
 
 
 @dataclass(frozen=True, slots=True)

@@ -34,11 +34,11 @@ ARCHS = {
 }
 
 
-def tiny_model(arch: str = "llama", seed: int = 0):
+def tiny_model(arch: str = "llama", seed: int = 0, vocab_size: int = VOCAB):
     module_name, extra = ARCHS[arch]
     module = importlib.import_module(f"mlx_lm.models.{module_name}")
     fields = module.ModelArgs.__dataclass_fields__
-    args = {"model_type": module_name, **_COMMON, **extra}
+    args = {"model_type": module_name, **_COMMON, **extra, "vocab_size": vocab_size}
     mx.random.seed(seed)
     model = module.Model(module.ModelArgs(**{k: v for k, v in args.items() if k in fields}))
     mx.eval(model.parameters())
@@ -55,12 +55,12 @@ def reference_greedy(model, prompt: list[int], max_tokens: int) -> list[int]:
     return out
 
 
-def make_engine(model, **overrides) -> Engine:
+def make_engine(model, grammars=None, **overrides) -> Engine:
     config = dict(
         block_size=8, num_blocks=256, prefill_chunk=64, step_token_budget=256, warmup=False
     )
     config.update(overrides)
-    return Engine(model, EngineConfig(**config), max_context=512)
+    return Engine(model, EngineConfig(**config), max_context=512, grammars=grammars)
 
 
 def run_to_completion(engine: Engine, max_steps: int = 10_000) -> dict[str, list[int]]:

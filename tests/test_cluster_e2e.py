@@ -125,6 +125,20 @@ def test_cluster_view_shows_attention_choice_and_phases(cluster):
     assert 'router_worker_phase_decode_tick_p95_ms{worker="worker-0"}' in metrics
 
 
+def test_n_choices_fork_on_the_worker(cluster):
+    r = cluster.client.chat.completions.create(
+        model=MODEL, messages=QUESTION, temperature=0, max_tokens=12, n=2
+    )
+    assert [c.index for c in r.choices] == [0, 1]
+    expected = greedy_reference(QUESTION, 12)
+    assert [c.message.content for c in r.choices] == [expected, expected]
+    single = cluster.client.chat.completions.create(
+        model=MODEL, messages=QUESTION, temperature=0, max_tokens=12
+    )
+    assert r.usage.prompt_tokens == single.usage.prompt_tokens
+    assert r.usage.completion_tokens == 2 * single.usage.completion_tokens
+
+
 def test_greedy_output_equals_mlx_lm(cluster):
     r = cluster.client.chat.completions.create(
         model=MODEL, messages=QUESTION, temperature=0, max_tokens=24
@@ -231,3 +245,33 @@ def test_worker_killed_mid_stream_is_invisible_to_the_client(cluster):
             )
     else:
         raise AssertionError("the restarted worker never served a request")
+
+
+def _router_pids(port: int) -> list[int]:
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                args = f.read().split(b"\0")
+        except OSError:
+            continue
+        if b"router" in args and str(port).encode() in args and b"--zmq-bind" in args:
+            pids.append(int(entry))
+    return pids
+
+
+def test_router_killed_comes_back_and_workers_rejoin(cluster):
+    port = int(cluster.url.rsplit(":", 1)[1])
+    (pid,) = _router_pids(port)
+    os.kill(pid, signal.SIGKILL)
+    killed = time.monotonic()
+    cluster.wait_healthy(2, timeout=120)  # a new router, both workers registered again
+    back = time.monotonic() - killed
+    r = cluster.client.chat.completions.create(
+        model=MODEL, messages=QUESTION, temperature=0, max_tokens=8
+    )
+    assert r.choices[0].message.content
+    assert _router_pids(port) != [pid]
+    assert back < 60, f"the cluster took {back:.0f}s to come back"

@@ -50,7 +50,25 @@ BAD_CHAT = [
     ({**CHAT, "stop": 5}, "stop"),
     ({**CHAT, "stream_options": {"include_usage": True}}, "stream_options"),
     ({**CHAT, "n": 2}, "n"),
-    ({**CHAT, "logprobs": True}, "logprobs"),
+    ({**CHAT, "logprobs": "yes"}, "logprobs"),
+    ({**CHAT, "logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+    ({**CHAT, "top_logprobs": 3}, "top_logprobs"),  # without logprobs: true
+    ({**CHAT, "logit_bias": {"abc": 1}}, "logit_bias"),
+    ({**CHAT, "logit_bias": {"-1": 1}}, "logit_bias"),
+    ({**CHAT, "logit_bias": {"99999999": 1}}, "logit_bias"),
+    ({**CHAT, "logit_bias": {"5": 101}}, "logit_bias"),
+    ({**CHAT, "logit_bias": {"5": "big"}}, "logit_bias"),
+    ({**CHAT, "logit_bias": [5]}, "logit_bias"),
+    ({**CHAT, "presence_penalty": 3}, "presence_penalty"),
+    ({**CHAT, "frequency_penalty": "x"}, "frequency_penalty"),
+    ({**CHAT, "repetition_penalty": 0}, "repetition_penalty"),
+    ({**CHAT, "response_format": {"type": "xml"}}, "response_format"),
+    ({**CHAT, "response_format": "json"}, "response_format"),
+    ({**CHAT, "response_format": {"type": "json_schema"}}, "response_format"),
+    (
+        {**CHAT, "response_format": {"type": "json_schema", "json_schema": {"schema": {}}}},
+        "response_format",
+    ),
 ]
 
 
@@ -69,11 +87,28 @@ async def test_bad_chat_fields_are_400_naming_the_field(cluster, body, param):
         ({**TEXT, "prompt": ["a", "b"]}, "prompt"),
         ({**TEXT, "prompt": [1, 10**9]}, "prompt"),
         ({**TEXT, "echo": True}, "echo"),
+        ({**TEXT, "logprobs": 6}, "logprobs"),
+        ({**TEXT, "logprobs": True}, "logprobs"),
     ],
 )
 async def test_bad_completion_fields_are_400(cluster, body, param):
     error = await post_error(cluster, "/v1/completions", 400, json=body)
     assert error["param"] == param
+
+
+async def test_an_invalid_schema_is_a_400_naming_the_problem(cluster):
+    bad = {"type": "object", "properties": {"a": {"$ref": "#/nowhere"}}}
+    fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": bad, "strict": True}}
+    error = await post_error(
+        cluster, "/v1/chat/completions", 400, json={**CHAT, "response_format": fmt}
+    )
+    assert error["param"] == "response_format"
+    assert "/nowhere" in error["message"]
+    fmt["json_schema"]["schema"] = {"type": "objekt"}
+    error = await post_error(
+        cluster, "/v1/chat/completions", 400, json={**CHAT, "response_format": fmt}
+    )
+    assert "objekt" in error["message"]
 
 
 async def test_malformed_json_and_non_object_bodies(cluster):

@@ -12,6 +12,7 @@ import sys
 import time
 
 from shared.blas import openblas_active, reexec_with_openblas
+from shared.parent_watch import watch_parent
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -57,6 +58,21 @@ def build_parser() -> argparse.ArgumentParser:
         "--curve-secret-key", help="this worker's CURVE secret key file (mlx-fleet-keys)"
     )
     p.add_argument("--curve-server-key", help="the router's CURVE public key file")
+    tp = p.add_argument_group(
+        "tensor parallel",
+        "one model replica over several ranks (see docs/deploy.md); also joins a group when "
+        "started by mlx.launch (MLX_RANK, MLX_HOSTFILE set)",
+    )
+    tp.add_argument(
+        "--tp-hosts", type=lambda s: tuple(h for h in s.split(",") if h),
+        help="every rank's IP or IP:port, rank 0 first, e.g. 10.0.0.1,10.0.0.2",
+    )  # fmt: skip
+    tp.add_argument("--tp-rank", type=int, help="this worker's rank (its place in --tp-hosts)")
+    tp.add_argument("--tp-port", type=int, help="ring port of a host given without one (52100)")
+    tp.add_argument(
+        "--tp-timeout-s", type=float,
+        help="a rank exits when its group makes no progress this long (default 60)",
+    )  # fmt: skip
     p.add_argument("--log-level", help="DEBUG, INFO (default), WARNING, ERROR")
     return p
 
@@ -126,6 +142,11 @@ def main(argv: list[str] | None = None) -> int:
     except (ModelNotFound, ValueError) as exc:
         print(f"cluster-worker: error: {exc}", file=sys.stderr)
         return 2
+    if worker.tp_hosts or "MLX_HOSTFILE" in os.environ:  # one rank of a tensor-parallel group
+        from worker.tp_start import serve_group_rank
+
+        name = model.id or model_dir.name
+        return serve_group_rank(worker, name, model_dir, config, worker_id, socket_setup(worker))
     start = time.perf_counter()
     engine = Engine.from_path(model_dir, config)
     log.info(
@@ -138,6 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: server.stop())
+    watch_parent()  # started by launch-cluster: go when it goes (macOS has no PDEATHSIG)
     return server.serve_forever()
 
 

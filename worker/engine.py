@@ -12,6 +12,7 @@ import itertools
 import logging
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,11 +26,13 @@ from worker.attention_hook import AttentionSinksUnsupported
 from worker.attention_select import select_backend
 from worker.config import EngineConfig
 from worker.engine_stats import EngineStats
+from worker.grammar import GrammarCompiler
 from worker.kv.block_pool import BlockPool
 from worker.kv.disk_store import DiskKVStore
 from worker.kv.disk_tier import DiskTier, block_layout, model_fingerprint
 from worker.kv.memory import memory_budget_bytes, num_blocks_for_budget
 from worker.kv.radix_cache import RadixCache
+from worker.logits_processors import LogitsState
 from worker.model_runner import LayerTimes, ModelRunner
 from worker.model_support import (
     COVERED_ARCHITECTURES,
@@ -40,6 +43,7 @@ from worker.model_support import (
     reference_greedy,
     verification_prompt,
 )
+from worker.sampler import TokenLogprob, TokenLogprobs, delta_logprob_fields
 from worker.scheduler import PrefillChunk, Scheduler, StepKind, StepPlan
 from worker.sequence import Sequence, Status
 from worker.speculative import DraftState, accepted_prefix
@@ -53,7 +57,7 @@ PROFILE_EVERY = 64  # every n-th step is timed layer by layer (phase metrics)
 class _InFlight:
     seqs: list[Sequence]
     tokens: mx.array  # (B,) sampled, maybe not computed yet
-    logprobs: mx.array | None
+    logprobs: TokenLogprobs | None
     started: float
 
 
@@ -66,9 +70,18 @@ class Engine:
     (the scheduler advances or finishes sequences), token deltas out."""
 
     def __init__(
-        self, model: nn.Module, config: EngineConfig | None = None, max_context: int = 4096
+        self,
+        model: nn.Module,
+        config: EngineConfig | None = None,
+        max_context: int = 4096,
+        grammars: GrammarCompiler | None = None,
+        make_runner: Callable[..., ModelRunner] = ModelRunner,
     ):
+        """`make_runner(model, pool, scratch_block, backend)`: the runner the steps go
+        through; a tensor-parallel group's leader passes one that first broadcasts the plan
+        to the other ranks (`worker.tp`)."""
         self.config = config or EngineConfig()
+        self.grammars = grammars  # for grammar-constrained requests; None refuses them
         self.config.validate()
         self.model, self.max_context = model, max_context
         self.shape = probe_shape(model)
@@ -88,7 +101,7 @@ class Engine:
         self.backend, self.attention_report = select_backend(
             self.config.attention_backend, self.shape, self.config.block_size
         )
-        self.runner = ModelRunner(model, self.pool, self.scratch_block, self.backend)
+        self.runner = make_runner(model, self.pool, self.scratch_block, self.backend)
         self.stats_ = EngineStats()
         self._open: dict[str, int] = {}  # request id -> its choices not finished yet
         self._arrivals = itertools.count()
@@ -108,8 +121,9 @@ class Engine:
         from shared.model_store import context_length
 
         config = config or EngineConfig()
-        model, _ = load_model(model_dir, config.compute_dtype)
-        return cls(model, config, max_context=context_length(model_dir))
+        model, tokenizer = load_model(model_dir, config.compute_dtype)
+        grammars = GrammarCompiler.from_hf_tokenizer(tokenizer, probe_shape(model).vocab_size)
+        return cls(model, config, max_context=context_length(model_dir), grammars=grammars)
 
     def _num_blocks(self) -> int:
         c, s = self.config, self.shape
@@ -142,6 +156,9 @@ class Engine:
             rng_key=None if sampling.greedy else mx.random.key(seed),
             seed=seed,
             forks=n - 1,
+            logits_state=LogitsState.create(
+                sampling, token_ids, self.shape.vocab_size, self.grammars
+            ),
             drafting=DraftState() if self._may_draft(sampling, n) else None,
         )
         self._open[request_id] = n
@@ -149,7 +166,13 @@ class Engine:
 
     def _may_draft(self, sampling: SamplingParams, n: int) -> bool:
         """Speculative decoding keeps greedy output identical; sampled requests don't draft."""
-        return self.config.speculative != "off" and sampling.greedy and n == 1
+        # nor do requests with logit processors: their state advances once per step
+        return (
+            self.config.speculative != "off"
+            and sampling.greedy
+            and n == 1
+            and not sampling.processes_logits
+        )
 
     def _validate(self, request_id: str, token_ids: list[int], sampling: SamplingParams) -> None:
         if not isinstance(request_id, str) or not request_id:
@@ -171,14 +194,23 @@ class Engine:
             raise InvalidRequest(
                 f"the prompt needs more KV memory than this worker has ({usable} blocks)"
             )
-        sampling.validate()
+        sampling.validate(vocab)
 
-    def abort(self, request_id: str) -> bool:
-        """Stop a request and free its blocks now; False if it is unknown or already done."""
-        if self._open.pop(request_id, None) is None:
+    def abort(self, request_id: str, index: int | None = None) -> bool:
+        """Stop a request (or only its choice `index`) and free its blocks now; False if it
+        is unknown or already done."""
+        if request_id not in self._open:
             return False
-        for seq in self.scheduler.sequences_of(request_id):
+        seqs = self.scheduler.sequences_of(request_id)
+        if index is not None:
+            seqs = [s for s in seqs if s.choice == index]
+            if not seqs:
+                return False  # done already, or not forked yet (then it runs; it is ignored)
+        for seq in seqs:
             self.scheduler.remove(seq)
+            self._close_choice(request_id)
+        if index is None:
+            self._open.pop(request_id, None)
         return True
 
     def has_work(self) -> bool:
@@ -318,19 +350,22 @@ class Engine:
     def _advance(self, seq: Sequence, tokens: list[int], logprobs: list) -> TokenDelta:
         """`seq` produced `tokens` (one, or several when drafts were accepted); its delta."""
         emitted: list[int] = []
+        entries: list[TokenLogprob | None] = []
         reason = None
         for token, logprob in zip(tokens, logprobs, strict=True):
-            reason = self.scheduler.append_token(seq, token, logprob)
-            if reason != "stop":  # a stop token ends the text, unshown
+            reason = self.scheduler.append_token(seq, token, logprob and logprob.logprob)
+            # a stop token ends the text, unshown; a token that completed the grammar is shown
+            if token not in seq.sampling.stop_token_ids:
                 emitted.append(token)
+                entries.append(logprob)
             if reason is not None:
                 break
-        lps = tuple(seq.logprobs[-len(emitted) :]) if seq.sampling.logprobs and emitted else None
+        lps = delta_logprob_fields(seq.sampling, entries)
         if reason is None:
-            return TokenDelta(seq.request_id, tuple(emitted), logprobs=lps, index=seq.choice)
+            return TokenDelta(seq.request_id, tuple(emitted), index=seq.choice, **lps)
         self._close_choice(seq.request_id)
         usage = Usage(seq.prompt_len, seq.num_output, seq.num_cached)
-        return TokenDelta(seq.request_id, tuple(emitted), reason, usage, lps, index=seq.choice)
+        return TokenDelta(seq.request_id, tuple(emitted), reason, usage, index=seq.choice, **lps)
 
     def _fail(self, seq: Sequence, message: str) -> TokenDelta:
         """End `seq`'s whole request with an error (every choice of it: one failed)."""

@@ -26,7 +26,7 @@ import mlx.nn as nn
 from worker.attention_hook import install_attention_hook
 from worker.kv.block_pool import BlockPool
 from worker.paged_attention import AttentionBackend, AttentionPlan, write_kv
-from worker.sampler import sample
+from worker.sampler import TokenLogprobs, sample
 from worker.scheduler import StepKind, StepPlan
 from worker.sequence import Sequence
 
@@ -159,7 +159,7 @@ class StepOutput(NamedTuple):
     seqs: list[Sequence]  # the sequences that sampled, in row order
     counts: list[int]  # tokens each sampled: 1, or 1 + its drafts (verified together)
     tokens: mx.array | None  # (sum(counts),) int32; None when none sampled
-    logprobs: mx.array | None
+    logprobs: TokenLogprobs | None
     # Evaluating these runs the whole forward (every layer's K/V write included): the samples,
     # or with none, the pools themselves. Not kept past evaluation: a kept reference to a pool
     # array makes the next step's K/V scatter copy the whole pool (see `write_kv`).
@@ -198,7 +198,37 @@ class ModelRunner:
         (the previous step's samples); the rows then sit at `num_computed` and all sample.
         `times`: evaluate layer by layer and add up write and attention time (profiling).
         """
-        rows, points = self._rows(plan, device_tokens is not None)
+        rows, points = self.plan_rows(plan, device_tokens is not None)
+        hidden, layout = self.forward(rows, device_tokens, times)
+        if not points.seqs:
+            return StepOutput([], [], None, None, self.pool.k + self.pool.v)
+        # The output projection at the sampling points only: projecting every prefill
+        # position onto the vocabulary is wasted work.
+        row_idx = mx.array(points.rows, dtype=mx.int32)
+        cols = [layout.last_index[r] if c is None else c for r, c in zip(*points[:2], strict=True)]
+        logits = self._head(hidden[row_idx, mx.array(cols, dtype=mx.int32)])
+        seqs = points.seqs
+        # a sequence with logit processors samples at one point per step (it never drafts)
+        result, keys = sample(
+            logits,
+            [s.sampling for s in seqs],
+            [s.rng_key for s in seqs],
+            [s.logits_state for s in seqs],
+        )
+        for seq, key in zip(seqs, keys, strict=True):
+            seq.rng_key = key
+        unique, counts = _runs(seqs)
+        outputs = [*result.arrays(), *(k for k in keys if k is not None)]
+        return StepOutput(unique, counts, result.tokens, result.logprobs, outputs)
+
+    def forward(
+        self,
+        rows: list[Row],
+        device_tokens: mx.array | None = None,
+        times: LayerTimes | None = None,
+    ) -> tuple[mx.array, BatchLayout]:
+        """The backbone's forward over `rows` (lazy): its hidden states (B, L, hidden) and the
+        layout. `device_tokens` (B,), when given, replace the rows' one host token each."""
         layout = build_layout(rows, self.pool.block_size, self.scratch_block)
         tokens = layout.tokens
         if device_tokens is not None:
@@ -214,23 +244,9 @@ class ModelRunner:
             for i in range(self.pool.num_layers)
         ]
         self.last_caches = caches
-        hidden = self.model.model(tokens, cache=caches)
-        if not points.seqs:
-            return StepOutput([], [], None, None, self.pool.k + self.pool.v)
-        # The output projection at the sampling points only: projecting every prefill
-        # position onto the vocabulary is wasted work.
-        row_idx = mx.array(points.rows, dtype=mx.int32)
-        cols = [layout.last_index[r] if c is None else c for r, c in zip(*points[:2], strict=True)]
-        logits = self._head(hidden[row_idx, mx.array(cols, dtype=mx.int32)])
-        seqs = points.seqs
-        result, keys = sample(logits, [s.sampling for s in seqs], [s.rng_key for s in seqs])
-        for seq, key in zip(seqs, keys, strict=True):
-            seq.rng_key = key
-        unique, counts = _runs(seqs)
-        outputs = [result.tokens, *(x for x in (result.logprobs, *keys) if x is not None)]
-        return StepOutput(unique, counts, result.tokens, result.logprobs, outputs)
+        return self.model.model(tokens, cache=caches), layout
 
-    def _rows(self, plan: StepPlan, on_device: bool) -> tuple[list[Row], Points]:
+    def plan_rows(self, plan: StepPlan, on_device: bool) -> tuple[list[Row], Points]:
         """The rows of `plan` and where they sample. A decode row carries its last token and
         its drafts (each position samples: the drafts are verified); in a MIXED plan every
         token is its own one-token row."""

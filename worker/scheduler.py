@@ -134,6 +134,8 @@ class Scheduler:
         for seq in seqs:
             if seq.status is not Status.RUNNING or seq.num_uncomputed != 0:
                 return False
+            if seq.sampling.needs_host_step:  # its grammar needs the in-flight token first
+                return False
             if (
                 seq.num_output + 1 >= seq.sampling.max_tokens
                 or len(seq.tokens) + 2 >= self.max_context
@@ -170,7 +172,8 @@ class Scheduler:
         seq.tokens.append(token)
         if seq.sampling.logprobs and logprob is not None:
             seq.logprobs.append(logprob)
-        if token in seq.sampling.stop_token_ids:
+        grammar_done = seq.advance_grammar(token)
+        if token in seq.sampling.stop_token_ids or grammar_done:
             reason = "stop"
         elif seq.num_output >= seq.sampling.max_tokens or len(seq.tokens) >= self.max_context:
             reason = "length"

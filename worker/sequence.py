@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import mlx.core as mx
 
 from shared.sampling import SamplingParams
+from worker.logits_processors import LogitsState
 from worker.speculative import DraftState
 
 
@@ -36,6 +37,7 @@ class Sequence:
     seed: int = 0  # of the rng key; choice i of a request samples with seed + i
     choice: int = 0  # which of its request's n choices this sequence is
     forks: int = 0  # choices still to fork off this one once its prompt is computed
+    logits_state: LogitsState | None = None  # bias, penalties, grammar (when asked for)
     draft: list[int] = field(default_factory=list)  # this step's speculative tokens
     drafting: DraftState | None = None  # set when speculative decoding may draft for it
 
@@ -56,7 +58,14 @@ class Sequence:
             rng_key=None if self.rng_key is None else mx.random.key(self.seed + choice),
             seed=self.seed,
             choice=choice,
+            logits_state=self.logits_state.fork() if self.logits_state is not None else None,
         )
+
+    def advance_grammar(self, token: int) -> bool:
+        """Mutates: the grammar (if any) consumes the sampled `token`; True when it is then
+        complete (nothing more may follow), which ends the sequence with "stop"."""
+        state = self.logits_state
+        return state is not None and state.grammar is not None and state.grammar.advance(token)
 
     @property
     def num_output(self) -> int:

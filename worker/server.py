@@ -13,10 +13,12 @@ import queue
 import socket
 import threading
 import time
+from collections.abc import Callable
 
 from shared.protocol import (
     Abort,
     Generate,
+    GroupReport,
     Heartbeat,
     KVEvents,
     Message,
@@ -38,9 +40,18 @@ PHASES_EVERY_S = 1.0  # phase percentiles sort a window: refreshed this often, n
 
 class WorkerServer:
     def __init__(
-        self, engine: Engine, endpoint: str, worker_id: str, model_id: str, configure_socket=None
+        self,
+        engine: Engine,
+        endpoint: str,
+        worker_id: str,
+        model_id: str,
+        configure_socket=None,
+        group: GroupReport | None = None,
+        on_idle: Callable[[], None] | None = None,
     ):
-        self.engine, self.worker_id = engine, worker_id
+        """`group` and `on_idle`: for a tensor-parallel group's leader, the ranks it reports
+        and what it runs between idle waits (the keepalive its followers expect)."""
+        self.engine, self.worker_id, self.on_idle = engine, worker_id, on_idle
         register = Register(
             worker_id=worker_id,
             model_id=model_id,
@@ -49,6 +60,7 @@ class WorkerServer:
             host=socket.gethostname(),
             pid=os.getpid(),
             attention=engine.attention_report,
+            group=group,
         )
         self._phases, self._phases_at = None, 0.0
         self._load = self._heartbeat()
@@ -63,6 +75,8 @@ class WorkerServer:
                 self._handle_inbound(block=not self.engine.has_work())
                 if self.engine.has_work():
                     self._step()
+                elif self.on_idle is not None:
+                    self.on_idle()
                 self._load = self._heartbeat()
         finally:
             self.link.stop()
@@ -91,7 +105,7 @@ class WorkerServer:
         if isinstance(msg, Generate):
             self._generate(msg)
         elif isinstance(msg, Abort):
-            self.engine.abort(msg.request_id)
+            self.engine.abort(msg.request_id, msg.index)
         elif isinstance(msg, Shutdown):
             log.info("shutdown requested by the router: %s", msg.reason or "no reason")
             self.stop()

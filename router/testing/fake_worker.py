@@ -35,6 +35,7 @@ from shared.protocol import (
     RegisterAck,
     Shutdown,
     TokenDelta,
+    TopLogprobs,
     Usage,
     decode,
     encode,
@@ -124,6 +125,8 @@ class FakeWorker:
                 self._running[msg.request_id] = task
         elif isinstance(msg, Abort):
             self.aborted.append(msg.request_id)
+            if msg.index is not None:
+                return  # one choice: the fake keeps generating it (the router ignores it)
             task = self._running.pop(msg.request_id, None)
             if task is not None:
                 task.cancel()
@@ -131,7 +134,7 @@ class FakeWorker:
     async def _generate(self, msg: Generate) -> None:
         try:
             cached_tokens = await self._prefill(msg.token_ids)
-            await self._decode(msg, cached_tokens)
+            await asyncio.gather(*(self._decode(msg, cached_tokens, i) for i in range(msg.n)))
         finally:
             self._running.pop(msg.request_id, None)
 
@@ -157,8 +160,9 @@ class FakeWorker:
             await self._send(KVEvents(self.config.worker_id, tuple(events)))
         return hit * size
 
-    async def _decode(self, msg: Generate, cached_tokens: int) -> None:
-        context = list(msg.token_ids)
+    async def _decode(self, msg: Generate, cached_tokens: int, index: int = 0) -> None:
+        """Choice `index` walks the alphabet from its own offset."""
+        context = list(msg.token_ids) + [0] * index
         alphabet = self.config.alphabet
         stop_ids = set(msg.sampling.stop_token_ids)
         for produced in range(1, msg.sampling.max_tokens + 1):
@@ -173,7 +177,10 @@ class FakeWorker:
             if finish is None and produced == msg.sampling.max_tokens:
                 finish = "length"
             usage = Usage(len(msg.token_ids), produced, cached_tokens) if finish else None
-            await self._send(TokenDelta(msg.request_id, (token,), finish, usage))
+            logprobs = _fake_logprobs(msg.sampling, token, alphabet) if finish != "stop" else {}
+            await self._send(
+                TokenDelta(msg.request_id, (token,), finish, usage, index=index, **logprobs)
+            )
             if finish:
                 return
 
@@ -208,6 +215,20 @@ class FakeWorker:
 
     async def _send(self, msg: Message) -> None:
         await self._sock.send(encode(msg))
+
+
+def _fake_logprobs(sampling, token: int, alphabet: tuple[int, ...]) -> dict:
+    """With logprobs asked for: the token at -0.5, then the next alphabet tokens at -1.5,
+    -2.5, ... as the alternatives (the token itself first)."""
+    if not sampling.logprobs:
+        return {}
+    fields: dict = {"logprobs": (-0.5,)}
+    if sampling.top_logprobs:
+        start = alphabet.index(token)
+        ids = [alphabet[(start + i) % len(alphabet)] for i in range(sampling.top_logprobs)]
+        values = [-0.5 - i for i in range(len(ids))]
+        fields["top_logprobs"] = (TopLogprobs(tuple(ids), tuple(values)),)
+    return fields
 
 
 def main(argv: list[str] | None = None) -> None:
