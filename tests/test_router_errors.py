@@ -49,7 +49,9 @@ BAD_CHAT = [
     ({**CHAT, "stop": ["a", "b", "c", "d", "e"]}, "stop"),
     ({**CHAT, "stop": 5}, "stop"),
     ({**CHAT, "stream_options": {"include_usage": True}}, "stream_options"),
-    ({**CHAT, "n": 2}, "n"),
+    ({**CHAT, "n": 0}, "n"),
+    ({**CHAT, "n": 17}, "n"),
+    ({**CHAT, "n": "2"}, "n"),
     ({**CHAT, "logprobs": "yes"}, "logprobs"),
     ({**CHAT, "logprobs": True, "top_logprobs": 21}, "top_logprobs"),
     ({**CHAT, "top_logprobs": 3}, "top_logprobs"),  # without logprobs: true
