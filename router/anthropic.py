@@ -11,6 +11,7 @@ from router.chat_prompt import build_chat_prompt, template_kwargs
 from router.errors import ApiError, bad_request
 from router.openai_schema import GenerationRequest, _max_tokens
 from router.tokenization import ModelTokenizer
+from router.tool_grammar import enforce_tool_choice, required_call_schema
 from router.tools import ToolSet, parse_tools
 from shared.sampling import InvalidRequest, SamplingParams
 
@@ -37,12 +38,14 @@ def parse_messages_request(
         "chat",
         model_id,
         tuple(prompt.token_ids),
-        _sampling(body, max_tokens, tokenizer.chat_stop_token_ids),
+        enforce_tool_choice(
+            _sampling(body, max_tokens, tokenizer.chat_stop_token_ids), tools, prompt.tool_family
+        ),
         _stop_sequences(body),
         stream,
         False,
         tool_family=prompt.tool_family,
-        tool_grammar=tools.grammar() if tools is not None else None,
+        tool_grammar=required_call_schema(tools),
         starts_in_reasoning=prompt.starts_in_reasoning,
     )
 

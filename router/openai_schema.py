@@ -10,6 +10,7 @@ from router.errors import ApiError, bad_request
 from router.openai_fields import check_chat_fields
 from router.sampling_fields import sampling_fields
 from router.tokenization import ModelTokenizer
+from router.tool_grammar import enforce_tool_choice, required_call_schema
 from router.tools import chat_messages, parse_tools
 from shared.sampling import InvalidRequest, SamplingParams
 
@@ -55,8 +56,9 @@ def parse_chat(
     )
     return replace(
         req,
+        sampling=enforce_tool_choice(req.sampling, tools, prompt.tool_family),
         tool_family=prompt.tool_family,
-        tool_grammar=tools.grammar() if tools is not None else None,
+        tool_grammar=required_call_schema(tools),
         starts_in_reasoning=prompt.starts_in_reasoning,
     )
 

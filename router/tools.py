@@ -31,23 +31,6 @@ class ToolSet:
     def names(self) -> tuple[str, ...]:
         return tuple(f["function"]["name"] for f in self.functions)
 
-    def grammar(self) -> dict | None:
-        """JSON schema a call must satisfy when one is required (for constrained decoding)."""
-        if self.choice == "auto":
-            return None
-        chosen = [f["function"] for f in self.functions]
-        if self.choice != "required":
-            chosen = [f for f in chosen if f["name"] == self.choice]
-        options = [
-            {
-                "type": "object",
-                "properties": {"name": {"const": f["name"]}, "arguments": f["parameters"]},
-                "required": ["name", "arguments"],
-            }
-            for f in chosen
-        ]
-        return options[0] if len(options) == 1 else {"anyOf": options}
-
 
 def parse_tools(body: dict) -> ToolSet | None:
     """The request's tools, or None when there are none or `tool_choice` is "none"."""

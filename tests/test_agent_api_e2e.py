@@ -108,3 +108,24 @@ def test_anthropic_messages_request(url):
     ) as stream:
         types = [event.type for event in stream]
     assert types[0] == "message_start" and types[-1] == "message_stop"
+
+
+@pytest.mark.parametrize(
+    "choice", ["required", {"type": "function", "function": {"name": "get_weather"}}]
+)
+def test_required_and_named_choices_always_yield_a_valid_call(url, choice):
+    """Enforced by the grammar, not hoped for: 135M parameters never call tools unasked."""
+    api = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=120)
+    for question in ("Weather in Paris?", "Tell me a joke.", "Is it cold in Oslo today?"):
+        resp = api.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": question}],
+            tools=[WEATHER],
+            tool_choice=choice,
+            max_tokens=80,
+        )
+        choice0 = resp.choices[0]
+        assert choice0.finish_reason == "tool_calls", choice0
+        (call,) = choice0.message.tool_calls
+        assert call.function.name == "get_weather"
+        assert isinstance(json.loads(call.function.arguments)["city"], str)

@@ -162,7 +162,8 @@ def test_tool_choice_none_renders_no_tools_and_required_sets_a_grammar(tok):
         body = {"model": MODEL, "messages": ASK, "tools": [WEATHER], "tool_choice": choice}
         grammar = parse_chat(body, tok, MODEL).tool_grammar
         assert grammar["properties"]["name"] == {"const": "get_weather"}
-        assert grammar["properties"]["arguments"] == WEATHER["function"]["parameters"]
+        closed = WEATHER["function"]["parameters"] | {"additionalProperties": False}
+        assert grammar["properties"]["arguments"] == closed
 
 
 NATIVE_TEMPLATE = (
