@@ -220,6 +220,8 @@ FIELDS = [
     "model", "messages", "prompt", "max_tokens", "max_completion_tokens", "temperature",
     "top_p", "top_k", "min_p", "stream", "stream_options", "stop", "seed", "n", "tools",
     "tool_choice", "system", "stop_sequences", "chat_template_kwargs", "user", "metadata",
+    "logprobs", "top_logprobs", "logit_bias", "presence_penalty", "frequency_penalty",
+    "repetition_penalty", "response_format", "echo", "suffix", "best_of", "thinking",
 ]  # fmt: skip
 MESSAGE_FIELDS = ["role", "content", "tool_calls", "tool_call_id", "name", "type"]
 
