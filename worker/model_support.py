@@ -31,6 +31,7 @@ class ModelShape:
     head_dim: int
     kv_dtype: mx.Dtype
     vocab_size: int
+    num_heads: int = 0  # query heads (0: unknown)
 
 
 def model_type(model: nn.Module) -> str:
@@ -57,7 +58,10 @@ def probe_shape(model: nn.Module) -> ModelShape:
         )
     logits = model(mx.array([[0]]), cache=cache)
     keys = cache[0].state[0]
-    return ModelShape(len(cache), keys.shape[1], keys.shape[3], keys.dtype, logits.shape[-1])
+    heads = getattr(getattr(model, "args", None), "num_attention_heads", 0) or keys.shape[1]
+    return ModelShape(
+        len(cache), keys.shape[1], keys.shape[3], keys.dtype, logits.shape[-1], int(heads)
+    )
 
 
 def check_seam(model: nn.Module, caches: list) -> None:
