@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from router import handlers, keys
+from router import anthropic_api, handlers, keys
 from router.api_keys import ApiKeys
 from router.config import RouterConfig
 from router.lifecycle import abort_streams, cluster_ctx, tokenizer_ctx
@@ -28,6 +28,7 @@ def create_app(config: RouterConfig) -> web.Application:
     app.on_shutdown.append(abort_streams)
     app.router.add_post("/v1/chat/completions", handlers.chat_completions)
     app.router.add_post("/v1/completions", handlers.completions)
+    app.router.add_post("/v1/messages", anthropic_api.messages)
     app.router.add_get("/v1/models", handlers.models)
     app.router.add_get("/v1/cluster", handlers.cluster)
     app.router.add_get("/health", handlers.health)

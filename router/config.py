@@ -23,6 +23,8 @@ class RouterConfig:
     max_pending_requests: int = 1024  # requests in flight in the router; more get 429
     max_resubmits: int = 3  # times one request may move to another worker after a failure
     context_length: int | None = None  # defaults to config.json's max_position_embeddings
+    tool_call_parser: str | None = None  # hermes | llama3 | mistral; None = from the template
+    chat_template: str | None = None  # the template's text (--chat-template); None = the model's
     # Security (docs/deploy.md). No keys = no authentication.
     api_keys: tuple[str, ...] = field(default=(), repr=False)
     max_body_bytes: int = 8 * 2**20  # larger request bodies get 413

@@ -52,14 +52,16 @@ class StopMatcher:
         self._stops = [s for s in stops if s]
         self._pending = ""
         self.stopped = False
+        self.matched: str | None = None  # the stop string found (Anthropic reports it)
 
     def feed(self, text: str) -> str:
         """Text safe to emit now; sets `stopped` when a stop string is found."""
         if self.stopped:
             return ""
         buffer = self._pending + text
-        cut = min((i for i in (buffer.find(s) for s in self._stops) if i >= 0), default=-1)
-        if cut >= 0:
+        found = [(i, s) for s in self._stops if (i := buffer.find(s)) >= 0]
+        if found:
+            cut, self.matched = min(found)
             self.stopped = True
             self._pending = ""
             return buffer[:cut]

@@ -29,10 +29,26 @@ class ApiError(Exception):
         error = {"message": self.message, "type": self.type, "param": self.param, "code": self.code}
         return {"error": error}
 
-    def response(self) -> web.Response:
-        return web.json_response(
-            self.body(), status=self.status, dumps=json.dumps, headers=self.headers
-        )
+    def anthropic_body(self) -> dict:
+        """The same error in the Anthropic Messages API's shape (for /v1/messages)."""
+        kind = _ANTHROPIC_TYPES.get(self.status, "api_error")
+        return {"type": "error", "error": {"type": kind, "message": self.message}}
+
+    def response(self, anthropic: bool = False) -> web.Response:
+        body = self.anthropic_body() if anthropic else self.body()
+        return web.json_response(body, status=self.status, dumps=json.dumps, headers=self.headers)
+
+
+_ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+}
 
 
 def bad_request(message: str, param: str | None = None, code: str | None = None) -> ApiError:

@@ -19,6 +19,7 @@ class Piece:
     # the tokens that arrived since the last piece, when logprobs were asked for (a token's
     # text may still be held back: by a partial character or a possible stop string)
     logprobs: tuple[LogprobEntry, ...] = ()
+    stop_string: str | None = None  # the stop string that ended the reply, if one did
 
 
 @dataclass(frozen=True)
@@ -61,7 +62,7 @@ async def pieces(
         text = matcher.feed(detokenizer.add([t for t in delta.token_ids if t not in stop_ids]))
         if matcher.stopped:
             dispatcher.cancel(job)
-            yield Piece(text, "stop", tuple(logprobs))
+            yield Piece(text, "stop", tuple(logprobs), matcher.matched)
             return
         if delta.finish_reason is None:
             if text or logprobs:
@@ -70,5 +71,10 @@ async def pieces(
             continue
         text += matcher.feed(detokenizer.flush())
         text += matcher.flush()
-        yield Piece(text, "stop" if matcher.stopped else delta.finish_reason, tuple(logprobs))
+        yield Piece(
+            text,
+            "stop" if matcher.stopped else delta.finish_reason,
+            tuple(logprobs),
+            matcher.matched,
+        )
         return

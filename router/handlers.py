@@ -10,12 +10,14 @@ from collections.abc import Callable
 from aiohttp import web
 
 from router import choices, keys
+from router.chat_output import ChatReader
 from router.dispatch import Job, NoWorkerAvailable, Overloaded
-from router.errors import ApiError, bad_request, no_workers, overloaded
+from router.errors import ApiError, no_workers, overloaded
 from router.generation import pieces, usage_of
 from router.logprobs import LogprobsRenderer
 from router.openai_schema import GenerationRequest, parse_chat, parse_completion
-from router.responses import ResponseBuilder
+from router.request_body import json_object_body
+from router.responses import ResponseBuilder, chat_deltas, chat_message
 
 Parser = Callable[..., GenerationRequest]
 
@@ -77,7 +79,7 @@ async def cluster(request: web.Request) -> web.Response:
 
 async def _generate(request: web.Request, parse: Parser, id_prefix: str) -> web.StreamResponse:
     app = request.app
-    body = await _json_body(request)
+    body = await json_object_body(request)
     config = app[keys.CONFIG]
     req = parse(body, app[keys.TOKENIZER], config.served_model_id, config.max_tokens_cap)
     request_id = f"{id_prefix}-{uuid.uuid4().hex}"
@@ -93,16 +95,6 @@ async def _generate(request: web.Request, parse: Parser, id_prefix: str) -> web.
         return await _whole(request, job, req, builder)
     finally:
         app[keys.DISPATCHER].cancel(job)  # no-op when finished; aborts on disconnect/error
-
-
-async def _json_body(request: web.Request) -> dict:
-    try:
-        body = await request.json(loads=json.loads)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise bad_request(f"the request body is not valid JSON: {e}") from None
-    if not isinstance(body, dict):
-        raise bad_request("the request body must be a JSON object")
-    return body
 
 
 def _start(app: web.Application, request_id: str, req: GenerationRequest) -> Job:
@@ -130,7 +122,12 @@ async def _whole(request, job: Job, req: GenerationRequest, builder) -> web.Resp
         finish_reason = piece.finish_reason
     usage = usage_of(job)
     _count_usage(request.app, usage)
-    body = builder.full("".join(texts), finish_reason, usage, tuple(entries))
+    reply = "".join(texts)
+    if req.kind == "chat":
+        reader = ChatReader(req.tool_family, req.starts_in_reasoning)
+        reply = chat_message(reader.feed(reply) + reader.finish())
+        finish_reason = reader.finish_reason(finish_reason)
+    body = builder.full(reply, finish_reason, usage, tuple(entries))
     return web.json_response(body)
 
 
@@ -146,7 +143,7 @@ async def _stream(request, job: Job, req: GenerationRequest, builder) -> web.Str
     await response.prepare(request)
     try:
         try:
-            await _send_pieces(response, builder, req.include_usage, piece, stream)
+            await _send_pieces(response, builder, req, piece, stream)
         except ApiError as e:  # headers are sent: the error goes in the stream, as OpenAI does
             await _send_event(response, e.body())
         else:
@@ -162,19 +159,34 @@ async def _stream(request, job: Job, req: GenerationRequest, builder) -> web.Str
 
 
 async def _send_pieces(
-    response, builder: ResponseBuilder, include_usage: bool, piece, stream
+    response, builder: ResponseBuilder, req: GenerationRequest, piece, stream
 ) -> None:
+    include_usage = req.include_usage
+    reader = ChatReader(req.tool_family, req.starts_in_reasoning) if req.kind == "chat" else None
     first = True
     while piece is not None:
-        if piece.text or piece.logprobs or first:
-            chunk = builder.chunk(piece.text, None, first, include_usage, piece.logprobs)
+        done = piece.finish_reason is not None
+        parts = _stream_parts(reader, piece.text, done)
+        if not parts and (piece.logprobs or first):
+            parts = [""]
+        entries = piece.logprobs  # they go with the piece's first chunk
+        for part in parts:
+            chunk = builder.chunk(part, None, first, include_usage, entries)
             await _send_event(response, chunk)
+            entries = ()
             first = False
-        if piece.finish_reason is not None:
-            await _send_event(
-                response, builder.chunk("", piece.finish_reason, False, include_usage)
-            )
+        if done:
+            reason = reader.finish_reason(piece.finish_reason) if reader else piece.finish_reason
+            await _send_event(response, builder.chunk("", reason, False, include_usage))
         piece = await anext(stream, None)
+
+
+def _stream_parts(reader: ChatReader | None, text: str, done: bool) -> list:
+    """What to send for a piece of text: itself, or for chat the deltas its events make."""
+    if reader is None:
+        return [text] if text else []
+    events = reader.feed(text) + (reader.finish() if done else [])
+    return [delta for e in events for delta in chat_deltas(e)]
 
 
 async def _send_event(response: web.StreamResponse, body: dict) -> None:

@@ -23,9 +23,13 @@ log = logging.getLogger(__name__)
 
 async def tokenizer_ctx(app: web.Application) -> AsyncIterator[None]:
     config = app[keys.CONFIG]
-    app[keys.TOKENIZER] = await asyncio.to_thread(
+    tokenizer = await asyncio.to_thread(
         ModelTokenizer.load, config.model_dir, config.context_length
     )
+    if config.chat_template is not None:
+        tokenizer.set_chat_template(config.chat_template)
+    tokenizer.tool_call_parser = config.tool_call_parser
+    app[keys.TOKENIZER] = tokenizer
     yield
 
 

@@ -12,23 +12,28 @@ from router.errors import ApiError, body_too_large
 
 log = logging.getLogger(__name__)
 
+ANTHROPIC_PATH = "/v1/messages"
+
 
 @web.middleware
 async def errors_as_json(request: web.Request, handler) -> web.StreamResponse:
+    anthropic = request.path.startswith(ANTHROPIC_PATH)  # its clients expect its error shape
     try:
         return await handler(request)
     except ApiError as e:
-        return e.response()
+        return e.response(anthropic)
     except web.HTTPException as e:  # unknown route, wrong method, body too large...
         if e.status < 400:
             raise
         if e.status == 413:  # a chunked body over client_max_size
-            return body_too_large(request.app[keys.CONFIG].max_body_bytes).response()
+            limit = request.app[keys.CONFIG].max_body_bytes
+            return body_too_large(limit).response(anthropic)
         code = "not_found" if e.status == 404 else None
-        return ApiError(e.status, e.reason, code=code).response()
+        return ApiError(e.status, e.reason, code=code).response(anthropic)
     except Exception:
         log.exception("unhandled error in %s %s", request.method, request.path)
-        return ApiError(500, "internal server error", type="server_error").response()
+        error = ApiError(500, "internal server error", type="server_error")
+        return error.response(anthropic)
 
 
 @web.middleware

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from router.chat_prompt import build_chat_prompt, template_kwargs
 from router.errors import ApiError, bad_request
+from router.openai_fields import check_chat_fields
 from router.sampling_fields import sampling_fields
 from router.tokenization import ModelTokenizer
+from router.tool_grammar import enforce_tool_choice, required_call_schema
+from router.tools import chat_messages, parse_tools
 from shared.sampling import InvalidRequest, SamplingParams
 
 MAX_STOP_STRINGS = 4
-CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
 
 
 @dataclass(frozen=True)
@@ -24,28 +27,39 @@ class GenerationRequest:
     stream: bool
     include_usage: bool
     n: int = 1  # choices, sampled after one prefill (the worker forks the sequence)
+    # Chat only (router/chat_prompt.py): how to read the reply, and the call a tool_choice of
+    # "required" / a named function demands (a JSON schema for constrained decoding).
+    tool_family: str | None = None
+    tool_grammar: dict | None = None
+    starts_in_reasoning: bool = False
 
 
 def parse_chat(
     body: dict, tokenizer: ModelTokenizer, model_id: str, max_tokens_cap: int | None = None
 ) -> GenerationRequest:
     _check_model(body, model_id)
-    messages = _chat_messages(body)
-    if not tokenizer.has_chat_template:
-        raise bad_request("this model has no chat template; use /v1/completions", "messages")
-    prompt_ids = tokenizer.encode_chat(messages)
+    check_chat_fields(body)
+    tools = parse_tools(body)
+    prompt = build_chat_prompt(chat_messages(body), tools, tokenizer, template_kwargs(body))
     max_tokens = _field(body, "max_completion_tokens", int, None)
     if max_tokens is None:
         max_tokens = _field(body, "max_tokens", int, None)
-    return _build(
+    req = _build(
         "chat",
         body,
         model_id,
-        prompt_ids,
+        prompt.token_ids,
         max_tokens,
         max_tokens_cap,
         tokenizer,
         tokenizer.chat_stop_token_ids,
+    )
+    return replace(
+        req,
+        sampling=enforce_tool_choice(req.sampling, tools, prompt.tool_family),
+        tool_family=prompt.tool_family,
+        tool_grammar=required_call_schema(tools),
+        starts_in_reasoning=prompt.starts_in_reasoning,
     )
 
 
@@ -216,7 +230,6 @@ _UNSUPPORTED: dict[str, Callable[[object], bool]] = {
     # field -> values we can honour; anything else is refused rather than silently ignored
     "best_of": lambda v: v == 1,
     "echo": lambda v: v is False,
-    "tools": lambda v: v == [],
     "suffix": lambda v: v == "",
 }
 
@@ -233,40 +246,6 @@ def _param_of(message: str) -> str | None:
 
 
 # ------------------------------------------------------------ prompts
-
-
-def _chat_messages(body: dict) -> list[dict]:
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise bad_request("'messages' must be a non-empty array", "messages")
-    return [_chat_message(m, i) for i, m in enumerate(messages)]
-
-
-def _chat_message(message, i: int) -> dict:
-    param = f"messages[{i}]"
-    if not isinstance(message, dict):
-        raise bad_request(f"{param} must be an object", param)
-    role = message.get("role")
-    if role not in CHAT_ROLES:
-        raise bad_request(f"{param}.role must be one of {', '.join(CHAT_ROLES)}", f"{param}.role")
-    return {"role": role, "content": _content_text(message.get("content"), f"{param}.content")}
-
-
-def _content_text(content, param: str) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        parts = []
-        for part in content:
-            if not (
-                isinstance(part, dict)
-                and part.get("type") == "text"
-                and isinstance(part.get("text"), str)
-            ):
-                raise bad_request(f"{param}: only text parts are supported", param)
-            parts.append(part["text"])
-        return "".join(parts)
-    raise bad_request(f"{param} must be a string or an array of text parts", param)
 
 
 def _completion_prompt(body: dict, tokenizer: ModelTokenizer) -> list[int]:

@@ -19,16 +19,18 @@ class ResponseBuilder:
 
     def full(
         self,
-        text: str,
+        text: str | dict,
         finish_reason: str,
         usage: UsageCount,
         entries: tuple[LogprobEntry, ...] = (),
     ) -> dict:
+        """`text` is the reply, or for chat the whole assistant message (chat_message())."""
         logprobs = self._logprobs(entries)
         if self.kind == "chat":
+            message = text if isinstance(text, dict) else {"role": "assistant", "content": text}
             choice = {
                 "index": 0,
-                "message": {"role": "assistant", "content": text},
+                "message": message,
                 "logprobs": logprobs,
                 "finish_reason": finish_reason,
             }
@@ -47,16 +49,19 @@ class ResponseBuilder:
 
     def chunk(
         self,
-        text: str,
+        text: str | dict,
         finish_reason: str | None,
         first: bool,
         include_usage: bool,
         entries: tuple[LogprobEntry, ...] = (),
         index: int = 0,
     ) -> dict:
+        """`text` is the new text, or for chat a whole `delta` (chat_deltas())."""
         logprobs = self._logprobs(entries) if entries else None
         if self.kind == "chat":
-            delta = {"role": "assistant", "content": text} if first else {"content": text}
+            delta = text if isinstance(text, dict) else {"content": text}
+            if first:
+                delta = {"role": "assistant", "content": "", **delta}
             if finish_reason is not None and not text:
                 delta = {}
             choice = {
@@ -101,3 +106,36 @@ class ResponseBuilder:
             "choices": [choice] if choice is not None else [],
             "usage": usage,
         }
+
+
+def chat_message(events) -> dict:
+    """The assistant message of a whole chat reply, from its ChatReader events."""
+    content = "".join(e.text for e in events if e.kind == "content")
+    reasoning = "".join(e.text for e in events if e.kind == "reasoning")
+    calls = [_tool_call_json(e) for e in events if e.kind == "tool_call"]
+    if calls:  # the whitespace that separated the text from the markup goes with the markup
+        content = content.strip()
+    message = {"role": "assistant", "content": content if content or not calls else None}
+    if reasoning:
+        message["reasoning_content"] = reasoning
+    if calls:
+        message["tool_calls"] = calls
+    return message
+
+
+def chat_deltas(event) -> list[dict]:
+    """One streamed event as OpenAI `delta`s. A call goes as OpenAI streams one: a first
+    entry with its index, id, type and name, then its arguments; the router sends a call once
+    it is complete, since only then is it known to parse."""
+    if event.kind == "tool_call":
+        head = {"index": event.call_index, **_tool_call_json(event)}
+        head["function"] = {"name": event.call.name, "arguments": ""}
+        arguments = {"index": event.call_index, "function": {"arguments": event.call.arguments}}
+        return [{"tool_calls": [head]}, {"tool_calls": [arguments]}]
+    key = "reasoning_content" if event.kind == "reasoning" else "content"
+    return [{key: event.text}]
+
+
+def _tool_call_json(event) -> dict:
+    function = {"name": event.call.name, "arguments": event.call.arguments}
+    return {"id": event.call_id, "type": "function", "function": function}

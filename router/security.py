@@ -1,4 +1,4 @@
-"""HTTP-side security middlewares: API keys (Bearer), requests in flight per key, body limit.
+"""HTTP-side security middlewares: API keys (Bearer or x-api-key), requests in flight per key, body limit.
 
 `/health` stays open so load balancers and service checks need no key; every other path needs
 one when keys are configured.
@@ -47,5 +47,9 @@ async def limit_body(request: web.Request, handler) -> web.StreamResponse:
 
 
 def _bearer(request: web.Request) -> str:
+    """The key presented as 'Authorization: Bearer KEY', or as 'x-api-key: KEY' (the
+    Anthropic SDK's header)."""
     scheme, _, token = request.headers.get("Authorization", "").partition(" ")
-    return token.strip() if scheme.lower() == "bearer" else ""
+    if scheme.lower() == "bearer":
+        return token.strip()
+    return request.headers.get("x-api-key", "").strip()

@@ -13,8 +13,15 @@ from router.api_keys import key_fingerprint
 from router.app import create_app
 from router.config import RouterConfig
 from router.policy import POLICY_NAMES
+from router.tokenization import read_chat_template
 from shared.curve import CurveError, load_secret, require_curve
-from shared.fleet_config import ConfigError, RouterSection, load_with_flags, read_api_keys
+from shared.fleet_config import (
+    TOOL_CALL_PARSERS,
+    ConfigError,
+    RouterSection,
+    load_with_flags,
+    read_api_keys,
+)
 from shared.parent_watch import watch_parent
 
 log = logging.getLogger("router")
@@ -100,6 +107,16 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         help="override the model's context length (default: config.json)",
     )
+    p.add_argument(
+        "--tool-call-parser",
+        choices=TOOL_CALL_PARSERS,
+        help="the tool-call format the model writes (default: read from its chat template)",
+    )
+    p.add_argument(
+        "--chat-template",
+        metavar="FILE_OR_TEXT",
+        help="override the model's chat template: a Jinja file, or the template itself",
+    )
     _add_security_flags(p)
     p.add_argument("--log-level", type=str.upper, default=_DEFAULTS.log_level)
     return p
@@ -164,6 +181,8 @@ def parse_args(argv: list[str] | None) -> RouterConfig:
         heartbeat_timeout_s=router.heartbeat_timeout_s,
         max_pending_requests=router.max_pending_requests,
         context_length=router.context_length,
+        tool_call_parser=router.tool_call_parser,
+        chat_template=_chat_template(router.chat_template),
         api_keys=api_keys,
         max_body_bytes=router.max_body_bytes,
         max_tokens_cap=router.max_tokens_cap,
@@ -171,6 +190,15 @@ def parse_args(argv: list[str] | None) -> RouterConfig:
         curve_secret_key=router.curve_secret_key,
         curve_authorized_keys=router.curve_authorized_keys,
     )
+
+
+def _chat_template(file_or_text: str | None) -> str | None:
+    if file_or_text is None:
+        return None
+    try:
+        return read_chat_template(file_or_text)
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"router: {e}") from None
 
 
 def check_security(config: RouterConfig) -> None:

@@ -26,6 +26,7 @@ class ModelTokenizer:
             eos.add(hf_tokenizer.eos_token_id)
         self.eos_token_ids = tuple(sorted(eos))
         self.chat_stop_token_ids = tuple(sorted(eos | self._chat_end_tokens()))
+        self.tool_call_parser: str | None = None  # --tool-call-parser; None = from the template
         self._ll_tokenizer = None  # llguidance's, for token bytes
 
     @classmethod
@@ -51,9 +52,34 @@ class ModelTokenizer:
     def encode_prompt(self, text: str) -> list[int]:
         return self._tok.encode(text, add_special_tokens=True)
 
+    @property
+    def template_source(self) -> str:
+        template = getattr(self._tok, "chat_template", None) or ""
+        return template if isinstance(template, str) else json.dumps(template)
+
+    def set_chat_template(self, template: str) -> None:
+        """Replace the model's chat template (--chat-template)."""
+        self._tok.chat_template = template
+        self.chat_stop_token_ids = tuple(sorted(set(self.eos_token_ids) | self._chat_end_tokens()))
+
+    def render_chat(
+        self, messages: list[dict], tools: list[dict] | None = None, template_kwargs=None
+    ) -> str:
+        """The templated conversation as text, ending with the assistant's generation prompt."""
+        return self._tok.apply_chat_template(
+            messages,
+            tools=tools,
+            add_generation_prompt=True,
+            tokenize=False,
+            **(template_kwargs or {}),
+        )
+
     def encode_chat(self, messages: list[dict]) -> list[int]:
         """The templated conversation, ending with the assistant's generation prompt."""
-        text = self._tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        return self.encode_text(self.render_chat(messages))
+
+    def encode_text(self, text: str) -> list[int]:
+        """Text that already holds its special tokens (a rendered template)."""
         return self._tok.encode(text, add_special_tokens=False)
 
     def decode(self, token_ids: Sequence[int]) -> str:
@@ -89,6 +115,16 @@ class ModelTokenizer:
             if token_id in special:
                 return {token_id}
         return set()
+
+
+def read_chat_template(file_or_text: str) -> str:
+    """--chat-template: the file's text when it names a file, else the template itself."""
+    path = Path(file_or_text).expanduser()
+    if "{" not in file_or_text and path.is_file():
+        return path.read_text()
+    if "{{" not in file_or_text and "{%" not in file_or_text:
+        raise ValueError(f"--chat-template {file_or_text!r}: no such file, and not a template")
+    return file_or_text
 
 
 def _context_length(config: dict, hf_tokenizer) -> int:

@@ -55,6 +55,7 @@ __all__ = [
 POLICY_NAMES = ("cache_aware", "round_robin", "least_load")  # = router.policy.POLICY_NAMES
 COMPUTE_DTYPES = ("auto", "float32", "float16", "bfloat16", "quantized")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+TOOL_CALL_PARSERS = ("hermes", "llama3", "mistral")  # = router.tool_parsers.PARSER_NAMES
 
 
 @dataclass(frozen=True)
@@ -81,6 +82,12 @@ class RouterSection:
     max_pending_requests: int = spec(1024, integer(1), "requests in flight; more get 429")
     context_length: int | None = spec(None, integer(1, optional=True), "override config.json")
     log_level: str = spec("INFO", string(LOG_LEVELS), "log level")
+    tool_call_parser: str | None = spec(
+        None, string(TOOL_CALL_PARSERS, optional=True), "tool-call format (default: template's)"
+    )
+    chat_template: str | None = spec(
+        None, string(optional=True), "chat template: a Jinja file, or the template itself"
+    )
     # Security: API keys, limits, CURVE (see docs/deploy.md).
     api_keys: tuple[str, ...] = spec((), strings(), "accepted API keys", repr=False)
     api_keys_file: Path | None = spec(None, path(), "file of API keys, one a line")
