@@ -130,7 +130,7 @@ def start_worker(cluster, worker_id: str, curve=None) -> FakeWorker:
 async def test_authorized_worker_registers_and_serves(curve_cluster):
     cluster, keys = curve_cluster
     worker = start_worker(cluster, "a", (keys / "worker-a.key_secret", keys / "router.key"))
-    await asyncio.wait_for(worker.registered.wait(), 5)
+    await asyncio.wait_for(worker.registered.wait(), 20)
     resp = await cluster.client.post("/v1/completions", json=COMPLETION)
     assert resp.status == 200, await resp.text()
     assert (await resp.json())["usage"]["completion_tokens"] == 3
@@ -142,10 +142,10 @@ async def test_unknown_key_and_plain_workers_are_refused_and_get_nothing(curve_c
     caplog.set_level(logging.INFO, logger="shared.curve")
     stranger = start_worker(cluster, "x", (keys / "stranger.key_secret", keys / "router.key"))
     plain = start_worker(cluster, "p")
-    await asyncio.wait_for(stranger.handshake_failed.wait(), 5)
-    await asyncio.wait_for(plain.handshake_failed.wait(), 5)
+    await asyncio.wait_for(stranger.handshake_failed.wait(), 20)
+    await asyncio.wait_for(plain.handshake_failed.wait(), 20)
     good = start_worker(cluster, "a", (keys / "worker-a.key_secret", keys / "router.key"))
-    await asyncio.wait_for(good.registered.wait(), 5)
+    await asyncio.wait_for(good.registered.wait(), 20)
     for _ in range(3):
         resp = await cluster.client.post("/v1/completions", json=COMPLETION)
         assert resp.status == 200
@@ -165,7 +165,7 @@ async def test_worker_that_does_not_know_the_router_key_gets_nothing(curve_clust
     cluster, keys = curve_cluster
     impostor_public, _ = generate_keypair(tmp_path / "other", "router")
     worker = start_worker(cluster, "a", (keys / "worker-a.key_secret", impostor_public))
-    await asyncio.wait_for(worker.handshake_failed.wait(), 5)
+    await asyncio.wait_for(worker.handshake_failed.wait(), 20)
     assert not worker.registered.is_set()
 
 
