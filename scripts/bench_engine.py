@@ -46,10 +46,19 @@ def chat_prompts(tokenizer, n: int, offset: int = 0) -> list[list[int]]:
 def run_engine(
     model, tokenizer, prompts, max_tokens, **config
 ) -> tuple[float, list[list[int]], dict]:
+    import gc
+
+    import mlx.core as mx
+
     from shared.sampling import SamplingParams
     from worker.config import EngineConfig
     from worker.engine import Engine
 
+    gc.collect()  # the previous run's engine and its KV pool go before this one's come
+    mx.clear_cache()
+    # 2 GiB of KV holds every run here; the default (a quarter of memory) per engine, with
+    # a few engines alive at once, would not fit a 24 GB machine
+    config.setdefault("kv_memory_bytes", 2 << 30)
     engine = Engine(model, EngineConfig(**config), max_context=8192)
     params = SamplingParams(max_tokens=max_tokens, stop_token_ids=tuple(tokenizer.eos_token_ids))
     outputs = {i: [] for i in range(len(prompts))}
