@@ -14,6 +14,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from shared.parent_watch import SPAWNED_AT_ENV
+
 BACKOFF_START_S = 0.0  # the first restart is immediate; repeated crashes back off
 BACKOFF_FIRST_S = 1.0
 BACKOFF_MAX_S = 30.0
@@ -50,8 +52,9 @@ class Child:
         if self.log_dir:
             self.log_dir.mkdir(parents=True, exist_ok=True)
             out = open(self.log_dir / f"{self.name}.log", "ab")  # noqa: SIM115 - the child owns it
+        env = {**self.env, SPAWNED_AT_ENV: f"{time.time():.3f}"}
         self.proc = subprocess.Popen(
-            self.cmd, env=self.env, stdout=out, stderr=subprocess.STDOUT if out else None,
+            self.cmd, env=env, stdout=out, stderr=subprocess.STDOUT if out else None,
             start_new_session=True, preexec_fn=_die_with_parent,
         )  # fmt: skip
         if out:
