@@ -23,9 +23,13 @@ HEALTHY_RUN_S = 60.0  # a child that ran this long starts its backoff afresh
 STOP_GRACE_S = 10.0
 
 
+NO_PDEATHSIG_ENV = "MLX_FLEET_NO_PDEATHSIG"  # tests: leave it to the children's parent watch
+
+
 def _die_with_parent() -> None:
-    """Linux: have the kernel SIGTERM this child if the launcher dies (even by SIGKILL)."""
-    if sys.platform.startswith("linux"):
+    """Linux: have the kernel SIGTERM this child if the launcher dies (even by SIGKILL).
+    Children also watch their parent themselves (shared/parent_watch.py, the macOS way)."""
+    if sys.platform.startswith("linux") and not os.environ.get(NO_PDEATHSIG_ENV):
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
         libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
