@@ -195,6 +195,9 @@ def wait_until_ready(sup: Supervisor, url: str, workers: int, timeout: float) ->
         if sup.router_dead():
             return False
         state = cluster_state(url)
+        if state is not None:
+            # it came up once: from now on a crash is healed, even before the workers are in
+            sup.router.restart = True
         healthy = sum(w["healthy"] for w in state["workers"]) if state else 0
         if healthy != last:
             print(

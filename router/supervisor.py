@@ -171,7 +171,8 @@ class Supervisor:
         self.stopping = True
 
     def router_dead(self) -> bool:
-        if self.router.exited and not self.stopping:
+        """The router exited for good: before it ever answered (a bad config, a busy port)."""
+        if self.router.exited and not self.router.restart and not self.stopping:
             say(f"the router exited with code {self.router.proc.returncode}")
             return True
         return False

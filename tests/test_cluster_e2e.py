@@ -269,6 +269,7 @@ def test_router_killed_comes_back_and_workers_rejoin(cluster):
     killed = time.monotonic()
     cluster.wait_healthy(2, timeout=120)  # a new router, both workers registered again
     back = time.monotonic() - killed
+    print(f"\nrouter back with both workers registered {back:.1f}s after SIGKILL")
     r = cluster.client.chat.completions.create(
         model=MODEL, messages=QUESTION, temperature=0, max_tokens=8
     )
