@@ -63,20 +63,18 @@ PHASE_COUNTERS = frozenset(
 )
 
 
+def _phase(field: str) -> Callable[[WorkerState], float]:
+    return lambda w: getattr(w.heartbeat.phases, field) if w.heartbeat and w.heartbeat.phases else 0
+
+
 def phase_series() -> tuple[Series, ...]:
     """One series per WorkerPhases field: a new field is exported without touching this file."""
-
-    def value(field: str) -> Callable[[WorkerState], float]:
-        return lambda w: (
-            getattr(w.heartbeat.phases, field) if w.heartbeat and w.heartbeat.phases else 0
-        )
-
     return tuple(
         Series(
             f"phase_{f.name}",
             "counter" if f.name in PHASE_COUNTERS else "gauge",
             f"worker step phases: {f.name}",
-            value(f.name),
+            _phase(f.name),
         )
         for f in dataclasses.fields(WorkerPhases)
     )
@@ -125,6 +123,12 @@ class WorkerCollector(Collector):
             family = GaugeMetricFamily(name, doc, labels=["model_name"])
             family.add_metric([self._model_name], value)
             yield family
+        preemptions = CounterMetricFamily(
+            "vllm:num_preemptions", "sequences preempted (summed over the workers' counts)",
+            labels=["model_name"],
+        )  # fmt: skip
+        preemptions.add_metric([self._model_name], sum(_phase("preemptions")(w) for w in workers))
+        yield preemptions
 
 
 def _family(series: Series, workers: list[WorkerState]) -> Metric:

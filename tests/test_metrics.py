@@ -7,7 +7,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from router.metrics import Metrics
 from router.worker_metrics import WORKER_SERIES
 from router.workers import WorkerState
-from shared.protocol import Heartbeat, Register
+from shared.protocol import Heartbeat, Register, WorkerPhases
 
 MODEL = "tiny"
 
@@ -39,6 +39,17 @@ def test_cluster_gauges_carry_vllm_names_and_sum_over_workers():
     assert got[("mlx_fleet_worker_kv_used_blocks", (("worker", "a"),))] == 75
     assert got[("mlx_fleet_worker_cache_hit_tokens_total", (("worker", "b"),))] == 7
     assert got[("mlx_fleet_pending_requests", ())] == 4
+
+
+def test_phase_fields_are_exported_per_worker_and_preemptions_summed():
+    a, b = worker("a", 0, 0, 1, 1), worker("b", 0, 0, 1, 1)
+    for w, n in ((a, 2), (b, 3)):
+        phases = WorkerPhases(preemptions=n, prefill_chunk_p50_ms=12.5)
+        w.heartbeat = Heartbeat(w.worker_id, 0, 0, 1, 1, 0, 0, 0, phases)
+    got = samples(Metrics("smol").render([a, b], 0))
+    assert got[("vllm:num_preemptions_total", (("model_name", "smol"),))] == 5
+    assert got[("mlx_fleet_worker_phase_preemptions_total", (("worker", "b"),))] == 3
+    assert got[("mlx_fleet_worker_phase_prefill_chunk_p50_ms", (("worker", "a"),))] == 12.5
 
 
 def test_every_worker_series_is_exported_for_every_worker():
