@@ -4,15 +4,19 @@
     scripts/install-service install worker --config ~/.config/mlx-fleet/fleet.toml --workers 2
     scripts/install-service status worker
     scripts/install-service install router --config fleet.toml --dry-run   # print, change nothing
+    sudo scripts/install-service install worker --daemon --config /etc/mlx-fleet/fleet.toml
 
 macOS: launchd user agents in ~/Library/LaunchAgents (launchctl bootstrap gui/$UID ...), logs in
-~/Library/Logs/mlx-fleet. Linux (or --systemd): systemd user units in ~/.config/systemd/user
+~/Library/Logs/mlx-fleet. `--daemon` (macOS, as root): LaunchDaemons in /Library/LaunchDaemons
+(launchctl bootstrap system ...) that run at boot with nobody logged in, as `--user` (default:
+the user who ran sudo), logs in /Library/Logs/mlx-fleet. Linux (or --systemd): systemd user units in ~/.config/systemd/user
 (systemctl --user ...), logs in the journal (journalctl --user -u mlx-fleet-router).
 """
 
 from __future__ import annotations
 
 import argparse
+import getpass
 import os
 import subprocess
 import sys
@@ -42,8 +46,20 @@ def build_parser() -> argparse.ArgumentParser:
     kind = p.add_mutually_exclusive_group()
     kind.add_argument("--launchd", action="store_true", help="launchd agents (macOS default)")
     kind.add_argument("--systemd", action="store_true", help="systemd user units (Linux default)")
+    p.add_argument(
+        "--daemon",
+        action="store_true",
+        help="launchd: system LaunchDaemons that run with nobody logged in (needs root)",
+    )
+    p.add_argument(
+        "--user", help="--daemon: the account the services run as (default: the sudo user)"
+    )
     p.add_argument("--venv", type=Path, default=ROOT / ".venv", help="the virtual environment")
-    p.add_argument("--log-dir", type=Path, default=Path("~/Library/Logs/mlx-fleet"))
+    p.add_argument(
+        "--log-dir",
+        type=Path,
+        help="launchd logs (default ~/Library/Logs/mlx-fleet; /Library/Logs/mlx-fleet for daemons)",
+    )
     p.add_argument(
         "--env", action="append", default=[], metavar="KEY=VALUE", help="extra environment"
     )
@@ -59,10 +75,14 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     p = build_parser()
     args = p.parse_args(argv)
-    use_systemd = args.systemd or (not args.launchd and sys.platform != "darwin")
-    folder = args.out or (
-        services.systemd_user_dir() if use_systemd else services.launch_agents_dir()
+    use_systemd = args.systemd or (
+        not args.launchd and not args.daemon and sys.platform != "darwin"
     )
+    if args.daemon and use_systemd:
+        p.error("--daemon is for launchd (macOS); systemd user units: loginctl enable-linger")
+    if args.daemon and not args.dry_run and os.geteuid() != 0:
+        p.error("--daemon installs into /Library/LaunchDaemons: run it with sudo")
+    folder = args.out or _service_folder(use_systemd, args.daemon)
     try:
         install = _install(args)
         if args.action == "install":
@@ -76,8 +96,24 @@ def main(argv: list[str] | None = None) -> int:
         files, commands = _systemd_plan(args, install, folder)
     else:
         files, commands = _launchd_plan(args, install, folder)
-    log_dir = None if use_systemd else install.log_dir  # launchd does not create it
+    log_dir = None if use_systemd or args.daemon else install.log_dir  # launchd does not create it
     return _carry_out(args, folder, files, commands, log_dir)
+
+
+def _service_folder(use_systemd: bool, daemon: bool) -> Path:
+    if use_systemd:
+        return services.systemd_user_dir()
+    return services.LAUNCH_DAEMONS_DIR if daemon else services.launch_agents_dir()
+
+
+def _daemon_user(args) -> str | None:
+    """Whom daemons run as: --user, else whoever ran sudo (never root by accident)."""
+    if not args.daemon:
+        return None
+    user = args.user or os.environ.get("SUDO_USER") or getpass.getuser()
+    if user == "root":
+        raise ValueError("--daemon: pass --user NAME (the services should not run as root)")
+    return user
 
 
 def _install(args) -> services.Install:
@@ -89,12 +125,14 @@ def _install(args) -> services.Install:
         env[key] = value
     if "MLX_FLEET_CACHE" in os.environ:  # the services should find the same converted models
         env.setdefault("MLX_FLEET_CACHE", os.environ["MLX_FLEET_CACHE"])
+    default_logs = services.DAEMON_LOG_DIR if args.daemon else Path("~/Library/Logs/mlx-fleet")
     return services.Install(
         root=ROOT,
         venv=args.venv.expanduser().absolute(),
         config=args.config.expanduser().absolute(),
-        log_dir=args.log_dir.expanduser().absolute(),
+        log_dir=(args.log_dir or default_logs).expanduser().absolute(),
         env=env,
+        user=_daemon_user(args),
     )
 
 
@@ -119,6 +157,7 @@ def _check_config(role: str, path: Path) -> FleetConfig:
 
 
 def _launchd_plan(args, install, folder):
+    domain = services.launchd_domain(args.daemon)
     if args.action == "install":
         files = services.render_launchd(args.role, install, args.workers)
         stale = [
@@ -127,13 +166,20 @@ def _launchd_plan(args, install, folder):
             if f.name not in {new.name for new in files}
         ]
         old = services.installed_launchd(args.role, folder)
-        commands = services.launchctl_commands("unload", old, folder)
-        commands += services.launchctl_commands("load", files, folder)
+        commands = _daemon_log_dir(install) if args.daemon else []
+        commands += services.launchctl_commands("unload", old, folder, domain)
+        commands += services.launchctl_commands("load", files, folder, domain)
         return (files, stale), commands
     files = services.installed_launchd(args.role, folder)
     action = "unload" if args.action == "uninstall" else args.action
     removed = files if args.action == "uninstall" else []
-    return ([], removed), services.launchctl_commands(action, files, folder)
+    return ([], removed), services.launchctl_commands(action, files, folder, domain)
+
+
+def _daemon_log_dir(install) -> list[list[str]]:
+    """launchd opens a daemon's log files as root; the folder belongs to its user so the
+    service can rotate or reopen them."""
+    return [["install", "-d", "-o", install.user, "-m", "755", str(install.log_dir)]]
 
 
 def _systemd_plan(args, install, folder):
@@ -158,6 +204,8 @@ def _carry_out(args, folder: Path, plan, commands, log_dir: Path | None) -> int:
         if write:
             folder.mkdir(parents=True, exist_ok=True)
             (folder / file.name).write_text(file.text)
+            # launchd refuses a daemon plist others can write (and root owns it, via sudo)
+            (folder / file.name).chmod(0o644)
     if files and not args.dry_run and log_dir is not None:
         log_dir.mkdir(parents=True, exist_ok=True)
     status = 0

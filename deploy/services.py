@@ -1,11 +1,12 @@
-"""Render and manage the fleet's services: launchd user agents on macOS, systemd user units on
-Linux. Pure functions build the files and the launchctl / systemctl command lines; only
+"""Render and manage the fleet's services: launchd user agents or system daemons on macOS,
+systemd user units on Linux. Pure functions build the files and the launchctl / systemctl command lines; only
 `main` writes files and runs commands (`scripts/install-service --help`)."""
 
 from __future__ import annotations
 
 import os
 import plistlib
+import pwd
 import re
 import socket
 import string
@@ -31,6 +32,7 @@ class Install:
     log_dir: Path
     env: Mapping[str, str] = field(default_factory=dict)
     hostname: str = field(default_factory=lambda: socket.gethostname().split(".")[0])
+    user: str | None = None  # launchd daemons: the account they run as (UserName)
 
     @property
     def python(self) -> Path:
@@ -53,6 +55,24 @@ class ServiceFile:
 
 def launch_agents_dir() -> Path:
     return Path.home() / "Library" / "LaunchAgents"
+
+
+# Daemons run at boot with nobody logged in (fleet Macs), as `UserName`, in launchd's system
+# domain; installing them needs root.
+LAUNCH_DAEMONS_DIR = Path("/Library/LaunchDaemons")
+DAEMON_LOG_DIR = Path("/Library/Logs/mlx-fleet")
+
+
+def launchd_domain(daemon: bool) -> str:
+    return "system" if daemon else f"gui/{os.getuid()}"
+
+
+def user_home(user: str) -> str:
+    """The account's home folder (the model cache lives under it); /Users/NAME if unknown here."""
+    try:
+        return pwd.getpwnam(user).pw_dir
+    except KeyError:
+        return f"/Users/{user}"
 
 
 def render_launchd(role: str, install: Install, workers: int = 1) -> list[ServiceFile]:
@@ -84,6 +104,10 @@ def _plist(template: str, label: str, install: Install, extra: dict[str, str]) -
     # Parse the template, then fill strings: the output is valid XML whatever the paths hold.
     with open(TEMPLATES / "launchd" / template, "rb") as f:
         plist = _fill(plistlib.load(f), values)
+    if install.user is not None:
+        plist["UserName"] = install.user
+        # launchd gives a daemon no HOME of its user: the model cache and ~ paths need it
+        plist["EnvironmentVariables"]["HOME"] = user_home(install.user)
     plist["EnvironmentVariables"].update(install.env)
     text = plistlib.dumps(plist, sort_keys=False).decode()
     return ServiceFile(f"{label}.plist", text, label)
@@ -99,8 +123,11 @@ def _fill(node, values: Mapping[str, str]):
     return node
 
 
-def launchctl_commands(action: str, files: list[ServiceFile], folder: Path) -> list[list[str]]:
-    domain = f"gui/{os.getuid()}"
+def launchctl_commands(
+    action: str, files: list[ServiceFile], folder: Path, domain: str | None = None
+) -> list[list[str]]:
+    """launchctl command lines in `domain` (default: this user's GUI session, for agents)."""
+    domain = domain or launchd_domain(daemon=False)
     commands = []
     for file in files:
         target = f"{domain}/{file.label}"

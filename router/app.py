@@ -22,7 +22,7 @@ def create_app(config: RouterConfig) -> web.Application:
     )
     app[keys.CONFIG] = config
     app[keys.API_KEYS] = ApiKeys(config.api_keys, config.per_key_concurrency)
-    app[keys.METRICS] = Metrics()
+    app[keys.METRICS] = Metrics(config.served_model_id)
     app.cleanup_ctx.append(tokenizer_ctx)
     app.cleanup_ctx.append(cluster_ctx)
     app.on_shutdown.append(abort_streams)

@@ -105,6 +105,7 @@ class Cluster:
             self._send(identity, RegisterAck(accepted=False, reason="block_size must be >= 1"))
             return
         replaced = self.registry.add(WorkerState(msg, identity, last_seen=self._clock()))
+        self._metrics.worker_registered(msg.worker_id)
         if replaced is not None:
             self._forget(replaced)
         log.info(

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -49,6 +50,8 @@ class Job:
     choices: list[Job] = field(default_factory=list)  # with n > 1: one sub-job per choice
     parent: Job | None = None  # of a choice
     index: int = 0  # of a choice
+    sent_at: float = field(default_factory=time.perf_counter)
+    last_token_at: float | None = None  # when tokens last arrived (None: none yet)
 
     @property
     def wire_id(self) -> str:
@@ -116,6 +119,7 @@ class Dispatcher:
         job = self._jobs.get(delta.request_id)
         if job is None or job.worker_id != worker.worker_id:
             return  # a late delta of an attempt that was aborted or moved
+        self._time_tokens(job, len(delta.token_ids))
         if job.choices:
             self._on_choice_delta(worker, job, delta)
             return
@@ -126,7 +130,22 @@ class Dispatcher:
             self._untrack(job)
             job.finished = True
             _credit(worker, delta)
+            self._metrics.request_finished(delta.finish_reason, time.perf_counter() - job.sent_at)
         job.events.put_nowait(delta)
+
+    def _time_tokens(self, job: Job, count: int) -> None:
+        """TTFT and inter-token latency as the router sees them, streamed or not (for n > 1,
+        of the request's deltas, whichever choice they carry)."""
+        if count == 0:
+            return
+        now = time.perf_counter()
+        if job.last_token_at is None:
+            self._metrics.first_token(now - job.sent_at)
+            count -= 1  # the first token has no interval before it
+        if count:
+            # tokens that came with the first share its arrival: intervals of 0
+            self._metrics.output_tokens(now - (job.last_token_at or now), count)
+        job.last_token_at = now
 
     def _on_choice_delta(self, worker: WorkerState, job: Job, delta: TokenDelta) -> None:
         if not 0 <= delta.index < len(job.choices):
@@ -159,6 +178,7 @@ class Dispatcher:
         if worker is not None:
             usage = Usage(len(job.prompt_ids), job.completion_tokens, job.cached_tokens)
             _credit(worker, TokenDelta(job.wire_id, (), "stop", usage))
+            self._metrics.request_finished("stop", time.perf_counter() - job.sent_at)
 
     def cancel(self, job: Job) -> None:
         """Stop a job the client no longer wants (disconnect, stop string); a choice of an

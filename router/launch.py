@@ -1,9 +1,13 @@
 """`launch-cluster`: a router and N workers on this machine, supervised.
 
 Starts the router, then the workers (this machine's cores divided between them), waits until
-every worker has registered, prints the URL, and then supervises: a worker that dies is
-restarted with exponential backoff; Ctrl-C / SIGTERM stops the router first (it stops
-listening and ends open streams with an error) and then the workers.
+every worker has registered, prints the URL, and then supervises: a child that dies (a worker or
+the router) is restarted at once, with exponential backoff only if it dies again within a
+minute. A restarted router starts empty: workers register with it again on their own, and
+HTTP requests that were in flight on the dead one are lost (their clients see the connection
+close). Ctrl-C / SIGTERM stops the router first (it stops listening and ends open streams
+with an error) and then the workers. The children stop themselves if launch-cluster dies,
+even by SIGKILL (PDEATHSIG on Linux, and on every platform a watch of the parent pid).
 """
 
 from __future__ import annotations
@@ -191,6 +195,9 @@ def wait_until_ready(sup: Supervisor, url: str, workers: int, timeout: float) ->
         if sup.router_dead():
             return False
         state = cluster_state(url)
+        if state is not None:
+            # it came up once: from now on a crash is healed, even before the workers are in
+            sup.router.restart = True
         healthy = sum(w["healthy"] for w in state["workers"]) if state else 0
         if healthy != last:
             print(

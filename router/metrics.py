@@ -1,160 +1,134 @@
-"""Prometheus text-format metrics, kept by hand (no client library needed for a few series)."""
+"""The router's Prometheus metrics (prometheus-client, one CollectorRegistry per app).
+
+Where vLLM's server has a counterpart, the series carries vLLM's name and `model_name` label,
+so dashboards built for vLLM work unchanged: request latencies (TTFT, inter-token, end to end,
+streamed or not), token counters, prefix-cache hits, requests by finish reason, and (from the
+worker registry, router/worker_metrics.py) running / waiting requests and KV-cache usage. The
+rest is ours, under `mlx_fleet_`: HTTP requests by endpoint, routing, fail-over, and per-worker
+series labelled `worker`.
+"""
 
 from __future__ import annotations
 
-import bisect
-import dataclasses
-from collections import Counter
+from collections import Counter as Tally
 from collections.abc import Iterable
 
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+)
+
+from router.worker_metrics import WorkerCollector
 from router.workers import WorkerState
-from shared.protocol import WorkerPhases
 
-LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
-
-
-class Histogram:
-    def __init__(self, buckets: tuple[float, ...] = LATENCY_BUCKETS_S):
-        self._buckets = buckets
-        self._counts = [0] * (len(buckets) + 1)  # the last one is +Inf
-        self._sum = 0.0
-
-    def observe(self, value: float) -> None:
-        self._counts[bisect.bisect_left(self._buckets, value)] += 1
-        self._sum += value
-
-    def render(self, name: str, labels: str) -> Iterable[str]:
-        cumulative = 0
-        sep = "," if labels else ""
-        for bound, count in zip([*self._buckets, "+Inf"], self._counts, strict=True):
-            cumulative += count
-            yield f'{name}_bucket{{{labels}{sep}le="{bound}"}} {cumulative}'
-        yield f"{name}_sum{{{labels}}} {self._sum}"
-        yield f"{name}_count{{{labels}}} {cumulative}"
+disable_created_metrics()  # no `_created` series: vLLM's exposition has none either
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+HTTP_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+TTFT_BUCKETS_S = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160)
+ITL_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1, 2.5, 5, 10)
+E2E_BUCKETS_S = (0.1, 0.25, 0.5, 1, 2, 3, 5, 10, 20, 30, 60, 120, 300, 600, 1200)
 
 
 class Metrics:
-    def __init__(self):
-        self.requests: Counter[tuple[str, int]] = Counter()  # (endpoint, status)
-        self.latency: dict[str, Histogram] = {}  # by endpoint
-        self.ttft = Histogram()
-        self.tokens: Counter[str] = Counter()  # prompt / completion / cached
-        self.routed: Counter[str] = Counter()  # by worker
-        self.routed_hit_tokens: Counter[str] = Counter()  # predicted prefix hits, by worker
-        self.counts: Counter[str] = Counter()  # resubmitted, workers_lost
+    def __init__(self, model_name: str = "model"):
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.model_name = model_name
+        self._workers: list[WorkerState] = []  # the registry as of the current scrape
+        self._pending = 0
+        self._routed: Tally[str] = Tally()
+        self._routed_hit_tokens: Tally[str] = Tally()
+        self._request_series()
+        self._fleet_series()
+        self.registry.register(WorkerCollector(model_name, lambda: self._workers, self._routing))
+
+    # fmt: off
+    def _request_series(self) -> None:
+        def histogram(name, doc, buckets):
+            return Histogram(name, doc, ["model_name"], buckets=buckets, registry=self.registry)
+
+        def counter(name, doc, labels=("model_name",)):
+            return Counter(name, doc, list(labels), registry=self.registry)
+
+        label = self.model_name
+        self._ttft = histogram("vllm:time_to_first_token_seconds", "time to first token", TTFT_BUCKETS_S).labels(label)
+        self._itl = histogram("vllm:inter_token_latency_seconds", "time between output tokens", ITL_BUCKETS_S).labels(label)
+        self._tpot = histogram("vllm:time_per_output_token_seconds", "time per output token (vLLM's older name)", ITL_BUCKETS_S).labels(label)
+        self._e2e = histogram("vllm:e2e_request_latency_seconds", "request latency, end to end", E2E_BUCKETS_S).labels(label)
+        self._prompt_tokens = counter("vllm:prompt_tokens", "prompt tokens processed").labels(label)
+        self._generation_tokens = counter("vllm:generation_tokens", "tokens generated").labels(label)
+        self._cache_queries = counter("vllm:prefix_cache_queries", "prompt tokens looked up in the prefix caches").labels(label)
+        self._cache_hits = counter("vllm:prefix_cache_hits", "prompt tokens found in the prefix caches").labels(label)
+        self._success = counter("vllm:request_success", "finished requests", ("model_name", "finished_reason"))
+        # The streaming handler observes this one: time until the first chunk is written.
+        self.ttft = histogram("mlx_fleet_time_to_first_chunk_seconds", "streamed requests: time to the first chunk", TTFT_BUCKETS_S).labels(label)
+
+    def _fleet_series(self) -> None:
+        r = self.registry
+        self._http = Counter("mlx_fleet_http_requests", "HTTP requests", ["endpoint", "status"], registry=r)
+        self._http_seconds = Histogram("mlx_fleet_http_request_duration_seconds", "HTTP request duration", ["endpoint"], buckets=HTTP_BUCKETS_S, registry=r)
+        self._resubmitted = Counter("mlx_fleet_resubmitted_requests", "requests moved to another worker", registry=r)
+        self._workers_lost = Counter("mlx_fleet_workers_lost", "workers declared lost", registry=r)
+        self._registrations = Counter("mlx_fleet_worker_registrations", "registrations (a restart registers again)", ["worker"], registry=r)
+        self._cached_tokens = Counter("mlx_fleet_cached_prompt_tokens", "prompt tokens of finished requests served from a cache", registry=r)
+        Gauge("mlx_fleet_pending_requests", "requests the router holds", registry=r).set_function(lambda: self._pending)
+    # fmt: on
+
+    # ------------------------------------------------------------ recording
 
     def request_done(self, endpoint: str, status: int, seconds: float) -> None:
-        self.requests[(endpoint, status)] += 1
-        self.latency.setdefault(endpoint, Histogram()).observe(seconds)
+        """An HTTP request ended (any endpoint, any status)."""
+        self._http.labels(endpoint, str(status)).inc()
+        self._http_seconds.labels(endpoint).observe(seconds)
 
     def usage(self, prompt: int, completion: int, cached: int) -> None:
-        self.tokens.update(prompt=prompt, completion=completion, cached=cached)
+        """A generation request's usage, once it finished."""
+        self._prompt_tokens.inc(prompt)
+        self._generation_tokens.inc(completion)
+        self._cache_queries.inc(prompt)
+        self._cache_hits.inc(cached)
+        self._cached_tokens.inc(cached)
+
+    def first_token(self, seconds: float) -> None:
+        """The first token of a request reached the router, `seconds` after it was sent."""
+        self._ttft.observe(seconds)
+
+    def output_tokens(self, gap_s: float, count: int) -> None:
+        """`count` tokens arrived together `gap_s` after the previous ones: each is one
+        inter-token interval of gap / count (a worker may send several per delta)."""
+        for _ in range(count):
+            self._itl.observe(gap_s / count)
+            self._tpot.observe(gap_s / count)
+
+    def request_finished(self, finish_reason: str, seconds: float) -> None:
+        self._success.labels(self.model_name, finish_reason).inc()
+        self._e2e.observe(seconds)
 
     def routed_to(self, worker_id: str, predicted_hit_tokens: int) -> None:
-        self.routed[worker_id] += 1
-        self.routed_hit_tokens[worker_id] += predicted_hit_tokens
+        self._routed[worker_id] += 1
+        self._routed_hit_tokens[worker_id] += predicted_hit_tokens
+
+    def worker_registered(self, worker_id: str) -> None:
+        self._registrations.labels(worker_id).inc()
 
     def resubmitted(self) -> None:
-        self.counts["resubmitted"] += 1
+        self._resubmitted.inc()
 
     def worker_lost(self) -> None:
-        self.counts["workers_lost"] += 1
+        self._workers_lost.inc()
+
+    def _routing(self, worker_id: str) -> tuple[int, int]:
+        return self._routed[worker_id], self._routed_hit_tokens[worker_id]
+
+    # ------------------------------------------------------------ exposition
 
     def render(self, workers: Iterable[WorkerState], pending: int) -> str:
-        lines = [
-            "# TYPE router_requests_total counter",
-            *(
-                f'router_requests_total{{endpoint="{e}",status="{s}"}} {n}'
-                for (e, s), n in sorted(self.requests.items())
-            ),
-            "# TYPE router_request_duration_seconds histogram",
-        ]
-        for endpoint, hist in sorted(self.latency.items()):
-            lines += hist.render("router_request_duration_seconds", f'endpoint="{endpoint}"')
-        lines += ["# TYPE router_time_to_first_token_seconds histogram"]
-        lines += self.ttft.render("router_time_to_first_token_seconds", "")
-        lines += ["# TYPE router_tokens_total counter"]
-        lines += [
-            f'router_tokens_total{{kind="{k}"}} {self.tokens[k]}'
-            for k in ("prompt", "completion", "cached")
-        ]
-        lines += [
-            "# TYPE router_pending_requests gauge",
-            f"router_pending_requests {pending}",
-            "# TYPE router_resubmitted_requests_total counter",
-            f"router_resubmitted_requests_total {self.counts['resubmitted']}",
-            "# TYPE router_workers_lost_total counter",
-            f"router_workers_lost_total {self.counts['workers_lost']}",
-        ]
-        lines += self._render_workers(list(workers))
-        return "\n".join(lines) + "\n"
-
-    def _render_workers(self, workers: list[WorkerState]) -> list[str]:
-        series = {
-            "router_worker_healthy": ("gauge", lambda w: int(w.healthy)),
-            "router_worker_load": ("gauge", lambda w: w.load),
-            "router_worker_inflight": ("gauge", lambda w: len(w.inflight)),
-            "router_worker_kv_total_blocks": ("gauge", _kv_total),
-            "router_worker_kv_used_blocks": ("gauge", _kv_used),
-            "router_worker_cache_hit_tokens_total": (
-                "counter",
-                lambda w: w.heartbeat.hit_tokens if w.heartbeat else 0,
-            ),
-            "router_worker_cached_tokens_total": ("counter", lambda w: w.cached_tokens),
-            "router_worker_requests_served_total": ("counter", lambda w: w.requests_served),
-            "router_worker_routed_total": ("counter", lambda w: self.routed[w.worker_id]),
-            "router_worker_routed_hit_tokens_total": (
-                "counter",
-                lambda w: self.routed_hit_tokens[w.worker_id],
-            ),
-        }
-        for field in dataclasses.fields(WorkerPhases):  # where each worker's step time goes
-            series[f"router_worker_phase_{field.name}"] = (
-                "counter" if field.name in PHASE_COUNTERS else "gauge",
-                lambda w, f=field.name: (
-                    getattr(w.heartbeat.phases, f) if w.heartbeat and w.heartbeat.phases else 0
-                ),
-            )
-        lines = []
-        for name, (kind, value) in series.items():
-            lines.append(f"# TYPE {name} {kind}")
-            lines += [f'{name}{{worker="{_label(w.worker_id)}"}} {value(w)}' for w in workers]
-        return lines + _render_attention(workers)
-
-
-PHASE_COUNTERS = {"decode_spikes", "decode_spike_seconds", "decode_tokens", "prefill_tokens",
-                  "preemptions"}  # fmt: skip
-
-
-def _render_attention(workers: list[WorkerState]) -> list[str]:
-    """Each worker's paged-attention backend, its self-test and timings (from Register)."""
-    lines = ["# TYPE router_worker_attention_info gauge"]
-    timings = ["# TYPE router_worker_attention_selftest_ms gauge"]
-    for w in workers:
-        a = w.info.attention
-        if a is None:
-            continue
-        worker = _label(w.worker_id)
-        lines.append(
-            f'router_worker_attention_info{{worker="{worker}",backend="{_label(a.backend)}",'
-            f'requested="{_label(a.requested)}",self_test="{_label(a.self_test)}"}} 1'
-        )
-        for which, ms in (("candidate", a.candidate_ms), ("reference", a.reference_ms)):
-            if ms is not None:
-                timings.append(
-                    f'router_worker_attention_selftest_ms{{worker="{worker}",which="{which}"}} {ms}'
-                )
-    return lines + timings
-
-
-def _label(value: str) -> str:
-    """A Prometheus label value: backslash, quote and newline escaped."""
-    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-
-
-def _kv_total(w: WorkerState) -> int:
-    return w.heartbeat.total_blocks if w.heartbeat else w.info.kv_capacity_blocks
-
-
-def _kv_used(w: WorkerState) -> int:
-    return w.heartbeat.total_blocks - w.heartbeat.free_blocks if w.heartbeat else 0
+        """The text exposition, with the worker series read from `workers` now."""
+        self._workers, self._pending = list(workers), pending
+        try:
+            return generate_latest(self.registry).decode()
+        finally:
+            self._workers = []

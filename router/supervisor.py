@@ -14,6 +14,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from shared.parent_watch import SPAWNED_AT_ENV
+
 BACKOFF_START_S = 0.0  # the first restart is immediate; repeated crashes back off
 BACKOFF_FIRST_S = 1.0
 BACKOFF_MAX_S = 30.0
@@ -21,9 +23,13 @@ HEALTHY_RUN_S = 60.0  # a child that ran this long starts its backoff afresh
 STOP_GRACE_S = 10.0
 
 
+NO_PDEATHSIG_ENV = "MLX_FLEET_NO_PDEATHSIG"  # tests: leave it to the children's parent watch
+
+
 def _die_with_parent() -> None:
-    """Linux: have the kernel SIGTERM this child if the launcher dies (even by SIGKILL)."""
-    if sys.platform.startswith("linux"):
+    """Linux: have the kernel SIGTERM this child if the launcher dies (even by SIGKILL).
+    Children also watch their parent themselves (shared/parent_watch.py, the macOS way)."""
+    if sys.platform.startswith("linux") and not os.environ.get(NO_PDEATHSIG_ENV):
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
         libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
@@ -50,8 +56,9 @@ class Child:
         if self.log_dir:
             self.log_dir.mkdir(parents=True, exist_ok=True)
             out = open(self.log_dir / f"{self.name}.log", "ab")  # noqa: SIM115 - the child owns it
+        env = {**self.env, SPAWNED_AT_ENV: f"{time.time():.3f}"}
         self.proc = subprocess.Popen(
-            self.cmd, env=self.env, stdout=out, stderr=subprocess.STDOUT if out else None,
+            self.cmd, env=env, stdout=out, stderr=subprocess.STDOUT if out else None,
             start_new_session=True, preexec_fn=_die_with_parent,
         )  # fmt: skip
         if out:
@@ -164,7 +171,8 @@ class Supervisor:
         self.stopping = True
 
     def router_dead(self) -> bool:
-        if self.router.exited and not self.stopping:
+        """The router exited for good: before it ever answered (a bad config, a busy port)."""
+        if self.router.exited and not self.router.restart and not self.stopping:
             say(f"the router exited with code {self.router.proc.returncode}")
             return True
         return False

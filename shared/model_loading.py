@@ -38,11 +38,19 @@ def load_model(model_dir: Path, compute_dtype: str = "auto", lazy: bool = False)
     from mlx_lm import load
     from mlx_lm.utils import dequantize_model
 
-    model, tokenizer = load(str(model_dir), lazy=lazy)
+    from shared import dequantized_cache
+
     dtype = resolve_compute_dtype(compute_dtype)
+    keep = not lazy and dtype != "quantized" and dequantized_cache.is_quantized(Path(model_dir))
+    cached = dequantized_cache.cached_weights_path(Path(model_dir), dtype) if keep else None
+    model, tokenizer = load(str(model_dir), lazy=lazy or cached is not None)
     if dtype != "quantized":
         model = dequantize_model(model)
         model.set_dtype(getattr(mx, dtype))
+    if cached is not None and dequantized_cache.load_cached(model, cached):
+        cached = None  # loaded from it: nothing to save
     if not lazy:
         mx.eval(model.parameters())
+    if cached is not None:
+        dequantized_cache.save(model, cached)
     return model, tokenizer

@@ -14,6 +14,7 @@ import threading
 import time
 
 ENV = "MLX_FLEET_PARENT_PID"
+SPAWNED_AT_ENV = "MLX_FLEET_SPAWNED_AT"  # epoch seconds; the child logs its start-up time
 POLL_S = 1.0
 
 

@@ -121,8 +121,8 @@ def test_cluster_view_shows_attention_choice_and_phases(cluster):
     assert any(p["prefill_tokens"] > 0 and p["prefill_chunk_p50_ms"] > 0 for p in phases)
     with urllib.request.urlopen(f"{cluster.url}/metrics", timeout=10) as r:
         metrics = r.read().decode()
-    assert 'router_worker_attention_info{worker="worker-0",backend="mlx"' in metrics
-    assert 'router_worker_phase_decode_tick_p95_ms{worker="worker-0"}' in metrics
+    assert 'mlx_fleet_worker_attention_info{backend="mlx",' in metrics
+    assert 'mlx_fleet_worker_phase_decode_tick_p95_ms{worker="worker-0"}' in metrics
 
 
 def test_n_choices_fork_on_the_worker(cluster):
@@ -269,6 +269,7 @@ def test_router_killed_comes_back_and_workers_rejoin(cluster):
     killed = time.monotonic()
     cluster.wait_healthy(2, timeout=120)  # a new router, both workers registered again
     back = time.monotonic() - killed
+    print(f"\nrouter back with both workers registered {back:.1f}s after SIGKILL")
     r = cluster.client.chat.completions.create(
         model=MODEL, messages=QUESTION, temperature=0, max_tokens=8
     )

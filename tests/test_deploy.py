@@ -3,6 +3,7 @@ launchctl / systemctl in a dry run."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import plistlib
 import shlex
@@ -223,3 +224,68 @@ def test_install_refuses_a_config_that_would_not_start(tmp_path, capsys, no_subp
 def test_the_shell_wrapper_exists_and_is_executable():
     script = Path(__file__).resolve().parent.parent / "scripts" / "install-service"
     assert os.access(script, os.X_OK)
+
+
+# ------------------------------------------------------------ LaunchDaemons (headless Macs)
+# No macOS here: these check the plists and the launchctl command lines, not launchd itself.
+
+
+def test_daemon_plist_runs_as_its_user_with_a_home():
+    install = dataclasses.replace(make_install(), user="fleet", log_dir=services.DAEMON_LOG_DIR)
+    files = services.render_launchd("worker", install, workers=2)
+    plists = [plistlib.loads(f.text.encode()) for f in files]
+    assert [p["UserName"] for p in plists] == ["fleet", "fleet"]
+    assert plists[0]["EnvironmentVariables"]["HOME"] == services.user_home("fleet")
+    assert plists[1]["StandardOutPath"] == "/Library/Logs/mlx-fleet/worker-2.log"
+    assert plists[0]["KeepAlive"] is True and plists[0]["RunAtLoad"] is True
+    agent = plistlib.loads(services.render_launchd("router", make_install())[0].text.encode())
+    assert "UserName" not in agent and "HOME" not in agent["EnvironmentVariables"]
+
+
+def test_daemon_dry_run_prints_system_domain_commands_and_changes_nothing(
+    capsys, config_file, no_subprocess, monkeypatch
+):
+    monkeypatch.setenv("SUDO_USER", "ann")
+    monkeypatch.setattr(services, "LAUNCH_DAEMONS_DIR", Path("/nonexistent/LaunchDaemons"))
+    code, out, _ = run_cli(
+        capsys, "install", "worker", "--daemon", "--workers", "2", "--config", str(config_file),
+        "--dry-run",
+    )  # fmt: skip
+    assert code == 0 and not Path("/nonexistent").exists()
+    folder = "/nonexistent/LaunchDaemons"
+    assert f"# ---- {folder}/com.mlx-fleet.worker.2.plist" in out
+    assert "<key>UserName</key>\n\t<string>ann</string>" in out
+    assert "$ install -d -o ann -m 755 /Library/Logs/mlx-fleet" in out
+    assert f"$ launchctl bootstrap system {folder}/com.mlx-fleet.worker.1.plist" in out
+    assert "gui/" not in out
+
+
+def test_daemon_status_and_uninstall_act_on_the_system_domain(
+    tmp_path, capsys, config_file, no_subprocess, monkeypatch
+):
+    monkeypatch.setenv("SUDO_USER", "ann")
+    folder = tmp_path / "daemons"
+    run_cli(capsys, "install", "router", "--daemon", "--config", str(config_file),
+            "--dry-run", "--out", str(folder))  # fmt: skip
+    assert oct((folder / "com.mlx-fleet.router.plist").stat().st_mode & 0o777) == "0o644"
+    _, out, _ = run_cli(capsys, "status", "router", "--daemon", "--out", str(folder), "--dry-run")
+    assert "$ launchctl print system/com.mlx-fleet.router" in out
+    _, out, _ = run_cli(
+        capsys, "uninstall", "router", "--daemon", "--out", str(folder), "--dry-run"
+    )
+    assert "$ launchctl bootout system/com.mlx-fleet.router" in out
+
+
+def test_daemon_refusals(capsys, config_file, no_subprocess, monkeypatch):
+    monkeypatch.delenv("SUDO_USER", raising=False)
+    monkeypatch.setattr(os, "geteuid", lambda: 501)
+    with pytest.raises(SystemExit):  # not root, not a dry run
+        install_cli.main(["install", "router", "--daemon", "--config", str(config_file)])
+    assert "sudo" in capsys.readouterr().err
+    code, _, err = run_cli(
+        capsys, "install", "router", "--daemon", "--user", "root", "--config", str(config_file),
+        "--dry-run",
+    )  # fmt: skip
+    assert code == 1 and "--user" in err
+    with pytest.raises(SystemExit):
+        install_cli.main(["status", "router", "--daemon", "--systemd", "--dry-run"])

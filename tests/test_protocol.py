@@ -194,11 +194,11 @@ def test_metrics_show_each_workers_phases_and_attention_choice():
         "w1", 0, 0, 1, 2, 0, 0, phases=WorkerPhases(decode_tick_p95_ms=91.5, decode_spikes=3)
     )
     text = Metrics().render([worker], pending=0)
-    assert 'router_worker_phase_decode_tick_p95_ms{worker="w1"} 91.5' in text
-    assert "# TYPE router_worker_phase_decode_spikes counter" in text
-    assert 'router_worker_phase_decode_spikes{worker="w1"} 3' in text
+    assert 'mlx_fleet_worker_phase_decode_tick_p95_ms{worker="w1"} 91.5' in text
+    assert "# TYPE mlx_fleet_worker_phase_decode_spikes_total counter" in text
+    assert 'mlx_fleet_worker_phase_decode_spikes_total{worker="w1"} 3.0' in text
     assert (
-        'router_worker_attention_info{worker="w1",backend="mlx",requested="auto",'
-        'self_test="failed: mismatch 0.3"} 1'
+        'mlx_fleet_worker_attention_info{backend="mlx",requested="auto",'
+        'self_test="failed: mismatch 0.3",worker="w1"} 1.0'
     ) in text
-    assert 'router_worker_attention_selftest_ms{worker="w1",which="reference"} 2.0' in text
+    assert 'mlx_fleet_worker_attention_selftest_ms{which="reference",worker="w1"} 2.0' in text

@@ -91,9 +91,9 @@ async def test_models_health_cluster_metrics(cluster):
     assert w["id"] == "w1" and w["healthy"] and w["requests_served"] == 1
     assert w["block_size"] == 4 and w["kv_total_blocks"] == 4096
     text = await (await cluster.client.get("/metrics")).text()
-    assert 'router_requests_total{endpoint="/v1/completions",status="200"} 1' in text
-    assert 'router_worker_requests_served_total{worker="w1"} 1' in text
-    assert 'router_tokens_total{kind="completion"} 2' in text
+    assert 'mlx_fleet_http_requests_total{endpoint="/v1/completions",status="200"} 1.0' in text
+    assert 'mlx_fleet_worker_requests_served_total{worker="w1"} 1.0' in text
+    assert f'vllm:generation_tokens_total{{model_name="{MODEL}"}} 2.0' in text
 
 
 async def test_multibyte_characters_are_never_split(cluster, tiny_tokenizer):
@@ -139,4 +139,4 @@ async def test_metrics_escape_worker_ids_and_use_the_prometheus_content_type(mak
     await cluster.add_worker('odd"id\\x')
     resp = await cluster.client.get("/metrics")
     assert resp.headers["Content-Type"].startswith("text/plain; version=0.0.4")
-    assert 'router_worker_healthy{worker="odd\\"id\\\\x"} 1' in await resp.text()
+    assert 'mlx_fleet_worker_up{worker="odd\\"id\\\\x"} 1.0' in await resp.text()

@@ -90,3 +90,18 @@ def _alive(pid: int) -> bool:
             return f.read().split()[2] != "Z"
     except FileNotFoundError:
         return False
+
+
+def test_router_that_never_came_up_is_final_but_one_that_did_is_healed():
+    env = dict(os.environ)
+    sup = Supervisor(Child("router", [sys.executable, "-c", "pass"], env, restart=False), [])
+    sup.start()
+    try:
+        sup.router.proc.wait()
+        assert sup.router_dead()  # before it ever answered: a bad config, say; no restart loop
+        sup.router.restart = True  # what launch-cluster sets once the router has answered
+        assert not sup.router_dead()
+        old = sup.router.proc.pid
+        assert wait_for(lambda: (sup.poll() or True) and sup.router.proc.pid != old)
+    finally:
+        sup.shutdown()

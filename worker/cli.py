@@ -12,7 +12,7 @@ import sys
 import time
 
 from shared.blas import openblas_active, reexec_with_openblas
-from shared.parent_watch import watch_parent
+from shared.parent_watch import SPAWNED_AT_ENV, watch_parent
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -122,6 +122,15 @@ def socket_setup(worker):
     return lambda sock: configure_client(sock, worker.curve_secret_key, worker.curve_server_key)
 
 
+def log_since_spawn(log: logging.Logger) -> None:
+    """Started by launch-cluster: how long the interpreter took to get here (restart time)."""
+    try:
+        spawned = float(os.environ.get(SPAWNED_AT_ENV, ""))
+    except ValueError:
+        return
+    log.info("process up %.2fs after launch-cluster spawned it", time.time() - spawned)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args, worker, model = load_settings(parser, argv)
@@ -131,10 +140,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     log = logging.getLogger("worker")
     worker_id = worker.worker_id or f"{socket.gethostname()}-{os.getpid()}"
-
+    log_since_spawn(log)
+    imports = time.perf_counter()
     from shared.model_store import ModelNotFound, resolve_model, stderr_progress
     from worker.engine import Engine
     from worker.server import WorkerServer
+
+    log.info("imports (mlx, mlx-lm, engine) took %.2fs", time.perf_counter() - imports)
 
     try:
         model_dir = resolve_model(model.path, stderr_progress)
