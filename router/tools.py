@@ -14,6 +14,7 @@ import json
 import re
 from dataclasses import dataclass
 
+from router import strict_json
 from router.errors import bad_request
 
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -158,9 +159,9 @@ def _history_call(call, param: str) -> dict:
     arguments = fn.get("arguments", "{}")
     if isinstance(arguments, str):
         try:
-            arguments = json.loads(arguments)
-        except ValueError:
-            raise bad_request(f"{param}.function.arguments must be a JSON object", param) from None
+            arguments = strict_json.loads(arguments)
+        except strict_json.StrictJsonError as e:
+            raise bad_request(f"{param}.function.arguments {e}", param) from None
     if not isinstance(arguments, dict):
         raise bad_request(f"{param}.function.arguments must be a JSON object", param)
     call_id = call.get("id")
