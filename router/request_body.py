@@ -26,7 +26,15 @@ def parse_json_text(raw: bytes) -> object:
 
 async def json_object_body(request: web.Request) -> dict:
     """The request body as a JSON object; ApiError(400) for anything else."""
-    body = parse_json_text(await request.read())
+    body = parse_json_text(await _read(request))
     if not isinstance(body, dict):
         raise bad_request("the request body must be a JSON object")
     return body
+
+
+async def _read(request: web.Request) -> bytes:
+    try:
+        return await request.read()
+    except web.RequestPayloadError as e:  # e.g. Content-Encoding: gzip over bytes that are not
+        reason = str(e).strip().splitlines()[-1].strip()  # "400, message:\n  <the reason>"
+        raise bad_request(f"the request body could not be read: {reason}") from None
