@@ -116,14 +116,27 @@ def _message(message, i: int) -> dict:
     content = message.get("content")
     if role == "assistant" and calls is not None:
         text = "" if content is None else content_text(content, f"{param}.content")
-        return {"role": role, "content": text, "tool_calls": _history_calls(calls, param)}
-    out = {"role": role, "content": content_text(content, f"{param}.content")}
+        out = {"role": role, "content": text, "tool_calls": _history_calls(calls, param)}
+        return out | _name(message, param)
+    out = {"role": role, "content": content_text(content, f"{param}.content")} | _name(
+        message, param
+    )
     if role == "tool":
         call_id = message.get("tool_call_id")
         if not isinstance(call_id, str):
             raise bad_request(f"{param}.tool_call_id must be a string", f"{param}.tool_call_id")
         out["tool_call_id"] = call_id
     return out
+
+
+def _name(message: dict, param: str) -> dict:
+    """The participant's `name`, for templates that show it (most ignore it)."""
+    name = message.get("name")
+    if name is None:
+        return {}
+    if not isinstance(name, str):
+        raise bad_request(f"{param}.name must be a string", f"{param}.name")
+    return {"name": name}
 
 
 def content_text(content, param: str) -> str:

@@ -93,3 +93,28 @@ async def test_messages_metadata_must_be_an_object(cluster):
     resp = await cluster.client.post("/v1/messages", json=CHAT | {"metadata": "u1"})
     assert resp.status == 400
     assert "metadata" in (await resp.json())["error"]["message"]
+
+
+NAME_TEMPLATE = (
+    "{% for m in messages %}{{ m.role }}{% if m.name %}({{ m.name }}){% endif %}: "
+    "{{ m.content }}\n{% endfor %}{% if add_generation_prompt %}assistant:{% endif %}"
+)
+
+
+async def test_message_name_reaches_the_template(make_cluster):
+    from router import keys
+
+    cluster = await make_cluster(chat_template=NAME_TEMPLATE)
+    worker = await cluster.add_worker("w1")
+    messages = [{"role": "user", "content": "hi", "name": "alice"}]
+    resp = await cluster.client.post("/v1/chat/completions", json=CHAT | {"messages": messages})
+    assert resp.status == 200
+    prompt = cluster.app[keys.TOKENIZER].decode(worker.received[0].token_ids)
+    assert "user(alice): hi" in prompt
+
+
+async def test_message_name_must_be_a_string(cluster):
+    messages = [{"role": "user", "content": "hi", "name": 5}]
+    resp = await cluster.client.post("/v1/chat/completions", json=CHAT | {"messages": messages})
+    assert resp.status == 400
+    assert (await resp.json())["error"]["param"] == "messages[0].name"
