@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from router.chat_prompt import build_chat_prompt, template_kwargs
 from router.errors import ApiError, bad_request
+from router.known_fields import MESSAGES_FIELDS, check_messages_no_ops, refuse_unknown_fields
 from router.openai_schema import GenerationRequest, _max_tokens
 from router.tokenization import ModelTokenizer
 from router.tool_grammar import enforce_tool_choice, required_call_schema
@@ -23,6 +24,8 @@ def parse_messages_request(
     body: dict, tokenizer: ModelTokenizer, model_id: str, max_tokens_cap: int | None = None
 ) -> GenerationRequest:
     _check_model(body, model_id)
+    refuse_unknown_fields(body, MESSAGES_FIELDS, "/v1/messages")
+    check_messages_no_ops(body)
     max_tokens = body.get("max_tokens")
     if type(max_tokens) is not int:
         raise bad_request("'max_tokens' is required and must be an integer", "max_tokens")

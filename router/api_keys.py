@@ -31,7 +31,9 @@ class ApiKeys:
 
     def identify(self, presented: str) -> str | None:
         """The fingerprint of the accepted key equal to `presented`, or None."""
-        digest = hashlib.sha256(presented.encode()).digest()
+        # aiohttp decodes header bytes that are not UTF-8 as lone surrogates: back to the bytes
+        # sent (a strict encode raised, and a hostile header was a 500, not a 401)
+        digest = hashlib.sha256(presented.encode("utf-8", "surrogateescape")).digest()
         # Compare digests, every one, in constant time: no early exit to time.
         found = None
         for known, name in self._digests.items():

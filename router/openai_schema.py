@@ -7,6 +7,7 @@ from dataclasses import dataclass, replace
 
 from router.chat_prompt import build_chat_prompt, template_kwargs
 from router.errors import ApiError, bad_request
+from router.known_fields import CHAT_FIELDS, COMPLETION_FIELDS, refuse_unknown_fields
 from router.openai_fields import check_chat_fields
 from router.sampling_fields import sampling_fields
 from router.tokenization import ModelTokenizer
@@ -38,6 +39,7 @@ def parse_chat(
     body: dict, tokenizer: ModelTokenizer, model_id: str, max_tokens_cap: int | None = None
 ) -> GenerationRequest:
     _check_model(body, model_id)
+    refuse_unknown_fields(body, CHAT_FIELDS, "/v1/chat/completions")
     check_chat_fields(body)
     tools = parse_tools(body)
     prompt = build_chat_prompt(chat_messages(body), tools, tokenizer, template_kwargs(body))
@@ -67,6 +69,7 @@ def parse_completion(
     body: dict, tokenizer: ModelTokenizer, model_id: str, max_tokens_cap: int | None = None
 ) -> GenerationRequest:
     _check_model(body, model_id)
+    refuse_unknown_fields(body, COMPLETION_FIELDS, "/v1/completions")
     prompt_ids = _completion_prompt(body, tokenizer)
     max_tokens = _field(body, "max_tokens", int, 16)  # OpenAI's default for completions
     return _build(

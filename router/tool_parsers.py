@@ -16,6 +16,8 @@ import json
 import re
 from dataclasses import dataclass
 
+from router import strict_json
+
 PARSER_NAMES = ("hermes", "llama3", "mistral")
 
 
@@ -105,7 +107,7 @@ def _parse_llama3(text: str) -> ToolParse:
 def _parse_mistral(text: str) -> ToolParse:
     head, _, body = text.partition(MISTRAL_TAG) if MISTRAL_TAG in text else ("", "", text)
     try:
-        items = json.loads(body.strip())
+        items = strict_json.loads(body.strip())
     except ValueError:
         return ToolParse(text, ())
     if isinstance(items, dict):
@@ -121,7 +123,7 @@ _PARSERS = {"hermes": _parse_hermes, "llama3": _parse_llama3, "mistral": _parse_
 
 def _call_from_json(text: str) -> ParsedCall | None:
     try:
-        value = json.loads(text.strip())
+        value = strict_json.loads(text.strip())
     except ValueError:
         return None
     return _call_from_value(value)
@@ -133,7 +135,7 @@ def _call_from_value(value) -> ParsedCall | None:
     arguments = value.get("arguments", value.get("parameters", {}))
     if isinstance(arguments, str):  # some models write the arguments already encoded
         try:
-            arguments = json.loads(arguments)
+            arguments = strict_json.loads(arguments)
         except ValueError:
             return None
     if not isinstance(arguments, dict):

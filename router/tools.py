@@ -14,6 +14,7 @@ import json
 import re
 from dataclasses import dataclass
 
+from router import strict_json
 from router.errors import bad_request
 
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -115,14 +116,27 @@ def _message(message, i: int) -> dict:
     content = message.get("content")
     if role == "assistant" and calls is not None:
         text = "" if content is None else content_text(content, f"{param}.content")
-        return {"role": role, "content": text, "tool_calls": _history_calls(calls, param)}
-    out = {"role": role, "content": content_text(content, f"{param}.content")}
+        out = {"role": role, "content": text, "tool_calls": _history_calls(calls, param)}
+        return out | _name(message, param)
+    out = {"role": role, "content": content_text(content, f"{param}.content")} | _name(
+        message, param
+    )
     if role == "tool":
         call_id = message.get("tool_call_id")
         if not isinstance(call_id, str):
             raise bad_request(f"{param}.tool_call_id must be a string", f"{param}.tool_call_id")
         out["tool_call_id"] = call_id
     return out
+
+
+def _name(message: dict, param: str) -> dict:
+    """The participant's `name`, for templates that show it (most ignore it)."""
+    name = message.get("name")
+    if name is None:
+        return {}
+    if not isinstance(name, str):
+        raise bad_request(f"{param}.name must be a string", f"{param}.name")
+    return {"name": name}
 
 
 def content_text(content, param: str) -> str:
@@ -158,9 +172,9 @@ def _history_call(call, param: str) -> dict:
     arguments = fn.get("arguments", "{}")
     if isinstance(arguments, str):
         try:
-            arguments = json.loads(arguments)
-        except ValueError:
-            raise bad_request(f"{param}.function.arguments must be a JSON object", param) from None
+            arguments = strict_json.loads(arguments)
+        except strict_json.StrictJsonError as e:
+            raise bad_request(f"{param}.function.arguments {e}", param) from None
     if not isinstance(arguments, dict):
         raise bad_request(f"{param}.function.arguments must be a JSON object", param)
     call_id = call.get("id")
