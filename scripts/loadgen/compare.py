@@ -155,7 +155,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--configs",
         default=",".join(DEFAULT_CONFIGS),
         help="comma-separated: ours-N, ours-N-POLICY (cache_aware, round_robin, least_load), "
-        "mlx_lm (default: %(default)s)",
+        "mlx_lm, vllm_mlx (after scripts/setup-vllm-mlx) (default: %(default)s)",
     )
     p.add_argument(
         "--out", type=Path, default=Path("bench-results") / time.strftime("%Y%m%d-%H%M%S")
