@@ -63,6 +63,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="disk tier folder; each worker uses its own subfolder (default ~/.cache/mlx-fleet/kv)",
     )  # fmt: skip
     p.add_argument(
+        "--speculative", choices=("off", "ngram"),
+        help="speculative decoding on every worker: ngram prompt-lookup drafts (default off)",
+    )  # fmt: skip
+    p.add_argument(
         "--attention-backend", choices=("auto", "metal", "mlx"),
         help="paged attention backend of every worker (default auto: Metal kernel if it passes "
         "its self-test, else MLX ops)",
@@ -105,7 +109,8 @@ def commands(
                    "--port", str(r.port), "--zmq-bind", f"tcp://127.0.0.1:{zmq_port}", "--policy", r.policy]  # fmt: skip
     tunables = {"--block-size": args.block_size, "--max-running": args.max_running,
                 "--prefill-chunk": args.prefill_chunk, "--kv-memory": args.kv_memory,
-                "--kv-disk": args.kv_disk, "--attention-backend": args.attention_backend}  # fmt: skip
+                "--kv-disk": args.kv_disk, "--attention-backend": args.attention_backend,
+                "--speculative": args.speculative}  # fmt: skip
     extra = [str(x) for flag, value in tunables.items() if value is not None for x in (flag, value)]
     if (
         args.kv_memory is None

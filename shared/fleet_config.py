@@ -116,6 +116,7 @@ class WorkerSection:
     max_running: int | None = spec(None, integer(1, optional=True), "sequences in the batch")
     prefill_chunk: int | None = spec(None, integer(1, optional=True), "prompt tokens per step")
     attention_backend: str = spec("auto", string(("auto", "metal", "mlx")), "paged attention")
+    speculative: str = spec("off", string(("off", "ngram")), "speculative decoding drafts")
     kv_disk: int | None = spec(None, size(), 'KV tier on disk, e.g. "20GiB" (off when unset)')
     kv_disk_dir: Path | None = spec(None, path(), "its folder (default ~/.cache/mlx-fleet/kv)")
     log_level: str = spec("INFO", string(LOG_LEVELS), "log level")

@@ -49,6 +49,12 @@ def build_parser() -> argparse.ArgumentParser:
         "at start, else MLX ops), metal, mlx",
     )
     p.add_argument(
+        "--speculative",
+        choices=("off", "ngram"),
+        help="speculative decoding: ngram (prompt-lookup drafts for greedy requests, verified "
+        "in the batch; output unchanged) or off (default: it did not pay on CPUs measured)",
+    )
+    p.add_argument(
         "--kv-disk",
         help="keep KV blocks evicted from memory on disk, up to this size (e.g. 20GiB), and "
         "read them back when a prompt returns; survives restarts (default: off)",
@@ -90,6 +96,7 @@ def engine_config(worker, model):
         "compute_dtype": model.compute_dtype,
         "attention_backend": worker.attention_backend,
         "kv_disk_bytes": worker.kv_disk,
+        "speculative": worker.speculative,
         "kv_disk_dir": str(worker.kv_disk_dir) if worker.kv_disk_dir else None,
     }
     config = EngineConfig(**{k: v for k, v in given.items() if v is not None})
