@@ -120,7 +120,7 @@ class Cluster:
         self._send(identity, ack)
 
     def _heartbeat(self, worker: WorkerState, msg: Heartbeat) -> None:
-        worker.heartbeat = msg
+        worker.on_heartbeat(msg)
         if not worker.healthy:
             log.info("worker %s is back", worker.worker_id)
             worker.healthy = True

@@ -248,6 +248,7 @@ class Dispatcher:
                 matched[w.worker_id],
                 len(hashes[w.block_size]),
                 affinity=w.worker_id in sticky,
+                eviction_rate=w.eviction_rate,
             )
             for w in workers
         ]

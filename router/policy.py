@@ -6,13 +6,22 @@ its cost, which keeps tenants partitioned when the fleet's KV cannot hold them a
 load is badly unbalanced (max - min > balance_abs_threshold and max > balance_rel_threshold x min,
 as SGLang's router does) it falls back to the least-loaded worker, so a hot prefix cannot pile
 every request on one worker.
+
+Under KV pressure (some worker's prefix cache has been evicting blocks lately) the
+fleet cannot hold every tenant, and trading a few uncached blocks for load lets each LRU see
+every tenant and churn. cache_aware then partitions: a prefix goes to the worker it was last
+sent to (or one that holds it), as long as that worker's load stays within `max_imbalance` of
+the mean; a new prefix goes to the worker evicting least, then the least loaded. Measured in
+the fleet simulator (scripts/fleet_sim.py, docs/benchmarks.md).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
+
+from router.recent_share import RecentShares
 
 POLICY_NAMES = ("cache_aware", "round_robin", "least_load")
 
@@ -23,6 +32,7 @@ class Candidate(NamedTuple):
     matched_blocks: int  # leading prompt blocks the worker holds
     prompt_blocks: int  # full blocks of the prompt at this worker's block size
     affinity: bool = False  # this prefix was last sent to this worker
+    eviction_rate: float = 0.0  # blocks its cache evicts per heartbeat, smoothed
 
 
 class Policy(Protocol):
@@ -40,10 +50,29 @@ class CacheAwarePolicy:
     # an affinity worker counts as holding this share of the prompt it may have lost: enough
     # to win a tie of misses, not enough to beat a worker that holds the whole prefix
     affinity_share: float = 0.5
+    # under KV pressure: a prefix stays on its worker while the requests routed there lately
+    # are at most the mean x (1 + max_imbalance) + balance_slack (0.15: in the simulator 0.3
+    # let closed-loop req/s fall 5-10% from a 1.1 max/mean skew, 0.1 cost 3-5% hit rate)
+    max_imbalance: float = 0.15
+    balance_slack: float = 1.0
+    # evicting more than this (blocks per heartbeat, smoothed) is KV pressure: after one
+    # burst, pressure mode lasts about a minute
+    pressure_eviction_rate: float = 0.1
+    # under pressure a miss costs a whole prefill and someone else's cached prefix, so the
+    # in-flight guard lets a worker run further ahead before its prefixes move
+    pressure_balance_abs_threshold: int = 16
     name: str = "cache_aware"
     _turn: int = 0  # rotates among equal-cost workers, so idle workers share new prefixes
+    _shares: RecentShares = field(default_factory=RecentShares)
 
     def choose(self, candidates: Sequence[Candidate]) -> Candidate:
+        chosen = self._choose(candidates)
+        self._shares.add(chosen.worker_id, len(candidates))
+        return chosen
+
+    def _choose(self, candidates: Sequence[Candidate]) -> Candidate:
+        if any(c.eviction_rate > self.pressure_eviction_rate for c in candidates):
+            return self.choose_partitioned(candidates)
         if self.is_unbalanced(candidates):
             return _least_loaded(candidates)
         best = min((self.cost(c), c.load) for c in candidates)
@@ -59,10 +88,41 @@ class CacheAwarePolicy:
             uncached = max(0.0, uncached - self.affinity_share * c.prompt_blocks)
         return self.prefill_weight * uncached + c.load
 
+    def choose_partitioned(self, candidates: Sequence[Candidate]) -> Candidate:
+        """The worker that holds (or last served) this prefix, within the load cap; a new
+        prefix goes where the cache is under the least pressure."""
+        eligible = self.within_share(candidates)
+        best = max(eligible, key=lambda c: (self.holding(c), -c.load, c.worker_id))
+        if self.holding(best) * 2 >= best.prompt_blocks > 0:
+            return best
+        recent = self._shares.recent
+        return min(eligible, key=lambda c: (recent(c.worker_id), c.load, c.worker_id))
+
+    def within_share(self, candidates: Sequence[Candidate]) -> list[Candidate]:
+        """Candidates whose recent requests are within the imbalance cap and whose load is
+        not badly over the least loaded's (the balance guard, per worker here, so that one
+        hot worker does not send every prefix to the least loaded)."""
+        mean = self._shares.mean(c.worker_id for c in candidates)
+        cap = mean * (1 + self.max_imbalance) + self.balance_slack
+        low = min(c.load for c in candidates)
+        eligible = [
+            c
+            for c in candidates
+            if self._shares.recent(c.worker_id) <= cap
+            and not self._overloaded(c.load, low, self.pressure_balance_abs_threshold)
+        ]
+        return eligible or [_least_loaded(candidates)]
+
+    def _overloaded(self, load: int, low: int, abs_threshold: int) -> bool:
+        return load - low > abs_threshold and load > self.balance_rel_threshold * low
+
+    def holding(self, c: Candidate) -> int:
+        """Blocks of the prompt the worker holds, its last worker counting as holding all."""
+        return c.prompt_blocks if c.affinity else c.matched_blocks
+
     def is_unbalanced(self, candidates: Sequence[Candidate]) -> bool:
         loads = [c.load for c in candidates]
-        low, high = min(loads), max(loads)
-        return high - low > self.balance_abs_threshold and high > self.balance_rel_threshold * low
+        return self._overloaded(max(loads), min(loads), self.balance_abs_threshold)
 
 
 @dataclass

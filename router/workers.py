@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 
 from shared.protocol import Heartbeat, Register
 
+EVICTION_RATE_SMOOTHING = 0.05
+
 
 @dataclass(eq=False)
 class WorkerState:
@@ -21,6 +23,15 @@ class WorkerState:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0  # prompt tokens of requests served here that hit the cache
+    # blocks its prefix cache evicts per heartbeat, smoothed over ~20 heartbeats: evictions
+    # come in bursts (one prompt's worth at a time), so one interval alone says little
+    eviction_rate: float = 0.0
+
+    def on_heartbeat(self, msg: Heartbeat) -> None:
+        previous = self.heartbeat.evicted_blocks if self.heartbeat else msg.evicted_blocks
+        evicted = max(0, msg.evicted_blocks - previous)
+        self.eviction_rate += EVICTION_RATE_SMOOTHING * (evicted - self.eviction_rate)
+        self.heartbeat = msg
 
     @property
     def worker_id(self) -> str:

@@ -112,6 +112,9 @@ class Heartbeat:
     hit_tokens: int  # cumulative prompt tokens served from the prefix cache
     prompt_tokens: int = 0  # cumulative prompt tokens seen (hit rate = hit / prompt)
     phases: WorkerPhases | None = None
+    # optional (an older worker leaves them 0): the router's view of KV pressure
+    evictable_blocks: int = 0  # cached blocks no running request holds
+    evicted_blocks: int = 0  # cumulative blocks the prefix cache evicted
 
 
 @dataclass(frozen=True, slots=True)

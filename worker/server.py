@@ -142,5 +142,7 @@ class WorkerServer:
             cached_blocks=e.cache.cached_blocks,
             hit_tokens=e.cache.hit_tokens,
             prompt_tokens=e.cache.hit_tokens + e.cache.miss_tokens,
+            evictable_blocks=e.cache.evictable_blocks,
+            evicted_blocks=e.cache.evicted_blocks,
             phases=self._phases,
         )

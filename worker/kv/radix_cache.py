@@ -58,6 +58,7 @@ class RadixCache:
         self._num_locks = 0
         self.hit_tokens = 0
         self.miss_tokens = 0
+        self.evicted_blocks = 0  # cumulative, for the heartbeat (the router's pressure signal)
         self._on_evict: Callable[..., None] | None = None
         pool.set_hold_listener(self._on_hold_change)
 
@@ -164,6 +165,7 @@ class RadixCache:
             if self._on_evict is not None:
                 self._on_evict(leaf.block_ids, leaf.block_hashes, leaf.parent.last_hash, leaf.key)
             freed += self._remove_leaf(leaf)
+        self.evicted_blocks += freed
         if removed_hashes:
             self._emit(BlockRemoved(tuple(removed_hashes)))
         return freed

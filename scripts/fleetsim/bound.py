@@ -1,0 +1,24 @@
+"""The capacity bound: the hit rate of one LRU cache as large as the whole fleet's KV, fed the
+same requests in order (no request holds blocks: an upper estimate of what any routing of this
+traffic over the fleet could hit with LRU caches)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from scripts.fleetsim.block_lru import BlockLRU
+from scripts.fleetsim.workload import SimRequest
+from shared.hashing import hash_blocks
+
+
+def pooled_lru_hit_rate(
+    requests: Sequence[SimRequest], capacity_blocks: int, block_size: int
+) -> float:
+    cache = BlockLRU(capacity_blocks)
+    hit = total = 0
+    for request in requests:
+        hashes = hash_blocks(request.token_ids, block_size)
+        hit += cache.admit(hashes, request.token_ids, block_size, 0) * block_size
+        cache.release(hashes, 0)
+        total += len(request.token_ids)
+    return hit / max(1, total)
