@@ -254,12 +254,21 @@ def _fields_to_wire(obj) -> dict:
     return {f.name: _to_wire(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
 
 
+_SCALARS = (int, float, str, bool, bytes, type(None))
+
+
 def _to_wire(value):
+    if type(value) in _SCALARS:
+        return value
     if type(value) in _KV_EVENT_TAGS:
         return [_KV_EVENT_TAGS[type(value)], _fields_to_wire(value)]
     if dataclasses.is_dataclass(value):
         return _fields_to_wire(value)
     if isinstance(value, tuple | list):
+        # token ids, the bulk of a Generate: msgpack packs them as they are (the per-element
+        # walk was 75% of the router's routing CPU on a 1.4k-token prompt, fleet simulator)
+        if all(type(v) is int for v in value):
+            return value
         return [_to_wire(v) for v in value]
     return value
 

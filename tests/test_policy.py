@@ -141,3 +141,50 @@ def test_cache_aware_uses_the_fleets_combined_kv_under_pressure():
     rr = _serve_tenants("round_robin", tenants=24, capacity=8, requests=600)
     assert aware >= 1.7 * rr, (aware, rr)
     assert aware > 0.55
+
+
+# ---- KV pressure: partition prefixes, within the imbalance cap ----------------------------
+
+
+def pressed(worker_id, load, matched=0, blocks=44, affinity=False):
+    """A candidate whose cache has been evicting (the fleet cannot hold every prefix)."""
+    return Candidate(worker_id, load, matched, blocks, affinity, eviction_rate=5.0)
+
+
+def test_under_pressure_a_prefix_stays_on_its_worker_despite_lower_load_elsewhere():
+    home, idle = pressed("a", 6, affinity=True), pressed("b", 2)
+    assert CacheAwarePolicy().choose([home, idle]).worker_id == "a"
+    # Without pressure the cost trade moves it: 0.1 x 22 uncached blocks < 4 requests of load.
+    calm = [Candidate("a", 6, 0, 44, affinity=True), Candidate("b", 2, 0, 44)]
+    assert CacheAwarePolicy().choose(calm).worker_id == "b"
+
+
+def test_under_pressure_new_prefixes_go_to_the_worker_with_fewer_recent_requests():
+    policy = CacheAwarePolicy()
+    for _ in range(10):  # "a" has served a tenant lately
+        policy.choose([pressed("a", 0, affinity=True), pressed("b", 0)])
+    # a new prefix (held nowhere, no last worker) goes to "b", even though "a" is as idle
+    assert policy.choose([pressed("a", 0), pressed("b", 0)]).worker_id == "b"
+
+
+def test_under_pressure_a_worker_holding_the_whole_prefix_serves_it():
+    chosen = CacheAwarePolicy().choose([pressed("a", 1), pressed("b", 3, matched=44)])
+    assert chosen.worker_id == "b"
+
+
+def test_under_pressure_a_hot_prefix_spills_but_load_stays_within_the_cap():
+    """One prefix, sent to whichever worker served it last: the policy keeps it home until
+    that worker's recent share is over the cap, and requests per worker end within 30%."""
+    policy, last, served = CacheAwarePolicy(), "a", {"a": 0, "b": 0, "c": 0}
+    for _ in range(600):
+        chosen = policy.choose([pressed(w, 0, affinity=w == last) for w in sorted(served)])
+        served[chosen.worker_id] += 1
+        last = chosen.worker_id
+    mean = sum(served.values()) / len(served)
+    assert max(served.values()) <= 1.3 * mean, served
+    assert min(served.values()) > 0
+
+
+def test_under_pressure_a_badly_overloaded_home_is_left():
+    home, idle = pressed("a", 30, affinity=True), pressed("b", 1)
+    assert CacheAwarePolicy().choose([home, idle]).worker_id == "b"

@@ -202,3 +202,18 @@ def test_metrics_show_each_workers_phases_and_attention_choice():
         'self_test="failed: mismatch 0.3",worker="w1"} 1.0'
     ) in text
     assert 'mlx_fleet_worker_attention_selftest_ms{which="reference",worker="w1"} 2.0' in text
+
+
+def test_heartbeat_kv_pressure_fields_are_optional_and_smoothed_by_the_router():
+    from router.workers import WorkerState
+
+    older = msgpack.packb([2, {"worker_id": "w1", "running": 0, "waiting": 0, "free_blocks": 1,
+                               "total_blocks": 2, "cached_blocks": 0, "hit_tokens": 0}])  # fmt: skip
+    assert decode(older).evicted_blocks == 0  # a worker without the field still decodes
+    worker = WorkerState(Register("w1", "m", 16, 10, "h", 1), b"id", 0.0)
+    for evicted in (100, 100, 140):  # cumulative counts, one heartbeat each
+        beat = Heartbeat("w1", 0, 0, 0, 2, 0, 0, evictable_blocks=5, evicted_blocks=evicted)
+        assert decode(encode(beat)) == beat
+        worker.on_heartbeat(beat)
+    # the first beat is the baseline (no rate from one sample), then 0, then 40 blocks
+    assert 0 < worker.eviction_rate < 40

@@ -175,6 +175,7 @@ def test_evict_cascades_to_parents_in_one_event(cache, pool, events):
     assert cache.evictable_blocks == 3
     events.clear()
     assert cache.evict(10) == 3
+    assert cache.evicted_blocks == 3  # the heartbeat's eviction counter
     assert cache.cached_blocks == 0
     assert pool.num_free == 16
     (removed,) = events

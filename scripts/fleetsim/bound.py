@@ -12,13 +12,16 @@ from shared.hashing import hash_blocks
 
 
 def pooled_lru_hit_rate(
-    requests: Sequence[SimRequest], capacity_blocks: int, block_size: int
+    requests: Sequence[SimRequest], capacity_blocks: int, block_size: int, warmup: int = 0
 ) -> float:
+    """Hit rate (cached / prompt tokens) after the first `warmup` requests."""
     cache = BlockLRU(capacity_blocks)
     hit = total = 0
-    for request in requests:
+    for k, request in enumerate(requests):
         hashes = hash_blocks(request.token_ids, block_size)
-        hit += cache.admit(hashes, request.token_ids, block_size, 0) * block_size
+        matched = cache.admit(hashes, request.token_ids, block_size, 0)
         cache.release(hashes, 0)
-        total += len(request.token_ids)
+        if k >= warmup:
+            hit += matched * block_size
+            total += len(request.token_ids)
     return hit / max(1, total)

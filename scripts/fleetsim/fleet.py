@@ -68,10 +68,16 @@ class Fleet:
                                      Metrics(), max_pending=1 << 30, max_resubmits=0)  # fmt: skip
         self._events: list[tuple[float, int, str, object]] = []
         self._order = itertools.count()
+        self._started_at = 0.0
 
-    def run(self, requests: Sequence[SimRequest], concurrency: int | None = None) -> FleetResult:
+    def run(
+        self, requests: Sequence[SimRequest], concurrency: int | None = None, warmup: int = 0
+    ) -> FleetResult:
         """Open loop (each request at its arrival time), or closed loop with `concurrency`
-        clients (a request starts when a client's previous one finishes), as loadgen runs."""
+        clients (a request starts when a client's previous one finishes), as loadgen runs.
+        The first `warmup` requests fill the caches and are not counted."""
+        self._warmup_left = warmup
+        self._baseline = self._counters()
         self._backlog = list(reversed(requests)) if concurrency else []
         for request in requests if not concurrency else []:
             self._at(request.arrival_s, "arrive", request)
@@ -86,19 +92,31 @@ class Fleet:
                 self._finish(*payload)
             elif kind == "heartbeat" and len(self._events) > 0:
                 self._heartbeats()
-        sims = list(self.workers.values())
-        prompt = sum(w.prompt_tokens for w in sims)
-        return FleetResult(
-            hit_rate=sum(w.hit_tokens for w in sims) / max(1, prompt),
-            requests_per_worker=[w.requests for w in sims],
-            evicted_blocks=sum(w.cache.evicted_blocks for w in sims),
-            sim_seconds=self.now,
+        end = self._counters()
+        hits, prompts, counts = (
+            [b - a for a, b in zip(before, after, strict=True)]
+            for before, after in zip(self._baseline, end, strict=True)
         )
+        return FleetResult(
+            hit_rate=sum(hits) / max(1, sum(prompts)),
+            requests_per_worker=counts,
+            evicted_blocks=sum(w.cache.evicted_blocks for w in self.workers.values()),
+            sim_seconds=self.now - self._started_at,
+        )
+
+    def _counters(self) -> tuple[list[int], list[int], list[int]]:
+        sims = list(self.workers.values())
+        return ([w.hit_tokens for w in sims], [w.prompt_tokens for w in sims],
+                [w.requests for w in sims])  # fmt: skip
 
     def _at(self, when: float, kind: str, payload) -> None:
         heapq.heappush(self._events, (when, next(self._order), kind, payload))
 
     def _arrive(self, request: SimRequest) -> None:
+        if self._warmup_left == 0:
+            self._baseline = self._counters()
+            self._started_at = self.now
+        self._warmup_left -= 1
         sampling = SamplingParams(max_tokens=request.max_tokens)
         self.dispatcher.start(f"r{next(self._order)}", request.token_ids, sampling)
 
