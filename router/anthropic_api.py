@@ -18,6 +18,7 @@ from router.chat_output import ChatReader, ReplyEvent
 from router.errors import ApiError
 from router.generation import UsageCount, pieces, usage_of
 from router.handlers import _count_usage, _start
+from router.lifecycle import parse_off_loop
 from router.openai_schema import GenerationRequest
 from router.request_body import json_object_body
 
@@ -28,8 +29,13 @@ async def messages(request: web.Request) -> web.StreamResponse:
     app = request.app
     body = await json_object_body(request)
     config = app[keys.CONFIG]
-    req = parse_messages_request(
-        body, app[keys.TOKENIZER], config.served_model_id, config.max_tokens_cap
+    req = await parse_off_loop(
+        app,
+        parse_messages_request,
+        body,
+        app[keys.TOKENIZER],
+        config.served_model_id,
+        config.max_tokens_cap,
     )
     message_id = f"msg_{uuid.uuid4().hex[:24]}"
     job = _start(app, message_id, req)

@@ -14,6 +14,7 @@ from router.chat_output import ChatReader
 from router.dispatch import Job, NoWorkerAvailable, Overloaded
 from router.errors import ApiError, no_workers, overloaded
 from router.generation import pieces, usage_of
+from router.lifecycle import parse_off_loop
 from router.logprobs import LogprobsRenderer
 from router.openai_schema import GenerationRequest, parse_chat, parse_completion
 from router.request_body import json_object_body
@@ -81,7 +82,9 @@ async def _generate(request: web.Request, parse: Parser, id_prefix: str) -> web.
     app = request.app
     body = await json_object_body(request)
     config = app[keys.CONFIG]
-    req = parse(body, app[keys.TOKENIZER], config.served_model_id, config.max_tokens_cap)
+    req = await parse_off_loop(
+        app, parse, body, app[keys.TOKENIZER], config.served_model_id, config.max_tokens_cap
+    )
     request_id = f"{id_prefix}-{uuid.uuid4().hex}"
     job = _start(app, request_id, req)
     builder = ResponseBuilder(req.kind, request_id, req.model, logprobs=_renderer(app, req))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 from aiohttp import web
 
 from router.api_keys import ApiKeys
@@ -15,6 +17,8 @@ from router.tokenization import ModelTokenizer
 CONFIG = web.AppKey("config", RouterConfig)
 METRICS = web.AppKey("metrics", Metrics)
 TOKENIZER = web.AppKey("tokenizer", ModelTokenizer)
+# None: prompts are parsed and tokenized on the event loop
+TOKENIZE_POOL = web.AppKey("tokenize_pool", ThreadPoolExecutor | None)
 CLUSTER = web.AppKey("cluster", Cluster)
 DISPATCHER = web.AppKey("dispatcher", Dispatcher)
 LINK = web.AppKey("link", WorkerLink)

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Coroutine
+from concurrent.futures import ThreadPoolExecutor
 
 from aiohttp import web
 
@@ -30,7 +31,21 @@ async def tokenizer_ctx(app: web.Application) -> AsyncIterator[None]:
         tokenizer.set_chat_template(config.chat_template)
     tokenizer.tool_call_parser = config.tool_call_parser
     app[keys.TOKENIZER] = tokenizer
+    threads = config.tokenizer_threads
+    pool = ThreadPoolExecutor(threads, thread_name_prefix="tokenize") if threads else None
+    app[keys.TOKENIZE_POOL] = pool
     yield
+    if pool is not None:
+        pool.shutdown(wait=False, cancel_futures=True)
+
+
+async def parse_off_loop(app: web.Application, parse, *args):
+    """`parse(*args)` (body checks, chat template, tokenizer) in the tokenize pool when there
+    is one, else here; its ApiError reaches the caller either way."""
+    pool = app[keys.TOKENIZE_POOL]
+    if pool is None:
+        return parse(*args)
+    return await asyncio.get_running_loop().run_in_executor(pool, parse, *args)
 
 
 async def cluster_ctx(app: web.Application) -> AsyncIterator[None]:

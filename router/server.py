@@ -103,6 +103,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="requests in flight in the router; more are refused with 429",
     )
     p.add_argument(
+        "--tokenizer-threads",
+        type=int,
+        default=_DEFAULTS.tokenizer_threads,
+        help="threads that tokenize prompts off the event loop (0: on the loop; see "
+        "docs/benchmarks.md, fleet simulation)",
+    )
+    p.add_argument(
         "--context-length",
         type=int,
         help="override the model's context length (default: config.json)",
@@ -180,6 +187,7 @@ def parse_args(argv: list[str] | None) -> RouterConfig:
         heartbeat_interval_s=router.heartbeat_interval_s,
         heartbeat_timeout_s=router.heartbeat_timeout_s,
         max_pending_requests=router.max_pending_requests,
+        tokenizer_threads=router.tokenizer_threads,
         context_length=router.context_length,
         tool_call_parser=router.tool_call_parser,
         chat_template=_chat_template(router.chat_template),

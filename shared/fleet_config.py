@@ -80,6 +80,9 @@ class RouterSection:
     heartbeat_interval_s: float = spec(1.0, number(0.0, low_open=True), "told to workers")
     heartbeat_timeout_s: float = spec(5.0, number(0.0, low_open=True), "silence = worker lost")
     max_pending_requests: int = spec(1024, integer(1), "requests in flight; more get 429")
+    tokenizer_threads: int = spec(
+        0, integer(0), "threads that tokenize prompts off the event loop (0: on the loop)"
+    )
     context_length: int | None = spec(None, integer(1, optional=True), "override config.json")
     log_level: str = spec("INFO", string(LOG_LEVELS), "log level")
     tool_call_parser: str | None = spec(
