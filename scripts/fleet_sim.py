@@ -33,6 +33,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="tenants of the two-worker KV-pressure runs")  # fmt: skip
     p.add_argument("--pressure-requests", type=int, default=1000)
     p.add_argument("--seeds", type=ints, default=[0, 1, 2], help="pressure-run seeds")
+    p.add_argument("--as-run-seeds", type=int, default=20, help="seeds of the 72-request runs")
     p.add_argument("--overhead-rates", type=ints, default=[100, 1000, 3000], help="req/s")
     p.add_argument("--skip", default="", help="comma-separated: fleet, pressure, overhead")
     p.add_argument("--out", type=Path, help="JSON lines file")
@@ -59,6 +60,10 @@ def main(argv: list[str] | None = None) -> int:
                 scenario = scenarios.pressure(tenants, seed, args.pressure_requests)
                 policies = ("cache_aware", "cache_aware_no_partition", "round_robin")
                 emit(scenarios.run(scenario, policies))
+        for tenants in args.pressure_tenants:  # as the real run: 72 requests, many seeds
+            for seed in range(args.as_run_seeds):
+                scenario = scenarios.pressure_as_run(tenants, seed)
+                emit(scenarios.run(scenario, ("cache_aware", "round_robin")))
     if "overhead" not in skip:
         emit(overhead.summarize(overhead.measure_service_times(), args.overhead_rates))
     if args.out:

@@ -57,6 +57,18 @@ def pressure(tenants: int, seed: int = 0, requests: int = 1000) -> Scenario:
     )  # fmt: skip
 
 
+def pressure_as_run(tenants: int, seed: int = 0) -> Scenario:
+    """The real two-worker measurement in docs/benchmarks.md (issue 15): 72 requests at
+    concurrency 8, 16 output tokens, ~1.33k-token prompts, ~340 blocks per worker; every
+    request counts (the tenants' first visits, a third of them, are misses for any router)."""
+    return Scenario(
+        f"pressure-as-run-{tenants}-tenants",
+        FleetShape(workers=2, capacity_blocks=340, block_size=32, cost=THIS_CPU),
+        TrafficShape(tenants=tenants, system_tokens=1330, question_tokens=20, output_tokens=16),
+        requests=72, warmup=0, concurrency=8, seed=seed,
+    )  # fmt: skip
+
+
 def fleet(workers: int, seed: int = 0, requests_per_worker: int = 300) -> Scenario:
     return Scenario(
         f"fleet-{workers}",
