@@ -7,12 +7,13 @@ load is badly unbalanced (max - min > balance_abs_threshold and max > balance_re
 as SGLang's router does) it falls back to the least-loaded worker, so a hot prefix cannot pile
 every request on one worker.
 
-Under KV pressure (some worker's prefix cache has been evicting blocks lately) the
-fleet cannot hold every tenant, and trading a few uncached blocks for load lets each LRU see
-every tenant and churn. cache_aware then partitions: a prefix goes to the worker it was last
-sent to (or one that holds it), as long as that worker's load stays within `max_imbalance` of
-the mean; a new prefix goes to the worker evicting least, then the least loaded. Measured in
-the fleet simulator (scripts/fleet_sim.py, docs/benchmarks.md).
+Under KV pressure (some worker's prefix cache has been evicting blocks lately) the fleet
+cannot hold every tenant, and trading a few uncached blocks for load lets each LRU see every
+tenant and churn. cache_aware then partitions: a prefix goes to the worker that holds it (or
+it was last sent to) while that worker's recent share of requests stays within `max_imbalance`
+of the mean and its in-flight load is not badly over the least loaded's; a new prefix goes to
+the worker with the fewest recent requests. Tuned in the fleet simulator (scripts/fleet_sim.py;
+docs/benchmarks.md: 96-98% of the capacity bound on the two-worker, 24-tenant configuration).
 """
 
 from __future__ import annotations

@@ -37,8 +37,9 @@ def measure_service_times(workers: int = 16, samples: int = 600, seed: int = 0) 
     scenario = fleet(workers, seed, requests_per_worker=60)
     warm = Fleet(scenario.fleet, "cache_aware")
     warm.run(_scenario_requests(scenario))
-    dispatcher, sims = warm.dispatcher, warm.workers
-    warm.dispatcher._send = lambda identity, msg: encode(msg)  # the socket write's CPU part
+    dispatcher = warm.dispatcher
+    # from here the dispatcher's socket only encodes the frame (the CPU part of a send)
+    dispatcher._send = lambda identity, msg: encode(msg)
     prompts = multi_tenant(samples, seed, Shape(tenants=24, prefix_words=1300))
     render, tokenize, route, hashing = [], [], [], []
     for k, prompt in enumerate(prompts):
@@ -58,7 +59,6 @@ def measure_service_times(workers: int = 16, samples: int = 600, seed: int = 0) 
         tokenize.append(t1 - t0)
         route.append(t2 - t1)
         hashing.append(t3 - t2)
-    del sims
     return {"workers": workers, "prompt_tokens": len(token_ids), "tokenize_s": tokenize,
             "render_s": render,
             "route_s": route, "hash_s": hashing}  # fmt: skip
