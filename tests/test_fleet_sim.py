@@ -89,7 +89,7 @@ def test_index_and_workers_agree_after_a_fleet_run():
         assert not s.running
 
 
-def test_under_kv_pressure_cache_aware_nears_the_bound_and_doubles_round_robin():
+def test_under_kv_pressure_cache_aware_nears_the_bound_far_above_round_robin():
     """The issue's configuration (24 tenants, 2 workers with room for ~8 each): the real
     router's hit rate; deterministic (seeded traffic, simulated time)."""
     rows = {r["policy"]: r for r in run(pressure(24, seed=0, requests=600),
