@@ -8,7 +8,7 @@ rendered by router/chat_prompt.py, so both APIs share templates, tool formats an
 from __future__ import annotations
 
 from router.chat_prompt import build_chat_prompt, template_kwargs
-from router.errors import ApiError, bad_request
+from router.errors import bad_request
 from router.known_fields import MESSAGES_FIELDS, check_messages_no_ops, refuse_unknown_fields
 from router.openai_schema import GenerationRequest, _max_tokens
 from router.tokenization import ModelTokenizer
@@ -23,7 +23,6 @@ _ROLES = ("user", "assistant")
 def parse_messages_request(
     body: dict, tokenizer: ModelTokenizer, model_id: str, max_tokens_cap: int | None = None
 ) -> GenerationRequest:
-    _check_model(body, model_id)
     refuse_unknown_fields(body, MESSAGES_FIELDS, "/v1/messages")
     check_messages_no_ops(body)
     max_tokens = body.get("max_tokens")
@@ -51,15 +50,6 @@ def parse_messages_request(
         tool_grammar=required_call_schema(tools),
         starts_in_reasoning=prompt.starts_in_reasoning,
     )
-
-
-def _check_model(body: dict, model_id: str) -> None:
-    model = body.get("model")
-    if not isinstance(model, str):
-        raise bad_request("'model' is required and must be a string", "model")
-    if model != model_id:
-        raise ApiError(404, f"model: {model} (this router serves '{model_id}')", "model",
-                       type="not_found_error")  # fmt: skip
 
 
 def _check_thinking(body: dict) -> None:

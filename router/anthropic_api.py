@@ -28,24 +28,20 @@ _STOP_REASONS = {"length": "max_tokens", "stop": "end_turn"}
 async def messages(request: web.Request) -> web.StreamResponse:
     app = request.app
     body = await json_object_body(request)
-    config = app[keys.CONFIG]
+    served = app[keys.MODELS].for_request(body)
+    max_tokens_cap = app[keys.CONFIG].max_tokens_cap
     req = await parse_off_loop(
-        app,
-        parse_messages_request,
-        body,
-        app[keys.TOKENIZER],
-        config.served_model_id,
-        config.max_tokens_cap,
+        app, parse_messages_request, body, served.tokenizer, served.id, max_tokens_cap
     )
     message_id = f"msg_{uuid.uuid4().hex[:24]}"
-    job = _start(app, message_id, req)
+    job = _start(served, message_id, req)
     try:
-        stream = pieces(job, app[keys.TOKENIZER], app[keys.DISPATCHER], req.stop)
+        stream = pieces(job, served.tokenizer, served.dispatcher, req.stop)
         if req.stream:
-            return await _stream(request, job, req, message_id, aiter(stream))
-        return await _whole(request, job, req, message_id, stream)
+            return await _stream(request, served, job, req, message_id, aiter(stream))
+        return await _whole(served, job, req, message_id, stream)
     finally:
-        app[keys.DISPATCHER].cancel(job)
+        served.dispatcher.cancel(job)
 
 
 def stop_reason(reader: ChatReader, piece) -> tuple[str, str | None]:
@@ -112,7 +108,7 @@ def _message(message_id: str, req: GenerationRequest, content, reason, stop, usa
     }
 
 
-async def _whole(request, job, req: GenerationRequest, message_id: str, stream) -> web.Response:
+async def _whole(served, job, req: GenerationRequest, message_id: str, stream) -> web.Response:
     reader = ChatReader(req.tool_family, req.starts_in_reasoning)
     events = []
     async for piece in stream:
@@ -120,13 +116,13 @@ async def _whole(request, job, req: GenerationRequest, message_id: str, stream) 
         last = piece
     events += reader.finish()
     usage = usage_of(job)
-    _count_usage(request.app, usage)
+    _count_usage(served, usage)
     reason, stop = stop_reason(reader, last)
     body = _message(message_id, req, content_blocks(events), reason, stop, usage_json(usage))
     return web.json_response(body)
 
 
-async def _stream(request, job, req: GenerationRequest, message_id: str, stream):
+async def _stream(request, served, job, req: GenerationRequest, message_id: str, stream):
     piece = await anext(stream)  # an error before the first token is a plain HTTP error
     response = web.StreamResponse(
         headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
@@ -139,7 +135,7 @@ async def _stream(request, job, req: GenerationRequest, message_id: str, stream)
         await events.send("message_start", {"message": start})
         await events.send("ping", {})
         try:
-            await _stream_reply(events, job, req, piece, stream, request.app)
+            await _stream_reply(events, served, job, req, piece, stream)
         except ApiError as e:  # headers are sent: the error goes in the stream
             await events.send("error", {"error": e.anthropic_body()["error"]})
         await response.write_eof()
@@ -148,7 +144,7 @@ async def _stream(request, job, req: GenerationRequest, message_id: str, stream)
     return response
 
 
-async def _stream_reply(events, job, req: GenerationRequest, piece, stream, app) -> None:
+async def _stream_reply(events, served, job, req: GenerationRequest, piece, stream) -> None:
     reader = ChatReader(req.tool_family, req.starts_in_reasoning)
     blocks = _BlockStream(events)
     while True:
@@ -160,7 +156,7 @@ async def _stream_reply(events, job, req: GenerationRequest, piece, stream, app)
         piece = await anext(stream)
     await blocks.close()
     usage = usage_of(job)
-    _count_usage(app, usage)
+    _count_usage(served, usage)
     reason, stop = stop_reason(reader, piece)
     delta = {"stop_reason": reason, "stop_sequence": stop}
     await events.send("message_delta", {"delta": delta, "usage": usage_json(usage)})

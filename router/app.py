@@ -22,7 +22,7 @@ def create_app(config: RouterConfig) -> web.Application:
     )
     app[keys.CONFIG] = config
     app[keys.API_KEYS] = ApiKeys(config.api_keys, config.per_key_concurrency)
-    app[keys.METRICS] = Metrics(config.served_model_id)
+    app[keys.METRICS] = Metrics(*config.model_ids)
     app.cleanup_ctx.append(tokenizer_ctx)
     app.cleanup_ctx.append(cluster_ctx)
     app.on_shutdown.append(abort_streams)
@@ -30,6 +30,7 @@ def create_app(config: RouterConfig) -> web.Application:
     app.router.add_post("/v1/completions", handlers.completions)
     app.router.add_post("/v1/messages", anthropic_api.messages)
     app.router.add_get("/v1/models", handlers.models)
+    app.router.add_get("/v1/models/{model}", handlers.model)
     app.router.add_get("/v1/cluster", handlers.cluster)
     app.router.add_get("/health", handlers.health)
     app.router.add_get("/metrics", handlers.metrics)

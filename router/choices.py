@@ -13,10 +13,10 @@ import json
 
 from aiohttp import web
 
-from router import keys
 from router.dispatch import Job
 from router.errors import ApiError
 from router.generation import UsageCount, pieces
+from router.models import ServedModel
 from router.responses import ResponseBuilder
 
 _DONE = object()
@@ -27,12 +27,13 @@ def usage_of_choices(job: Job) -> UsageCount:
     return UsageCount(len(job.prompt_ids), job.completion_tokens, job.cached_tokens)
 
 
-async def whole(request: web.Request, job: Job, req, builder: ResponseBuilder) -> web.Response:
-    app = request.app
+async def whole(
+    request: web.Request, served: ServedModel, job: Job, req, builder: ResponseBuilder
+) -> web.Response:
 
     async def one(choice: Job):
         texts, entries, reason = [], [], "stop"
-        async for piece in pieces(choice, app[keys.TOKENIZER], app[keys.DISPATCHER], req.stop):
+        async for piece in pieces(choice, served.tokenizer, served.dispatcher, req.stop):
             texts.append(piece.text)
             entries += piece.logprobs
             reason = piece.finish_reason or reason
@@ -40,19 +41,18 @@ async def whole(request: web.Request, job: Job, req, builder: ResponseBuilder) -
 
     results = await asyncio.gather(*(one(c) for c in job.choices))
     usage = usage_of_choices(job)
-    app[keys.METRICS].usage(usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens)
+    served.metrics.usage(usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens)
     return web.json_response(builder.full_choices(list(results), usage))
 
 
 async def stream(
-    request: web.Request, job: Job, req, builder: ResponseBuilder
+    request: web.Request, served: ServedModel, job: Job, req, builder: ResponseBuilder
 ) -> web.StreamResponse:
-    app = request.app
     queue: asyncio.Queue = asyncio.Queue()
 
     async def pump(choice: Job) -> None:
         try:
-            gen = pieces(choice, app[keys.TOKENIZER], app[keys.DISPATCHER], req.stop)
+            gen = pieces(choice, served.tokenizer, served.dispatcher, req.stop)
             async for piece in gen:
                 await queue.put((choice.index, piece))
         except ApiError as e:
@@ -79,9 +79,7 @@ async def stream(
                 await _send_piece(response, builder, req.include_usage, index, item, started)
         if not failed:
             usage = usage_of_choices(job)
-            app[keys.METRICS].usage(
-                usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens
-            )
+            served.metrics.usage(usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens)
             if req.include_usage:
                 await _event(response, builder.usage_chunk(usage))
         await response.write(b"data: [DONE]\n\n")

@@ -7,9 +7,8 @@ import logging
 import time
 from collections.abc import Callable
 
-from router.dispatch import Dispatcher
 from router.metrics import Metrics
-from router.prefix_index import PrefixIndex
+from router.models import ModelTable, ServedModel
 from router.workers import WorkerRegistry, WorkerState
 from shared.protocol import (
     PROTOCOL_VERSION,
@@ -29,8 +28,7 @@ class Cluster:
     def __init__(
         self,
         registry: WorkerRegistry,
-        index: PrefixIndex,
-        dispatcher: Dispatcher,
+        models: ModelTable,
         send: Callable[[bytes, Message], None],
         metrics: Metrics,
         heartbeat_interval_s: float,
@@ -38,8 +36,7 @@ class Cluster:
         clock: Callable[[], float] = time.monotonic,
     ):
         self.registry = registry
-        self.index = index
-        self._dispatcher = dispatcher
+        self.models = models
         self._send = send
         self._metrics = metrics
         self._heartbeat_interval_s = heartbeat_interval_s
@@ -58,12 +55,13 @@ class Cluster:
             return
         worker.last_seen = self._clock()
         if isinstance(msg, TokenDelta):
-            self._dispatcher.on_delta(worker, msg)
+            self._model_of(worker).dispatcher.on_delta(worker, msg)
         elif isinstance(msg, Heartbeat):
             self._heartbeat(worker, msg)
         elif isinstance(msg, KVEvents):
+            index = self._model_of(worker).index
             for event in msg.events:
-                self.index.apply(worker.worker_id, event)
+                index.apply(worker.worker_id, event)
         else:
             log.warning("dropped %s: not a worker-to-router message", type(msg).__name__)
 
@@ -93,7 +91,8 @@ class Cluster:
             await asyncio.sleep(min(self._heartbeat_interval_s, self._heartbeat_timeout_s / 4))
             for worker in self.registry.stale(self._clock(), self._heartbeat_timeout_s):
                 self._lose(worker, f"no heartbeat for {self._heartbeat_timeout_s:g}s")
-            self.index.purge_expired()
+            for model in self.models:
+                model.index.purge_expired()
 
     def _register(self, identity: bytes, msg: Register) -> None:
         if msg.protocol_version != PROTOCOL_VERSION:
@@ -104,20 +103,49 @@ class Cluster:
         if msg.block_size < 1:
             self._send(identity, RegisterAck(accepted=False, reason="block_size must be >= 1"))
             return
-        replaced = self.registry.add(WorkerState(msg, identity, last_seen=self._clock()))
+        model = self._model_for(msg)
+        if model is None:
+            reason = (
+                f"this router does not serve the model '{msg.model_id}'; it serves "
+                + ", ".join(f"'{name}'" for name in self.models.ids)
+            )
+            log.warning("rejected worker %s: %s", msg.worker_id, reason)
+            self._send(identity, RegisterAck(accepted=False, reason=reason))
+            return
+        state = WorkerState(msg, identity, last_seen=self._clock(), model=model.id)
+        replaced = self.registry.add(state)
         self._metrics.worker_registered(msg.worker_id)
         if replaced is not None:
             self._forget(replaced)
         log.info(
-            "worker %s registered from %s pid %d (block size %d, %d blocks)",
+            "worker %s registered from %s pid %d: model %s (block size %d, %d blocks)",
             msg.worker_id,
             msg.host,
             msg.pid,
+            model.id,
             msg.block_size,
             msg.kv_capacity_blocks,
         )
         ack = RegisterAck(accepted=True, heartbeat_interval_s=self._heartbeat_interval_s)
         self._send(identity, ack)
+
+    def _model_for(self, msg: Register) -> ServedModel | None:
+        """The model a registering worker serves, by its id or an alias. A router of one
+        model takes a worker that names another (a directory of another name, say: every
+        worker served the router's one model before models were named), with a warning."""
+        model = self.models.get(msg.model_id)
+        if model is None and len(self.models) == 1:
+            model = self.models.default
+            log.warning(
+                "worker %s says it serves '%s'; taking it as this router's only model '%s'",
+                msg.worker_id,
+                msg.model_id,
+                model.id,
+            )
+        return model
+
+    def _model_of(self, worker: WorkerState) -> ServedModel:
+        return self.models[worker.model]  # registration set it to a served model's id
 
     def _heartbeat(self, worker: WorkerState, msg: Heartbeat) -> None:
         worker.on_heartbeat(msg)
@@ -133,5 +161,6 @@ class Cluster:
     def _forget(self, worker: WorkerState) -> None:
         """Drop a worker's index entries and move its requests elsewhere."""
         worker.healthy = False
-        self.index.drop_worker(worker.worker_id)
-        self._dispatcher.on_worker_lost(worker)
+        model = self._model_of(worker)
+        model.index.drop_worker(worker.worker_id)
+        model.dispatcher.on_worker_lost(worker)

@@ -7,9 +7,40 @@ from pathlib import Path
 
 
 @dataclass(frozen=True)
+class ModelSpec:
+    """A served model as configured: where its files are and the names clients may use."""
+
+    path: Path  # a local model directory: tokenizer files + config.json
+    id: str | None = None  # the name clients use; defaults to the directory's name
+    aliases: tuple[str, ...] = ()  # other names accepted for it
+
+    @property
+    def served_id(self) -> str:
+        return self.id or Path(self.path).name
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return (self.served_id, *self.aliases)
+
+
+def check_names(specs: tuple[ModelSpec, ...]) -> None:
+    """ValueError if there is no model, or two models share a name (an id or an alias)."""
+    if not specs:
+        raise ValueError("no model to serve")
+    seen: dict[str, str] = {}
+    for spec in specs:
+        for name in spec.names:
+            if name in seen:
+                raise ValueError(
+                    f"the name '{name}' is given to two models ({seen[name]} and {spec.served_id})"
+                )
+            seen[name] = spec.served_id
+
+
+@dataclass(frozen=True)
 class RouterConfig:
-    model_dir: Path  # a local model directory: tokenizer files + config.json
-    model_id: str | None = None  # the name clients use; defaults to the directory's name
+    # the served models, the first the default; each request names one in `model`
+    models: tuple[ModelSpec, ...]
     host: str = "127.0.0.1"
     port: int = 8000
     zmq_bind: str = "tcp://127.0.0.1:5555"  # "tcp://127.0.0.1:*" picks a free port
@@ -25,9 +56,11 @@ class RouterConfig:
     # request; the HF tokenizer releases the GIL, so threads take it off the loop (0: don't)
     tokenizer_threads: int = 0
     max_resubmits: int = 3  # times one request may move to another worker after a failure
-    context_length: int | None = None  # defaults to config.json's max_position_embeddings
-    tool_call_parser: str | None = None  # hermes | llama3 | mistral; None = from the template
-    chat_template: str | None = None  # the template's text (--chat-template); None = the model's
+    # For every model: context length (default: each one's config.json), tool-call format
+    # (hermes | llama3 | mistral; default: read from each one's template), chat template text
+    context_length: int | None = None
+    tool_call_parser: str | None = None
+    chat_template: str | None = None
     # Security (docs/deploy.md). No keys = no authentication.
     api_keys: tuple[str, ...] = field(default=(), repr=False)
     max_body_bytes: int = 8 * 2**20  # larger request bodies get 413
@@ -41,5 +74,5 @@ class RouterConfig:
         return self.curve_secret_key is not None
 
     @property
-    def served_model_id(self) -> str:
-        return self.model_id or Path(self.model_dir).name
+    def model_ids(self) -> tuple[str, ...]:
+        return tuple(spec.served_id for spec in self.models)

@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from router.affinity import PrefixAffinity
-from router.metrics import Metrics
+from router.metrics import ModelMetrics
 from router.policy import Candidate, Policy
 from router.prefix_index import PrefixIndex
 from router.workers import WorkerRegistry, WorkerState
@@ -76,16 +76,21 @@ class Job:
 
 
 class Dispatcher:
+    """The jobs of one model: routed to its workers (`model`; None: every worker) by its
+    prefix index."""
+
     def __init__(
         self,
         registry: WorkerRegistry,
         index: PrefixIndex,
         policy: Policy,
         send: Callable[[bytes, Message], None],
-        metrics: Metrics,
+        metrics: ModelMetrics,
         max_pending: int,
         max_resubmits: int,
+        model: str | None = None,
     ):
+        self.model = model
         self._registry = registry
         self._index = index
         self._policy = policy
@@ -218,7 +223,7 @@ class Dispatcher:
     # ------------------------------------------------------------ internals
 
     def _route(self, job: Job) -> None:
-        workers = self._registry.healthy()
+        workers = self._registry.healthy(self.model)
         if not workers:
             raise NoWorkerAvailable
         msg = job.continuation()

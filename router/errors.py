@@ -55,10 +55,10 @@ def bad_request(message: str, param: str | None = None, code: str | None = None)
     return ApiError(400, message, param, code)
 
 
-def no_workers() -> ApiError:
+def no_workers(model: str) -> ApiError:
     return ApiError(
         503,
-        "no healthy worker is available; try again later",
+        f"no healthy worker serves '{model}' now; try again later",
         code="no_workers_available",
         type="service_unavailable_error",
     )

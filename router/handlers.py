@@ -16,6 +16,7 @@ from router.errors import ApiError, no_workers, overloaded
 from router.generation import pieces, usage_of
 from router.lifecycle import parse_off_loop
 from router.logprobs import LogprobsRenderer
+from router.models import ServedModel, unknown_model
 from router.openai_schema import GenerationRequest, parse_chat, parse_completion
 from router.request_body import json_object_body
 from router.responses import ResponseBuilder, chat_deltas, chat_message
@@ -32,47 +33,76 @@ async def completions(request: web.Request) -> web.StreamResponse:
 
 
 async def models(request: web.Request) -> web.Response:
-    config = request.app[keys.CONFIG]
-    model = {
-        "id": config.served_model_id,
+    """Every served model, with its aliases and the workers serving it now."""
+    app = request.app
+    return web.json_response(
+        {"object": "list", "data": [_model_json(app, m) for m in app[keys.MODELS]]}
+    )
+
+
+async def model(request: web.Request) -> web.Response:
+    """GET /v1/models/{model}: one model, by its id or an alias."""
+    name = request.match_info["model"]
+    served = request.app[keys.MODELS].get(name)
+    if served is None:
+        raise unknown_model(name, request.app[keys.MODELS].ids)
+    return web.json_response(_model_json(request.app, served))
+
+
+def _model_json(app: web.Application, served: ServedModel) -> dict:
+    return {
+        "id": served.id,
         "object": "model",
         "created": 0,
         "owned_by": "mlx-fleet",
-        "max_model_len": request.app[keys.TOKENIZER].context_length,
+        "max_model_len": served.tokenizer.context_length,
+        "aliases": list(served.spec.aliases),
+        "healthy_workers": len(app[keys.CLUSTER].registry.healthy(served.id)),
     }
-    return web.json_response({"object": "list", "data": [model]})
 
 
 async def health(request: web.Request) -> web.Response:
-    healthy = len(request.app[keys.CLUSTER].registry.healthy())
+    """200 while some model has a worker; each model's healthy workers."""
+    app = request.app
+    per_model = {m.id: len(app[keys.CLUSTER].registry.healthy(m.id)) for m in app[keys.MODELS]}
+    healthy = sum(per_model.values())
     status = 200 if healthy else 503
     return web.json_response(
-        {"status": "ok" if healthy else "no_workers", "healthy_workers": healthy}, status=status
+        {
+            "status": "ok" if healthy else "no_workers",
+            "healthy_workers": healthy,
+            "models": per_model,
+        },
+        status=status,
     )
 
 
 async def metrics(request: web.Request) -> web.Response:
-    text = request.app[keys.METRICS].render(
-        request.app[keys.CLUSTER].registry, request.app[keys.DISPATCHER].num_pending
-    )
+    app = request.app
+    text = app[keys.METRICS].render(app[keys.CLUSTER].registry, _pending(app))
     content_type = "text/plain; version=0.0.4; charset=utf-8"  # Prometheus text format
     return web.Response(body=text.encode(), headers={"Content-Type": content_type})
 
 
 async def cluster(request: web.Request) -> web.Response:
-    cl = request.app[keys.CLUSTER]
-    config = request.app[keys.CONFIG]
+    app = request.app
+    cl = app[keys.CLUSTER]
     workers = [
-        w.to_json() | {"index_blocks": cl.index.num_blocks(w.worker_id)} for w in cl.registry
+        w.to_json() | {"index_blocks": cl.models[w.model].index.num_blocks(w.worker_id)}
+        for w in cl.registry
     ]
     return web.json_response(
         {
-            "model": config.served_model_id,
-            "policy": config.policy,
-            "pending_requests": request.app[keys.DISPATCHER].num_pending,
+            "models": app[keys.MODELS].ids,
+            "policy": app[keys.CONFIG].policy,
+            "pending_requests": _pending(app),
             "workers": workers,
         }
     )
+
+
+def _pending(app: web.Application) -> int:
+    return sum(m.dispatcher.num_pending for m in app[keys.MODELS])
 
 
 # ------------------------------------------------------------ generation
@@ -81,50 +111,47 @@ async def cluster(request: web.Request) -> web.Response:
 async def _generate(request: web.Request, parse: Parser, id_prefix: str) -> web.StreamResponse:
     app = request.app
     body = await json_object_body(request)
-    config = app[keys.CONFIG]
-    req = await parse_off_loop(
-        app, parse, body, app[keys.TOKENIZER], config.served_model_id, config.max_tokens_cap
-    )
+    served = app[keys.MODELS].for_request(body)
+    max_tokens_cap = app[keys.CONFIG].max_tokens_cap
+    req = await parse_off_loop(app, parse, body, served.tokenizer, served.id, max_tokens_cap)
     request_id = f"{id_prefix}-{uuid.uuid4().hex}"
-    job = _start(app, request_id, req)
-    builder = ResponseBuilder(req.kind, request_id, req.model, logprobs=_renderer(app, req))
+    job = _start(served, request_id, req)
+    builder = ResponseBuilder(req.kind, request_id, req.model, logprobs=_renderer(served, req))
     try:
         if req.n > 1:
             return await (choices.stream if req.stream else choices.whole)(
-                request, job, req, builder
+                request, served, job, req, builder
             )
         if req.stream:
-            return await _stream(request, job, req, builder)
-        return await _whole(request, job, req, builder)
+            return await _stream(request, served, job, req, builder)
+        return await _whole(served, job, req, builder)
     finally:
-        app[keys.DISPATCHER].cancel(job)  # no-op when finished; aborts on disconnect/error
+        served.dispatcher.cancel(job)  # no-op when finished; aborts on disconnect/error
 
 
-def _start(app: web.Application, request_id: str, req: GenerationRequest) -> Job:
+def _start(served: ServedModel, request_id: str, req: GenerationRequest) -> Job:
     try:
-        return app[keys.DISPATCHER].start(request_id, req.prompt_ids, req.sampling, req.n)
+        return served.dispatcher.start(request_id, req.prompt_ids, req.sampling, req.n)
     except Overloaded:
         raise overloaded() from None
     except NoWorkerAvailable:
-        raise no_workers() from None
+        raise no_workers(served.id) from None
 
 
-def _renderer(app: web.Application, req: GenerationRequest) -> LogprobsRenderer | None:
+def _renderer(served: ServedModel, req: GenerationRequest) -> LogprobsRenderer | None:
     if not req.sampling.logprobs:
         return None
-    return LogprobsRenderer(app[keys.TOKENIZER], req.kind, req.sampling.top_logprobs)
+    return LogprobsRenderer(served.tokenizer, req.kind, req.sampling.top_logprobs)
 
 
-async def _whole(request, job: Job, req: GenerationRequest, builder) -> web.Response:
+async def _whole(served: ServedModel, job: Job, req: GenerationRequest, builder) -> web.Response:
     texts, entries = [], []
-    async for piece in pieces(
-        job, request.app[keys.TOKENIZER], request.app[keys.DISPATCHER], req.stop
-    ):
+    async for piece in pieces(job, served.tokenizer, served.dispatcher, req.stop):
         texts.append(piece.text)
         entries += piece.logprobs
         finish_reason = piece.finish_reason
     usage = usage_of(job)
-    _count_usage(request.app, usage)
+    _count_usage(served, usage)
     reply = "".join(texts)
     if req.kind == "chat":
         reader = ChatReader(req.tool_family, req.starts_in_reasoning)
@@ -134,12 +161,13 @@ async def _whole(request, job: Job, req: GenerationRequest, builder) -> web.Resp
     return web.json_response(body)
 
 
-async def _stream(request, job: Job, req: GenerationRequest, builder) -> web.StreamResponse:
-    app = request.app
+async def _stream(
+    request, served: ServedModel, job: Job, req: GenerationRequest, builder
+) -> web.StreamResponse:
     started = time.perf_counter()
-    stream = aiter(pieces(job, app[keys.TOKENIZER], app[keys.DISPATCHER], req.stop))
+    stream = aiter(pieces(job, served.tokenizer, served.dispatcher, req.stop))
     piece = await anext(stream)  # an error before the first token is a plain HTTP error
-    app[keys.METRICS].ttft.observe(time.perf_counter() - started)
+    served.metrics.first_chunk.observe(time.perf_counter() - started)
     response = web.StreamResponse(
         headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
     )
@@ -151,7 +179,7 @@ async def _stream(request, job: Job, req: GenerationRequest, builder) -> web.Str
             await _send_event(response, e.body())
         else:
             usage = usage_of(job)
-            _count_usage(app, usage)
+            _count_usage(served, usage)
             if req.include_usage:
                 await _send_event(response, builder.usage_chunk(usage))
         await response.write(b"data: [DONE]\n\n")
@@ -196,5 +224,5 @@ async def _send_event(response: web.StreamResponse, body: dict) -> None:
     await response.write(b"data: " + json.dumps(body).encode() + b"\n\n")
 
 
-def _count_usage(app: web.Application, usage) -> None:
-    app[keys.METRICS].usage(usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens)
+def _count_usage(served: ServedModel, usage) -> None:
+    served.metrics.usage(usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens)

@@ -9,17 +9,17 @@ from aiohttp import web
 from router.api_keys import ApiKeys
 from router.cluster import Cluster
 from router.config import RouterConfig
-from router.dispatch import Dispatcher
 from router.link import WorkerLink
 from router.metrics import Metrics
+from router.models import ModelTable
 from router.tokenization import ModelTokenizer
 
 CONFIG = web.AppKey("config", RouterConfig)
 METRICS = web.AppKey("metrics", Metrics)
-TOKENIZER = web.AppKey("tokenizer", ModelTokenizer)
+TOKENIZERS = web.AppKey("tokenizers", dict[str, ModelTokenizer])  # by model id
 # None: prompts are parsed and tokenized on the event loop
 TOKENIZE_POOL = web.AppKey("tokenize_pool", ThreadPoolExecutor | None)
 CLUSTER = web.AppKey("cluster", Cluster)
-DISPATCHER = web.AppKey("dispatcher", Dispatcher)
+MODELS = web.AppKey("models", ModelTable)  # each with its tokenizer, index and dispatcher
 LINK = web.AppKey("link", WorkerLink)
 API_KEYS = web.AppKey("api_keys", ApiKeys)

@@ -20,9 +20,11 @@ import socket
 import sys
 import time
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 
 from router.supervisor import Child, RankGroup, Supervisor
+from shared.fleet_config import ModelSection
 from shared.parent_watch import ENV as PARENT_ENV
 
 POLICIES = ("cache_aware", "round_robin", "least_load")
@@ -37,13 +39,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--config", help="fleet TOML file (deploy/fleet.example.toml); flags override it"
     )
-    p.add_argument("--workers", type=int, help="worker processes (default 2)")
+    p.add_argument(
+        "--workers", type=int,
+        help="worker processes per model (default 2; [[models]] workers = N sets one model's)",
+    )  # fmt: skip
     p.add_argument(
         "--tp", type=int,
         help="ranks per worker: each worker is one model replica sharded over K processes "
         "with tensor parallelism (mx.distributed ring); K must divide the model's heads (default 1)",
     )  # fmt: skip
-    p.add_argument("--model", help="model dir, .gguf, HF repo id; default: SmolLM2-135M-Instruct")
+    p.add_argument(
+        "--model", action="append",
+        help="model dir, .gguf, HF repo id; repeat it to serve several models, each by its own "
+        "workers, routed by the request's `model` (default: SmolLM2-135M-Instruct, or the "
+        "--config's [model] / [[models]])",
+    )  # fmt: skip
     p.add_argument("--host", help="HTTP bind address (default 127.0.0.1)")
     p.add_argument("--port", type=int, help="HTTP port (default 8000)")
     p.add_argument(
@@ -91,22 +101,28 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def model_name(spec: str | None, model_dir: Path) -> str:
-    """The name clients send in `model`: the default model's, a GGUF's stem, or the dir's."""
-    if not spec:
-        return "SmolLM2-135M-Instruct"
-    path = Path(spec)
-    return path.stem if path.suffix == ".gguf" else path.name
+@dataclass(frozen=True)
+class Served:
+    """One model of the fleet, resolved: where it is, its names, how many workers serve it."""
+
+    section: ModelSection
+    model_dir: Path
+    workers: int
+
+    @property
+    def name(self) -> str:
+        return self.section.name
 
 
-def commands(
-    args, fleet, model_dir: Path, name: str, zmq_port: int
-) -> tuple[list[str], list[list[str]]]:
+def commands(args, fleet, models: list[Served], zmq_port: int) -> tuple[list[str], list[list[str]]]:
     py = [sys.executable, "-m"]
     config = ["--config", args.config] if args.config else []
-    r, workers = fleet.router, fleet.cluster.workers
-    router = py + ["router", *config, "--model", str(model_dir), "--model-id", name, "--host", r.host,
-                   "--port", str(r.port), "--zmq-bind", f"tcp://127.0.0.1:{zmq_port}", "--policy", r.policy]  # fmt: skip
+    r = fleet.router
+    router = py + ["router", *config, "--host", r.host, "--port", str(r.port),
+                   "--zmq-bind", f"tcp://127.0.0.1:{zmq_port}", "--policy", r.policy]  # fmt: skip
+    for m in models:
+        names = ",".join((m.name, *m.section.aliases))
+        router += ["--model", str(m.model_dir), "--model-id", names]
     tunables = {"--block-size": args.block_size, "--max-running": args.max_running,
                 "--prefill-chunk": args.prefill_chunk, "--kv-memory": args.kv_memory,
                 "--kv-disk": args.kv_disk, "--attention-backend": args.attention_backend,
@@ -117,26 +133,18 @@ def commands(
         and fleet.worker.kv_memory is None
         and fleet.worker.kv_fraction is None
     ):
-        processes = workers * fleet.cluster.tp  # every rank holds a pool (of its KV heads)
+        # every rank holds a pool (of its KV heads)
+        processes = sum(m.workers for m in models) * fleet.cluster.tp
         extra += ["--kv-fraction", f"{min(0.9, 0.25 / processes):.4f}"]
-    worker_cmds = [
-        py
-        + [
-            "worker",
-            *config,
-            "--router",
-            f"tcp://127.0.0.1:{zmq_port}",
-            "--model",
-            str(model_dir),
-            "--model-id",
-            name,
-            "--worker-id",
-            f"worker-{i}",
-            *extra,
-            *disk_dir(args, fleet, i),
-        ]  # fmt: skip
-        for i in range(workers)
-    ]
+    worker_cmds = []
+    for m in models:
+        for _ in range(m.workers):
+            i = len(worker_cmds)
+            worker_cmds.append(
+                py + ["worker", *config, "--router", f"tcp://127.0.0.1:{zmq_port}",
+                      "--model", str(m.model_dir), "--model-id", m.name,
+                      "--worker-id", f"worker-{i}", *extra, *disk_dir(args, fleet, i)]
+            )  # fmt: skip
     return router, worker_cmds
 
 
@@ -220,34 +228,47 @@ def wait_until_ready(sup: Supervisor, url: str, workers: int, timeout: float) ->
 def load_settings(parser: argparse.ArgumentParser, argv: list[str] | None):
     from shared.fleet_config import ConfigError, load_with_flags
 
-    renames = {"router": {}, "model": {"model": "path"}, "cluster": {}}
+    renames = {"router": {}, "cluster": {}}
     try:
         return load_with_flags(parser, argv, renames)
     except ConfigError as exc:
         parser.error(str(exc))
 
 
+def served_models(args, fleet) -> list[Served] | str:
+    """Each model of the fleet resolved (GGUFs converted, repo ids fetched: once, before any
+    child starts), or why one cannot be."""
+    from shared.model_store import ModelNotFound, resolve_model, stderr_progress
+
+    sections = [ModelSection(path=p) for p in args.model] if args.model else fleet.served_models
+    names = [m.name for m in sections]
+    if len(set(names)) < len(names):
+        return f"two models are named alike ({', '.join(names)}): set [[models]] id in --config"
+    models = []
+    for m in sections:
+        try:
+            model_dir = resolve_model(m.path, stderr_progress)
+        except ModelNotFound as exc:
+            return str(exc)
+        workers = args.workers or m.workers or fleet.cluster.workers  # --workers wins
+        if (problem := tp_problem(model_dir, fleet.cluster.tp, args, fleet)) is not None:
+            return problem
+        models.append(Served(m, model_dir, workers))
+    return models
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args, fleet = load_settings(parser, argv)
-    from shared.model_store import ModelNotFound, resolve_model, stderr_progress
-
-    try:
-        model_dir = resolve_model(
-            fleet.model.path, stderr_progress
-        )  # convert once, before the children
-    except ModelNotFound as exc:
-        print(f"launch-cluster: error: {exc}", file=sys.stderr)
+    models = served_models(args, fleet)
+    if isinstance(models, str):
+        print(f"launch-cluster: error: {models}", file=sys.stderr)
         return 2
-    name = fleet.model.id or model_name(fleet.model.path, model_dir)
-    workers = fleet.cluster.workers
+    workers = sum(m.workers for m in models)
     zmq_port = args.zmq_port or free_port()
     tp = fleet.cluster.tp
-    if (problem := tp_problem(model_dir, tp, args, fleet)) is not None:
-        print(f"launch-cluster: error: {problem}", file=sys.stderr)
-        return 2
     threads = args.threads or max(1, (os.cpu_count() or 1) // (workers * tp))
-    router_cmd, worker_cmds = commands(args, fleet, model_dir, name, zmq_port)
+    router_cmd, worker_cmds = commands(args, fleet, models, zmq_port)
     env = child_env(threads)
     sup = Supervisor(
         Child("router", router_cmd, env, restart=False, log_dir=args.log_dir),
@@ -269,8 +290,13 @@ def main(argv: list[str] | None = None) -> int:
                 )
             return 0 if sup.stopping else 1
         policy = fleet.router.policy
-        shape = f"{workers} workers" + (f" of {tp} ranks each" if tp > 1 else "")
-        print(f"mlx-fleet is serving {name} at {url}/v1 ({shape}, policy {policy})", flush=True)
+        ranks = f" of {tp} ranks each" if tp > 1 else ""
+        if len(models) == 1:
+            shape = f"{workers} workers{ranks}"
+        else:
+            shape = "; ".join(f"{m.name}: {m.workers} workers{ranks}" for m in models)
+        names = ", ".join(m.name for m in models)
+        print(f"mlx-fleet is serving {names} at {url}/v1 ({shape}, policy {policy})", flush=True)
         return sup.supervise()
     finally:
         sup.shutdown()

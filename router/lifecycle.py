@@ -12,8 +12,10 @@ from aiohttp import web
 
 from router import keys
 from router.cluster import Cluster
+from router.config import ModelSpec
 from router.dispatch import Dispatcher
 from router.link import WorkerLink
+from router.models import ModelTable, ServedModel
 from router.policy import make_policy
 from router.prefix_index import PrefixIndex
 from router.tokenization import ModelTokenizer
@@ -23,14 +25,16 @@ log = logging.getLogger(__name__)
 
 
 async def tokenizer_ctx(app: web.Application) -> AsyncIterator[None]:
+    """Each model's tokenizer, and the pool that tokenizes prompts off the loop (if any)."""
     config = app[keys.CONFIG]
-    tokenizer = await asyncio.to_thread(
-        ModelTokenizer.load, config.model_dir, config.context_length
-    )
-    if config.chat_template is not None:
-        tokenizer.set_chat_template(config.chat_template)
-    tokenizer.tool_call_parser = config.tool_call_parser
-    app[keys.TOKENIZER] = tokenizer
+    tokenizers = {}
+    for spec in config.models:
+        tokenizer = await asyncio.to_thread(ModelTokenizer.load, spec.path, config.context_length)
+        if config.chat_template is not None:
+            tokenizer.set_chat_template(config.chat_template)
+        tokenizer.tool_call_parser = config.tool_call_parser
+        tokenizers[spec.served_id] = tokenizer
+    app[keys.TOKENIZERS] = tokenizers
     threads = config.tokenizer_threads
     pool = ThreadPoolExecutor(threads, thread_name_prefix="tokenize") if threads else None
     app[keys.TOKENIZE_POOL] = pool
@@ -49,7 +53,8 @@ async def parse_off_loop(app: web.Application, parse, *args):
 
 
 async def cluster_ctx(app: web.Application) -> AsyncIterator[None]:
-    """The ZeroMQ socket, the worker registry and dispatcher, and their background tasks."""
+    """The ZeroMQ socket, the worker registry, each model's index and dispatcher, and the
+    background tasks."""
     config = app[keys.CONFIG]
     metrics = app[keys.METRICS]
     # The lambda looks `cluster` up when called: it is built below, after the link.
@@ -62,33 +67,41 @@ async def cluster_ctx(app: web.Application) -> AsyncIterator[None]:
         curve_files=curve_files,
     )
     registry = WorkerRegistry()
-    index = PrefixIndex(config.prefix_ttl_s)
-    policy = make_policy(
-        config.policy,
-        config.prefill_weight,
-        config.balance_abs_threshold,
-        config.balance_rel_threshold,
-    )
-    dispatcher = Dispatcher(
-        registry,
-        index,
-        policy,
-        link.send,
-        metrics,
-        config.max_pending_requests,
-        config.max_resubmits,
-    )
+
+    def serve(spec: ModelSpec) -> ServedModel:
+        """One model: its tokenizer, and its own prefix index, policy state and jobs."""
+        index = PrefixIndex(config.prefix_ttl_s)
+        policy = make_policy(
+            config.policy,
+            config.prefill_weight,
+            config.balance_abs_threshold,
+            config.balance_rel_threshold,
+        )
+        model_metrics = metrics.model(spec.served_id)
+        dispatcher = Dispatcher(
+            registry,
+            index,
+            policy,
+            link.send,
+            model_metrics,
+            config.max_pending_requests,
+            config.max_resubmits,
+            model=spec.served_id,
+        )
+        tokenizer = app[keys.TOKENIZERS][spec.served_id]
+        return ServedModel(spec, tokenizer, index, dispatcher, model_metrics)
+
+    models = ModelTable([serve(spec) for spec in config.models])
     cluster = Cluster(
         registry,
-        index,
-        dispatcher,
+        models,
         link.send,
         metrics,
         config.heartbeat_interval_s,
         config.heartbeat_timeout_s,
     )
     app[keys.LINK] = link
-    app[keys.DISPATCHER] = dispatcher
+    app[keys.MODELS] = models
     app[keys.CLUSTER] = cluster
     log.info("listening for workers on %s", link.endpoint)
     tasks = [_task(link.receive(cluster.handle)), _task(cluster.watch_heartbeats())]
@@ -103,8 +116,8 @@ async def cluster_ctx(app: web.Application) -> AsyncIterator[None]:
 
 async def abort_streams(app: web.Application) -> None:
     """on_shutdown: end every request in flight with an error, so open streams close."""
-    if keys.DISPATCHER in app:
-        app[keys.DISPATCHER].fail_all("the router is shutting down")
+    for model in app.get(keys.MODELS, ()):
+        model.dispatcher.fail_all("the router is shutting down")
 
 
 def _task(coro: Coroutine) -> asyncio.Task:

@@ -34,37 +34,45 @@ E2E_BUCKETS_S = (0.1, 0.25, 0.5, 1, 2, 3, 5, 10, 20, 30, 60, 120, 300, 600, 1200
 
 
 class Metrics:
-    def __init__(self, model_name: str = "model"):
+    """The app's registry: request series per served model (`model(name)`), fleet series."""
+
+    def __init__(self, *model_names: str):
         self.registry = CollectorRegistry(auto_describe=True)
-        self.model_name = model_name
+        self.model_names = model_names or ("model",)
         self._workers: list[WorkerState] = []  # the registry as of the current scrape
         self._pending = 0
         self._routed: Tally[str] = Tally()
         self._routed_hit_tokens: Tally[str] = Tally()
-        self._request_series()
+        self._request_families()
         self._fleet_series()
-        self.registry.register(WorkerCollector(model_name, lambda: self._workers, self._routing))
+        self._models = {name: ModelMetrics(self, name) for name in self.model_names}
+        self.registry.register(
+            WorkerCollector(self.model_names, lambda: self._workers, self._routing)
+        )
+
+    def model(self, name: str) -> ModelMetrics:
+        """The request series of one served model (labelled `model_name`)."""
+        return self._models[name]
 
     # fmt: off
-    def _request_series(self) -> None:
+    def _request_families(self) -> None:
         def histogram(name, doc, buckets):
             return Histogram(name, doc, ["model_name"], buckets=buckets, registry=self.registry)
 
         def counter(name, doc, labels=("model_name",)):
             return Counter(name, doc, list(labels), registry=self.registry)
 
-        label = self.model_name
-        self._ttft = histogram("vllm:time_to_first_token_seconds", "time to first token", TTFT_BUCKETS_S).labels(label)
-        self._itl = histogram("vllm:inter_token_latency_seconds", "time between output tokens", ITL_BUCKETS_S).labels(label)
-        self._tpot = histogram("vllm:time_per_output_token_seconds", "time per output token (vLLM's older name)", ITL_BUCKETS_S).labels(label)
-        self._e2e = histogram("vllm:e2e_request_latency_seconds", "request latency, end to end", E2E_BUCKETS_S).labels(label)
-        self._prompt_tokens = counter("vllm:prompt_tokens", "prompt tokens processed").labels(label)
-        self._generation_tokens = counter("vllm:generation_tokens", "tokens generated").labels(label)
-        self._cache_queries = counter("vllm:prefix_cache_queries", "prompt tokens looked up in the prefix caches").labels(label)
-        self._cache_hits = counter("vllm:prefix_cache_hits", "prompt tokens found in the prefix caches").labels(label)
-        self._success = counter("vllm:request_success", "finished requests", ("model_name", "finished_reason"))
+        self.ttft_family = histogram("vllm:time_to_first_token_seconds", "time to first token", TTFT_BUCKETS_S)
+        self.itl_family = histogram("vllm:inter_token_latency_seconds", "time between output tokens", ITL_BUCKETS_S)
+        self.tpot_family = histogram("vllm:time_per_output_token_seconds", "time per output token (vLLM's older name)", ITL_BUCKETS_S)
+        self.e2e_family = histogram("vllm:e2e_request_latency_seconds", "request latency, end to end", E2E_BUCKETS_S)
+        self.prompt_tokens_family = counter("vllm:prompt_tokens", "prompt tokens processed")
+        self.generation_tokens_family = counter("vllm:generation_tokens", "tokens generated")
+        self.cache_queries_family = counter("vllm:prefix_cache_queries", "prompt tokens looked up in the prefix caches")
+        self.cache_hits_family = counter("vllm:prefix_cache_hits", "prompt tokens found in the prefix caches")
+        self.success_family = counter("vllm:request_success", "finished requests", ("model_name", "finished_reason"))
         # The streaming handler observes this one: time until the first chunk is written.
-        self.ttft = histogram("mlx_fleet_time_to_first_chunk_seconds", "streamed requests: time to the first chunk", TTFT_BUCKETS_S).labels(label)
+        self.first_chunk_family = histogram("mlx_fleet_time_to_first_chunk_seconds", "streamed requests: time to the first chunk", TTFT_BUCKETS_S)
 
     def _fleet_series(self) -> None:
         r = self.registry
@@ -84,32 +92,12 @@ class Metrics:
         self._http.labels(endpoint, str(status)).inc()
         self._http_seconds.labels(endpoint).observe(seconds)
 
-    def usage(self, prompt: int, completion: int, cached: int) -> None:
-        """A generation request's usage, once it finished."""
-        self._prompt_tokens.inc(prompt)
-        self._generation_tokens.inc(completion)
-        self._cache_queries.inc(prompt)
-        self._cache_hits.inc(cached)
-        self._cached_tokens.inc(cached)
-
-    def first_token(self, seconds: float) -> None:
-        """The first token of a request reached the router, `seconds` after it was sent."""
-        self._ttft.observe(seconds)
-
-    def output_tokens(self, gap_s: float, count: int) -> None:
-        """`count` tokens arrived together `gap_s` after the previous ones: each is one
-        inter-token interval of gap / count (a worker may send several per delta)."""
-        for _ in range(count):
-            self._itl.observe(gap_s / count)
-            self._tpot.observe(gap_s / count)
-
-    def request_finished(self, finish_reason: str, seconds: float) -> None:
-        self._success.labels(self.model_name, finish_reason).inc()
-        self._e2e.observe(seconds)
-
     def routed_to(self, worker_id: str, predicted_hit_tokens: int) -> None:
         self._routed[worker_id] += 1
         self._routed_hit_tokens[worker_id] += predicted_hit_tokens
+
+    def cached_tokens(self, count: int) -> None:
+        self._cached_tokens.inc(count)
 
     def worker_registered(self, worker_id: str) -> None:
         self._registrations.labels(worker_id).inc()
@@ -132,3 +120,49 @@ class Metrics:
             return generate_latest(self.registry).decode()
         finally:
             self._workers = []
+
+
+class ModelMetrics:
+    """One model's request series; routing and fail-over counts go to the fleet's."""
+
+    def __init__(self, fleet: Metrics, name: str):
+        self.name = name
+        self._fleet = fleet
+        self._ttft = fleet.ttft_family.labels(name)
+        self._itl = fleet.itl_family.labels(name)
+        self._tpot = fleet.tpot_family.labels(name)
+        self._e2e = fleet.e2e_family.labels(name)
+        self._prompt_tokens = fleet.prompt_tokens_family.labels(name)
+        self._generation_tokens = fleet.generation_tokens_family.labels(name)
+        self._cache_queries = fleet.cache_queries_family.labels(name)
+        self._cache_hits = fleet.cache_hits_family.labels(name)
+        self.first_chunk = fleet.first_chunk_family.labels(name)
+
+    def usage(self, prompt: int, completion: int, cached: int) -> None:
+        """A generation request's usage, once it finished."""
+        self._prompt_tokens.inc(prompt)
+        self._generation_tokens.inc(completion)
+        self._cache_queries.inc(prompt)
+        self._cache_hits.inc(cached)
+        self._fleet.cached_tokens(cached)
+
+    def first_token(self, seconds: float) -> None:
+        """The first token of a request reached the router, `seconds` after it was sent."""
+        self._ttft.observe(seconds)
+
+    def output_tokens(self, gap_s: float, count: int) -> None:
+        """`count` tokens arrived together `gap_s` after the previous ones: each is one
+        inter-token interval of gap / count (a worker may send several per delta)."""
+        for _ in range(count):
+            self._itl.observe(gap_s / count)
+            self._tpot.observe(gap_s / count)
+
+    def request_finished(self, finish_reason: str, seconds: float) -> None:
+        self._fleet.success_family.labels(self.name, finish_reason).inc()
+        self._e2e.observe(seconds)
+
+    def routed_to(self, worker_id: str, predicted_hit_tokens: int) -> None:
+        self._fleet.routed_to(worker_id, predicted_hit_tokens)
+
+    def resubmitted(self) -> None:
+        self._fleet.resubmitted()

@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from router.chat_prompt import build_chat_prompt, template_kwargs
-from router.errors import ApiError, bad_request
+from router.errors import bad_request
 from router.known_fields import CHAT_FIELDS, COMPLETION_FIELDS, refuse_unknown_fields
 from router.openai_fields import check_chat_fields
 from router.sampling_fields import sampling_fields
@@ -38,7 +38,6 @@ class GenerationRequest:
 def parse_chat(
     body: dict, tokenizer: ModelTokenizer, model_id: str, max_tokens_cap: int | None = None
 ) -> GenerationRequest:
-    _check_model(body, model_id)
     refuse_unknown_fields(body, CHAT_FIELDS, "/v1/chat/completions")
     check_chat_fields(body)
     tools = parse_tools(body)
@@ -68,7 +67,6 @@ def parse_chat(
 def parse_completion(
     body: dict, tokenizer: ModelTokenizer, model_id: str, max_tokens_cap: int | None = None
 ) -> GenerationRequest:
-    _check_model(body, model_id)
     refuse_unknown_fields(body, COMPLETION_FIELDS, "/v1/completions")
     prompt_ids = _completion_prompt(body, tokenizer)
     max_tokens = _field(body, "max_tokens", int, 16)  # OpenAI's default for completions
@@ -162,19 +160,6 @@ def _json_type(value) -> str:
         dict: "object",
     }
     return names.get(type(value), "null")
-
-
-def _check_model(body: dict, model_id: str) -> None:
-    model = body.get("model")
-    if not isinstance(model, str):
-        raise bad_request("'model' is required and must be a string", "model")
-    if model != model_id:
-        raise ApiError(
-            404,
-            f"The model '{model}' does not exist; this router serves '{model_id}'",
-            "model",
-            "model_not_found",
-        )
 
 
 def _max_tokens(

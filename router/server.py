@@ -11,13 +11,14 @@ from aiohttp import web
 
 from router.api_keys import key_fingerprint
 from router.app import create_app
-from router.config import RouterConfig
+from router.config import ModelSpec, RouterConfig, check_names
 from router.policy import POLICY_NAMES
 from router.tokenization import read_chat_template
 from shared.curve import CurveError, load_secret, require_curve
 from shared.fleet_config import (
     TOOL_CALL_PARSERS,
     ConfigError,
+    ModelSection,
     RouterSection,
     load_with_flags,
     read_api_keys,
@@ -35,7 +36,6 @@ _ROUTER_FIELDS = {
     "heartbeat_timeout": "heartbeat_timeout_s",
     "max_pending": "max_pending_requests",
 }
-_MODEL_FIELDS = {"model": "path", "model_id": "id"}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -50,10 +50,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--model",
         metavar="DIR",
+        action="append",
         help="model directory (tokenizer files, chat template, config.json), or a .gguf file "
-        "or repo id the workers use too; default: [model] path in --config",
+        "or repo id the workers use too; repeat it to serve several models (each worker "
+        "registers the one it serves); default: [model] / [[models]] in --config",
     )
-    p.add_argument("--model-id", help="model name clients send (default: the directory's name)")
+    p.add_argument(
+        "--model-id",
+        metavar="NAME[,ALIAS...]",
+        action="append",
+        help="the name clients send for each --model in turn (or each model of --config), "
+        "then other names accepted for it (default: the directory's name)",
+    )
     p.add_argument("--host", default=_DEFAULTS.host, help="HTTP address to bind")
     p.add_argument("--port", type=int, default=_DEFAULTS.port, help="HTTP port")
     p.add_argument(
@@ -163,19 +171,19 @@ def parse_args(argv: list[str] | None) -> RouterConfig:
     """Defaults, then the --config file, then the flags actually typed; exits on bad values."""
     parser = build_parser()
     try:
-        _, fleet = load_with_flags(parser, argv, {"router": _ROUTER_FIELDS, "model": _MODEL_FIELDS})
+        args, fleet = load_with_flags(parser, argv, {"router": _ROUTER_FIELDS})
         api_keys = read_api_keys(fleet.router)
+        if not args.model and any(m.path is None for m in fleet.served_models):
+            parser.error("--model is required (or set [model] path in the --config file)")
+        models = model_specs(args, fleet)
     except ConfigError as e:
         raise SystemExit(f"router: {e}") from None
-    router, model = fleet.router, fleet.model
-    if model.path is None:
-        parser.error("--model is required (or set [model] path in the --config file)")
+    router = fleet.router
     logging.basicConfig(
         level=router.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     return RouterConfig(
-        model_dir=Path(model.path).expanduser(),
-        model_id=model.id,
+        models=models,
         host=router.host,
         port=router.port,
         zmq_bind=router.zmq_bind,
@@ -198,6 +206,34 @@ def parse_args(argv: list[str] | None) -> RouterConfig:
         curve_secret_key=router.curve_secret_key,
         curve_authorized_keys=router.curve_authorized_keys,
     )
+
+
+def model_specs(args: argparse.Namespace, fleet) -> tuple[ModelSpec, ...]:
+    """The served models: the --model flags, else the config's [model] or [[models]]; each
+    named by the --model-id in the same place (NAME,ALIAS,...), else by its config or path."""
+    if args.model:
+        sections = [ModelSection(path=p) for p in args.model]
+        source = "--model"
+    else:
+        sections = list(fleet.served_models)
+        source = "[[models]]" if fleet.models else "[model]"
+    names = args.model_id or []
+    if names and len(names) != len(sections):
+        raise ConfigError(
+            f"--model-id given {len(names)} times for {len(sections)} models of {source}: "
+            "give one per model, in the same order"
+        )
+    for i, given in enumerate(names):
+        id_, *aliases = [n.strip() for n in given.split(",")]
+        if not id_ or not all(aliases):
+            raise ConfigError(f"--model-id {given!r}: expected NAME or NAME,ALIAS,...")
+        sections[i] = dataclasses.replace(sections[i], id=id_, aliases=tuple(aliases))
+    specs = tuple(ModelSpec(Path(m.path).expanduser(), m.name, tuple(m.aliases)) for m in sections)
+    try:
+        check_names(specs)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    return specs
 
 
 def _chat_template(file_or_text: str | None) -> str | None:
@@ -228,23 +264,27 @@ def check_security(config: RouterConfig) -> None:
         )
 
 
-def resolve_model_dir(config: RouterConfig) -> RouterConfig:
+def resolve_model_dirs(config: RouterConfig) -> RouterConfig:
     """A .gguf file or repo id becomes the local directory it converts / downloads to."""
-    if config.model_dir.is_dir():
-        return config
     from shared.model_store import ModelNotFound, resolve_model, stderr_progress
 
-    try:
-        model_dir = resolve_model(str(config.model_dir), stderr_progress)
-    except ModelNotFound as e:
-        raise SystemExit(f"router: --model {config.model_dir}: {e}") from None
-    return dataclasses.replace(config, model_dir=model_dir)
+    specs = []
+    for spec in config.models:
+        if not spec.path.is_dir():
+            try:
+                spec = dataclasses.replace(
+                    spec, path=resolve_model(str(spec.path), stderr_progress)
+                )
+            except ModelNotFound as e:
+                raise SystemExit(f"router: --model {spec.path}: {e}") from None
+        specs.append(spec)
+    return dataclasses.replace(config, models=tuple(specs))
 
 
 def main(argv: list[str] | None = None) -> None:
     config = parse_args(argv)
     check_security(config)
-    config = resolve_model_dir(config)
+    config = resolve_model_dirs(config)
     watch_parent()  # started by launch-cluster: go when it goes (macOS has no PDEATHSIG)
     web.run_app(
         create_app(config),

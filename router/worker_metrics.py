@@ -81,15 +81,16 @@ def phase_series() -> tuple[Series, ...]:
 
 
 class WorkerCollector(Collector):
-    """Reads `workers()` at scrape time; `model_name` labels the vLLM-named cluster gauges."""
+    """Reads `workers()` at scrape time; the vLLM-named cluster gauges are summed per model
+    (labelled `model_name`) over the workers that serve it."""
 
     def __init__(
         self,
-        model_name: str,
+        model_names: Iterable[str],
         workers: Callable[[], Iterable[WorkerState]],
         routed: Callable[[str], tuple[int, int]],
     ):
-        self._model_name = model_name
+        self._model_names = tuple(model_names)
         self._workers = workers
         self._routed = routed  # worker id -> (requests routed, predicted hit tokens)
 
@@ -108,27 +109,40 @@ class WorkerCollector(Collector):
         )  # fmt: skip
 
     def _cluster_gauges(self, workers: list[WorkerState]) -> Iterator[Metric]:
-        """vLLM's names, summed over the healthy workers (dashboards built for vLLM work)."""
-        live = [w for w in workers if w.healthy and w.heartbeat]
-        running = sum(w.heartbeat.running for w in live)
-        waiting = sum(w.heartbeat.waiting for w in live)
-        total = sum(_kv_total(w) for w in live)
-        usage = sum(_kv_used(w) for w in live) / total if total else 0.0
-        for name, doc, value in (
-            ("vllm:num_requests_running", "requests in the workers' running batches", running),
-            ("vllm:num_requests_waiting", "requests queued on the workers", waiting),
-            ("vllm:kv_cache_usage_perc", "KV-cache usage, 0..1", usage),
-            ("vllm:gpu_cache_usage_perc", "KV-cache usage, 0..1 (vLLM's older name)", usage),
-        ):
+        """vLLM's names, summed per model (`model_name`) over its healthy workers, so
+        dashboards built for vLLM work."""
+        gauges = (
+            ("vllm:num_requests_running", "requests in the workers' running batches", _running),
+            ("vllm:num_requests_waiting", "requests queued on the workers", _waiting),
+            ("vllm:kv_cache_usage_perc", "KV-cache usage, 0..1", _kv_usage),
+            ("vllm:gpu_cache_usage_perc", "KV-cache usage, 0..1 (vLLM's older name)", _kv_usage),
+        )
+        by_model = {m: [w for w in workers if w.model == m] for m in self._model_names}
+        for name, doc, value in gauges:
             family = GaugeMetricFamily(name, doc, labels=["model_name"])
-            family.add_metric([self._model_name], value)
+            for model, group in by_model.items():
+                family.add_metric([model], value([w for w in group if w.healthy and w.heartbeat]))
             yield family
         preemptions = CounterMetricFamily(
             "vllm:num_preemptions", "sequences preempted (summed over the workers' counts)",
             labels=["model_name"],
         )  # fmt: skip
-        preemptions.add_metric([self._model_name], sum(_phase("preemptions")(w) for w in workers))
+        for model, group in by_model.items():
+            preemptions.add_metric([model], sum(_phase("preemptions")(w) for w in group))
         yield preemptions
+
+
+def _running(live: list[WorkerState]) -> float:
+    return sum(w.heartbeat.running for w in live)
+
+
+def _waiting(live: list[WorkerState]) -> float:
+    return sum(w.heartbeat.waiting for w in live)
+
+
+def _kv_usage(live: list[WorkerState]) -> float:
+    total = sum(_kv_total(w) for w in live)
+    return sum(_kv_used(w) for w in live) / total if total else 0.0
 
 
 def _family(series: Series, workers: list[WorkerState]) -> Metric:

@@ -26,6 +26,11 @@ class WorkerState:
     # blocks its prefix cache evicts per heartbeat, smoothed over ~20 heartbeats: evictions
     # come in bursts (one prompt's worth at a time), so one interval alone says little
     eviction_rate: float = 0.0
+    # the served model's id (the router maps an alias the worker registered with to it)
+    model: str = ""
+
+    def __post_init__(self):
+        self.model = self.model or self.info.model_id
 
     def on_heartbeat(self, msg: Heartbeat) -> None:
         previous = self.heartbeat.evicted_blocks if self.heartbeat else msg.evicted_blocks
@@ -59,7 +64,7 @@ class WorkerState:
             "healthy": self.healthy,
             "host": self.info.host,
             "pid": self.info.pid,
-            "model": self.info.model_id,
+            "model": self.model,
             "block_size": self.block_size,
             "load": self.load,
             "inflight": len(self.inflight),
@@ -99,8 +104,11 @@ class WorkerRegistry:
     def get(self, worker_id: str) -> WorkerState | None:
         return self._by_id.get(worker_id)
 
-    def healthy(self) -> list[WorkerState]:
-        return [w for w in self._by_id.values() if w.healthy]
+    def healthy(self, model: str | None = None) -> list[WorkerState]:
+        """Healthy workers (of `model` only, when given)."""
+        return [
+            w for w in self._by_id.values() if w.healthy and (model is None or w.model == model)
+        ]
 
     def stale(self, now: float, timeout_s: float) -> list[WorkerState]:
         """Healthy workers silent for longer than `timeout_s`."""

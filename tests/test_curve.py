@@ -6,11 +6,12 @@ import asyncio
 import dataclasses
 import logging
 import stat
+from pathlib import Path
 
 import pytest
 import zmq.auth
 
-from router.config import RouterConfig
+from router.config import ModelSpec, RouterConfig
 from router.link import WorkerLink
 from router.server import check_security
 from router.testing.fake_worker import FakeWorker, FakeWorkerConfig
@@ -94,7 +95,7 @@ def test_plain_tcp_beyond_loopback_is_refused():
     require_curve("tcp://0.0.0.0:5555", curve_enabled=True)
     with pytest.raises(CurveError, match="without CURVE"):
         WorkerLink("tcp://0.0.0.0:*", on_unreachable=print)
-    config = RouterConfig(model_dir=".", zmq_bind="tcp://0.0.0.0:5555")
+    config = RouterConfig(models=(ModelSpec(Path(".")),), zmq_bind="tcp://0.0.0.0:5555")
     with pytest.raises(SystemExit, match="mlx-fleet-keys generate"):
         check_security(config)
 
@@ -172,7 +173,7 @@ async def test_worker_that_does_not_know_the_router_key_gets_nothing(curve_clust
 def test_router_start_checks_its_curve_files(fleet_keys, tmp_path):
     keys, authorized = fleet_keys
     config = RouterConfig(
-        model_dir=".",
+        models=(ModelSpec(Path(".")),),
         zmq_bind="tcp://0.0.0.0:5555",
         curve_secret_key=keys / "router.key_secret",
         curve_authorized_keys=authorized,

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from router.config import RouterConfig
+from router.config import ModelSpec, RouterConfig
 from router.policy import POLICY_NAMES
 from router.server import parse_args
 from shared import fleet_config
@@ -109,7 +109,7 @@ def test_policy_names_agree_with_the_router():
 
 
 def test_router_section_defaults_agree_with_router_config():
-    defaults = RouterConfig(model_dir=Path("."))
+    defaults = RouterConfig(models=(ModelSpec(Path(".")),))
     for f in dataclasses.fields(RouterSection):
         if hasattr(defaults, f.name):
             assert getattr(defaults, f.name) == f.default, f.name
@@ -167,7 +167,7 @@ def test_router_command_line_reads_the_config_and_flags_win(tmp_path):
         "max_tokens_cap = 64\nper_key_concurrency = 2\n",
     )
     config = parse_args(["--config", str(path), "--policy", "least_load"])
-    assert config.model_dir == Path("/m/Smol") and config.served_model_id == "smol"
+    assert config.models == (ModelSpec(Path("/m/Smol"), "smol"),)
     assert (config.port, config.policy) == (9100, "least_load")
     assert config.api_keys == ("secret-1",)
     assert (config.max_tokens_cap, config.per_key_concurrency) == (64, 2)

@@ -102,14 +102,13 @@ NAME_TEMPLATE = (
 
 
 async def test_message_name_reaches_the_template(make_cluster):
-    from router import keys
 
     cluster = await make_cluster(chat_template=NAME_TEMPLATE)
     worker = await cluster.add_worker("w1")
     messages = [{"role": "user", "content": "hi", "name": "alice"}]
     resp = await cluster.client.post("/v1/chat/completions", json=CHAT | {"messages": messages})
     assert resp.status == 200
-    prompt = cluster.app[keys.TOKENIZER].decode(worker.received[0].token_ids)
+    prompt = cluster.tokenizer.decode(worker.received[0].token_ids)
     assert "user(alice): hi" in prompt
 
 

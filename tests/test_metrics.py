@@ -23,7 +23,7 @@ def samples(text: str) -> dict[tuple[str, tuple], float]:
 
 def worker(worker_id: str, running: int, waiting: int, free: int, total: int) -> WorkerState:
     state = WorkerState(
-        Register(worker_id, "m", 16, total, "h", 1), b"id-" + worker_id.encode(), 0.0
+        Register(worker_id, "smol", 16, total, "h", 1), b"id-" + worker_id.encode(), 0.0
     )
     state.heartbeat = Heartbeat(worker_id, running, waiting, free, total, 0, 7, 20)
     return state
@@ -53,7 +53,7 @@ def test_phase_fields_are_exported_per_worker_and_preemptions_summed():
 
 
 def test_every_worker_series_is_exported_for_every_worker():
-    got = samples(Metrics().render([worker("a", 0, 0, 1, 1), worker("b", 0, 0, 1, 1)], 0))
+    got = samples(Metrics("smol").render([worker("a", 0, 0, 1, 1), worker("b", 0, 0, 1, 1)], 0))
     names = {name for name, _ in got}
     for series in WORKER_SERIES:
         suffix = "_total" if series.kind == "counter" else ""
@@ -64,10 +64,11 @@ def test_every_worker_series_is_exported_for_every_worker():
 
 def test_request_latencies_and_finish_reasons():
     metrics = Metrics("smol")
-    metrics.first_token(0.2)
-    metrics.output_tokens(0.3, 3)  # three tokens in one delta: three intervals of 0.1
-    metrics.request_finished("length", 0.5)
-    metrics.usage(prompt=10, completion=4, cached=6)
+    smol = metrics.model("smol")
+    smol.first_token(0.2)
+    smol.output_tokens(0.3, 3)  # three tokens in one delta: three intervals of 0.1
+    smol.request_finished("length", 0.5)
+    smol.usage(prompt=10, completion=4, cached=6)
     got = samples(metrics.render([], 0))
     label = (("model_name", "smol"),)
     assert got[("vllm:time_to_first_token_seconds_count", label)] == 1
@@ -83,7 +84,7 @@ def test_request_latencies_and_finish_reasons():
 
 def test_two_apps_keep_separate_registries():
     one, two = Metrics("x"), Metrics("x")  # the global registry would refuse the second
-    one.usage(5, 1, 0)
+    one.model("x").usage(5, 1, 0)
     assert samples(two.render([], 0))[("vllm:prompt_tokens_total", (("model_name", "x"),))] == 0
 
 

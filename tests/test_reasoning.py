@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-from router import keys
 from router.chat_output import ChatReader
 from router.openai_schema import parse_chat
 from tests.scripted import scripted_worker
@@ -47,7 +46,7 @@ async def cluster(make_cluster):
 
 
 async def test_reasoning_content_whole_and_streamed(cluster):
-    tokenizer = cluster.app[keys.TOKENIZER]
+    tokenizer = cluster.tokenizer
     body = {"model": MODEL, "messages": ASK}
     req = parse_chat(body, tokenizer, MODEL)
     assert req.starts_in_reasoning  # the template opened the block
@@ -65,7 +64,7 @@ async def test_reasoning_content_whole_and_streamed(cluster):
 
 
 async def test_chat_template_kwargs_reach_the_template(cluster):
-    tokenizer = cluster.app[keys.TOKENIZER]
+    tokenizer = cluster.tokenizer
     body = {"model": MODEL, "messages": ASK, "chat_template_kwargs": {"enable_thinking": False}}
     req = parse_chat(body, tokenizer, MODEL)
     assert not req.starts_in_reasoning

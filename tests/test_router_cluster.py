@@ -54,7 +54,7 @@ async def test_in_flight_prefill_attracts_its_prefix_before_events_arrive(make_c
     cluster = await make_cluster(policy="cache_aware", prefill_weight=1.0)
     a = await cluster.add_worker("a", silent=True)  # never answers, never sends KV events
     b = await cluster.add_worker("b", silent=True)
-    dispatcher = cluster.app[keys.DISPATCHER]
+    dispatcher = cluster.dispatcher
     dispatcher.start("r1", prompt(1), _sampling())
     dispatcher.start("r2", prompt(1), _sampling())  # load 1 vs 0, but 10 blocks already "there"
     await cluster.wait_until(lambda: len(a.received) + len(b.received) == 2)
@@ -89,7 +89,7 @@ async def test_worker_killed_mid_stream_the_stream_completes_elsewhere(make_clus
     await cluster.kill_worker("w1")
     chunks += [c async for c in stream]
     text = "".join(c.choices[0].text for c in chunks if c.choices)
-    tokenizer = cluster.app[keys.TOKENIZER]
+    tokenizer = cluster.tokenizer
     assert text == tokenizer.decode(expected(w1.config.alphabet, len(p), 20))
     assert chunks[-2].choices[0].finish_reason == "length"
     assert chunks[-1].usage.completion_tokens == 20 and chunks[-1].usage.prompt_tokens == 40
@@ -144,7 +144,7 @@ async def test_real_worker_process_killed_mid_stream(make_cluster):
         proc.kill()
         proc.wait()
     assert chunks[-1].choices[0].finish_reason == "length"
-    tokenizer = cluster.app[keys.TOKENIZER]
+    tokenizer = cluster.tokenizer
     alphabet = cluster.workers["backup"][0].config.alphabet  # same default as the process
     assert "".join(c.choices[0].text for c in chunks) == tokenizer.decode(
         expected(alphabet, 40, 30)
@@ -176,7 +176,7 @@ async def test_client_disconnect_aborts_the_request(make_cluster):
     resp.close()
     await cluster.wait_until(lambda: worker.aborted)
     assert worker.aborted == [worker.received[0].request_id]
-    await cluster.wait_until(lambda: cluster.app[keys.DISPATCHER].num_pending == 0)
+    await cluster.wait_until(lambda: cluster.dispatcher.num_pending == 0)
 
 
 async def test_protocol_mismatch_is_refused_and_garbage_is_dropped(make_cluster):
@@ -201,7 +201,7 @@ async def test_reregistration_drops_the_workers_prefix_entries(make_cluster):
     cluster = await make_cluster()
     await cluster.add_worker("w1")
     await complete(cluster.openai(), prompt(8))
-    index = cluster.app[keys.CLUSTER].index
+    index = cluster.app[keys.MODELS].default.index
     await cluster.wait_until(lambda: index.num_blocks("w1") == 10)
     await cluster.kill_worker("w1")
     await cluster.add_worker("w1")  # restarted with an empty cache

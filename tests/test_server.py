@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from router.config import ModelSpec
 from router.server import parse_args
 
 
@@ -24,7 +25,7 @@ def test_parse_args_fills_the_config():
             "7",
         ]
     )
-    assert config.model_dir == Path("/m/SmolLM2") and config.served_model_id == "SmolLM2"
+    assert config.models == (ModelSpec(Path("/m/SmolLM2"), "SmolLM2"),)
     assert (config.port, config.policy, config.zmq_bind) == (
         9000,
         "round_robin",

@@ -92,9 +92,8 @@ def test_hostile_model_calls_are_plain_content(family, text):
 @pytest.mark.parametrize("stream", [False, True])
 async def test_deep_call_from_the_model_is_content_not_a_500(make_cluster, stream):
     cluster = await make_cluster(context_length=CONTEXT)
-    from router import keys
 
-    tokenizer = cluster.app[keys.TOKENIZER]
+    tokenizer = cluster.tokenizer
     body = {"model": MODEL, "messages": ASK, "tools": [TOOL]}
     prompt = parse_chat(body, tokenizer, MODEL).prompt_ids
     reply = "<tool_call>" + TOO_DEEP_FOR_PYTHON + "</tool_call>"

@@ -25,7 +25,7 @@ async def test_off_loop_tokenization_gives_the_same_prompt_and_errors(make_clust
     assert on_loop.app[keys.TOKENIZE_POOL] is None
     assert pooled.app[keys.TOKENIZE_POOL] is not None
 
-    tokenizer = pooled.app[keys.TOKENIZER]
+    tokenizer = pooled.tokenizer
     threads = []
     encode = tokenizer.encode_text
     monkeypatch.setattr(

@@ -6,7 +6,6 @@ import json
 
 import pytest
 
-from router import keys
 from router.chat_output import ChatReader
 from router.chat_prompt import build_chat_prompt, tool_family_of
 from router.openai_schema import parse_chat
@@ -252,7 +251,7 @@ async def test_router_flags_set_the_template_and_the_parser(make_cluster, tok):
     )
     body = {"model": MODEL, "messages": ASK, "tools": [WEATHER]}
     reply = '{"name": "get_weather", "parameters": {"city": "Lima"}}'
-    tokenizer = cluster.app[keys.TOKENIZER]
+    tokenizer = cluster.tokenizer
     prompt = parse_chat(body, tokenizer, MODEL).prompt_ids
     worker, n = await scripted_worker(cluster, tokenizer, prompt, reply)
     resp = await cluster.openai().chat.completions.create(**body, max_tokens=n)

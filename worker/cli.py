@@ -26,7 +26,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--router", help="the router's ZeroMQ address (default tcp://127.0.0.1:5555)")
     p.add_argument("--model", help="model dir, .gguf, HF repo id; default: SmolLM2-135M-Instruct")
     p.add_argument(
-        "--model-id", help="model name to register (default: the model directory's name)"
+        "--model-id",
+        help="the model's name, registered with the router (default: the model directory's "
+        "name); with a --config listing [[models]], picks the one this worker serves",
     )
     p.add_argument("--worker-id", help="unique name of this worker (default: HOST-PID)")
     kv = p.add_mutually_exclusive_group()
@@ -164,18 +166,17 @@ def main(argv: list[str] | None = None) -> int:
     if worker.tp_hosts or "MLX_HOSTFILE" in os.environ:  # one rank of a tensor-parallel group
         from worker.tp_start import serve_group_rank
 
-        name = model.id or model_dir.name
-        return serve_group_rank(worker, name, model_dir, config, worker_id, socket_setup(worker))
+        return serve_group_rank(
+            worker, model.name, model_dir, config, worker_id, socket_setup(worker)
+        )
     start = time.perf_counter()
     engine = Engine.from_path(model_dir, config)
     log.info(
-        "%s: %s loaded in %.1fs, %d KV blocks of %d tokens, OpenBLAS %s",
-        worker_id, model_dir.name, time.perf_counter() - start, engine.pool.num_blocks - 1,
+        "%s: %s (%s) loaded in %.1fs, %d KV blocks of %d tokens, OpenBLAS %s",
+        worker_id, model.name, model_dir, time.perf_counter() - start, engine.pool.num_blocks - 1,
         config.block_size, "on" if openblas_active() else "off",
     )  # fmt: skip
-    server = WorkerServer(
-        engine, worker.router, worker_id, model.id or model_dir.name, socket_setup(worker)
-    )
+    server = WorkerServer(engine, worker.router, worker_id, model.name, socket_setup(worker))
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: server.stop())
     watch_parent()  # started by launch-cluster: go when it goes (macOS has no PDEATHSIG)

@@ -56,6 +56,7 @@ class FakeWorkerConfig:
     silent: bool = False  # accept requests but never answer (a stuck worker)
     curve: tuple[Path, Path] | None = None  # (own secret key file, router's public key file)
     watch_handshake: bool = False  # set handshake_failed when the router refuses the connection
+    model_id: str = "tiny"  # the model it says it serves (tests/conftest.py's)
 
 
 @dataclass
@@ -205,7 +206,7 @@ class FakeWorker:
     def _register_msg(self) -> Register:
         return Register(
             self.config.worker_id,
-            "fake",
+            self.config.model_id,
             self.config.block_size,
             self.config.kv_capacity_blocks,
             socket.gethostname(),
@@ -244,7 +245,11 @@ def main(argv: list[str] | None = None) -> None:
     if args.curve_secret_key is not None:
         curve = (args.curve_secret_key, args.curve_server_key)
     config = FakeWorkerConfig(
-        args.connect, args.worker_id, args.block_size, token_delay_s=args.token_delay, curve=curve
+        args.connect,
+        args.worker_id,
+        block_size=args.block_size,
+        token_delay_s=args.token_delay,
+        curve=curve,
     )
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(FakeWorker(config).run())

@@ -65,7 +65,7 @@ class Fleet:
             self.workers[identity] = sim
             self.registry.add(WorkerState(sim.register(), identity, last_seen=0.0))
         self.dispatcher = Dispatcher(self.registry, self.index, policy_of(policy), self._send,
-                                     Metrics(), max_pending=1 << 30, max_resubmits=0)  # fmt: skip
+                                     Metrics().model("model"), max_pending=1 << 30, max_resubmits=0)  # fmt: skip
         self._events: list[tuple[float, int, str, object]] = []
         self._order = itertools.count()
         self._started_at = 0.0
