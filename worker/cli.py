@@ -12,6 +12,7 @@ import sys
 import time
 
 from shared.blas import openblas_active, reexec_with_openblas
+from shared.fleet_config import MODEL_ID_ENV
 from shared.parent_watch import SPAWNED_AT_ENV, watch_parent
 
 
@@ -27,8 +28,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", help="model dir, .gguf, HF repo id; default: SmolLM2-135M-Instruct")
     p.add_argument(
         "--model-id",
-        help="the model's name, registered with the router (default: the model directory's "
-        "name); with a --config listing [[models]], picks the one this worker serves",
+        default=os.environ.get(MODEL_ID_ENV),
+        help="the model's name, registered with the router (default: $MLX_FLEET_MODEL_ID, else "
+        "the model directory's name); with a --config listing [[models]], picks the one this "
+        "worker serves",
     )
     p.add_argument("--worker-id", help="unique name of this worker (default: HOST-PID)")
     kv = p.add_mutually_exclusive_group()
@@ -119,7 +122,10 @@ def load_settings(parser: argparse.ArgumentParser, argv: list[str] | None):
         require_curve(fleet.worker.router, fleet.worker.curve_enabled, "--router")
     except (ConfigError, CurveError) as exc:
         parser.error(str(exc))
-    return args, fleet.worker, fleet.model
+    model = fleet.model
+    if args.model_id is not None and model.id is None:  # from $MLX_FLEET_MODEL_ID
+        model = dataclasses.replace(model, id=args.model_id)
+    return args, fleet.worker, model
 
 
 def socket_setup(worker):
