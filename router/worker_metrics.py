@@ -59,8 +59,9 @@ WORKER_SERIES: tuple[Series, ...] = (
 
 # WorkerPhases fields that only grow (the others are recent-window statistics).
 PHASE_COUNTERS = frozenset(
-    {"decode_spikes", "decode_spike_seconds", "decode_tokens", "prefill_tokens", "preemptions"}
-)
+    {"decode_spikes", "decode_spike_seconds", "decode_tokens", "prefill_tokens", "preemptions",
+     "spec_drafted", "spec_accepted"}
+)  # fmt: skip
 
 
 def _phase(field: str) -> Callable[[WorkerState], float]:

@@ -97,6 +97,8 @@ class WorkerPhases:
     decode_tokens: int = 0
     prefill_tokens: int = 0
     preemptions: int = 0
+    spec_drafted: int = 0  # speculative draft tokens proposed, since start
+    spec_accepted: int = 0  # ...and accepted by the target model
 
 
 @dataclass(frozen=True, slots=True)

@@ -56,9 +56,34 @@ def test_config_names_are_checked():
         "ours-2-least_load",
         "mlx_lm",
     ]
-    for bad in ("ours-0", "ours-2-fastest", "vllm", ""):
+    for bad in ("ours-0", "ours-2-fastest", "vllm", "", "ours-1-specx", "ours-1-spec-round_robin"):
         with pytest.raises(ValueError):
             parse_configs(bad)
+
+
+def test_spec_configurations_turn_speculative_decoding_on(tmp_path):
+    assert parse_configs("ours-1,ours-1-spec") == ["ours-1", "ours-1-spec"]
+    spec = service_spec("ours-2-round_robin-spec", tmp_path / "a", tmp_path / "b", launch_cmd="lc")
+    assert spec.argv[1:5] == ["--workers", "2", "--policy", "round_robin"]
+    assert spec.argv[-2:] == ["--speculative", "ngram"]
+    plain = service_spec("ours-1", tmp_path / "a", tmp_path / "b", launch_cmd="lc")
+    assert "--speculative" not in plain.argv
+
+
+def test_draft_acceptance_is_read_from_the_workers_phase_counters():
+    from scripts.loadgen.stats import speculation
+
+    def snapshot(*counts):
+        workers = [
+            {"id": f"w{i}", "phases": {"spec_drafted": d, "spec_accepted": a}}
+            for i, (d, a) in enumerate(counts)
+        ]
+        return {"workers": workers}
+
+    got = speculation(snapshot((10, 1), (0, 0)), snapshot((50, 9), (40, 10)))
+    assert got == {"drafted": 80, "accepted": 18, "acceptance": 18 / 80}
+    assert speculation(snapshot((5, 1)), snapshot((5, 1))) is None  # no drafts: no column
+    assert speculation(None, snapshot((5, 1))) is None
 
 
 def test_mlx_lm_is_started_on_localhost_and_asked_for_its_default_model(tmp_path):

@@ -104,6 +104,8 @@ class EngineStats:
             decode_tokens=self.decode_tokens,
             prefill_tokens=self.prefill_tokens,
             preemptions=self.preemptions,
+            spec_drafted=self.drafted,
+            spec_accepted=self.draft_accepted,
         )
 
 

@@ -20,7 +20,10 @@ DEFAULT_CONFIGS = (
     "ours-2-least_load",
     "mlx_lm",
 )
-OURS = re.compile(r"ours-(?P<workers>[1-9][0-9]*)(?:-(?P<policy>[a-z_]+))?")
+# ours-N[-POLICY][-spec]: N workers, a routing policy, speculative decoding (ngram drafts) on
+OURS = re.compile(
+    rf"ours-(?P<workers>[1-9][0-9]*)(?:-(?P<policy>{'|'.join(POLICIES)}))?(?P<spec>-spec)?"
+)
 MLX_LM_MODEL_NAME = "default_model"  # mlx_lm.server: the --model it was started with
 PEERS = ("mlx_lm", "vllm_mlx")
 # its own venv: it pulls torch; MLX_FLEET_VLLM_MLX names another executable
@@ -46,7 +49,8 @@ def parse_configs(text: str) -> list[str]:
             continue
         raise ValueError(
             f"unknown configuration {name!r}: use ours-N (N workers, cache_aware), "
-            f"ours-N-POLICY with POLICY one of {', '.join(POLICIES)}, mlx_lm or vllm_mlx"
+            f"ours-N-POLICY with POLICY one of {', '.join(POLICIES)}, either with -spec "
+            "(speculative decoding on), mlx_lm or vllm_mlx"
         )
     if not names:
         raise ValueError("no configuration given")
@@ -77,5 +81,7 @@ def service_spec(
     workers, policy = int(match["workers"]), match["policy"] or "cache_aware"
     argv = [*shlex.split(launch_cmd), "--workers", str(workers), "--policy", policy]
     argv += ["--model", str(model_dir), "--host", "127.0.0.1", "--port", str(port)]
+    if match["spec"]:
+        argv += ["--speculative", "ngram"]
     argv += shlex.split(extra_launch_args)
     return ServiceSpec(name, argv, port, None, workers)

@@ -19,6 +19,7 @@ COLUMNS = (
     ("e2e p95", lambda r: r.get("e2e_ms", {}).get("p95")),
     ("cache hit", lambda r: _percent(r.get("cache_hit_rate"))),
     ("per worker", lambda r: _per_worker(r.get("requests_per_worker"))),
+    ("draft accept", lambda r: _percent((r.get("speculation") or {}).get("acceptance"))),
 )
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import aiohttp
 
 from scripts.loadgen.client import ChatParams, RequestResult, stream_chat
-from scripts.loadgen.stats import requests_per_worker, summarize
+from scripts.loadgen.stats import requests_per_worker, speculation, summarize
 from scripts.loadgen.workloads import Prompt, Shape, build
 
 Send = Callable[[Prompt], Awaitable[RequestResult]]
@@ -167,4 +167,5 @@ def build_report(
         **summarize(results, elapsed_s),
         "policy": after.get("policy") if after else None,
         "requests_per_worker": requests_per_worker(before, after),
+        "speculation": speculation(before, after),
     }

@@ -79,6 +79,29 @@ def _token_source(ok: Sequence[RequestResult]) -> str:
     return "deltas" if from_usage == 0 else "mixed"
 
 
+def speculation(before: dict | None, after: dict | None) -> dict | None:
+    """Draft tokens proposed and accepted over the run, summed over the workers (from their
+    phase counters in two /v1/cluster snapshots); None without both or without drafts."""
+    if before is None or after is None:
+        return None
+
+    def totals(snapshot: dict) -> dict[str, tuple[int, int]]:
+        return {
+            w["id"]: (w["phases"].get("spec_drafted", 0), w["phases"].get("spec_accepted", 0))
+            for w in snapshot.get("workers", [])
+            if w.get("phases")
+        }
+
+    start = totals(before)
+    drafted = accepted = 0
+    for worker, (d, a) in totals(after).items():
+        d0, a0 = start.get(worker, (0, 0))
+        drafted, accepted = drafted + d - d0, accepted + a - a0
+    if drafted <= 0:
+        return None
+    return {"drafted": drafted, "accepted": accepted, "acceptance": accepted / drafted}
+
+
 def requests_per_worker(before: dict | None, after: dict | None) -> dict[str, int] | None:
     """Requests each worker served between two /v1/cluster snapshots (None without both)."""
     if before is None or after is None:
