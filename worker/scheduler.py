@@ -116,7 +116,11 @@ class Scheduler:
         budget = self.config.step_token_budget - sum(1 + len(s.draft) for s in decode)
         prefill = self._continue_prefills(budget, preempted)
         budget -= sum(c.num_tokens for c in prefill)
-        prefill += self._admit(budget)
+        if not preempted:
+            # (after a preemption the pool is full anyway; and admitting now could take back
+            # a sequence preempted above, already in this plan: planned twice, its rows would
+            # run past its new blocks)
+            prefill += self._admit(budget)
         # a later reservation may have preempted a sequence planned earlier in this step
         decode = [s for s in decode if s.status is Status.RUNNING]
         prefill = [c for c in prefill if c.seq.status is Status.RUNNING]
