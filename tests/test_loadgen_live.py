@@ -37,6 +37,7 @@ async def test_closed_loop_against_the_router_counts_tokens_cache_hits_and_worke
     assert report["output_tokens"] == 16 * 5 and report["tokens_counted_from"] == "usage"
     assert report["policy"] == "cache_aware"
     assert sum(report["requests_per_worker"].values()) == 16  # the warmup is not counted
+    assert set(report["worker_phases"]) == set(report["requests_per_worker"])
     assert report["cache_hit_rate"] > 0.3  # 2 tenants' long system prompts
     assert progress[-1] == (16, 16) and len(progress) == 16
     for metric in ("ttft_ms", "tpot_ms", "e2e_ms"):

@@ -168,4 +168,6 @@ def build_report(
         "policy": after.get("policy") if after else None,
         "requests_per_worker": requests_per_worker(before, after),
         "speculation": speculation(before, after),
+        # where each worker's step time went (recent window): the phase metrics, at the end
+        "worker_phases": {w["id"]: w.get("phases") for w in (after or {}).get("workers", [])},
     }
