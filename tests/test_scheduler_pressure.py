@@ -70,3 +70,22 @@ def run_workload(seed: int) -> int:
         if plan.kind is not StepKind.IDLE:
             run_plan(scheduler, plan, rng)
     return preemptions
+
+
+def test_a_prompt_that_would_overcommit_the_pool_waits_instead_of_preempting():
+    pool = BlockPool(21, BLOCK, num_layers=1, num_kv_heads=1, head_dim=1)  # 20 usable
+    config = EngineConfig(block_size=BLOCK, prefill_chunk=8, step_token_budget=16)
+    scheduler = Scheduler(pool, RadixCache(pool), config, max_context=200)
+    first = Sequence("a", 48, list(range(1, 49)), SamplingParams(max_tokens=4), 0)  # 13 blocks
+    second = Sequence("b", 40, list(range(100, 140)), SamplingParams(max_tokens=4), 1)  # 11
+    scheduler.add(first)
+    scheduler.add(second)
+    rng = random.Random(0)
+    plan = scheduler.schedule()
+    # room for both first chunks, not for both prompts: the second waits
+    assert [c.seq for c in plan.prefill] == [first] and second.status is Status.WAITING
+    while first.status is not Status.FINISHED:
+        assert not plan.preempted
+        run_plan(scheduler, plan, rng)
+        plan = scheduler.schedule()
+    assert second.status is Status.RUNNING  # admitted once the first one was done

@@ -3,7 +3,8 @@
 Every step: each decoding sequence gets a slot for its next token (a new block when it
 crosses a boundary); what is left of the step's token budget goes to prefill chunks:
 first sequences already mid-prompt, then newly admitted ones (FIFO), each admitted with
-its longest cached prefix. When blocks run out, the prefix cache gives back its least
+its longest cached prefix, and only when its whole prompt fits beside what the running
+sequences still need for theirs (no overcommit). When blocks run out, the prefix cache gives back its least
 recently used unreferenced blocks; when that is not enough, the newest running sequence
 is preempted (its computed blocks go to the prefix cache, so recomputing it is cheap) and
 requeued at the front.
@@ -225,7 +226,7 @@ class Scheduler:
             left = len(seq.tokens) - match.num_tokens - (1 if seq.forks else 0)
             n = min(self.config.prefill_chunk, left, budget)
             need = self.pool.blocks_for_tokens(match.num_tokens + n) - len(match.block_ids)
-            if not self.make_room(need):
+            if not self._fits_whole_prompt(seq, match) or not self.make_room(need):
                 self.cache.unlock(match.node)
                 self.pool.decref(match.block_ids)
                 self.waiting.appendleft(seq)
@@ -236,6 +237,21 @@ class Scheduler:
             budget -= n
         self.waiting.extendleft(reversed(deferred))
         return chunks
+
+    def _fits_whole_prompt(self, seq: Sequence, match: MatchResult) -> bool:
+        """Whether `seq`'s whole prompt (and its first output token) fits beside what the
+        running sequences still need for theirs, in free and evictable blocks. Admitting on
+        the first chunk alone overcommits the pool under KV pressure: the later chunks then
+        preempt newer sequences, whose recomputation evicts the cached prefixes that waiting
+        requests would have hit. With nothing running, a prompt is admitted anyway (alone)."""
+        if not self.running:
+            return True
+        need = self.pool.blocks_for_tokens(len(seq.tokens) + 1) - len(match.block_ids)
+        pending = sum(
+            max(0, self.pool.blocks_for_tokens(len(s.tokens) + 1) - len(s.block_ids))
+            for s in self.running
+        )
+        return need + pending <= self.pool.num_free + self.cache.evictable_blocks
 
     def _extend_from_disk(self, prompt: list[int], match: MatchResult) -> MatchResult:
         """Mutates: the prompt's blocks after `match` that the disk tier holds, loaded into new

@@ -34,7 +34,9 @@ def _per_worker(counts: dict | None) -> str | None:
 def _cell(value) -> str:
     if value is None:
         return "–"
-    return f"{value:.1f}" if isinstance(value, float) else str(value)
+    if isinstance(value, float):  # small rates keep three digits (0.295 req/s, not 0.3)
+        return f"{value:.3f}" if abs(value) < 10 else f"{value:.1f}"
+    return str(value)
 
 
 def markdown_table(rows: list[dict]) -> str:
