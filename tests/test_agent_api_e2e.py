@@ -4,9 +4,6 @@ and a /v1/messages request through the anthropic SDK. Shapes and status, not the
 from __future__ import annotations
 
 import json
-import signal
-import subprocess
-import sys
 import time
 import urllib.request
 
@@ -14,7 +11,7 @@ import anthropic
 import openai
 import pytest
 
-from router.launch import free_port
+from tests.launched import launch_cluster
 
 pytestmark = pytest.mark.slow
 
@@ -48,23 +45,10 @@ def wait_healthy(url: str, timeout: float = 300) -> None:
 
 @pytest.fixture(scope="module")
 def url(model_cache, tmp_path_factory):
-    port = free_port()
     logs = tmp_path_factory.mktemp("agent-api-logs")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "router.launch", "--workers", "1", "--port", str(port),
-         "--kv-memory", "256MiB", "--log-dir", str(logs)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-    )  # fmt: skip
-    base = f"http://127.0.0.1:{port}"
-    try:
+    with launch_cluster(["--workers", "1", "--kv-memory", "256MiB"], logs) as (base, _):
         wait_healthy(base)
         yield base
-    finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=40)
-        except subprocess.TimeoutExpired:
-            proc.kill()
 
 
 def test_tools_request_and_round_trip(url):

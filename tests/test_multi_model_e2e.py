@@ -6,9 +6,6 @@ unknown model is a 404 that lists both."""
 from __future__ import annotations
 
 import json
-import signal
-import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -16,7 +13,7 @@ import urllib.request
 import openai
 import pytest
 
-from router.launch import free_port
+from tests.launched import launch_cluster
 from tests.tp_group import save_tiny_model
 
 pytestmark = pytest.mark.slow
@@ -48,22 +45,10 @@ def url(default_model_dir, tmp_path_factory):
         f'[[models]]\npath = "{default_model_dir}"\nid = "smol"\naliases = ["small"]\n'
         f'[[models]]\npath = "{tiny}"\n'
     )
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "router.launch", "--config", str(config), "--workers", "1",
-         "--port", str(port), "--kv-memory", "128MiB", "--log-dir", str(work)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-    )  # fmt: skip
-    base = f"http://127.0.0.1:{port}"
-    try:
+    args = ["--config", str(config), "--workers", "1", "--kv-memory", "128MiB"]
+    with launch_cluster(args, work) as (base, _):
         wait_for_both(base)
         yield base
-    finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=40)
-        except subprocess.TimeoutExpired:
-            proc.kill()
 
 
 def test_two_models_served_at_once_routed_by_name_with_their_own_caches(url):
