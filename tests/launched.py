@@ -13,6 +13,9 @@ from pathlib import Path
 
 from router.launch import free_port
 
+# the launcher's own output in a pipe (it prints little; its children log to the log dir)
+PIPED = {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT, "text": True}
+
 
 @contextlib.contextmanager
 def launch_cluster(

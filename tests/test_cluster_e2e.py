@@ -7,14 +7,13 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 import urllib.request
 
 import openai
 import pytest
 
-from router.launch import free_port
+from tests.launched import PIPED, launch_cluster
 
 pytestmark = pytest.mark.slow
 
@@ -63,23 +62,14 @@ class Cluster:
 
 @pytest.fixture(scope="module")
 def cluster(model_cache, tmp_path_factory):
-    port = free_port()
     logs = tmp_path_factory.mktemp("cluster-logs")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "router.launch", "--workers", "2", "--port", str(port), "--kv-memory", "256MiB",
-         "--log-dir", str(logs)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
-    )  # fmt: skip
-    c = Cluster(f"http://127.0.0.1:{port}", proc)
     try:
-        c.wait_healthy(2, timeout=300)
-        yield c
-    finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=40)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+        args = ["--workers", "2", "--kv-memory", "256MiB"]
+        with launch_cluster(args, logs, **PIPED) as (base, proc):
+            c = Cluster(base, proc)
+            c.wait_healthy(2, timeout=300)
+            yield c
+    finally:  # the processes' logs, whatever happened
         for log in logs.iterdir():
             print(f"---- {log.name}\n{log.read_text()[-3000:]}")
 

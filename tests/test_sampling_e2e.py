@@ -4,15 +4,11 @@ cluster (`launch-cluster --workers 1`), driven by the official openai client."""
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
 
 import jsonschema
 import pytest
 
-from router.launch import free_port
+from tests.launched import PIPED, launch_cluster
 from tests.test_cluster_e2e import MODEL, Cluster
 
 pytestmark = pytest.mark.slow
@@ -42,23 +38,11 @@ ASK = [{"role": "user", "content": "Describe a fictional person as JSON."}]
 
 @pytest.fixture(scope="module")
 def cluster(model_cache, tmp_path_factory):
-    port = free_port()
     logs = tmp_path_factory.mktemp("cluster-logs")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "router.launch", "--workers", "1", "--port", str(port),
-         "--kv-memory", "256MiB", "--log-dir", str(logs)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
-    )  # fmt: skip
-    c = Cluster(f"http://127.0.0.1:{port}", proc)
-    try:
+    with launch_cluster(["--workers", "1", "--kv-memory", "256MiB"], logs, **PIPED) as (base, proc):
+        c = Cluster(base, proc)
         c.wait_healthy(1, timeout=300)
         yield c
-    finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=40)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
 
 
 def test_json_schema_output_parses_and_validates(cluster):

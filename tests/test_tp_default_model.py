@@ -6,13 +6,11 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import time
 
 import pytest
 
-from router.launch import free_port
+from tests.launched import PIPED, launch_cluster
 from tests.test_cluster_e2e import QUESTION, Cluster
 from tests.test_tp import unsharded_outputs
 from tests.tp_group import run_group_case
@@ -55,23 +53,14 @@ def test_tp3_group_greedy_equals_unsharded_engine_on_the_default_model(default_m
 
 @pytest.fixture(scope="module")
 def tp_cluster(model_cache, tmp_path_factory):
-    port = free_port()
     logs = tmp_path_factory.mktemp("tp-cluster-logs")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "router.launch", "--workers", "1", "--tp", "3", "--port", str(port),
-         "--kv-memory", "64MiB", "--log-dir", str(logs)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
-    )  # fmt: skip
-    c = Cluster(f"http://127.0.0.1:{port}", proc)
-    try:
+    with launch_cluster(["--workers", "1", "--tp", "3", "--kv-memory", "64MiB"], logs, **PIPED) as (
+        base,
+        proc,
+    ):
+        c = Cluster(base, proc)
         c.wait_healthy(1, timeout=400)
         yield c
-    finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=40)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
 
 
 def ask(cluster: Cluster) -> str:
