@@ -238,6 +238,7 @@ class ModelRunner:
             layout.block_tables,
             layout.context_lengths,
             block_size=self.pool.block_size,
+            host_tables=[r.block_ids for r in rows],
         )
         caches = [
             PagedLayerCache(self.pool, i, layout, attention, times)

@@ -33,7 +33,15 @@ def _no_preparation(**_) -> dict:
 
 
 def _prepare_tiles(
-    *, lengths, num_queries, num_heads, k_pool, block_size, block_tables, context_lengths
+    *,
+    lengths,
+    num_queries,
+    num_heads,
+    k_pool,
+    block_size,
+    block_tables,
+    context_lengths,
+    host_tables=None,
 ) -> dict:
     tiles = prepare_tiles(
         lengths,
@@ -43,6 +51,7 @@ def _prepare_tiles(
         block_size,
         block_tables=block_tables,
         context_lengths=context_lengths,
+        host_tables=host_tables,
     )
     return {"tiles": tiles}
 
@@ -99,9 +108,11 @@ class AttentionPlan:
         lengths: list[int],
         *,
         block_size: int,
+        host_tables: list[list[int]] | None = None,
     ):
         self.backend, self.block_tables, self.block_size = backend, block_tables, block_size
         self.lengths = lengths
+        self.host_tables = host_tables  # each row's block ids, for plans that need them
         self.context_lengths = mx.array(lengths, dtype=mx.int32)
         self.max_context = max(lengths) if lengths else 0
         self._prepared: dict | None = None
@@ -119,6 +130,7 @@ class AttentionPlan:
                 block_size=self.block_size,
                 block_tables=self.block_tables,
                 context_lengths=self.context_lengths,
+                host_tables=self.host_tables,
             )
         return self.backend.run(
             queries,
