@@ -11,6 +11,10 @@ shuffled block ids. Strategies: "tiled" (the "mlx" backend's default), "gather" 
 mask (what a contiguous batched cache would run), in the same run, taking turns; `*_vs_dense`
 is time / dense time (< 1: faster).
 
+shared: decode rows that share tenants' prefixes (G tenants x R rows, prefix and own-tail
+lengths), as a cache-aware worker's batch holds them: "tiled" against "shared_prefix" (each
+tenant's prefix gathered once for its rows), with dense SDPA as the reference.
+
 scatter: a decode-like write loop, 30 layers, 32 new slots per layer per step, eval per step,
 for pools of 10k/30k/100k slots (x 3 KV heads x 64 dims, float32: up to 4.6 GB for K and V of
 all layers). "sole": the pools hold the only reference to their buffers (what write_kv needs);
@@ -46,6 +50,9 @@ from worker.paged_attention import slot_ids, write_kv  # noqa: E402
 from worker.paged_attention_mlx import (  # noqa: E402
     blockwise_attention,
     gather_attention,
+    plan_shared_prefixes,
+    prepare_tiles,
+    shared_prefix_attention,
     tiled_attention,
 )
 
@@ -172,6 +179,71 @@ def attention_cases(rng: np.random.Generator) -> list[tuple[str, list[int], int]
     ]
 
 
+SHARED_CASES = (  # tenants, rows each, prefix tokens, longest own tail
+    (4, 3, 512, 80),
+    (2, 8, 512, 80),
+    (8, 2, 1408, 40),
+    (16, 2, 512, 40),
+    (32, 2, 256, 20),
+)
+
+
+def bench_shared_prefix_case(tenants: int, rows_each: int, prefix: int, tail: int, args) -> dict:
+    rng = np.random.default_rng(args.seed)
+    prefix_blocks = prefix // BLOCK_SIZE
+    tails = [int(n) for n in rng.integers(tail // 2, tail + 1, tenants * rows_each)]
+    num_blocks = tenants * prefix_blocks + sum(math.ceil(n / BLOCK_SIZE) for n in tails) + 1
+    ids = iter(int(i) for i in rng.permutation(np.arange(1, num_blocks)))
+    shared = [[next(ids) for _ in range(prefix_blocks)] for _ in range(tenants)]
+    tables = [
+        shared[r // rows_each] + [next(ids) for _ in range(math.ceil(n / BLOCK_SIZE))]
+        for r, n in enumerate(tails)
+    ]
+    lengths = [prefix + n for n in tails]
+    shape = (num_blocks * BLOCK_SIZE, NUM_KV_HEADS, HEAD_DIM)
+    k_pool = mx.array(rng.standard_normal(shape, np.float32))
+    v_pool = mx.array(rng.standard_normal(shape, np.float32))
+    queries = mx.array(rng.standard_normal((len(lengths), NUM_HEADS, 1, HEAD_DIM), np.float32))
+    width = max(len(t) for t in tables)
+    block_tables = mx.array([t + [0] * (width - len(t)) for t in tables], dtype=mx.int32)
+    context_lengths = mx.array(lengths, dtype=mx.int32)
+    scale = HEAD_DIM**-0.5
+    common = dict(scale=scale, block_size=BLOCK_SIZE, max_context=max(lengths))
+    tiles = prepare_tiles(lengths, 1, NUM_HEADS, k_pool, BLOCK_SIZE,
+                          block_tables=block_tables, context_lengths=context_lengths)  # fmt: skip
+    plan = plan_shared_prefixes(tables, lengths, BLOCK_SIZE, NUM_KV_HEADS)
+    runs = {
+        "tiled": partial(
+            tiled_attention,
+            queries,
+            k_pool,
+            v_pool,
+            block_tables,
+            context_lengths,
+            tiles=tiles,
+            **common,
+        ),  # fmt: skip
+        "shared_prefix": partial(
+            shared_prefix_attention, queries, k_pool, v_pool, plan, scale=scale
+        ),  # fmt: skip
+    }
+    reference = gather_attention(queries, k_pool, v_pool, block_tables, context_lengths, **common)
+    for label, run in runs.items():
+        error = mx.abs(run() - reference).max().item()
+        if error > 1e-4:
+            raise AssertionError(f"{label} disagrees with the plain gather: {error}")
+    times = interleaved_best_ms(runs, args)
+    return {
+        "case": "shared_prefix_decode",
+        "tenants": tenants,
+        "rows_each": rows_each,
+        "prefix": prefix,
+        "tail_max": tail,
+        **{f"{label}_ms": round(ms, 3) for label, ms in times.items()},
+        "shared_vs_tiled": round(times["shared_prefix"] / times["tiled"], 2),
+    }
+
+
 def bench_scatter(num_slots: int, mode: str, steps: int) -> dict:
     """Per-step time of a 30-layer write loop, with the written slots read back per layer."""
     shape = (num_slots, NUM_KV_HEADS, HEAD_DIM)
@@ -215,7 +287,9 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--only", choices=["attention", "scatter"], help="run one section")
+    parser.add_argument(
+        "--only", choices=["attention", "shared", "scatter"], help="run one section"
+    )
     parser.add_argument("--iters", type=int, default=5, help="timed calls per round")
     parser.add_argument("--rounds", type=int, default=3, help="rounds; the best one counts")
     parser.add_argument("--seed", type=int, default=0)
@@ -223,10 +297,13 @@ def main(argv: list[str] | None = None) -> None:
         "--tile-sweep", action="store_true", help="also time tile budgets of 2, 4 and 16 MB"
     )
     args = parser.parse_args(argv)
-    if args.only != "scatter":
+    if args.only in (None, "attention"):
         for name, lengths, num_queries in attention_cases(np.random.default_rng(args.seed)):
             print(json.dumps(bench_attention_case(name, lengths, num_queries, args)), flush=True)
-    if args.only != "attention":
+    if args.only in (None, "shared"):
+        for case in SHARED_CASES:
+            print(json.dumps(bench_shared_prefix_case(*case, args)), flush=True)
+    if args.only in (None, "scatter"):
         for num_slots in (10_000, 30_000, 100_000):
             print(json.dumps(bench_scatter(num_slots, "sole", steps=5)), flush=True)
         # The copying modes cost seconds per step at 100k slots: show their growth below that.
