@@ -307,26 +307,24 @@ def plan_shared_prefixes(
         return None
     heads = mx.arange(num_kv_heads, dtype=mx.int32)
     width = max(suffix)
-    suffix_slots = [
-        [_slot(tables[r], starts[r] + j, block_size) if j < suffix[r] else 0 for j in range(width)]
-        for r in range(len(tables))
-    ]
+    # Each row's blocks from its prefix's end (a block boundary) on, padded with block 0 (its
+    # slots past the row's suffix are masked): the host handles block ids, not token slots.
+    tails = [tables[r][s // block_size :] for r, s in enumerate(starts)]
+    tail_blocks = -(-width // block_size)
+    tails = [t[:tail_blocks] + [0] * (tail_blocks - len(t)) for t in tails]
+    suffix_slots = context_slot_table(mx.array(tails, dtype=mx.int32), width, block_size)
     prefixes = []
     for rows, shared in groups:
-        slots = [_slot(tables[rows[0]], pos, block_size) for pos in range(shared * block_size)]
-        prefix_rows = mx.array(slots, dtype=mx.int32)[None] * num_kv_heads + heads[:, None]
-        prefixes.append((mx.array(rows, dtype=mx.int32), prefix_rows))
+        prefix = mx.array([tables[rows[0]][:shared]], dtype=mx.int32).reshape(1, shared)
+        slots = context_slot_table(prefix, shared * block_size, block_size)  # (1, P)
+        prefixes.append((mx.array(rows, dtype=mx.int32), slots * num_kv_heads + heads[:, None]))
     order = [r for rows, _ in groups for r in rows]
     return SharedPrefixPlan(
         prefixes,
         mx.array(sorted(range(len(order)), key=order.__getitem__), dtype=mx.int32),
-        mx.array(suffix_slots, dtype=mx.int32)[None] * num_kv_heads + heads[:, None, None],
+        suffix_slots[None] * num_kv_heads + heads[:, None, None],
         mx.arange(width)[None] < mx.array(suffix, dtype=mx.int32)[:, None],
     )
-
-
-def _slot(blocks: list[int], position: int, block_size: int) -> int:
-    return blocks[position // block_size] * block_size + position % block_size
 
 
 def shared_prefix_attention(

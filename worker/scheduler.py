@@ -4,10 +4,10 @@ Every step: each decoding sequence gets a slot for its next token (a new block w
 crosses a boundary); what is left of the step's token budget goes to prefill chunks:
 first sequences already mid-prompt, then newly admitted ones (FIFO), each admitted with
 its longest cached prefix, and only when its whole prompt fits beside what the running
-sequences still need for theirs (no overcommit). When blocks run out, the prefix cache gives back its least
-recently used unreferenced blocks; when that is not enough, the newest running sequence
-is preempted (its computed blocks go to the prefix cache, so recomputing it is cheap) and
-requeued at the front.
+sequences still need for theirs (no overcommit). When blocks run out, the prefix cache
+gives back its least recently used unreferenced blocks; when that is not enough, the
+newest running sequence is preempted (its computed blocks go to the prefix cache, so
+recomputing it is cheap) and requeued at the front.
 """
 
 from __future__ import annotations
