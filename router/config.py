@@ -23,20 +23,6 @@ class ModelSpec:
         return (self.served_id, *self.aliases)
 
 
-def check_names(specs: tuple[ModelSpec, ...]) -> None:
-    """ValueError if there is no model, or two models share a name (an id or an alias)."""
-    if not specs:
-        raise ValueError("no model to serve")
-    seen: dict[str, str] = {}
-    for spec in specs:
-        for name in spec.names:
-            if name in seen:
-                raise ValueError(
-                    f"the name '{name}' is given to two models ({seen[name]} and {spec.served_id})"
-                )
-            seen[name] = spec.served_id
-
-
 @dataclass(frozen=True)
 class RouterConfig:
     # the served models, the first the default; each request names one in `model`

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from router.supervisor import Child, RankGroup, Supervisor
-from shared.fleet_config import ModelSection
+from shared.fleet_config import ModelSection, name_clash
 from shared.parent_watch import ENV as PARENT_ENV
 
 POLICIES = ("cache_aware", "round_robin", "least_load")
@@ -241,9 +241,9 @@ def served_models(args, fleet) -> list[Served] | str:
     from shared.model_store import ModelNotFound, resolve_model, stderr_progress
 
     sections = [ModelSection(path=p) for p in args.model] if args.model else fleet.served_models
-    names = [m.name for m in sections]
-    if len(set(names)) < len(names):
-        return f"two models are named alike ({', '.join(names)}): set [[models]] id in --config"
+    if name_clash(sections):
+        names = ", ".join(m.name for m in sections)
+        return f"two models are named alike ({names}): set [[models]] id in --config"
     models = []
     for m in sections:
         try:

@@ -11,7 +11,7 @@ from aiohttp import web
 
 from router.api_keys import key_fingerprint
 from router.app import create_app
-from router.config import ModelSpec, RouterConfig, check_names
+from router.config import ModelSpec, RouterConfig
 from router.policy import POLICY_NAMES
 from router.tokenization import read_chat_template
 from shared.curve import CurveError, load_secret, require_curve
@@ -21,6 +21,7 @@ from shared.fleet_config import (
     ModelSection,
     RouterSection,
     load_with_flags,
+    name_clash,
     read_api_keys,
 )
 from shared.parent_watch import watch_parent
@@ -228,12 +229,13 @@ def model_specs(args: argparse.Namespace, fleet) -> tuple[ModelSpec, ...]:
         if not id_ or not all(aliases):
             raise ConfigError(f"--model-id {given!r}: expected NAME or NAME,ALIAS,...")
         sections[i] = dataclasses.replace(sections[i], id=id_, aliases=tuple(aliases))
-    specs = tuple(ModelSpec(Path(m.path).expanduser(), m.name, tuple(m.aliases)) for m in sections)
-    try:
-        check_names(specs)
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
-    return specs
+    if clash := name_clash(sections):
+        name, first, second = clash
+        raise ConfigError(
+            f"the name '{name}' is given to two models "
+            f"({sections[first].name} and {sections[second].name})"
+        )
+    return tuple(ModelSpec(Path(m.path).expanduser(), m.name, tuple(m.aliases)) for m in sections)
 
 
 def _chat_template(file_or_text: str | None) -> str | None:

@@ -50,6 +50,7 @@ __all__ = [
     "load_config",
     "load_with_flags",
     "merge_flags",
+    "name_clash",
     "parse_config",
     "parse_with_passed",
     "pick_model",
@@ -231,16 +232,24 @@ def _models(data: Mapping[str, Any], base_dir: Path) -> tuple[ModelSection, ...]
     models = tuple(
         _section(f"models[{i}]", ModelSection, t, base_dir) for i, t in enumerate(tables)
     )
+    if clash := name_clash(models):
+        name, first, second = clash
+        raise ConfigError(
+            f"models[{second}]: the name '{name}' is already models[{first}]'s "
+            "(set id to tell them apart)"
+        )
+    return models
+
+
+def name_clash(models: Iterable[ModelSection]) -> tuple[str, int, int] | None:
+    """The first name (an id or an alias) two models share, with both models' places."""
     seen: dict[str, int] = {}
     for i, model in enumerate(models):
         for name in (model.name, *model.aliases):
             if name in seen:
-                raise ConfigError(
-                    f"models[{i}]: the name '{name}' is already models[{seen[name]}]'s "
-                    "(set id to tell them apart)"
-                )
+                return name, seen[name], i
             seen[name] = i
-    return models
+    return None
 
 
 def pick_model(models: tuple[ModelSection, ...], name: str | None) -> ModelSection:
