@@ -23,9 +23,9 @@ import sys
 from pathlib import Path
 
 from deploy import services
-from shared.config_fields import ConfigError
+from shared.config.fields import ConfigError
+from shared.config.fleet import MODEL_ID_ENV, FleetConfig, load_config, pick_model, too_open
 from shared.curve import CurveError, require_curve
-from shared.fleet_config import MODEL_ID_ENV, FleetConfig, load_config, pick_model, too_open
 
 ROOT = Path(__file__).resolve().parent.parent
 ACTIONS = ("install", "uninstall", "load", "unload", "restart", "status")

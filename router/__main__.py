@@ -1,3 +1,3 @@
-from router.server import main
+from router.cli import main
 
 main()

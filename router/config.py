@@ -1,4 +1,4 @@
-"""Router settings; the command line in router/server.py fills them."""
+"""Router settings; the command line in router/cli.py fills them."""
 
 from __future__ import annotations
 

@@ -10,23 +10,23 @@ from concurrent.futures import ThreadPoolExecutor
 
 from aiohttp import web
 
-from router import keys
-from router.cluster import Cluster
+from router.cluster.listener import Cluster
+from router.cluster.models import ModelTable, ServedModel
+from router.cluster.registry import WorkerRegistry
+from router.cluster.worker_socket import WorkerLink
 from router.config import ModelSpec
-from router.dispatch import Dispatcher
-from router.link import WorkerLink
-from router.models import ModelTable, ServedModel
-from router.policy import make_policy
-from router.prefix_index import PrefixIndex
-from router.tokenization import ModelTokenizer
-from router.workers import WorkerRegistry
+from router.http import app_keys
+from router.routing.dispatcher import Dispatcher
+from router.routing.policy import make_policy
+from router.routing.prefix_index import PrefixIndex
+from router.text.tokenizer import ModelTokenizer
 
 log = logging.getLogger(__name__)
 
 
 async def tokenizer_ctx(app: web.Application) -> AsyncIterator[None]:
     """Each model's tokenizer, and the pool that tokenizes prompts off the loop (if any)."""
-    config = app[keys.CONFIG]
+    config = app[app_keys.CONFIG]
     tokenizers = {}
     for spec in config.models:
         tokenizer = await asyncio.to_thread(ModelTokenizer.load, spec.path, config.context_length)
@@ -34,10 +34,10 @@ async def tokenizer_ctx(app: web.Application) -> AsyncIterator[None]:
             tokenizer.set_chat_template(config.chat_template)
         tokenizer.tool_call_parser = config.tool_call_parser
         tokenizers[spec.served_id] = tokenizer
-    app[keys.TOKENIZERS] = tokenizers
+    app[app_keys.TOKENIZERS] = tokenizers
     threads = config.tokenizer_threads
     pool = ThreadPoolExecutor(threads, thread_name_prefix="tokenize") if threads else None
-    app[keys.TOKENIZE_POOL] = pool
+    app[app_keys.TOKENIZE_POOL] = pool
     yield
     if pool is not None:
         pool.shutdown(wait=False, cancel_futures=True)
@@ -46,7 +46,7 @@ async def tokenizer_ctx(app: web.Application) -> AsyncIterator[None]:
 async def parse_off_loop(app: web.Application, parse, *args):
     """`parse(*args)` (body checks, chat template, tokenizer) in the tokenize pool when there
     is one, else here; its ApiError reaches the caller either way."""
-    pool = app[keys.TOKENIZE_POOL]
+    pool = app[app_keys.TOKENIZE_POOL]
     if pool is None:
         return parse(*args)
     return await asyncio.get_running_loop().run_in_executor(pool, parse, *args)
@@ -55,8 +55,8 @@ async def parse_off_loop(app: web.Application, parse, *args):
 async def cluster_ctx(app: web.Application) -> AsyncIterator[None]:
     """The ZeroMQ socket, the worker registry, each model's index and dispatcher, and the
     background tasks."""
-    config = app[keys.CONFIG]
-    metrics = app[keys.METRICS]
+    config = app[app_keys.CONFIG]
+    metrics = app[app_keys.METRICS]
     # The lambda looks `cluster` up when called: it is built below, after the link.
     curve_files = None
     if config.curve_enabled:
@@ -88,7 +88,7 @@ async def cluster_ctx(app: web.Application) -> AsyncIterator[None]:
             config.max_resubmits,
             model=spec.served_id,
         )
-        tokenizer = app[keys.TOKENIZERS][spec.served_id]
+        tokenizer = app[app_keys.TOKENIZERS][spec.served_id]
         return ServedModel(spec, tokenizer, index, dispatcher, model_metrics)
 
     models = ModelTable([serve(spec) for spec in config.models])
@@ -100,9 +100,9 @@ async def cluster_ctx(app: web.Application) -> AsyncIterator[None]:
         config.heartbeat_interval_s,
         config.heartbeat_timeout_s,
     )
-    app[keys.LINK] = link
-    app[keys.MODELS] = models
-    app[keys.CLUSTER] = cluster
+    app[app_keys.LINK] = link
+    app[app_keys.MODELS] = models
+    app[app_keys.CLUSTER] = cluster
     log.info("listening for workers on %s", link.endpoint)
     tasks = [_task(link.receive(cluster.handle)), _task(cluster.watch_heartbeats())]
     yield
@@ -116,7 +116,7 @@ async def cluster_ctx(app: web.Application) -> AsyncIterator[None]:
 
 async def abort_streams(app: web.Application) -> None:
     """on_shutdown: end every request in flight with an error, so open streams close."""
-    for model in app.get(keys.MODELS, ()):
+    for model in app.get(app_keys.MODELS, ()):
         model.dispatcher.fail_all("the router is shutting down")
 
 

@@ -46,8 +46,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from worker.paged_attention import slot_ids, write_kv  # noqa: E402
-from worker.paged_attention_mlx import (  # noqa: E402
+from worker.attention.mlx_ops import (  # noqa: E402
     blockwise_attention,
     gather_attention,
     plan_shared_prefixes,
@@ -55,6 +54,7 @@ from worker.paged_attention_mlx import (  # noqa: E402
     shared_prefix_attention,
     tiled_attention,
 )
+from worker.attention.paged import slot_ids, write_kv  # noqa: E402
 
 NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE = 9, 3, 64, 32
 NUM_LAYERS, WRITES_PER_STEP = 30, 32

@@ -38,7 +38,7 @@ def timed(fn, args, iters: int) -> float:
 def attention_core(q, keys, values, visible):
     import mlx.core as mx
 
-    from worker.paged_attention_mlx import _apply_mask, _weighted_values
+    from worker.attention.mlx_ops import _apply_mask, _weighted_values
 
     scores = _apply_mask(q @ keys.swapaxes(-1, -2), visible, 1)
     weights = mx.power(2.0, scores - scores.max(axis=-1, keepdims=True))

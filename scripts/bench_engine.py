@@ -52,7 +52,7 @@ def run_engine(
 
     from shared.sampling import SamplingParams
     from worker.config import EngineConfig
-    from worker.engine import Engine
+    from worker.engine.engine import Engine
 
     gc.collect()  # the previous run's engine and its KV pool go before this one's come
     mx.clear_cache()
@@ -144,7 +144,7 @@ def bench_shared_prefix(model, tokenizer, args) -> None:
 def bench_open_loop(model, tokenizer, args) -> None:
     from shared.sampling import SamplingParams
     from worker.config import EngineConfig
-    from worker.engine import Engine
+    from worker.engine.engine import Engine
 
     n, rate = args.open_loop_requests, args.rate
     prompts = chat_prompts(tokenizer, n, offset=1000)
@@ -219,8 +219,8 @@ def main() -> None:
     args = parser.parse_args()
     reexec_with_openblas()
 
-    from shared.model_loading import load_model
-    from shared.model_store import resolve_model
+    from shared.models.loading import load_model
+    from shared.models.store import resolve_model
 
     model, tokenizer = load_model(resolve_model(args.model))
     print(json.dumps({"bench": "setup", "openblas": openblas_active()}), flush=True)

@@ -52,7 +52,7 @@ def params_for(kind: str, max_tokens: int):
 
 def run(model, grammars, prompts, kinds, max_tokens) -> dict:
     from worker.config import EngineConfig
-    from worker.engine import Engine
+    from worker.engine.engine import Engine
 
     # a small pool: one engine per configuration, and MLX keeps freed buffers cached
     config = EngineConfig(kv_memory_bytes=256 * 2**20)
@@ -98,10 +98,10 @@ def main() -> None:
     if not openblas_active():
         reexec_with_openblas()
     from scripts.bench_engine import chat_prompts
-    from shared.model_loading import load_model
-    from shared.model_store import resolve_model
-    from worker.grammar import GrammarCompiler
-    from worker.model_support import probe_shape
+    from shared.models.loading import load_model
+    from shared.models.store import resolve_model
+    from worker.runner.grammar import GrammarCompiler
+    from worker.runner.model_support import probe_shape
 
     model, tokenizer = load_model(resolve_model(None))
     grammars = GrammarCompiler.from_hf_tokenizer(tokenizer, probe_shape(model).vocab_size)

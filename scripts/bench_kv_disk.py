@@ -45,10 +45,10 @@ def main() -> None:
     parser.add_argument("--dir", type=Path, help="disk tier folder (default: a temporary one)")
     args = parser.parse_args()
     reexec_with_openblas()
-    from shared.model_loading import load_model
-    from shared.model_store import resolve_model
+    from shared.models.loading import load_model
+    from shared.models.store import resolve_model
     from worker.config import EngineConfig
-    from worker.engine import Engine
+    from worker.engine.engine import Engine
 
     model, tokenizer = load_model(resolve_model(None))
     words = "The fleet keeps long agent sessions warm across machines and restarts. "

@@ -31,9 +31,9 @@ import zmq.asyncio
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from router.testing.tiny_model import build_tiny_model  # noqa: E402
 from shared.protocol import Generate, RegisterAck, TokenDelta, decode, encode  # noqa: E402
 from shared.sampling import SamplingParams  # noqa: E402
+from tests.support.tiny_model import build_tiny_model  # noqa: E402
 
 PREFIXES = 8  # distinct system prompts the load cycles through (cache-aware routing matters)
 
@@ -56,7 +56,7 @@ def spawn(*args: str) -> subprocess.Popen:
 def spawn_workers(endpoint: str, n: int, token_delay: float) -> list[subprocess.Popen]:
     return [
         spawn(
-            "router.testing.fake_worker",
+            "tests.support.fake_worker",
             "--connect",
             endpoint,
             "--worker-id",
@@ -203,7 +203,7 @@ async def run_config(args, model_dir: Path, policy: str, workers: int, concurren
 async def main_async(args) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = build_tiny_model(Path(tmp) / "bench", context_length=4096)
-        from router.tokenization import ModelTokenizer
+        from router.text.tokenizer import ModelTokenizer
 
         token_ids = ModelTokenizer.load(model_dir).encode_chat(messages(0))
         for concurrency in args.concurrency:

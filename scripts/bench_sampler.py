@@ -19,8 +19,8 @@ import mlx.core as mx
 import numpy as np
 
 from shared.sampling import LogitBias, SamplingParams
-from worker.logits_processors import LogitsState
-from worker.sampler import sample
+from worker.runner.logits_processors import LogitsState
+from worker.runner.sampler import sample
 
 PENALIZED = SamplingParams(
     presence_penalty=0.5,

@@ -33,7 +33,7 @@ PROMPT_TOKENS = 16
 def decode_tick_ms(engine, batch: int, tokens: int) -> float:
     """p50 decode tick of `batch` sequences decoding `tokens` tokens each."""
     from shared.sampling import SamplingParams
-    from worker.engine_stats import EngineStats
+    from worker.engine.stats import EngineStats
 
     engine.stats_ = EngineStats()
     for i in range(batch):
@@ -69,9 +69,9 @@ def engine_config():
 
 
 def baseline(model_dir: Path, batches: list[int], tokens: int) -> None:
-    from shared.model_loading import load_model
-    from shared.model_store import context_length
-    from worker.engine import Engine
+    from shared.models.loading import load_model
+    from shared.models.store import context_length
+    from worker.engine.engine import Engine
 
     model, _ = load_model(model_dir)
     engine = Engine(model, engine_config(), max_context=context_length(model_dir))
@@ -81,9 +81,9 @@ def baseline(model_dir: Path, batches: list[int], tokens: int) -> None:
 
 
 def rank_main(model_dir: Path, batches: list[int], tokens: int) -> int:
-    from shared.model_store import context_length
-    from worker.tp import init_group
-    from worker.tp_start import follow, leader_engine, load_sharded
+    from shared.models.store import context_length
+    from worker.tp.runner import init_group
+    from worker.tp.start import follow, leader_engine, load_sharded
 
     group = init_group()
     config = engine_config()
@@ -106,7 +106,7 @@ def rank_main(model_dir: Path, batches: list[int], tokens: int) -> int:
 
 
 def run_group(model_dir: Path, size: int, batches: list[int], tokens: int) -> None:
-    from router.supervisor import ring_hostfile
+    from fleet.supervisor import ring_hostfile
 
     hostfile = ring_hostfile(size)
     try:
@@ -134,7 +134,7 @@ def main() -> None:
     p.add_argument("--rank", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     reexec_with_openblas()
-    from shared.model_store import resolve_model
+    from shared.models.store import resolve_model
 
     model_dir = resolve_model(args.model)
     batches = [int(b) for b in args.batches.split(",")]

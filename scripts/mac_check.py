@@ -60,9 +60,9 @@ def chip() -> str:
 def machine_section() -> list[str]:
     import mlx.core as mx
 
-    from worker import metal_attention
+    from worker.attention import metal_kernel
 
-    metal = metal_attention.metal_reason()
+    metal = metal_kernel.metal_reason()
     lines = [
         f"- machine: {platform.machine()}, {chip()}",
         f"- OS: {platform.platform()}",
@@ -79,12 +79,12 @@ def machine_section() -> list[str]:
 
 
 def self_test_section(args, dtype, shape) -> list[str]:
-    from worker import attention_selftest, metal_attention
+    from worker.attention import metal_kernel, selftest
 
     lines = ["| block size | dtype | ok | kernel ms | MLX ops ms | max error | reason |",
              "|---|---|---|---|---|---|---|"]  # fmt: skip
     for block_size in FULL["block_sizes"]:
-        result = attention_selftest.verify_metal_backend(
+        result = selftest.verify_metal_backend(
             block_size=block_size, dtype=dtype, repeats=args.repeats, **shape
         )
         lines.append(
@@ -92,7 +92,7 @@ def self_test_section(args, dtype, shape) -> list[str]:
             f"{_ms(result.candidate_ms)} | {_ms(result.reference_ms)} | "
             f"{_err(result.max_error)} | {result.reason} |"
         )
-    reason = metal_attention.unavailable_reason()
+    reason = metal_kernel.unavailable_reason()
     lines.append("")
     lines.append(f"backend \"auto\" picks: {'metal' if reason is None else 'mlx'}"
                  + ("" if reason is None else f" ({reason})"))  # fmt: skip
@@ -100,13 +100,13 @@ def self_test_section(args, dtype, shape) -> list[str]:
 
 
 def microbench_section(args, dtype, shape) -> list[str]:
-    from worker import metal_attention
-    from worker.attention_selftest import median_ms, plan_call, random_decode_batch
-    from worker.paged_attention import BACKENDS, AttentionBackend
+    from worker.attention import metal_kernel
+    from worker.attention.paged import BACKENDS, AttentionBackend
+    from worker.attention.selftest import median_ms, plan_call, random_decode_batch
 
     grid = QUICK if args.quick else FULL
-    metal_missing = metal_attention.metal_reason()
-    kernel = AttentionBackend("metal", metal_attention.paged_attention_metal, lambda: None)
+    metal_missing = metal_kernel.metal_reason()
+    kernel = AttentionBackend("metal", metal_kernel.paged_attention_metal, lambda: None)
     lines = ["| batch | context | block size | Metal kernel ms | MLX ops ms | speedup |",
              "|---|---|---|---|---|---|"]  # fmt: skip
     for batch in grid["batches"]:
@@ -130,7 +130,7 @@ def microbench_section(args, dtype, shape) -> list[str]:
 
 
 def _time_kernel(kernel, inputs, block_size, args, mlx_ms) -> tuple[str, str]:
-    from worker.attention_selftest import median_ms, plan_call
+    from worker.attention.selftest import median_ms, plan_call
 
     try:
         metal_ms = median_ms(plan_call(kernel, inputs, block_size), args.repeats)

@@ -24,7 +24,7 @@ import urllib.request
 from datetime import datetime
 from pathlib import Path
 
-from router.launch import free_port
+from fleet.launch import free_port
 
 STAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) (\S+) \w+ (.*)$")
 
@@ -101,7 +101,7 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=2)
     args = p.parse_args()
     port, log_dir = free_port(), Path(tempfile.mkdtemp(prefix="mlx-fleet-restart-"))
-    cmd = [sys.executable, "-m", "router.launch", "--workers", "1", "--port", str(port),
+    cmd = [sys.executable, "-m", "fleet.launch", "--workers", "1", "--port", str(port),
            "--kv-memory", "256MiB", "--log-dir", str(log_dir)]  # fmt: skip
     if args.model:
         cmd += ["--model", args.model]

@@ -43,15 +43,15 @@ def main() -> None:
     import mlx.core as mx
     from mlx_lm.models.cache import make_prompt_cache
 
-    from shared.model_loading import load_model
-    from shared.model_store import resolve_model
+    from shared.models.loading import load_model
+    from shared.models.store import resolve_model
     from shared.sampling import SamplingParams
+    from worker.attention.paged import resolve_backend
+    from worker.engine.scheduler import StepKind, StepPlan
+    from worker.engine.sequence import Sequence
     from worker.kv.block_pool import BlockPool
-    from worker.model_runner import ModelRunner
-    from worker.model_support import probe_shape
-    from worker.paged_attention import resolve_backend
-    from worker.scheduler import StepKind, StepPlan
-    from worker.sequence import Sequence
+    from worker.runner.model_runner import ModelRunner
+    from worker.runner.model_support import probe_shape
 
     model, _ = load_model(resolve_model(None))
     shape = probe_shape(model)

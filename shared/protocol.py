@@ -82,7 +82,7 @@ class Register:
 
 @dataclass(frozen=True, slots=True)
 class WorkerPhases:
-    """Where a worker's step time goes (recent window; see worker/engine_stats.py)."""
+    """Where a worker's step time goes (recent window; see worker/engine/stats.py)."""
 
     decode_tick_p50_ms: float = 0.0
     decode_tick_p95_ms: float = 0.0

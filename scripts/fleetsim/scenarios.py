@@ -15,7 +15,7 @@ import math
 import time
 from dataclasses import asdict, dataclass
 
-from router.policy import CacheAwarePolicy, Policy, make_policy
+from router.routing.policy import CacheAwarePolicy, Policy, make_policy
 from scripts.fleetsim.bound import pooled_lru_hit_rate
 from scripts.fleetsim.fleet import Fleet, FleetShape
 from scripts.fleetsim.sim_worker import CostModel

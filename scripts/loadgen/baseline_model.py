@@ -1,5 +1,5 @@
 """The model directory the mlx_lm.server baseline serves: the same weights our workers compute
-with. Our workers dequantize to float32 on MLX's CPU backend (shared/model_loading.py: 4-bit
+with. Our workers dequantize to float32 on MLX's CPU backend (shared/models/loading.py: 4-bit
 matmuls have no BLAS path there); mlx_lm.server would compute in the saved 4-bit, which would
 measure the dtype rather than the server. So where Metal is missing, save a float32 copy.
 
@@ -21,7 +21,7 @@ def float32_copy(src: Path, dest: Path) -> Path:
     """Save `src` dequantized to float32 in `dest` (tokenizer files copied); returns `dest`."""
     from mlx_lm.utils import save_config, save_model
 
-    from shared.model_loading import load_model
+    from shared.models.loading import load_model
 
     model, _ = load_model(src, "float32")
     save_model(dest, model)
@@ -36,7 +36,7 @@ def float32_copy(src: Path, dest: Path) -> Path:
 
 
 def baseline_dir(src: Path, dest: Path) -> Path:
-    from shared.model_loading import resolve_compute_dtype
+    from shared.models.loading import resolve_compute_dtype
 
     if resolve_compute_dtype("auto") == "quantized":  # Metal: both serve the saved weights
         return src

@@ -167,7 +167,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument(
         "--launch-cmd",
-        default=f"{sys.executable} -m router.launch",
+        default=f"{sys.executable} -m fleet.launch",
         help="how to run launch-cluster (default: %(default)s)",
     )
     p.add_argument("--launch-args", default="", help="extra arguments for launch-cluster")

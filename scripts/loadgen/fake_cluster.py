@@ -1,5 +1,5 @@
 """A stand-in `launch-cluster` with no model: the real router plus N stand-in workers
-(router/testing/fake_worker.py), to dry-run the comparison runner and test it.
+(tests/support/fake_worker.py), to dry-run the comparison runner and test it.
 
     python scripts/compare.py --configs ours-1,ours-2-round_robin \\
         --launch-cmd "python -m scripts.loadgen.fake_cluster --token-delay 0.01"
@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
         *("--context-length", str(args.context_length)),
     ]
     workers = [
-        ["router.testing.fake_worker", "--connect", zmq, "--worker-id", f"w{i}"]
+        ["tests.support.fake_worker", "--connect", zmq, "--worker-id", f"w{i}"]
         + ["--token-delay", str(args.token_delay)]
         for i in range(args.workers)
     ]

@@ -1,0 +1,306 @@
+"""`launch-cluster`: a router and N workers on this machine, supervised.
+
+Starts the router, then the workers (this machine's cores divided between them), waits until
+every worker has registered, prints the URL, and then supervises: a child that dies (a worker or
+the router) is restarted at once, with exponential backoff only if it dies again within a
+minute. A restarted router starts empty: workers register with it again on their own, and
+HTTP requests that were in flight on the dead one are lost (their clients see the connection
+close). Ctrl-C / SIGTERM stops the router first (it stops listening and ends open streams
+with an error) and then the workers. The children stop themselves if launch-cluster dies,
+even by SIGKILL (PDEATHSIG on Linux, and on every platform a watch of the parent pid).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from fleet.supervisor import Child, RankGroup, Supervisor
+from shared.config.fleet import ModelSection, name_clash
+from shared.parent_watch import ENV as PARENT_ENV
+
+POLICIES = ("cache_aware", "round_robin", "least_load")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="launch-cluster",
+        description="Start an mlx-fleet router and N MLX worker processes on this machine.",
+        epilog="Example: launch-cluster --workers 2   (then point an OpenAI client at the printed URL)",
+    )
+    p.add_argument(
+        "--config", help="fleet TOML file (deploy/fleet.example.toml); flags override it"
+    )
+    p.add_argument(
+        "--workers", type=int,
+        help="worker processes per model (default 2; [[models]] workers = N sets one model's)",
+    )  # fmt: skip
+    p.add_argument(
+        "--tp", type=int,
+        help="ranks per worker: each worker is one model replica sharded over K processes "
+        "with tensor parallelism (mx.distributed ring); K must divide the model's heads (default 1)",
+    )  # fmt: skip
+    p.add_argument(
+        "--model", action="append",
+        help="model dir, .gguf, HF repo id; repeat it to serve several models, each by its own "
+        "workers, routed by the request's `model` (default: SmolLM2-135M-Instruct, or the "
+        "--config's [model] / [[models]])",
+    )  # fmt: skip
+    p.add_argument("--host", help="HTTP bind address (default 127.0.0.1)")
+    p.add_argument("--port", type=int, help="HTTP port (default 8000)")
+    p.add_argument(
+        "--zmq-port", type=int, help="router's ZeroMQ port on 127.0.0.1 (default: a free one)"
+    )
+    p.add_argument("--policy", choices=POLICIES, help="routing policy (default cache_aware)")
+    p.add_argument(
+        "--kv-memory", help="KV budget per worker, e.g. 2GiB (default: 25%% of memory / workers)"
+    )
+    p.add_argument("--block-size", type=int, help="tokens per KV block (default 32)")
+    p.add_argument(
+        "--kv-disk",
+        help="per worker: keep evicted KV blocks on disk up to this size, e.g. 20GiB (default off)",
+    )
+    p.add_argument(
+        "--kv-disk-dir", type=Path,
+        help="disk tier folder; each worker uses its own subfolder (default ~/.cache/mlx-fleet/kv)",
+    )  # fmt: skip
+    p.add_argument(
+        "--speculative", choices=("off", "ngram"),
+        help="speculative decoding on every worker: ngram prompt-lookup drafts (default off)",
+    )  # fmt: skip
+    p.add_argument(
+        "--attention-backend", choices=("auto", "metal", "mlx"),
+        help="paged attention backend of every worker (default auto: Metal kernel if it passes "
+        "its self-test, else MLX ops)",
+    )  # fmt: skip
+    p.add_argument(
+        "--max-running", type=int, help="sequences decoding at once, per worker (default 64)"
+    )
+    p.add_argument(
+        "--prefill-chunk", type=int, help="prompt tokens per sequence per step (default 256)"
+    )
+    p.add_argument("--threads", type=int, help="BLAS threads per worker (default: cores / workers)")
+    p.add_argument("--startup-timeout", type=float, default=600, help="seconds to wait for workers")
+    p.add_argument(
+        "--log-dir", type=Path, help="write each process's log here (default: this terminal)"
+    )
+    return p
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass(frozen=True)
+class Served:
+    """One model of the fleet, resolved: where it is, its names, how many workers serve it."""
+
+    section: ModelSection
+    model_dir: Path
+    workers: int
+
+    @property
+    def name(self) -> str:
+        return self.section.name
+
+
+def commands(args, fleet, models: list[Served], zmq_port: int) -> tuple[list[str], list[list[str]]]:
+    py = [sys.executable, "-m"]
+    config = ["--config", args.config] if args.config else []
+    r = fleet.router
+    router = py + ["router", *config, "--host", r.host, "--port", str(r.port),
+                   "--zmq-bind", f"tcp://127.0.0.1:{zmq_port}", "--policy", r.policy]  # fmt: skip
+    for m in models:
+        names = ",".join((m.name, *m.section.aliases))
+        router += ["--model", str(m.model_dir), "--model-id", names]
+    tunables = {"--block-size": args.block_size, "--max-running": args.max_running,
+                "--prefill-chunk": args.prefill_chunk, "--kv-memory": args.kv_memory,
+                "--kv-disk": args.kv_disk, "--attention-backend": args.attention_backend,
+                "--speculative": args.speculative}  # fmt: skip
+    extra = [str(x) for flag, value in tunables.items() if value is not None for x in (flag, value)]
+    if (
+        args.kv_memory is None
+        and fleet.worker.kv_memory is None
+        and fleet.worker.kv_fraction is None
+    ):
+        # every rank holds a pool (of its KV heads)
+        processes = sum(m.workers for m in models) * fleet.cluster.tp
+        extra += ["--kv-fraction", f"{min(0.9, 0.25 / processes):.4f}"]
+    worker_cmds = []
+    for m in models:
+        for _ in range(m.workers):
+            i = len(worker_cmds)
+            worker_cmds.append(
+                py + ["worker", *config, "--router", f"tcp://127.0.0.1:{zmq_port}",
+                      "--model", str(m.model_dir), "--model-id", m.name,
+                      "--worker-id", f"worker-{i}", *extra, *disk_dir(args, fleet, i)]
+            )  # fmt: skip
+    return router, worker_cmds
+
+
+def disk_dir(args, fleet, worker: int) -> list[str]:
+    """Each worker's own disk-tier folder (a restarted worker finds its files again)."""
+    if args.kv_disk is None and fleet.worker.kv_disk is None:
+        return []
+    base = args.kv_disk_dir or fleet.worker.kv_disk_dir or Path.home() / ".cache/mlx-fleet/kv"
+    return ["--kv-disk-dir", str(Path(base) / f"worker-{worker}")]
+
+
+def worker_child(name: str, cmd: list[str], env: dict, tp: int, log_dir: Path | None):
+    """One worker process, or with tp > 1 a group of that many ranks started as one."""
+    if tp == 1:
+        return Child(name, cmd, env, restart=True, log_dir=log_dir)
+    return RankGroup(name, cmd, env, tp, restart=True, log_dir=log_dir)
+
+
+def tp_problem(model_dir: Path, tp: int, args, fleet) -> str | None:
+    """Why the model cannot be served by groups of `tp` ranks (read from config.json before
+    any process starts), or None."""
+    if tp == 1:
+        return None
+    if args.kv_disk is not None or fleet.worker.kv_disk is not None:
+        return "--kv-disk is not supported with --tp (tensor-parallel groups)"
+    from shared.tensor_parallel import GroupError, check_divides
+
+    try:
+        check_divides(json.loads((model_dir / "config.json").read_text()), tp)
+    except GroupError as exc:
+        return f"--tp {tp}: {exc}"
+    except (OSError, ValueError) as exc:
+        return f"cannot read {model_dir / 'config.json'}: {exc}"
+    return None
+
+
+def child_env(threads: int) -> dict:
+    from shared.blas import preload_env
+
+    env = preload_env()  # children start with OpenBLAS preloaded: no re-exec needed
+    env["_MLX_FLEET_REEXECED"] = "1"
+    env[PARENT_ENV] = str(os.getpid())  # children watch it (shared/parent_watch.py)
+    for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "VECLIB_MAXIMUM_THREADS"):
+        env[var] = str(threads)
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    return env
+
+
+def cluster_state(url: str) -> dict | None:
+    try:
+        with urllib.request.urlopen(f"{url}/v1/cluster", timeout=2) as r:
+            return json.loads(r.read())
+    except (OSError, ValueError):
+        return None
+
+
+def wait_until_ready(sup: Supervisor, url: str, workers: int, timeout: float) -> bool:
+    deadline, last = time.monotonic() + timeout, None
+    while time.monotonic() < deadline and not sup.stopping:
+        sup.poll()
+        if sup.router_dead():
+            return False
+        state = cluster_state(url)
+        if state is not None:
+            # it came up once: from now on a crash is healed, even before the workers are in
+            sup.router.restart = True
+        healthy = sum(w["healthy"] for w in state["workers"]) if state else 0
+        if healthy != last:
+            print(
+                f"[launch-cluster] workers registered: {healthy}/{workers}",
+                file=sys.stderr,
+                flush=True,
+            )
+            last = healthy
+        if healthy >= workers:
+            return True
+        time.sleep(0.5)
+    return False
+
+
+def load_settings(parser: argparse.ArgumentParser, argv: list[str] | None):
+    from shared.config.fleet import ConfigError, load_with_flags
+
+    renames = {"router": {}, "cluster": {}}
+    try:
+        return load_with_flags(parser, argv, renames)
+    except ConfigError as exc:
+        parser.error(str(exc))
+
+
+def served_models(args, fleet) -> list[Served] | str:
+    """Each model of the fleet resolved (GGUFs converted, repo ids fetched: once, before any
+    child starts), or why one cannot be."""
+    from shared.models.store import ModelNotFound, resolve_model, stderr_progress
+
+    sections = [ModelSection(path=p) for p in args.model] if args.model else fleet.served_models
+    if name_clash(sections):
+        names = ", ".join(m.name for m in sections)
+        return f"two models are named alike ({names}): set [[models]] id in --config"
+    models = []
+    for m in sections:
+        try:
+            model_dir = resolve_model(m.path, stderr_progress)
+        except ModelNotFound as exc:
+            return str(exc)
+        workers = args.workers or m.workers or fleet.cluster.workers  # --workers wins
+        if (problem := tp_problem(model_dir, fleet.cluster.tp, args, fleet)) is not None:
+            return problem
+        models.append(Served(m, model_dir, workers))
+    return models
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args, fleet = load_settings(parser, argv)
+    models = served_models(args, fleet)
+    if isinstance(models, str):
+        print(f"launch-cluster: error: {models}", file=sys.stderr)
+        return 2
+    workers = sum(m.workers for m in models)
+    zmq_port = args.zmq_port or free_port()
+    tp = fleet.cluster.tp
+    threads = args.threads or max(1, (os.cpu_count() or 1) // (workers * tp))
+    router_cmd, worker_cmds = commands(args, fleet, models, zmq_port)
+    env = child_env(threads)
+    sup = Supervisor(
+        Child("router", router_cmd, env, restart=False, log_dir=args.log_dir),
+        [
+            worker_child(f"worker-{i}", cmd, env, tp, args.log_dir)
+            for i, cmd in enumerate(worker_cmds)
+        ],
+    )
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: sup.request_stop())
+    url = f"http://{fleet.router.host}:{fleet.router.port}"
+    sup.start()
+    try:
+        if not wait_until_ready(sup, url, workers, args.startup_timeout):
+            if not sup.stopping:
+                print(
+                    "[launch-cluster] the cluster did not come up; see the logs above",
+                    file=sys.stderr,
+                )
+            return 0 if sup.stopping else 1
+        policy = fleet.router.policy
+        ranks = f" of {tp} ranks each" if tp > 1 else ""
+        if len(models) == 1:
+            shape = f"{workers} workers{ranks}"
+        else:
+            shape = "; ".join(f"{m.name}: {m.workers} workers{ranks}" for m in models)
+        names = ", ".join(m.name for m in models)
+        print(f"mlx-fleet is serving {names} at {url}/v1 ({shape}, policy {policy})", flush=True)
+        return sup.supervise()
+    finally:
+        sup.shutdown()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

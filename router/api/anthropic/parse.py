@@ -1,0 +1,216 @@
+"""Anthropic Messages API requests (/v1/messages) -> the same GenerationRequest as OpenAI chat.
+
+The body is checked here, then turned into the normalised chat messages of router/chat/tools.py
+(tool_use blocks become assistant tool_calls, tool_result blocks become tool messages) and
+rendered by router/chat/prompt.py, so both APIs share templates, tool formats and parsers.
+"""
+
+from __future__ import annotations
+
+from router.api.errors import bad_request
+from router.api.openai.known_fields import (
+    MESSAGES_FIELDS,
+    check_messages_no_ops,
+    refuse_unknown_fields,
+)
+from router.api.openai.parse import GenerationRequest, _max_tokens
+from router.chat.prompt import build_chat_prompt, template_kwargs
+from router.chat.tool_grammar import enforce_tool_choice, required_call_schema
+from router.chat.tools import ToolSet, parse_tools
+from router.text.tokenizer import ModelTokenizer
+from shared.sampling import InvalidRequest, SamplingParams
+
+MAX_STOP_SEQUENCES = 16
+_ROLES = ("user", "assistant")
+
+
+def parse_messages_request(
+    body: dict, tokenizer: ModelTokenizer, model_id: str, max_tokens_cap: int | None = None
+) -> GenerationRequest:
+    refuse_unknown_fields(body, MESSAGES_FIELDS, "/v1/messages")
+    check_messages_no_ops(body)
+    max_tokens = body.get("max_tokens")
+    if type(max_tokens) is not int:
+        raise bad_request("'max_tokens' is required and must be an integer", "max_tokens")
+    _check_thinking(body)
+    tools = _tools(body)
+    messages = _system(body.get("system")) + _messages(body.get("messages"))
+    prompt = build_chat_prompt(messages, tools, tokenizer, template_kwargs(body))
+    max_tokens = _max_tokens(
+        len(prompt.token_ids), max_tokens, tokenizer.context_length, max_tokens_cap
+    )
+    stream = _typed(body, "stream", bool, False)
+    return GenerationRequest(
+        "chat",
+        model_id,
+        tuple(prompt.token_ids),
+        enforce_tool_choice(
+            _sampling(body, max_tokens, tokenizer.chat_stop_token_ids), tools, prompt.tool_family
+        ),
+        _stop_sequences(body),
+        stream,
+        False,
+        tool_family=prompt.tool_family,
+        tool_grammar=required_call_schema(tools),
+        starts_in_reasoning=prompt.starts_in_reasoning,
+    )
+
+
+def _check_thinking(body: dict) -> None:
+    thinking = body.get("thinking")
+    if thinking is not None and not (
+        isinstance(thinking, dict) and thinking.get("type") == "disabled"
+    ):
+        raise bad_request(
+            "'thinking' budgets are not supported; reasoning models think as their template "
+            "says (see chat_template_kwargs)",
+            "thinking",
+        )
+
+
+def _typed(body: dict, name: str, kind: type, default):
+    value = body.get(name)
+    if value is None:
+        return default
+    if kind is float and type(value) in (int, float):
+        return float(value)
+    if type(value) is not kind:
+        raise bad_request(
+            f"'{name}' must be {kind.__name__ if kind is not float else 'a number'}", name
+        )
+    return value
+
+
+def _sampling(body: dict, max_tokens: int, stop_ids) -> SamplingParams:
+    temperature = _typed(body, "temperature", float, 1.0)
+    if not 0.0 <= temperature <= 1.0:  # Anthropic's range
+        raise bad_request(f"temperature must be in [0, 1], got {temperature}", "temperature")
+    sampling = SamplingParams(
+        temperature=temperature,
+        top_p=_typed(body, "top_p", float, 1.0),
+        top_k=_typed(body, "top_k", int, 0),
+        max_tokens=max_tokens,
+        stop_token_ids=tuple(stop_ids),
+    )
+    try:
+        sampling.validate()
+    except InvalidRequest as e:
+        raise bad_request(str(e), str(e).split(" ", 1)[0]) from None
+    return sampling
+
+
+def _stop_sequences(body: dict) -> tuple[str, ...]:
+    stops = body.get("stop_sequences")
+    if stops is None:
+        return ()
+    if not (isinstance(stops, list) and all(isinstance(s, str) for s in stops)):
+        raise bad_request("'stop_sequences' must be an array of strings", "stop_sequences")
+    if len(stops) > MAX_STOP_SEQUENCES:
+        raise bad_request(
+            f"'stop_sequences' may hold at most {MAX_STOP_SEQUENCES}", "stop_sequences"
+        )
+    return tuple(s for s in stops if s)
+
+
+# ------------------------------------------------------------ tools
+
+
+def _tools(body: dict) -> ToolSet | None:
+    tools = body.get("tools")
+    choice = _tool_choice(body.get("tool_choice"))
+    if tools is not None and not isinstance(tools, list):
+        raise bad_request("'tools' must be an array", "tools")
+    functions = [_function(t, i) for i, t in enumerate(tools or [])]
+    return parse_tools({"tools": functions, "tool_choice": choice})
+
+
+def _function(tool, i: int) -> dict:
+    param = f"tools[{i}]"
+    if not isinstance(tool, dict) or tool.get("type") not in (None, "custom"):
+        raise bad_request(f"{param} must be a custom tool with a name and an input_schema", param)
+    schema = tool.get("input_schema")
+    if not isinstance(schema, dict):
+        raise bad_request(
+            f"{param}.input_schema must be a JSON schema object", f"{param}.input_schema"
+        )
+    fn = {"name": tool.get("name"), "parameters": schema}
+    if tool.get("description") is not None:
+        fn["description"] = tool["description"]
+    return {"type": "function", "function": fn}
+
+
+def _tool_choice(choice):
+    """Anthropic's tool_choice in OpenAI's terms (parse_tools checks the result)."""
+    if choice is None:
+        return None
+    kind = choice.get("type") if isinstance(choice, dict) else None
+    if kind == "tool":
+        return {"type": "function", "function": {"name": choice.get("name")}}
+    if kind in ("auto", "any", "none"):
+        return {"auto": "auto", "any": "required", "none": "none"}[kind]
+    raise bad_request("'tool_choice' must be {\"type\": auto | any | tool | none}", "tool_choice")
+
+
+# ------------------------------------------------------------ messages
+
+
+def _system(system) -> list[dict]:
+    if system is None:
+        return []
+    return [{"role": "system", "content": _text_of(system, "system", ("text",))[0]}]
+
+
+def _messages(messages) -> list[dict]:
+    if not isinstance(messages, list) or not messages:
+        raise bad_request("'messages' must be a non-empty array", "messages")
+    out = []
+    for i, message in enumerate(messages):
+        param = f"messages[{i}]"
+        if not isinstance(message, dict) or message.get("role") not in _ROLES:
+            raise bad_request(f"{param} must be an object with role 'user' or 'assistant'", param)
+        out += _turn(message["role"], message.get("content"), param)
+    return out
+
+
+def _turn(role: str, content, param: str) -> list[dict]:
+    allowed = ("text", "tool_result") if role == "user" else ("text", "tool_use")
+    text, blocks = _text_of(content, f"{param}.content", allowed)
+    if role == "assistant":
+        calls = [_tool_use(b, f"{param}.content") for b in blocks if b["type"] == "tool_use"]
+        return [{"role": "assistant", "content": text} | ({"tool_calls": calls} if calls else {})]
+    results = [_tool_result(b, f"{param}.content") for b in blocks if b["type"] == "tool_result"]
+    return results + ([{"role": "user", "content": text}] if text or not results else [])
+
+
+def _text_of(content, param: str, allowed: tuple[str, ...]) -> tuple[str, list[dict]]:
+    """(the text blocks joined, all blocks) of a string or an array of content blocks."""
+    if isinstance(content, str):
+        return content, []
+    if not isinstance(content, list):
+        raise bad_request(f"{param} must be a string or an array of content blocks", param)
+    for j, block in enumerate(content):
+        if not isinstance(block, dict) or block.get("type") not in allowed:
+            raise bad_request(
+                f"{param}[{j}]: block types allowed here: {', '.join(allowed)}", param
+            )
+        if block["type"] == "text" and not isinstance(block.get("text"), str):
+            raise bad_request(f"{param}[{j}].text must be a string", param)
+    return "".join(b["text"] for b in content if b["type"] == "text"), content
+
+
+def _tool_use(block: dict, param: str) -> dict:
+    if not (isinstance(block.get("id"), str) and isinstance(block.get("name"), str)
+            and isinstance(block.get("input"), dict)):  # fmt: skip
+        raise bad_request(f"{param}: a tool_use block needs id, name and an input object", param)
+    function = {"name": block["name"], "arguments": block["input"]}
+    return {"id": block["id"], "type": "function", "function": function}
+
+
+def _tool_result(block: dict, param: str) -> dict:
+    if not isinstance(block.get("tool_use_id"), str):
+        raise bad_request(f"{param}: a tool_result block needs a tool_use_id", param)
+    content = block.get("content", "")
+    text = _text_of(content, param, ("text",))[0]
+    if block.get("is_error") is True:
+        text = f"Error: {text}"
+    return {"role": "tool", "tool_call_id": block["tool_use_id"], "content": text}

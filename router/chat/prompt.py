@@ -1,0 +1,82 @@
+"""A chat request's prompt: messages + tools + template kwargs through the chat template.
+
+Shared by /v1/chat/completions and /v1/messages (which converts its body to the same
+normalised messages first).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from router.api.errors import bad_request
+from router.chat.tools import ToolSet, fallback_messages
+from router.text.tokenizer import ModelTokenizer
+
+_RESERVED_KWARGS = {"messages", "tools", "add_generation_prompt", "tokenize", "conversation"}
+_MENTIONS_TOOLS = re.compile(r"\btools\b")
+
+
+@dataclass(frozen=True)
+class ChatPrompt:
+    token_ids: list[int]
+    tools: ToolSet | None
+    tool_family: str | None  # the parser for calls in the reply; None when tools are off
+    starts_in_reasoning: bool  # the template opened a <think> block for the model
+
+
+def template_supports_tools(tokenizer: ModelTokenizer) -> bool:
+    return bool(_MENTIONS_TOOLS.search(tokenizer.template_source))
+
+
+def tool_family_of(tokenizer: ModelTokenizer, override: str | None) -> str:
+    """The tool-call format the model writes: the --tool-call-parser flag, else its template's."""
+    if override is not None:
+        return override
+    source = tokenizer.template_source
+    if not template_supports_tools(tokenizer):
+        return "hermes"  # our fallback prompt asks for the Hermes format
+    if "[TOOL_CALLS]" in source:
+        return "mistral"
+    if "<|python_tag|>" in source or "ipython" in source:
+        return "llama3"
+    return "hermes"
+
+
+def template_kwargs(body: dict) -> dict:
+    kwargs = body.get("chat_template_kwargs")
+    if kwargs is None:
+        return {}
+    if not isinstance(kwargs, dict):
+        raise bad_request("'chat_template_kwargs' must be an object", "chat_template_kwargs")
+    if reserved := _RESERVED_KWARGS & kwargs.keys():
+        raise bad_request(
+            f"'chat_template_kwargs' may not set {', '.join(sorted(reserved))}",
+            "chat_template_kwargs",
+        )
+    return kwargs
+
+
+def build_chat_prompt(
+    messages: list[dict],
+    tools: ToolSet | None,
+    tokenizer: ModelTokenizer,
+    kwargs: dict,
+) -> ChatPrompt:
+    if not tokenizer.has_chat_template:
+        raise bad_request("this model has no chat template; use /v1/completions", "messages")
+    native = template_supports_tools(tokenizer)
+    has_tool_turns = any("tool_calls" in m or m["role"] == "tool" for m in messages)
+    if not native and (tools is not None or has_tool_turns):
+        messages = fallback_messages(messages, tools)
+    schemas = list(tools.functions) if tools is not None and native else None
+    text = _render(tokenizer, messages, schemas, kwargs)
+    family = tool_family_of(tokenizer, tokenizer.tool_call_parser) if tools is not None else None
+    return ChatPrompt(tokenizer.encode_text(text), tools, family, text.rstrip().endswith("<think>"))
+
+
+def _render(tokenizer: ModelTokenizer, messages, schemas, kwargs) -> str:
+    try:
+        return tokenizer.render_chat(messages, schemas, kwargs)
+    except Exception as e:  # Jinja raise_exception (role order...) or a kwarg of the wrong type
+        raise bad_request(f"the chat template refused these messages: {e}", "messages") from None

@@ -1,0 +1,309 @@
+"""Command line: run the router (`python -m router --config FILE` or `--model DIR ...`)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+from pathlib import Path
+
+from aiohttp import web
+
+from router.app import create_app
+from router.config import ModelSpec, RouterConfig
+from router.http.api_keys import key_fingerprint
+from router.routing.policy import POLICY_NAMES
+from router.text.tokenizer import read_chat_template
+from shared.config.fleet import (
+    TOOL_CALL_PARSERS,
+    ConfigError,
+    ModelSection,
+    RouterSection,
+    load_with_flags,
+    name_clash,
+    read_api_keys,
+)
+from shared.curve import CurveError, load_secret, require_curve
+from shared.parent_watch import watch_parent
+
+log = logging.getLogger("router")
+
+_DEFAULTS = RouterSection()
+
+# Flag dests whose RouterSection / ModelSection field has another name.
+_ROUTER_FIELDS = {
+    "prefix_ttl": "prefix_ttl_s",
+    "heartbeat_interval": "heartbeat_interval_s",
+    "heartbeat_timeout": "heartbeat_timeout_s",
+    "max_pending": "max_pending_requests",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m router",
+        description="mlx-fleet router: an OpenAI-compatible HTTP API in front of MLX workers, "
+        "routing each prompt to the worker most likely to hold its prefix in cache. "
+        "Flags override the --config file.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--config", type=Path, metavar="FILE", help="fleet config file (TOML)")
+    p.add_argument(
+        "--model",
+        metavar="DIR",
+        action="append",
+        help="model directory (tokenizer files, chat template, config.json), or a .gguf file "
+        "or repo id the workers use too; repeat it to serve several models (each worker "
+        "registers the one it serves); default: [model] / [[models]] in --config",
+    )
+    p.add_argument(
+        "--model-id",
+        metavar="NAME[,ALIAS...]",
+        action="append",
+        help="the name clients send for each --model in turn (or each model of --config), "
+        "then other names accepted for it (default: the directory's name)",
+    )
+    p.add_argument("--host", default=_DEFAULTS.host, help="HTTP address to bind")
+    p.add_argument("--port", type=int, default=_DEFAULTS.port, help="HTTP port")
+    p.add_argument(
+        "--zmq-bind", default=_DEFAULTS.zmq_bind, help="ZeroMQ ROUTER address workers connect to"
+    )
+    p.add_argument("--policy", choices=POLICY_NAMES, default=_DEFAULTS.policy)
+    p.add_argument(
+        "--prefill-weight",
+        type=float,
+        default=_DEFAULTS.prefill_weight,
+        help="cache_aware: cost of one uncached prompt block, in queued requests",
+    )
+    p.add_argument(
+        "--balance-abs-threshold",
+        type=int,
+        default=_DEFAULTS.balance_abs_threshold,
+        help="cache_aware: fall back to least-load when max - min load exceeds this...",
+    )
+    p.add_argument(
+        "--balance-rel-threshold",
+        type=float,
+        default=_DEFAULTS.balance_rel_threshold,
+        help="...and max load exceeds this times the min load",
+    )
+    p.add_argument(
+        "--prefix-ttl",
+        type=float,
+        default=_DEFAULTS.prefix_ttl_s,
+        help="seconds an optimistic prefix entry lives without a KV event",
+    )
+    p.add_argument(
+        "--heartbeat-interval",
+        type=float,
+        default=_DEFAULTS.heartbeat_interval_s,
+        help="seconds between worker heartbeats (told to workers)",
+    )
+    p.add_argument(
+        "--heartbeat-timeout",
+        type=float,
+        default=_DEFAULTS.heartbeat_timeout_s,
+        help="seconds of silence after which a worker is lost",
+    )
+    p.add_argument(
+        "--max-pending",
+        type=int,
+        default=_DEFAULTS.max_pending_requests,
+        help="requests in flight in the router; more are refused with 429",
+    )
+    p.add_argument(
+        "--tokenizer-threads",
+        type=int,
+        default=_DEFAULTS.tokenizer_threads,
+        help="threads that tokenize prompts off the event loop (0: on the loop; see "
+        "docs/benchmarks.md, fleet simulation)",
+    )
+    p.add_argument(
+        "--context-length",
+        type=int,
+        help="override the model's context length (default: config.json)",
+    )
+    p.add_argument(
+        "--tool-call-parser",
+        choices=TOOL_CALL_PARSERS,
+        help="the tool-call format the model writes (default: read from its chat template)",
+    )
+    p.add_argument(
+        "--chat-template",
+        metavar="FILE_OR_TEXT",
+        help="override the model's chat template: a Jinja file, or the template itself",
+    )
+    _add_security_flags(p)
+    p.add_argument("--log-level", type=str.upper, default=_DEFAULTS.log_level)
+    return p
+
+
+def _add_security_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("security (see docs/deploy.md)")
+    g.add_argument(
+        "--api-keys-file",
+        type=Path,
+        metavar="FILE",
+        help="API keys clients must send as 'Authorization: Bearer KEY', one a line "
+        "(keys are never accepted on the command line: ps would show them)",
+    )
+    g.add_argument(
+        "--max-body-bytes",
+        type=int,
+        default=_DEFAULTS.max_body_bytes,
+        help="larger request bodies are refused with 413",
+    )
+    g.add_argument("--max-tokens-cap", type=int, help="clamp every request's max_tokens to this")
+    g.add_argument(
+        "--per-key-concurrency", type=int, help="requests in flight per API key; more get 429"
+    )
+    g.add_argument(
+        "--curve-secret-key", type=Path, metavar="FILE", help="the router's CURVE secret key file"
+    )
+    g.add_argument(
+        "--curve-authorized-keys",
+        type=Path,
+        metavar="DIR",
+        help="folder of the public keys of the workers allowed to connect",
+    )
+
+
+def parse_args(argv: list[str] | None) -> RouterConfig:
+    """Defaults, then the --config file, then the flags actually typed; exits on bad values."""
+    parser = build_parser()
+    try:
+        args, fleet = load_with_flags(parser, argv, {"router": _ROUTER_FIELDS})
+        api_keys = read_api_keys(fleet.router)
+        if not args.model and any(m.path is None for m in fleet.served_models):
+            parser.error("--model is required (or set [model] path in the --config file)")
+        models = model_specs(args, fleet)
+    except ConfigError as e:
+        raise SystemExit(f"router: {e}") from None
+    router = fleet.router
+    logging.basicConfig(
+        level=router.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    return RouterConfig(
+        models=models,
+        host=router.host,
+        port=router.port,
+        zmq_bind=router.zmq_bind,
+        policy=router.policy,
+        prefill_weight=router.prefill_weight,
+        balance_abs_threshold=router.balance_abs_threshold,
+        balance_rel_threshold=router.balance_rel_threshold,
+        prefix_ttl_s=router.prefix_ttl_s,
+        heartbeat_interval_s=router.heartbeat_interval_s,
+        heartbeat_timeout_s=router.heartbeat_timeout_s,
+        max_pending_requests=router.max_pending_requests,
+        tokenizer_threads=router.tokenizer_threads,
+        context_length=router.context_length,
+        tool_call_parser=router.tool_call_parser,
+        chat_template=_chat_template(router.chat_template),
+        api_keys=api_keys,
+        max_body_bytes=router.max_body_bytes,
+        max_tokens_cap=router.max_tokens_cap,
+        per_key_concurrency=router.per_key_concurrency,
+        curve_secret_key=router.curve_secret_key,
+        curve_authorized_keys=router.curve_authorized_keys,
+    )
+
+
+def model_specs(args: argparse.Namespace, fleet) -> tuple[ModelSpec, ...]:
+    """The served models: the --model flags, else the config's [model] or [[models]]; each
+    named by the --model-id in the same place (NAME,ALIAS,...), else by its config or path."""
+    if args.model:
+        sections = [ModelSection(path=p) for p in args.model]
+        source = "--model"
+    else:
+        sections = list(fleet.served_models)
+        source = "[[models]]" if fleet.models else "[model]"
+    names = args.model_id or []
+    if names and len(names) != len(sections):
+        raise ConfigError(
+            f"--model-id given {len(names)} times for {len(sections)} models of {source}: "
+            "give one per model, in the same order"
+        )
+    for i, given in enumerate(names):
+        id_, *aliases = [n.strip() for n in given.split(",")]
+        if not id_ or not all(aliases):
+            raise ConfigError(f"--model-id {given!r}: expected NAME or NAME,ALIAS,...")
+        sections[i] = dataclasses.replace(sections[i], id=id_, aliases=tuple(aliases))
+    if clash := name_clash(sections):
+        name, first, second = clash
+        raise ConfigError(
+            f"the name '{name}' is given to two models "
+            f"({sections[first].name} and {sections[second].name})"
+        )
+    return tuple(ModelSpec(Path(m.path).expanduser(), m.name, tuple(m.aliases)) for m in sections)
+
+
+def _chat_template(file_or_text: str | None) -> str | None:
+    if file_or_text is None:
+        return None
+    try:
+        return read_chat_template(file_or_text)
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"router: {e}") from None
+
+
+def check_security(config: RouterConfig) -> None:
+    """Refuse plain ZeroMQ beyond loopback; warn about an open HTTP API beyond loopback."""
+    try:
+        require_curve(config.zmq_bind, config.curve_enabled, "--zmq-bind")
+        if config.curve_enabled:  # fail here with a clear line, not in the app's startup
+            load_secret(config.curve_secret_key)
+            if not config.curve_authorized_keys.is_dir():
+                raise CurveError(f"{config.curve_authorized_keys}: no such folder of worker keys")
+    except CurveError as e:
+        raise SystemExit(f"router: {e}") from None
+    if config.api_keys:
+        names = ", ".join(key_fingerprint(k) for k in config.api_keys)
+        log.info("API keys required (%d: fingerprints %s)", len(config.api_keys), names)
+    elif config.host not in ("127.0.0.1", "::1", "localhost"):
+        log.warning(
+            "HTTP API on %s without API keys: anyone who can reach it can use it", config.host
+        )
+
+
+def resolve_model_dirs(config: RouterConfig) -> RouterConfig:
+    """A .gguf file or repo id becomes the local directory it converts / downloads to."""
+    from shared.models.store import ModelNotFound, resolve_model, stderr_progress
+
+    specs = []
+    for spec in config.models:
+        if not spec.path.is_dir():
+            try:
+                spec = dataclasses.replace(
+                    spec, path=resolve_model(str(spec.path), stderr_progress)
+                )
+            except ModelNotFound as e:
+                raise SystemExit(f"router: --model {spec.path}: {e}") from None
+        specs.append(spec)
+    return dataclasses.replace(config, models=tuple(specs))
+
+
+def main(argv: list[str] | None = None) -> None:
+    config = parse_args(argv)
+    check_security(config)
+    config = resolve_model_dirs(config)
+    watch_parent()  # started by launch-cluster: go when it goes (macOS has no PDEATHSIG)
+    web.run_app(
+        create_app(config),
+        host=config.host,
+        port=config.port,
+        loop=_new_loop(),
+        handler_cancellation=True,
+        shutdown_timeout=5.0,
+        print=lambda msg: logging.getLogger("router").info(msg),
+    )
+
+
+def _new_loop():
+    try:
+        import uvloop
+    except ImportError:  # uvloop has no Windows build; the stock loop works, slower
+        import asyncio
+
+        return asyncio.new_event_loop()
+    return uvloop.new_event_loop()

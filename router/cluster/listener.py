@@ -1,0 +1,166 @@
+"""The router's side of the worker protocol: registration, heartbeats, KV events, liveness."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+
+from router.cluster.models import ModelTable, ServedModel
+from router.cluster.registry import WorkerRegistry, WorkerState
+from router.metrics.router_metrics import Metrics
+from shared.protocol import (
+    PROTOCOL_VERSION,
+    Heartbeat,
+    KVEvents,
+    Message,
+    Register,
+    RegisterAck,
+    ReRegister,
+    TokenDelta,
+)
+
+log = logging.getLogger(__name__)
+
+
+class Cluster:
+    def __init__(
+        self,
+        registry: WorkerRegistry,
+        models: ModelTable,
+        send: Callable[[bytes, Message], None],
+        metrics: Metrics,
+        heartbeat_interval_s: float,
+        heartbeat_timeout_s: float,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        self.registry = registry
+        self.models = models
+        self._send = send
+        self._metrics = metrics
+        self._heartbeat_interval_s = heartbeat_interval_s
+        self._heartbeat_timeout_s = heartbeat_timeout_s
+        self._clock = clock
+        self._asked: dict[bytes, float] = {}  # unregistered peers asked to register, when
+
+    def handle(self, identity: bytes, msg: Message) -> None:
+        """One decoded message from the worker at `identity`."""
+        if isinstance(msg, Register):
+            self._register(identity, msg)
+            return
+        worker = self.registry.by_identity(identity)
+        if worker is None:
+            self._ask_to_register(identity, msg)
+            return
+        worker.last_seen = self._clock()
+        if isinstance(msg, TokenDelta):
+            self._model_of(worker).dispatcher.on_delta(worker, msg)
+        elif isinstance(msg, Heartbeat):
+            self._heartbeat(worker, msg)
+        elif isinstance(msg, KVEvents):
+            index = self._model_of(worker).index
+            for event in msg.events:
+                index.apply(worker.worker_id, event)
+        else:
+            log.warning("dropped %s: not a worker-to-router message", type(msg).__name__)
+
+    def _ask_to_register(self, identity: bytes, msg: Message) -> None:
+        """A peer we don't know (this router restarted, say) talks: ask it to register,
+        at most once per heartbeat interval per peer."""
+        now = self._clock()
+        if now - self._asked.get(identity, float("-inf")) < self._heartbeat_interval_s:
+            return
+        if len(self._asked) > 4096:  # forget old peers rather than grow without bound
+            self._asked.clear()
+        self._asked[identity] = now
+        log.info(
+            "asked an unregistered peer %r to register (it sent %s)", identity, type(msg).__name__
+        )
+        self._send(identity, ReRegister("this router does not know this worker; register again"))
+
+    def lose_identity(self, identity: bytes) -> None:
+        """A send to `identity` failed: the worker is gone."""
+        worker = self.registry.by_identity(identity)
+        if worker is not None and worker.healthy:
+            self._lose(worker, "unreachable")
+
+    async def watch_heartbeats(self) -> None:
+        """Forever: declare silent workers lost; purge expired optimistic index entries."""
+        while True:
+            await asyncio.sleep(min(self._heartbeat_interval_s, self._heartbeat_timeout_s / 4))
+            for worker in self.registry.stale(self._clock(), self._heartbeat_timeout_s):
+                self._lose(worker, f"no heartbeat for {self._heartbeat_timeout_s:g}s")
+            for model in self.models:
+                model.index.purge_expired()
+
+    def _register(self, identity: bytes, msg: Register) -> None:
+        if msg.protocol_version != PROTOCOL_VERSION:
+            reason = f"protocol version {msg.protocol_version} != router's {PROTOCOL_VERSION}"
+            log.warning("rejected worker %s: %s", msg.worker_id, reason)
+            self._send(identity, RegisterAck(accepted=False, reason=reason))
+            return
+        if msg.block_size < 1:
+            self._send(identity, RegisterAck(accepted=False, reason="block_size must be >= 1"))
+            return
+        model = self._model_for(msg)
+        if model is None:
+            reason = (
+                f"this router does not serve the model '{msg.model_id}'; it serves "
+                + ", ".join(f"'{name}'" for name in self.models.ids)
+            )
+            log.warning("rejected worker %s: %s", msg.worker_id, reason)
+            self._send(identity, RegisterAck(accepted=False, reason=reason))
+            return
+        state = WorkerState(msg, identity, last_seen=self._clock(), model=model.id)
+        replaced = self.registry.add(state)
+        self._metrics.worker_registered(msg.worker_id)
+        if replaced is not None:
+            self._forget(replaced)
+        log.info(
+            "worker %s registered from %s pid %d: model %s (block size %d, %d blocks)",
+            msg.worker_id,
+            msg.host,
+            msg.pid,
+            model.id,
+            msg.block_size,
+            msg.kv_capacity_blocks,
+        )
+        ack = RegisterAck(accepted=True, heartbeat_interval_s=self._heartbeat_interval_s)
+        self._send(identity, ack)
+
+    def _model_for(self, msg: Register) -> ServedModel | None:
+        """The model a registering worker serves, by its id or an alias. A router of one
+        model takes a worker that names another (a directory of another name, say: every
+        worker served the router's one model before models were named), with a warning."""
+        model = self.models.get(msg.model_id)
+        if model is None and len(self.models) == 1:
+            model = self.models.default
+            log.warning(
+                "worker %s says it serves '%s'; taking it as this router's only model '%s'",
+                msg.worker_id,
+                msg.model_id,
+                model.id,
+            )
+        return model
+
+    def _model_of(self, worker: WorkerState) -> ServedModel:
+        return self.models[worker.model]  # registration set it to a served model's id
+
+    def _heartbeat(self, worker: WorkerState, msg: Heartbeat) -> None:
+        worker.on_heartbeat(msg)
+        if not worker.healthy:
+            log.info("worker %s is back", worker.worker_id)
+            worker.healthy = True
+
+    def _lose(self, worker: WorkerState, why: str) -> None:
+        log.warning("worker %s lost: %s", worker.worker_id, why)
+        self._metrics.worker_lost()
+        self._forget(worker)
+
+    def _forget(self, worker: WorkerState) -> None:
+        """Drop a worker's index entries and move its requests elsewhere."""
+        worker.healthy = False
+        model = self._model_of(worker)
+        model.index.drop_worker(worker.worker_id)
+        model.dispatcher.on_worker_lost(worker)

@@ -1,0 +1,25 @@
+"""Every typed AppKey of the router app, in one place."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+from aiohttp import web
+
+from router.cluster.listener import Cluster
+from router.cluster.models import ModelTable
+from router.cluster.worker_socket import WorkerLink
+from router.config import RouterConfig
+from router.http.api_keys import ApiKeys
+from router.metrics.router_metrics import Metrics
+from router.text.tokenizer import ModelTokenizer
+
+CONFIG = web.AppKey("config", RouterConfig)
+METRICS = web.AppKey("metrics", Metrics)
+TOKENIZERS = web.AppKey("tokenizers", dict[str, ModelTokenizer])  # by model id
+# None: prompts are parsed and tokenized on the event loop
+TOKENIZE_POOL = web.AppKey("tokenize_pool", ThreadPoolExecutor | None)
+CLUSTER = web.AppKey("cluster", Cluster)
+MODELS = web.AppKey("models", ModelTable)  # each with its tokenizer, index and dispatcher
+LINK = web.AppKey("link", WorkerLink)
+API_KEYS = web.AppKey("api_keys", ApiKeys)

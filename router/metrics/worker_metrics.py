@@ -1,0 +1,179 @@
+"""Per-worker and cluster-wide gauges, read from the worker registry at scrape time.
+
+A worker's state (its last Heartbeat, its Register) is already in the registry, so these
+series are built when Prometheus scrapes (a custom collector) instead of being kept up to date
+on every message. Adding a per-worker series is one line in `WORKER_SERIES`; every field of
+`WorkerPhases` (a worker's step-time stats) is exported on its own as
+`mlx_fleet_worker_phase_<field>`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterable, Iterator
+from typing import NamedTuple
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from router.cluster.registry import WorkerState
+from shared.protocol import WorkerPhases
+
+
+class Series(NamedTuple):
+    name: str  # without the mlx_fleet_worker_ prefix (and, for counters, without _total)
+    kind: str  # "gauge" or "counter"
+    doc: str
+    value: Callable[[WorkerState], float]
+
+
+def _hb(field: str, default: float = 0) -> Callable[[WorkerState], float]:
+    return lambda w: getattr(w.heartbeat, field) if w.heartbeat else default
+
+
+def _kv_total(w: WorkerState) -> int:
+    return w.heartbeat.total_blocks if w.heartbeat else w.info.kv_capacity_blocks
+
+
+def _kv_used(w: WorkerState) -> int:
+    return w.heartbeat.total_blocks - w.heartbeat.free_blocks if w.heartbeat else 0
+
+
+WORKER_SERIES: tuple[Series, ...] = (
+    Series("up", "gauge", "1 if the worker is registered and healthy", lambda w: int(w.healthy)),
+    Series("load", "gauge", "running + waiting requests (router's view)", lambda w: w.load),
+    Series("inflight", "gauge", "requests this router has sent there", lambda w: len(w.inflight)),
+    Series("running", "gauge", "sequences in the running batch", _hb("running")),
+    Series("waiting", "gauge", "requests queued, not yet prefilling", _hb("waiting")),
+    Series("kv_total_blocks", "gauge", "KV blocks in the worker's pool", _kv_total),
+    Series("kv_used_blocks", "gauge", "KV blocks held by sequences or the cache", _kv_used),
+    Series("kv_cached_blocks", "gauge", "KV blocks in the prefix cache only", _hb("cached_blocks")),
+    Series("cache_hit_tokens", "counter", "prompt tokens served from the prefix cache",
+           _hb("hit_tokens")),
+    Series("cache_query_tokens", "counter", "prompt tokens looked up in the prefix cache",
+           _hb("prompt_tokens")),
+    Series("cached_tokens", "counter", "cached prompt tokens of requests this router sent there",
+           lambda w: w.cached_tokens),
+    Series("requests_served", "counter", "requests finished there", lambda w: w.requests_served),
+)  # fmt: skip
+
+# WorkerPhases fields that only grow (the others are recent-window statistics).
+PHASE_COUNTERS = frozenset(
+    {"decode_spikes", "decode_spike_seconds", "decode_tokens", "prefill_tokens", "preemptions",
+     "spec_drafted", "spec_accepted"}
+)  # fmt: skip
+
+
+def _phase(field: str) -> Callable[[WorkerState], float]:
+    return lambda w: getattr(w.heartbeat.phases, field) if w.heartbeat and w.heartbeat.phases else 0
+
+
+def phase_series() -> tuple[Series, ...]:
+    """One series per WorkerPhases field: a new field is exported without touching this file."""
+    return tuple(
+        Series(
+            f"phase_{f.name}",
+            "counter" if f.name in PHASE_COUNTERS else "gauge",
+            f"worker step phases: {f.name}",
+            _phase(f.name),
+        )
+        for f in dataclasses.fields(WorkerPhases)
+    )
+
+
+class WorkerCollector(Collector):
+    """Reads `workers()` at scrape time; the vLLM-named cluster gauges are summed per model
+    (labelled `model_name`) over the workers that serve it."""
+
+    def __init__(
+        self,
+        model_names: Iterable[str],
+        workers: Callable[[], Iterable[WorkerState]],
+        routed: Callable[[str], tuple[int, int]],
+    ):
+        self._model_names = tuple(model_names)
+        self._workers = workers
+        self._routed = routed  # worker id -> (requests routed, predicted hit tokens)
+
+    def collect(self) -> Iterator[Metric]:
+        workers = list(self._workers())
+        yield from self._cluster_gauges(workers)
+        for series in (*WORKER_SERIES, *self._routing_series(), *phase_series()):
+            yield _family(series, workers)
+        yield from _attention(workers)
+
+    def _routing_series(self) -> tuple[Series, ...]:
+        return (
+            Series("routed", "counter", "requests routed there", lambda w: self._routed(w.worker_id)[0]),
+            Series("routed_hit_tokens", "counter", "prefix tokens predicted cached when routed",
+                   lambda w: self._routed(w.worker_id)[1]),
+        )  # fmt: skip
+
+    def _cluster_gauges(self, workers: list[WorkerState]) -> Iterator[Metric]:
+        """vLLM's names, summed per model (`model_name`) over its healthy workers, so
+        dashboards built for vLLM work."""
+        gauges = (
+            ("vllm:num_requests_running", "requests in the workers' running batches", _running),
+            ("vllm:num_requests_waiting", "requests queued on the workers", _waiting),
+            ("vllm:kv_cache_usage_perc", "KV-cache usage, 0..1", _kv_usage),
+            ("vllm:gpu_cache_usage_perc", "KV-cache usage, 0..1 (vLLM's older name)", _kv_usage),
+        )
+        by_model = {m: [w for w in workers if w.model == m] for m in self._model_names}
+        for name, doc, value in gauges:
+            family = GaugeMetricFamily(name, doc, labels=["model_name"])
+            for model, group in by_model.items():
+                family.add_metric([model], value([w for w in group if w.healthy and w.heartbeat]))
+            yield family
+        preemptions = CounterMetricFamily(
+            "vllm:num_preemptions", "sequences preempted (summed over the workers' counts)",
+            labels=["model_name"],
+        )  # fmt: skip
+        for model, group in by_model.items():
+            preemptions.add_metric([model], sum(_phase("preemptions")(w) for w in group))
+        yield preemptions
+
+
+def _running(live: list[WorkerState]) -> float:
+    return sum(w.heartbeat.running for w in live)
+
+
+def _waiting(live: list[WorkerState]) -> float:
+    return sum(w.heartbeat.waiting for w in live)
+
+
+def _kv_usage(live: list[WorkerState]) -> float:
+    total = sum(_kv_total(w) for w in live)
+    return sum(_kv_used(w) for w in live) / total if total else 0.0
+
+
+def _family(series: Series, workers: list[WorkerState]) -> Metric:
+    name = f"mlx_fleet_worker_{series.name}"
+    cls = CounterMetricFamily if series.kind == "counter" else GaugeMetricFamily
+    family = cls(name, series.doc, labels=["worker"])
+    for w in workers:
+        family.add_metric([w.worker_id], series.value(w))
+    return family
+
+
+def _attention(workers: list[WorkerState]) -> Iterator[Metric]:
+    """Each worker's paged-attention backend, its self-test and timings (from Register)."""
+    info = GaugeMetricFamily(
+        "mlx_fleet_worker_attention_info",
+        "the worker's paged-attention backend (value 1)",
+        labels=["worker", "backend", "requested", "self_test"],
+    )
+    timings = GaugeMetricFamily(
+        "mlx_fleet_worker_attention_selftest_ms",
+        "attention self-test timings",
+        labels=["worker", "which"],
+    )
+    for w in workers:
+        a = w.info.attention
+        if a is None:
+            continue
+        info.add_metric([w.worker_id, a.backend, a.requested, a.self_test], 1)
+        for which, ms in (("candidate", a.candidate_ms), ("reference", a.reference_ms)):
+            if ms is not None:
+                timings.add_metric([w.worker_id, which], ms)
+    yield info
+    yield timings

@@ -1,0 +1,313 @@
+"""Requests in flight: routing, token deltas back to their HTTP handlers, abort, fail-over.
+
+Each HTTP request is a Job. The job is sent to a worker under a wire id `<request_id>#<attempt>`;
+when its worker is lost the job is re-sent elsewhere as prompt + tokens generated so far, with
+max_tokens reduced, under the next attempt's wire id (late deltas of the old attempt are then
+ignored). The handler reads the job's `events` queue and never sees the move.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from router.cluster.registry import WorkerRegistry, WorkerState
+from router.metrics.router_metrics import ModelMetrics
+from router.routing.affinity import PrefixAffinity
+from router.routing.policy import Candidate, Policy
+from router.routing.prefix_index import PrefixIndex
+from shared.hashing import hash_blocks
+from shared.protocol import Abort, Generate, Message, TokenDelta, Usage
+from shared.sampling import SamplingParams
+
+log = logging.getLogger(__name__)
+
+
+class NoWorkerAvailable(Exception):
+    """No healthy worker to send a request to."""
+
+
+class Overloaded(Exception):
+    """The router holds as many requests as it may."""
+
+
+@dataclass(eq=False)
+class Job:
+    request_id: str
+    prompt_ids: tuple[int, ...]
+    sampling: SamplingParams
+    events: asyncio.Queue[TokenDelta] = field(default_factory=asyncio.Queue)
+    generated: list[int] = field(default_factory=list)
+    worker_id: str | None = None
+    attempt: int = 0
+    cached_tokens: int = 0  # prompt tokens the serving worker found in its cache
+    finished: bool = False
+    n: int = 1  # choices, forked by the worker after one prefill
+    choices: list[Job] = field(default_factory=list)  # with n > 1: one sub-job per choice
+    parent: Job | None = None  # of a choice
+    index: int = 0  # of a choice
+    sent_at: float = field(default_factory=time.perf_counter)
+    last_token_at: float | None = None  # when tokens last arrived (None: none yet)
+
+    @property
+    def wire_id(self) -> str:
+        return f"{self.request_id}#{self.attempt}"
+
+    @property
+    def completion_tokens(self) -> int:
+        return sum(len(c.generated) for c in self.choices) if self.choices else len(self.generated)
+
+    @property
+    def tokens_left(self) -> int:
+        return self.sampling.max_tokens - len(self.generated)
+
+    def continuation(self) -> Generate:
+        """The Generate that carries on from where the job is (the whole job at first)."""
+        sampling = dataclasses.replace(
+            self.sampling,
+            max_tokens=self.tokens_left,
+            prior_output_tokens=len(self.generated),  # penalties and the grammar count them
+        )
+        return Generate(self.wire_id, self.prompt_ids + tuple(self.generated), sampling, self.n)
+
+
+class Dispatcher:
+    """The jobs of one model: routed to its workers (`model`; None: every worker) by its
+    prefix index."""
+
+    def __init__(
+        self,
+        registry: WorkerRegistry,
+        index: PrefixIndex,
+        policy: Policy,
+        send: Callable[[bytes, Message], None],
+        metrics: ModelMetrics,
+        max_pending: int,
+        max_resubmits: int,
+        model: str | None = None,
+    ):
+        self.model = model
+        self._registry = registry
+        self._index = index
+        self._policy = policy
+        self._send = send
+        self._metrics = metrics
+        self._max_pending = max_pending
+        self._max_resubmits = max_resubmits
+        self._jobs: dict[str, Job] = {}  # by wire id
+        self._affinity = PrefixAffinity()
+
+    @property
+    def num_pending(self) -> int:
+        return len(self._jobs)
+
+    def start(
+        self, request_id: str, prompt_ids: Sequence[int], sampling: SamplingParams, n: int = 1
+    ) -> Job:
+        """Route a new job and send it; Overloaded or NoWorkerAvailable if it cannot be.
+        With n > 1 the handler reads each choice from `job.choices`."""
+        if len(self._jobs) >= self._max_pending:
+            raise Overloaded
+        job = Job(request_id, tuple(prompt_ids), sampling, n=n)
+        if n > 1:
+            job.choices = [
+                Job(request_id, job.prompt_ids, sampling, parent=job, index=i) for i in range(n)
+            ]
+        self._route(job)
+        return job
+
+    def on_delta(self, worker: WorkerState, delta: TokenDelta) -> None:
+        job = self._jobs.get(delta.request_id)
+        if job is None or job.worker_id != worker.worker_id:
+            return  # a late delta of an attempt that was aborted or moved
+        self._time_tokens(job, len(delta.token_ids))
+        if job.choices:
+            self._on_choice_delta(worker, job, delta)
+            return
+        job.generated.extend(delta.token_ids)
+        if delta.usage is not None:
+            job.cached_tokens = min(delta.usage.cached_tokens, len(job.prompt_ids))
+        if delta.finish_reason is not None:
+            self._untrack(job)
+            job.finished = True
+            _credit(worker, delta)
+            self._metrics.request_finished(delta.finish_reason, time.perf_counter() - job.sent_at)
+        job.events.put_nowait(delta)
+
+    def _time_tokens(self, job: Job, count: int) -> None:
+        """TTFT and inter-token latency as the router sees them, streamed or not (for n > 1,
+        of the request's deltas, whichever choice they carry)."""
+        if count == 0:
+            return
+        now = time.perf_counter()
+        if job.last_token_at is None:
+            self._metrics.first_token(now - job.sent_at)
+            count -= 1  # the first token has no interval before it
+        if count:
+            # tokens that came with the first share its arrival: intervals of 0
+            self._metrics.output_tokens(now - (job.last_token_at or now), count)
+        job.last_token_at = now
+
+    def _on_choice_delta(self, worker: WorkerState, job: Job, delta: TokenDelta) -> None:
+        if not 0 <= delta.index < len(job.choices):
+            return
+        choice = job.choices[delta.index]
+        if delta.finish_reason in ("error", "abort"):  # the whole request ended
+            for c in job.choices:
+                if not c.finished:
+                    c.finished = True
+                    c.events.put_nowait(delta)
+            self._untrack(job)
+            job.finished = True
+            return
+        if choice.finished:
+            return  # cancelled here (a stop string): its late tokens are not wanted
+        choice.generated.extend(delta.token_ids)
+        if delta.usage is not None:
+            job.cached_tokens = min(delta.usage.cached_tokens, len(job.prompt_ids))
+            choice.cached_tokens = job.cached_tokens
+        if delta.finish_reason is not None:
+            choice.finished = True
+        choice.events.put_nowait(delta)
+        self._finish_if_done(job, worker)
+
+    def _finish_if_done(self, job: Job, worker: WorkerState | None) -> None:
+        if job.finished or not all(c.finished for c in job.choices):
+            return
+        self._untrack(job)
+        job.finished = True
+        if worker is not None:
+            usage = Usage(len(job.prompt_ids), job.completion_tokens, job.cached_tokens)
+            _credit(worker, TokenDelta(job.wire_id, (), "stop", usage))
+            self._metrics.request_finished("stop", time.perf_counter() - job.sent_at)
+
+    def cancel(self, job: Job) -> None:
+        """Stop a job the client no longer wants (disconnect, stop string); a choice of an
+        n > 1 job stops alone."""
+        if job.finished:
+            return
+        job.finished = True
+        if job.parent is not None:
+            parent = job.parent
+            worker = self._registry.get(parent.worker_id) if parent.worker_id else None
+            if worker is not None and not parent.finished:
+                self._send(worker.identity, Abort(parent.wire_id, index=job.index))
+            self._finish_if_done(parent, None)
+            return
+        for choice in job.choices:
+            choice.finished = True
+        worker = self._untrack(job)
+        if worker is not None:
+            self._send(worker.identity, Abort(job.wire_id))
+
+    def on_worker_lost(self, worker: WorkerState) -> None:
+        """Move every job of a lost worker elsewhere (it has already left the healthy set)."""
+        for wire_id in list(worker.inflight):
+            job = self._jobs.get(wire_id)
+            if job is not None:
+                self._untrack(job)
+                self._send(worker.identity, Abort(wire_id))  # in case it is only slow
+                self._resubmit(job)
+
+    def fail_all(self, reason: str) -> None:
+        """End every job with an error (router shutting down)."""
+        for job in list(self._jobs.values()):
+            self.cancel(job)
+            for target in job.choices or [job]:
+                target.events.put_nowait(_error_delta(job, reason))
+
+    # ------------------------------------------------------------ internals
+
+    def _route(self, job: Job) -> None:
+        workers = self._registry.healthy(self.model)
+        if not workers:
+            raise NoWorkerAvailable
+        msg = job.continuation()
+        worker, hashes, matched = self._choose(msg.token_ids, workers)
+        self._index.add_optimistic(worker.worker_id, hashes)
+        self._affinity.remember(hashes, worker.worker_id)
+        job.worker_id = worker.worker_id
+        self._jobs[job.wire_id] = job
+        worker.inflight.add(job.wire_id)
+        self._metrics.routed_to(worker.worker_id, matched * worker.block_size)
+        self._send(worker.identity, msg)
+
+    def _choose(
+        self, token_ids: Sequence[int], workers: list[WorkerState]
+    ) -> tuple[WorkerState, list[int], int]:
+        """The chosen worker, the prompt's block hashes at its block size, its matched blocks."""
+        hashes = {size: hash_blocks(token_ids, size) for size in {w.block_size for w in workers}}
+        matched: dict[str, int] = {}
+        for size, size_hashes in hashes.items():
+            same_size = [w.worker_id for w in workers if w.block_size == size]
+            matched.update(self._index.match(size_hashes, same_size))
+        sticky = {self._affinity.lookup(h) for h in hashes.values()}
+        candidates = [
+            Candidate(
+                w.worker_id,
+                w.load,
+                matched[w.worker_id],
+                len(hashes[w.block_size]),
+                affinity=w.worker_id in sticky,
+                eviction_rate=w.eviction_rate,
+            )
+            for w in workers
+        ]
+        chosen = self._policy.choose(candidates)
+        worker = next(w for w in workers if w.worker_id == chosen.worker_id)
+        return worker, hashes[worker.block_size], chosen.matched_blocks
+
+    def _resubmit(self, job: Job) -> None:
+        if job.choices and any(c.generated for c in job.choices):
+            # the choices went their own ways: no single continuation carries them all
+            self._fail(job, "the worker generating this request's choices was lost; retry it")
+            return
+        if job.tokens_left <= 0:
+            job.finished = True
+            job.events.put_nowait(TokenDelta(job.request_id, (), "length"))
+            return
+        if job.attempt >= self._max_resubmits:
+            self._fail(job, f"request failed on {job.attempt + 1} workers in turn")
+            return
+        job.attempt += 1
+        try:
+            self._route(job)
+        except NoWorkerAvailable:
+            self._fail(job, "the worker serving this request was lost and no other is available")
+            return
+        self._metrics.resubmitted()
+        log.info(
+            "request %s moved to %s after %d tokens",
+            job.request_id,
+            job.worker_id,
+            len(job.generated),
+        )
+
+    def _fail(self, job: Job, reason: str) -> None:
+        job.finished = True
+        for target in job.choices or [job]:
+            target.finished = True
+            target.events.put_nowait(_error_delta(job, reason))
+
+    def _untrack(self, job: Job) -> WorkerState | None:
+        self._jobs.pop(job.wire_id, None)
+        worker = self._registry.get(job.worker_id) if job.worker_id else None
+        if worker is not None:
+            worker.inflight.discard(job.wire_id)
+        return worker
+
+
+def _credit(worker: WorkerState, delta: TokenDelta) -> None:
+    worker.requests_served += 1
+    if delta.usage is not None:
+        worker.prompt_tokens += delta.usage.prompt_tokens
+        worker.completion_tokens += delta.usage.completion_tokens
+        worker.cached_tokens += delta.usage.cached_tokens
+
+
+def _error_delta(job: Job, reason: str) -> TokenDelta:
+    return TokenDelta(job.request_id, (), "error", error=reason)

@@ -1,0 +1,80 @@
+"""A job's token deltas -> text pieces: detokenized, stop strings applied, usage counted."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from router.api.errors import generation_failed
+from router.routing.dispatcher import Dispatcher, Job
+from router.text.detokenize import StopMatcher
+from router.text.logprobs import LogprobEntry, entries_of
+from router.text.tokenizer import ModelTokenizer
+
+
+@dataclass(frozen=True)
+class Piece:
+    text: str
+    finish_reason: str | None = None  # set on the last piece: "stop" | "length"
+    # the tokens that arrived since the last piece, when logprobs were asked for (a token's
+    # text may still be held back: by a partial character or a possible stop string)
+    logprobs: tuple[LogprobEntry, ...] = ()
+    stop_string: str | None = None  # the stop string that ended the reply, if one did
+
+
+@dataclass(frozen=True)
+class UsageCount:
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+
+    def to_json(self) -> dict:
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "total_tokens": self.prompt_tokens + self.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
+        }
+
+
+def usage_of(job: Job) -> UsageCount:
+    return UsageCount(len(job.prompt_ids), len(job.generated), job.cached_tokens)
+
+
+async def pieces(
+    job: Job, tokenizer: ModelTokenizer, dispatcher: Dispatcher, stop: tuple[str, ...]
+) -> AsyncIterator[Piece]:
+    """Text as it becomes safe to show; the last piece has the finish reason.
+
+    Raises ApiError (500) when the worker reports an error or the job could not be finished.
+    """
+    detokenizer = tokenizer.detokenizer()
+    matcher = StopMatcher(stop)
+    stop_ids = set(job.sampling.stop_token_ids)
+    logprobs: list[LogprobEntry] = []
+    while True:
+        delta = await job.events.get()
+        if delta.finish_reason in ("error", "abort"):
+            raise generation_failed(
+                delta.error or f"the worker ended the request ({delta.finish_reason})"
+            )
+        logprobs += entries_of(delta, stop_ids)
+        text = matcher.feed(detokenizer.add([t for t in delta.token_ids if t not in stop_ids]))
+        if matcher.stopped:
+            dispatcher.cancel(job)
+            yield Piece(text, "stop", tuple(logprobs), matcher.matched)
+            return
+        if delta.finish_reason is None:
+            if text or logprobs:
+                yield Piece(text, None, tuple(logprobs))
+                logprobs = []
+            continue
+        text += matcher.feed(detokenizer.flush())
+        text += matcher.flush()
+        yield Piece(
+            text,
+            "stop" if matcher.stopped else delta.finish_reason,
+            tuple(logprobs),
+            matcher.matched,
+        )
+        return

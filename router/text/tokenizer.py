@@ -1,0 +1,147 @@
+"""The model's own tokenizer and chat template, loaded from a local model directory."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+
+from router.text.detokenize import IncrementalDetokenizer
+from shared.models.store import DEFAULT_CONTEXT_LENGTH, config_context_length
+
+log = logging.getLogger(__name__)
+
+_PROBE = "\x00mlx-fleet-probe\x00"
+
+
+class ModelTokenizer:
+    """Encodes prompts and chat messages, decodes token streams, knows the stop tokens."""
+
+    def __init__(self, hf_tokenizer, context_length: int, eos_token_ids: Sequence[int] = ()):
+        self._tok = hf_tokenizer
+        self.context_length = context_length
+        eos = set(eos_token_ids)
+        if hf_tokenizer.eos_token_id is not None:
+            eos.add(hf_tokenizer.eos_token_id)
+        self.eos_token_ids = tuple(sorted(eos))
+        self.chat_stop_token_ids = tuple(sorted(eos | self._chat_end_tokens()))
+        self.tool_call_parser: str | None = None  # --tool-call-parser; None = from the template
+        self._ll_tokenizer = None  # llguidance's, for token bytes
+
+    @classmethod
+    def load(cls, model_dir: Path, context_length: int | None = None) -> ModelTokenizer:
+        from transformers import AutoTokenizer  # slow import: only when a model is loaded
+
+        hf_tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+        config = _read_json(model_dir / "config.json")
+        generation = _read_json(model_dir / "generation_config.json")
+        eos = _as_ids(config.get("eos_token_id")) + _as_ids(generation.get("eos_token_id"))
+        if context_length is None:
+            context_length = _context_length(config, hf_tokenizer)
+        return cls(hf_tokenizer, int(context_length), eos)
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self._tok)
+
+    @property
+    def has_chat_template(self) -> bool:
+        return bool(getattr(self._tok, "chat_template", None))
+
+    def encode_prompt(self, text: str) -> list[int]:
+        return self._tok.encode(text, add_special_tokens=True)
+
+    @property
+    def template_source(self) -> str:
+        template = getattr(self._tok, "chat_template", None) or ""
+        return template if isinstance(template, str) else json.dumps(template)
+
+    def set_chat_template(self, template: str) -> None:
+        """Replace the model's chat template (--chat-template)."""
+        self._tok.chat_template = template
+        self.chat_stop_token_ids = tuple(sorted(set(self.eos_token_ids) | self._chat_end_tokens()))
+
+    def render_chat(
+        self, messages: list[dict], tools: list[dict] | None = None, template_kwargs=None
+    ) -> str:
+        """The templated conversation as text, ending with the assistant's generation prompt."""
+        return self._tok.apply_chat_template(
+            messages,
+            tools=tools,
+            add_generation_prompt=True,
+            tokenize=False,
+            **(template_kwargs or {}),
+        )
+
+    def encode_chat(self, messages: list[dict]) -> list[int]:
+        """The templated conversation, ending with the assistant's generation prompt."""
+        return self.encode_text(self.render_chat(messages))
+
+    def encode_text(self, text: str) -> list[int]:
+        """Text that already holds its special tokens (a rendered template)."""
+        return self._tok.encode(text, add_special_tokens=False)
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        return self._tok.decode(list(token_ids), skip_special_tokens=True)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes one token stands for (part of a character, for some): logprobs show
+        each token on its own."""
+        if self._ll_tokenizer is None:
+            from shared.grammar import ll_tokenizer  # built on first use: ~0.4 s for 49k
+
+            self._ll_tokenizer = ll_tokenizer(self._tok)
+        return self._ll_tokenizer.decode_bytes([token_id])
+
+    def detokenizer(self) -> IncrementalDetokenizer:
+        return IncrementalDetokenizer(self.decode)
+
+    def _chat_end_tokens(self) -> set[int]:
+        """Special tokens the template puts right after an assistant turn (e.g. <|im_end|>)."""
+        if not self.has_chat_template:
+            return set()
+        turns = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": _PROBE}]
+        try:
+            text = self._tok.apply_chat_template(turns, tokenize=False)
+        except Exception as e:  # templates are user-supplied Jinja; any failure means "unknown"
+            log.warning("could not probe the chat template for its end token: %s", e)
+            return set()
+        after = text[text.find(_PROBE) + len(_PROBE) :]
+        special = set(self._tok.all_special_ids) | {
+            i for i, t in getattr(self._tok, "added_tokens_decoder", {}).items() if t.special
+        }
+        for token_id in self._tok.encode(after, add_special_tokens=False):
+            if token_id in special:
+                return {token_id}
+        return set()
+
+
+def read_chat_template(file_or_text: str) -> str:
+    """--chat-template: the file's text when it names a file, else the template itself."""
+    path = Path(file_or_text).expanduser()
+    if "{" not in file_or_text and path.is_file():
+        return path.read_text()
+    if "{{" not in file_or_text and "{%" not in file_or_text:
+        raise ValueError(f"--chat-template {file_or_text!r}: no such file, and not a template")
+    return file_or_text
+
+
+def _context_length(config: dict, hf_tokenizer) -> int:
+    if (declared := config_context_length(config)) is not None:
+        return declared
+    # Tokenizers without a limit report a huge sentinel (1e30) here.
+    limit = getattr(hf_tokenizer, "model_max_length", None)
+    if isinstance(limit, int) and limit < 10_000_000:
+        return limit
+    return DEFAULT_CONTEXT_LENGTH
+
+
+def _read_json(path: Path) -> dict:
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def _as_ids(value) -> list[int]:
+    if isinstance(value, int):
+        return [value]
+    return [v for v in value or () if isinstance(v, int)]

@@ -1,0 +1,135 @@
+"""Typed fields for the fleet config file: each field carries a check that turns a TOML value
+into the Python value, or says what was expected (`router.port: expected an integer 1-65535,
+got "abc"`). Used by shared/config/fleet.py; nothing here knows the sections."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import field
+from pathlib import Path
+from typing import Any
+
+# A check gets the raw value and the directory relative paths are taken from.
+Check = Callable[[Any, Path], Any]
+
+
+class ConfigError(ValueError):
+    """A config file or flag value that can't be used; the message names the key."""
+
+
+class Expected(ValueError):
+    """Raised by a check: the text says what was expected."""
+
+
+def describe(value: Any) -> str:
+    """A value as the user wrote it: strings quoted, the rest as TOML/JSON shows them."""
+    try:
+        return json.dumps(value)
+    except (TypeError, ValueError):
+        return str(value)
+
+
+def spec(default: Any, check: Check, help: str, **kwargs) -> Any:
+    """A dataclass field whose metadata holds its check and a line of help."""
+    return field(default=default, metadata={"check": check, "help": help}, **kwargs)
+
+
+def integer(low: int | None = None, high: int | None = None, optional: bool = False) -> Check:
+    def check(value, _base):
+        if value is None and optional:
+            return None
+        if type(value) is not int or (low is not None and value < low):
+            raise Expected(_int_text(low, high))
+        if high is not None and value > high:
+            raise Expected(_int_text(low, high))
+        return value
+
+    return check
+
+
+def _int_text(low: int | None, high: int | None) -> str:
+    if low is not None and high is not None:
+        return f"an integer {low}-{high}"
+    return f"an integer >= {low}" if low is not None else "an integer"
+
+
+def number(low: float, high: float | None = None, low_open: bool = False) -> Check:
+    bound = f"> {low:g}" if low_open else f">= {low:g}"
+    text = f"a number {bound}" + (f" and <= {high:g}" if high is not None else "")
+
+    def check(value, _base):
+        if type(value) not in (int, float):
+            raise Expected(text)
+        if value < low or (low_open and value == low) or (high is not None and value > high):
+            raise Expected(text)
+        return float(value)
+
+    return check
+
+
+def string(choices: Sequence[str] | None = None, optional: bool = False) -> Check:
+    def check(value, _base):
+        if value is None and optional:
+            return None
+        if not isinstance(value, str) or (choices is not None and value not in choices):
+            raise Expected(f"one of {', '.join(choices)}" if choices else "a string")
+        return value
+
+    return check
+
+
+def strings() -> Check:
+    def check(value, _base):
+        if not isinstance(value, list | tuple) or not all(isinstance(v, str) and v for v in value):
+            raise Expected("a list of non-empty strings")
+        return tuple(value)
+
+    return check
+
+
+def path(optional: bool = True) -> Check:
+    """A file or directory; `~` expands, relative paths are taken from the config file's folder."""
+
+    def check(value, base):
+        if value is None and optional:
+            return None
+        if not isinstance(value, str | Path) or not str(value):
+            raise Expected("a path (a non-empty string)")
+        return (base / Path(value).expanduser()).resolve()
+
+    return check
+
+
+ZMQ_ENDPOINT = re.compile(r"^(tcp://[^\s:]+:(\d+|\*)|ipc://\S+|inproc://\S+)$")
+
+
+def endpoint() -> Check:
+    def check(value, _base):
+        if not isinstance(value, str) or not ZMQ_ENDPOINT.match(value):
+            raise Expected("a ZeroMQ address like tcp://HOST:PORT")
+        return value
+
+    return check
+
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B|B)?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
+_UNITS |= {"kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+def size(optional: bool = True) -> Check:
+    """Bytes: an integer, or a string like "512MiB", "8GB"."""
+
+    def check(value, _base):
+        if value is None and optional:
+            return None
+        if type(value) is int and value > 0:
+            return value
+        match = _SIZE.match(value) if isinstance(value, str) else None
+        if match is None or float(match.group(1)) <= 0:
+            raise Expected('a size in bytes: an integer or a string like "8GiB" or "512MB"')
+        return int(float(match.group(1)) * _UNITS[(match.group(2) or "").lower()])
+
+    return check

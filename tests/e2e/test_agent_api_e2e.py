@@ -1,0 +1,115 @@
+"""End to end on the default model with real processes: a tools request through the openai SDK
+and a /v1/messages request through the anthropic SDK. Shapes and status, not the model's words."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.request
+
+import anthropic
+import openai
+import pytest
+
+from tests.support.launched import launch_cluster
+
+pytestmark = pytest.mark.slow
+
+MODEL = "SmolLM2-135M-Instruct"
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Current weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}},
+            "required": ["city"],
+        },
+    },
+}
+
+
+def wait_healthy(url: str, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=5) as r:
+                if json.loads(r.read())["healthy_workers"] >= 1:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.5)
+    raise AssertionError(f"no healthy worker after {timeout}s")
+
+
+@pytest.fixture(scope="module")
+def url(model_cache, tmp_path_factory):
+    logs = tmp_path_factory.mktemp("agent-api-logs")
+    with launch_cluster(["--workers", "1", "--kv-memory", "256MiB"], logs) as (base, _):
+        wait_healthy(base)
+        yield base
+
+
+def test_tools_request_and_round_trip(url):
+    api = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=120)
+    messages = [{"role": "user", "content": "What is the weather in Paris?"}]
+    resp = api.chat.completions.create(
+        model=MODEL, messages=messages, tools=[WEATHER], max_tokens=60, temperature=0
+    )
+    choice = resp.choices[0]
+    assert choice.finish_reason in ("stop", "length", "tool_calls")
+    assert (choice.finish_reason == "tool_calls") == bool(choice.message.tool_calls)
+    for call in choice.message.tool_calls or []:
+        assert call.id.startswith("call_") and isinstance(json.loads(call.function.arguments), dict)
+    history = [
+        *messages,
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_1", "type": "function",
+             "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "18C and sunny"},
+    ]  # fmt: skip
+    stream = api.chat.completions.create(
+        model=MODEL, messages=history, tools=[WEATHER], max_tokens=30, stream=True
+    )
+    chunks = list(stream)
+    assert chunks[-1].choices[0].finish_reason in ("stop", "length", "tool_calls")
+
+
+def test_anthropic_messages_request(url):
+    api = anthropic.Anthropic(base_url=url, api_key="unused", max_retries=0, timeout=120)
+    msg = api.messages.create(
+        model=MODEL,
+        max_tokens=30,
+        system="You are brief.",
+        messages=[{"role": "user", "content": "Name a color."}],
+    )
+    assert msg.type == "message" and msg.role == "assistant"
+    assert msg.stop_reason in ("end_turn", "max_tokens")
+    assert msg.usage.input_tokens > 0 and 0 < msg.usage.output_tokens <= 30
+    with api.messages.stream(
+        model=MODEL, max_tokens=20, messages=[{"role": "user", "content": "Say hi."}]
+    ) as stream:
+        types = [event.type for event in stream]
+    assert types[0] == "message_start" and types[-1] == "message_stop"
+
+
+@pytest.mark.parametrize(
+    "choice", ["required", {"type": "function", "function": {"name": "get_weather"}}]
+)
+def test_required_and_named_choices_always_yield_a_valid_call(url, choice):
+    """Enforced by the grammar, not hoped for: 135M parameters never call tools unasked."""
+    api = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=120)
+    for question in ("Weather in Paris?", "Tell me a joke.", "Is it cold in Oslo today?"):
+        resp = api.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": question}],
+            tools=[WEATHER],
+            tool_choice=choice,
+            max_tokens=80,
+        )
+        choice0 = resp.choices[0]
+        assert choice0.finish_reason == "tool_calls", choice0
+        (call,) = choice0.message.tool_calls
+        assert call.function.name == "get_weather"
+        assert isinstance(json.loads(call.function.arguments)["city"], str)

@@ -1,0 +1,86 @@
+"""Two models in one fleet, real processes: the default model and a random tiny llama written to
+a temp dir, started by launch-cluster from a [[models]] config, one worker each. Requests are
+routed by name (or alias), each model's second request hits its own worker's prefix cache, an
+unknown model is a 404 that lists both."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.request
+
+import openai
+import pytest
+
+from tests.support.launched import launch_cluster
+from tests.support.tp_group import save_tiny_model
+
+pytestmark = pytest.mark.slow
+
+
+def get_json(url: str) -> dict:
+    with urllib.request.urlopen(url, timeout=5) as r:
+        return json.loads(r.read())
+
+
+def wait_for_both(url: str, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if get_json(f"{url}/health")["models"] == {"smol": 1, "tiny-random": 1}:
+                return
+        except (OSError, KeyError, ValueError):
+            pass
+        time.sleep(0.5)
+    raise AssertionError(f"both models did not get a worker in {timeout}s")
+
+
+@pytest.fixture(scope="module")
+def url(default_model_dir, tmp_path_factory):
+    tiny = save_tiny_model(tmp_path_factory.mktemp("tiny-random") / "tiny-random", seed=3)
+    work = tmp_path_factory.mktemp("two-models")
+    config = work / "fleet.toml"
+    config.write_text(
+        f'[[models]]\npath = "{default_model_dir}"\nid = "smol"\naliases = ["small"]\n'
+        f'[[models]]\npath = "{tiny}"\n'
+    )
+    args = ["--config", str(config), "--workers", "1", "--kv-memory", "128MiB"]
+    with launch_cluster(args, work) as (base, _):
+        wait_for_both(base)
+        yield base
+
+
+def test_two_models_served_at_once_routed_by_name_with_their_own_caches(url):
+    api = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=120)
+    assert [m.id for m in api.models.list()] == ["smol", "tiny-random"]
+    workers = {w["id"]: w["model"] for w in get_json(f"{url}/v1/cluster")["workers"]}
+    assert sorted(workers.values()) == ["smol", "tiny-random"]
+    # a prompt of several blocks, the same text for both models
+    prompt = "You are a careful assistant for a team of engineers. " * 12
+    prompt_tokens = {}
+    for name, served in (("smol", "smol"), ("tiny-random", "tiny-random"), ("small", "smol")):
+        first = api.completions.create(model=name, prompt=prompt, max_tokens=4, temperature=0)
+        again = api.completions.create(model=name, prompt=prompt, max_tokens=4, temperature=0)
+        assert first.model == again.model == served
+        assert again.usage.prompt_tokens_details.cached_tokens > 0, name
+        assert again.choices[0].text == first.choices[0].text  # greedy: the same model answered
+        prompt_tokens[served] = first.usage.prompt_tokens
+    served = {w["model"]: w["requests_served"] for w in get_json(f"{url}/v1/cluster")["workers"]}
+    assert served == {"smol": 4, "tiny-random": 2}
+    # each model's own tokenizer read the prompt (the tiny one has 400 tokens, SmolLM2 49k)
+    assert prompt_tokens["tiny-random"] > prompt_tokens["smol"]
+
+
+def test_unknown_model_is_a_404_listing_both(url):
+    api = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=60)
+    with pytest.raises(openai.NotFoundError) as caught:
+        api.completions.create(model="gpt-9", prompt="hi", max_tokens=1)
+    message = caught.value.body["message"]
+    assert "'smol'" in message and "'tiny-random'" in message
+    try:
+        urllib.request.urlopen(f"{url}/v1/models/gpt-9", timeout=5)
+    except urllib.error.HTTPError as e:
+        assert e.code == 404
+    else:
+        raise AssertionError("GET /v1/models/gpt-9 was not a 404")

@@ -1,0 +1,75 @@
+"""Tiny random-weight mlx-lm models of each supported architecture, and reference decoding."""
+
+from __future__ import annotations
+
+import importlib
+
+import mlx.core as mx
+from mlx_lm.generate import generate_step
+
+from worker.config import EngineConfig
+from worker.engine.engine import Engine
+
+VOCAB = 97
+
+_COMMON = dict(
+    hidden_size=48,
+    num_hidden_layers=2,
+    intermediate_size=96,
+    num_attention_heads=6,
+    num_key_value_heads=2,
+    rms_norm_eps=1e-5,
+    vocab_size=VOCAB,
+    max_position_embeddings=512,
+)
+ARCHS = {
+    "llama": ("llama", dict(rope_theta=10000.0, tie_word_embeddings=False)),
+    "llama-traditional-rope": (
+        "llama",
+        dict(rope_theta=10000.0, rope_traditional=True, tie_word_embeddings=True),
+    ),
+    "mistral": ("llama", dict(model_type="mistral", rope_theta=1e6, tie_word_embeddings=False)),
+    "qwen2": ("qwen2", dict(rope_theta=1e6, tie_word_embeddings=True)),
+    "qwen3": ("qwen3", dict(rope_theta=1e6, tie_word_embeddings=True, head_dim=8)),
+}
+
+
+def tiny_model(arch: str = "llama", seed: int = 0, vocab_size: int = VOCAB):
+    module_name, extra = ARCHS[arch]
+    module = importlib.import_module(f"mlx_lm.models.{module_name}")
+    fields = module.ModelArgs.__dataclass_fields__
+    args = {"model_type": module_name, **_COMMON, **extra, "vocab_size": vocab_size}
+    mx.random.seed(seed)
+    model = module.Model(module.ModelArgs(**{k: v for k, v in args.items() if k in fields}))
+    mx.eval(model.parameters())
+    return model
+
+
+def reference_greedy(model, prompt: list[int], max_tokens: int) -> list[int]:
+    """mlx-lm's own greedy decoding: the answer the engine must reproduce exactly."""
+    out = []
+    for token, _ in generate_step(
+        mx.array(prompt), model, max_tokens=max_tokens, sampler=lambda x: mx.argmax(x, axis=-1)
+    ):
+        out.append(int(token))
+    return out
+
+
+def make_engine(model, grammars=None, **overrides) -> Engine:
+    config = dict(
+        block_size=8, num_blocks=256, prefill_chunk=64, step_token_budget=256, warmup=False
+    )
+    config.update(overrides)
+    return Engine(model, EngineConfig(**config), max_context=512, grammars=grammars)
+
+
+def run_to_completion(engine: Engine, max_steps: int = 10_000) -> dict[str, list[int]]:
+    """Step until idle; the tokens each request produced, with finish reasons checked."""
+    outputs: dict[str, list[int]] = {}
+    for _ in range(max_steps):
+        if not engine.has_work():
+            return outputs
+        for delta in engine.step():
+            assert delta.error is None, delta.error
+            outputs.setdefault(delta.request_id, []).extend(delta.token_ids)
+    raise AssertionError("engine did not finish")

@@ -1,0 +1,40 @@
+"""A launch-cluster process for end-to-end tests: started on a free port, stopped (SIGINT, then
+SIGKILL to its process group) however the test ends."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+from fleet.launch import free_port
+
+# the launcher's own output in a pipe (it prints little; its children log to the log dir)
+PIPED = {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT, "text": True}
+
+
+@contextlib.contextmanager
+def launch_cluster(
+    args: list[str], log_dir: Path, **popen
+) -> Iterator[tuple[str, subprocess.Popen]]:
+    """`launch-cluster ARGS --port P --log-dir LOG_DIR`: yields (base URL, process); waiting
+    for it to be ready is the caller's (what is ready differs between tests)."""
+    port = free_port()
+    popen = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL, **popen}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fleet.launch", *args, "--port", str(port), "--log-dir", str(log_dir)],
+        start_new_session=True, **popen,
+    )  # fmt: skip
+    try:
+        yield f"http://127.0.0.1:{port}", proc
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=40)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()

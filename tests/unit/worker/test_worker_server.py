@@ -1,0 +1,183 @@
+"""The worker process's server loop, against a real ROUTER socket playing the router."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import zmq
+
+from shared.kv_events import BlockStored
+from shared.protocol import (
+    Abort,
+    Generate,
+    Heartbeat,
+    KVEvents,
+    Register,
+    RegisterAck,
+    Shutdown,
+    TokenDelta,
+    decode,
+    encode,
+)
+from shared.sampling import SamplingParams
+from tests.support.engine_fixtures import make_engine, reference_greedy, tiny_model
+from worker.loop import WorkerServer
+
+
+class FakeRouter:
+    def __init__(self):
+        self.ctx = zmq.Context()
+        self.sock = self.ctx.socket(zmq.ROUTER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        port = self.sock.bind_to_random_port("tcp://127.0.0.1")
+        self.endpoint = f"tcp://127.0.0.1:{port}"
+        self.identity: bytes | None = None
+
+    def recv(self, timeout: float = 10.0):
+        if not self.sock.poll(int(timeout * 1000)):
+            raise TimeoutError("nothing from the worker")
+        identity, frame = self.sock.recv_multipart()
+        self.identity = identity
+        return decode(frame)
+
+    def recv_until(self, kind, timeout: float = 10.0):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            msg = self.recv(deadline - time.monotonic())
+            if isinstance(msg, kind):
+                return msg
+        raise TimeoutError(f"no {kind.__name__}")
+
+    def send(self, msg) -> None:
+        self.sock.send_multipart([self.identity, encode(msg)])
+
+    def send_raw(self, frame: bytes) -> None:
+        self.sock.send_multipart([self.identity, frame])
+
+    def close(self):
+        self.sock.close(linger=0)
+        self.ctx.term()
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_model("llama", seed=5)
+
+
+@pytest.fixture
+def running(model):
+    router = FakeRouter()
+    server = WorkerServer(make_engine(model), router.endpoint, "w-test", "tiny")
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    reg = router.recv_until(Register)
+    router.send(RegisterAck(accepted=True, heartbeat_interval_s=0.1))
+    yield router, server, reg
+    server.stop()
+    thread.join(timeout=5)
+    router.close()
+
+
+def collect(router, request_id: str) -> tuple[list[int], TokenDelta]:
+    tokens = []
+    while True:
+        msg = router.recv_until(TokenDelta)
+        assert msg.request_id == request_id
+        tokens.extend(msg.token_ids)
+        if msg.finish_reason:
+            return tokens, msg
+
+
+def test_registers_generates_and_streams(running, model):
+    router, _, reg = running
+    assert (reg.worker_id, reg.model_id, reg.block_size) == ("w-test", "tiny", 8)
+    router.send(Generate("r1", tuple(range(1, 20)), SamplingParams(max_tokens=6)))
+    tokens, final = collect(router, "r1")
+    assert tokens == reference_greedy(model, list(range(1, 20)), 6)
+    assert final.finish_reason == "length" and final.usage.completion_tokens == 6
+
+
+def test_kv_events_and_heartbeats_reach_the_router(running):
+    router, _, _ = running
+    router.send(Generate("r2", tuple(range(30)), SamplingParams(max_tokens=2)))
+    events = router.recv_until(KVEvents)
+    assert events.worker_id == "w-test"
+    assert any(isinstance(e, BlockStored) for e in events.events)
+    beat = router.recv_until(Heartbeat)
+    assert beat.worker_id == "w-test" and beat.total_blocks == 255
+    # the phase figures ride along once a step has run
+    deadline = time.monotonic() + 10
+    while beat.phases is None or beat.phases.prefill_tokens == 0:
+        assert time.monotonic() < deadline, "no phase figures in the heartbeats"
+        beat = router.recv_until(Heartbeat)
+    assert beat.phases.prefill_chunk_p50_ms > 0
+
+
+def test_registration_says_which_attention_backend_and_why(running):
+    _, _, reg = running
+    assert reg.attention.backend == "mlx" and reg.attention.requested == "auto"
+    assert reg.attention.self_test.startswith("not run: Metal is not available")
+
+
+def test_bad_request_gets_an_error_delta(running):
+    router, _, _ = running
+    router.send(Generate("bad", (), SamplingParams()))
+    msg = router.recv_until(TokenDelta)
+    assert (msg.request_id, msg.finish_reason) == ("bad", "error")
+    assert "empty" in msg.error
+
+
+def test_abort_stops_a_request(running):
+    router, server, _ = running
+    router.send(Generate("long", tuple(range(10)), SamplingParams(max_tokens=400)))
+    router.recv_until(TokenDelta)
+    router.send(Abort("long"))
+    deadline = time.monotonic() + 5
+    while server.engine.has_work() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not server.engine.has_work()
+
+
+def test_malformed_frames_are_dropped(running, model):
+    router, _, _ = running
+    router.send_raw(b"\xc1 definitely not msgpack")
+    router.send_raw(encode(Abort("x"))[:-2])
+    router.send(Generate("after", (5, 6, 7), SamplingParams(max_tokens=3)))
+    tokens, _ = collect(router, "after")
+    assert tokens == reference_greedy(model, [5, 6, 7], 3)
+
+
+def serve_once(model, router: FakeRouter, *answers) -> tuple[WorkerServer, list[int]]:
+    """Run a worker until it exits after `answers` to its Register; its exit codes."""
+    server = WorkerServer(make_engine(model), router.endpoint, "w-once", "tiny")
+    result: list[int] = []
+    thread = threading.Thread(target=lambda: result.append(server.serve_forever()), daemon=True)
+    thread.start()
+    router.recv_until(Register)
+    for msg in answers:
+        router.send(msg)
+    thread.join(timeout=5)
+    router.close()
+    return server, result
+
+
+def test_shutdown_message_stops_the_worker(model):
+    _, result = serve_once(model, FakeRouter(), RegisterAck(accepted=True), Shutdown("test"))
+    assert result == [0]
+
+
+def test_refused_registration_exits_nonzero(model):
+    refusal = RegisterAck(accepted=False, reason="protocol version mismatch")
+    server, result = serve_once(model, FakeRouter(), refusal)
+    assert result == [1] and server.link.refused == "protocol version mismatch"
+
+
+def test_worker_registers_again_when_asked(running):
+    router, _, reg = running
+    from shared.protocol import ReRegister
+
+    router.send(ReRegister("router restarted"))
+    again = router.recv_until(Register)
+    assert again.worker_id == reg.worker_id

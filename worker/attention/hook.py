@@ -1,0 +1,42 @@
+"""The one seam into mlx-lm: its `scaled_dot_product_attention`, routed to our paged cache.
+
+mlx-lm model modules bind `scaled_dot_product_attention` from `mlx_lm.models.base` when they
+are imported, so the hook is patched into base and into every model module already imported.
+It is installed when a `ModelRunner` is made (not at import), and `worker.runner.model_support`
+checks, per model, that every layer's attention really goes through it.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from mlx_lm.models import base as mlx_base
+
+_original_sdpa = mlx_base.scaled_dot_product_attention
+
+
+class AttentionSinksUnsupported(NotImplementedError):
+    """The model passed attention sinks, which paged attention does not implement."""
+
+
+def _paged_sdpa(queries, keys, values, cache, scale, mask, sinks=None, **kwargs):
+    attend = getattr(cache, "attend", None)
+    if attend is None:  # not our cache: mlx-lm's own attention, unchanged
+        return _original_sdpa(
+            queries, keys, values, cache=cache, scale=scale, mask=mask, sinks=sinks, **kwargs
+        )
+    if sinks is not None:
+        raise AttentionSinksUnsupported("attention sinks are not supported over the paged KV")
+    return attend(queries, scale)
+
+
+def install_attention_hook() -> None:
+    """Route mlx-lm's attention through `_paged_sdpa`, in base and in every model module
+    loaded so far. Idempotent; the hook leaves non-paged caches to mlx-lm's own function."""
+    mlx_base.scaled_dot_product_attention = _paged_sdpa
+    for name, module in list(sys.modules.items()):
+        if (
+            name.startswith("mlx_lm.models.")
+            and getattr(module, "scaled_dot_product_attention", None) is _original_sdpa
+        ):
+            module.scaled_dot_product_attention = _paged_sdpa

@@ -1,0 +1,95 @@
+"""The Metal paged-attention backend: the kernel of `worker.attention.metal_source` through
+`mx.fast.metal_kernel`.
+
+Where it is verified: on Linux, tests compile the exact kernel body with the SIMT emulator
+(`tests/support/metal_emulator`) and compare it with the MLX-ops reference over random batches; on a
+Mac, `worker.attention.selftest.self_test` runs it against the reference before a worker uses
+it. `unavailable_reason` is None only where Metal is here AND the kernel passed that
+self-test in this process, so `backend="auto"` never picks an unchecked kernel; the worker
+start (the lead's wiring) calls `verify_metal_backend` for its block size and dtype.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import mlx.core as mx
+
+from worker.attention.metal_source import (
+    INPUT_NAMES,
+    KERNEL_BODY,
+    KERNEL_NAME,
+    OUTPUT_NAMES,
+    make_launch,
+)
+
+# (name, input_names, output_names, source, ...) -> callable(**Launch) -> [out]; tests pass
+# the emulator's `EmulatedKernel` here.
+KernelFactory = Callable[..., Callable[..., list[mx.array]]]
+
+
+class _SelfTestVerdict:
+    """Whether the kernel passed its self-test in this process: "auto" must never pick a
+    kernel that was not checked against the reference on this very machine."""
+
+    def __init__(self):
+        self.reason: str | None = "the kernel has not been self-tested in this process yet"
+
+    def record(self, ok: bool, reason: str) -> None:
+        self.reason = None if ok else f"the kernel failed its self-test: {reason}"
+
+
+SELF_TEST = _SelfTestVerdict()
+
+
+def metal_reason() -> str | None:
+    """Why Metal itself is missing here, or None."""
+    if not mx.metal.is_available():
+        return "Metal is not available on this machine (mx.metal.is_available() is False)"
+    return None
+
+
+def unavailable_reason() -> str | None:
+    """Why the Metal backend can't run here, or None when it can: Metal is present and the
+    kernel passed `worker.attention.selftest.verify_metal_backend` in this process."""
+    return metal_reason() or SELF_TEST.reason
+
+
+class _KernelCache:
+    """One kernel object per factory: MLX compiles a pipeline per template instantiation on
+    first use and caches it by name, so building the object once is all we keep."""
+
+    def __init__(self):
+        self._kernels: dict[KernelFactory, Callable] = {}  # keyed by the factory itself
+
+    def get(self, factory: KernelFactory) -> Callable:
+        if factory not in self._kernels:
+            self._kernels[factory] = factory(
+                KERNEL_NAME, INPUT_NAMES, OUTPUT_NAMES, KERNEL_BODY, ensure_row_contiguous=True
+            )
+        return self._kernels[factory]
+
+
+_KERNELS = _KernelCache()
+
+
+def paged_attention_metal(
+    queries: mx.array,
+    k_pool: mx.array,
+    v_pool: mx.array,
+    block_tables: mx.array,
+    context_lengths: mx.array,
+    *,
+    scale: float,
+    block_size: int,
+    max_context: int,
+    kernel_factory: KernelFactory | None = None,
+) -> mx.array:
+    """The kernel's entry point; same contract as the "mlx" strategies (`max_context` unused:
+    each threadgroup reads its own sequence's length). Raises NotImplementedError on a shape
+    the kernel does not serve (see `metal_kernel_source.unsupported_reason`)."""
+    launch = make_launch(
+        queries, k_pool, v_pool, block_tables, context_lengths, scale=scale, block_size=block_size
+    )
+    kernel = _KERNELS.get(kernel_factory or mx.fast.metal_kernel)
+    return kernel(**launch._asdict())[0]

@@ -1,0 +1,70 @@
+"""Choose a worker's paged-attention backend once, at start, and say why.
+
+"mlx" (MLX ops) runs everywhere and is the reference. With "auto", the Metal kernel is used
+only where Metal is available and its self-test on this machine passes
+(`worker.attention.selftest`): it must match the reference on random inputs and be faster on a
+representative decode shape; then every pipeline the worker will use is compiled up front
+(`prewarm`), so no request pays for it. Otherwise MLX ops, and the report says why.
+`--attention-backend metal` insists on the kernel: a kernel that is only slower is used, but
+one that is missing, fails or gives wrong numbers stops the worker with the reason.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from shared.protocol import AttentionReport
+from worker.attention import metal_kernel, selftest
+from worker.attention.paged import BACKENDS, AttentionBackend, BackendUnavailableError
+
+log = logging.getLogger(__name__)
+
+
+def select_backend(
+    requested: str, shape, block_size: int
+) -> tuple[AttentionBackend, AttentionReport]:
+    """The backend this worker's forwards use, and the report it registers with."""
+    if requested not in ("auto", "metal", "mlx"):
+        known = "auto, metal, mlx"
+        raise ValueError(f"unknown paged-attention backend {requested!r}; known: {known}")
+    if requested == "mlx":
+        return BACKENDS["mlx"], AttentionReport("mlx", requested, "not run: mlx requested")
+    missing = metal_kernel.metal_reason()
+    if missing is not None:
+        if requested == "metal":
+            raise BackendUnavailableError(f"--attention-backend metal: {missing}")
+        log.info("paged attention: MLX ops (%s)", missing)
+        return BACKENDS["mlx"], AttentionReport("mlx", requested, f"not run: {missing}")
+    return _self_tested(requested, shape, block_size)
+
+
+def _self_tested(requested: str, shape, block_size: int):
+    dims = dict(
+        num_heads=shape.num_heads or shape.num_kv_heads,
+        num_kv_heads=shape.num_kv_heads,
+        head_dim=shape.head_dim,
+    )
+    result = selftest.verify_metal_backend(
+        block_size=block_size, dtype=shape.kv_dtype, **dims
+    )
+    slower_only = result.reason.startswith("slower")
+    if result.ok or (requested == "metal" and slower_only):
+        warm = selftest.prewarm(
+            BACKENDS["metal"].run, [block_size], [shape.kv_dtype], **dims
+        )
+        failed = [f"{key}: {why}" for key, why in warm.items() if why is not None]
+        if not failed:
+            log.info("paged attention: the Metal kernel (%s)", result.reason)
+            return BACKENDS["metal"], _report("metal", requested, "passed", result)
+        result = result._replace(ok=False, reason=f"pre-warm failed: {'; '.join(failed)}")
+    if requested == "metal":
+        raise BackendUnavailableError(f"--attention-backend metal: self-test {result.reason}")
+    log.warning("paged attention: MLX ops; the Metal kernel's self-test: %s", result.reason)
+    return BACKENDS["mlx"], _report("mlx", requested, f"failed: {result.reason}", result)
+
+
+def _report(backend: str, requested: str, verdict: str, result) -> AttentionReport:
+    return AttentionReport(
+        backend, requested, verdict if verdict != "passed" else f"passed: {result.reason}",
+        result.candidate_ms, result.reference_ms,
+    )  # fmt: skip

@@ -1,0 +1,411 @@
+"""Continuous batching over the paged KV: who runs this step, and with which blocks.
+
+Every step: each decoding sequence gets a slot for its next token (a new block when it
+crosses a boundary); what is left of the step's token budget goes to prefill chunks:
+first sequences already mid-prompt, then newly admitted ones (FIFO), each admitted with
+its longest cached prefix, and only when its whole prompt fits beside what the running
+sequences still need for theirs (no overcommit). When blocks run out, the prefix cache
+gives back its least recently used unreferenced blocks; when that is not enough, the
+newest running sequence is preempted (its computed blocks go to the prefix cache, so
+recomputing it is cheap) and requeued at the front.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import deque
+from typing import NamedTuple
+
+from worker.config import EngineConfig
+from worker.engine.sequence import Sequence, Status
+from worker.kv.block_pool import BlockPool
+from worker.kv.disk_tier import DiskTier
+from worker.kv.radix_cache import MatchResult, RadixCache
+
+
+class PrefillChunk(NamedTuple):
+    seq: Sequence
+    num_tokens: int
+
+
+class StepKind(enum.Enum):
+    """How one step's work goes through the model."""
+
+    DECODE = "decode"  # one token per decoding sequence, one forward (pipelined when steady)
+    MIXED = "mixed"  # decode rows + short prefill chunks as one-token rows, one forward
+    SEPARATE = "separate"  # a decode forward, then a prefill forward (chunks too long to fold)
+    PREFILL = "prefill"  # prefill chunks only, rows right-padded to a common length
+    IDLE = "idle"  # nothing to run
+
+
+class StepPlan(NamedTuple):
+    kind: StepKind
+    decode: list[Sequence]
+    prefill: list[PrefillChunk]
+    preempted: list[Sequence]
+
+    def split(self) -> list[StepPlan]:
+        """The forwards this plan runs, in order: a SEPARATE plan is a DECODE then a PREFILL."""
+        if self.kind is not StepKind.SEPARATE:
+            return [self]
+        return [
+            StepPlan(StepKind.DECODE, self.decode, [], self.preempted),
+            StepPlan(StepKind.PREFILL, [], self.prefill, []),
+        ]
+
+
+# Most context slots that folded prefill rows may gather in one step: each one-token row of a
+# MIXED forward gathers its whole context, so only short chunks are worth folding.
+FOLD_CONTEXT_SLOTS = 16384
+
+
+def plan_kind(decode: list[Sequence], prefill: list[PrefillChunk]) -> StepKind:
+    if not decode:
+        return StepKind.PREFILL if prefill else StepKind.IDLE
+    if not prefill:
+        return StepKind.DECODE
+    folded = sum(c.num_tokens * (c.seq.num_computed + c.num_tokens) for c in prefill)
+    return StepKind.MIXED if folded <= FOLD_CONTEXT_SLOTS else StepKind.SEPARATE
+
+
+class Scheduler:
+    """The only owner of sequence lifecycle: admission, block growth, preemption, advancing
+    and finishing. The engine asks it for plans and reports what the model produced."""
+
+    def __init__(
+        self,
+        pool: BlockPool,
+        cache: RadixCache,
+        config: EngineConfig,
+        max_context: int,
+        disk: DiskTier | None = None,
+    ):
+        self.pool, self.cache, self.config = pool, cache, config
+        self.max_context, self.disk = max_context, disk
+        self.block_size = pool.block_size
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+
+    # ---- queue -------------------------------------------------------------------------
+
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    def remove(self, seq: Sequence) -> None:
+        """Take `seq` out of the queues and give back its blocks (abort or finish)."""
+        if seq.status is Status.RUNNING:
+            self.running.remove(seq)
+            self._release(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        seq.status = Status.FINISHED
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def sequences_of(self, request_id: str) -> list[Sequence]:
+        """Every queued or running sequence of a request (its choices, with n > 1)."""
+        return [s for s in (*self.waiting, *self.running) if s.request_id == request_id]
+
+    # ---- the step plan -----------------------------------------------------------------
+
+    def schedule(self) -> StepPlan:
+        preempted: list[Sequence] = []
+        self._fork_ready()
+        decode = self._schedule_decode(preempted)
+        self._plan_drafts(decode)
+        budget = self.config.step_token_budget - sum(1 + len(s.draft) for s in decode)
+        prefill = self._continue_prefills(budget, preempted)
+        budget -= sum(c.num_tokens for c in prefill)
+        if not preempted:
+            # (after a preemption the pool is full anyway; and admitting now could take back
+            # a sequence preempted above, already in this plan: planned twice, its rows would
+            # run past its new blocks)
+            prefill += self._admit(budget)
+        # a later reservation may have preempted a sequence planned earlier in this step
+        decode = [s for s in decode if s.status is Status.RUNNING]
+        prefill = [c for c in prefill if c.seq.status is Status.RUNNING]
+        return StepPlan(plan_kind(decode, prefill), decode, prefill, preempted)
+
+    # ---- pipelined decode --------------------------------------------------------------
+
+    def can_continue_decode(self, seqs: list[Sequence]) -> bool:
+        """Whether the next step can be `seqs` (the batch whose step is in flight, its tokens
+        not yet read) decoding once more, safely: nothing to admit or prefill, none that the
+        in-flight token could end by length, and blocks for every next slot without
+        preempting. Does not mutate."""
+        if self.waiting or len(self.running) != len(seqs):
+            return False
+        for seq in seqs:
+            if seq.status is not Status.RUNNING or seq.num_uncomputed != 0:
+                return False
+            if seq.sampling.needs_host_step:  # its grammar needs the in-flight token first
+                return False
+            if (
+                seq.num_output + 1 >= seq.sampling.max_tokens
+                or len(seq.tokens) + 2 >= self.max_context
+            ):
+                return False
+        if self._would_draft(seqs):
+            return False  # verifying drafts needs the tokens on the host: a planned step
+        need = sum(self.blocks_needed(s, s.num_computed + 1) for s in seqs)
+        return need <= self.pool.num_free + self.cache.evictable_blocks
+
+    def continue_decode(self, seqs: list[Sequence]) -> StepPlan:
+        """Mutates: the DECODE plan `can_continue_decode(seqs)` allowed, blocks grown."""
+        if not self.make_room(sum(self.blocks_needed(s, s.num_computed + 1) for s in seqs)):
+            raise RuntimeError("continue_decode without can_continue_decode")
+        for seq in seqs:
+            self.grow(seq, seq.num_computed + 1)
+            seq.draft = []
+            if seq.drafting is not None:
+                seq.drafting.tick()
+        return StepPlan(StepKind.DECODE, list(seqs), [], [])
+
+    # ---- results -----------------------------------------------------------------------
+
+    def computed(self, seq: Sequence, num_tokens: int) -> None:
+        """Mutates: `num_tokens` more of `seq`'s tokens have their K/V in the pool (or will,
+        when the step that writes them is in flight); a finished prompt enters the cache."""
+        seq.num_computed += num_tokens
+        if seq.num_computed >= seq.prompt_len and seq.inserted_tokens < seq.prompt_len:
+            self.cache_computed(seq)  # let waiting requests share this prompt
+
+    def append_token(self, seq: Sequence, token: int, logprob: float | None) -> str | None:
+        """Mutates: `seq` sampled `token`; its finish reason ("stop", "length") if that ends
+        it (then it is removed and its blocks given back), else None."""
+        seq.tokens.append(token)
+        if seq.sampling.logprobs and logprob is not None:
+            seq.logprobs.append(logprob)
+        grammar_done = seq.advance_grammar(token)
+        if token in seq.sampling.stop_token_ids or grammar_done:
+            reason = "stop"
+        elif seq.num_output >= seq.sampling.max_tokens or len(seq.tokens) >= self.max_context:
+            reason = "length"
+        else:
+            return None
+        self.remove(seq)
+        return reason
+
+    def _schedule_decode(self, preempted: list[Sequence]) -> list[Sequence]:
+        decode = []
+        for seq in sorted(
+            (s for s in self.running if not s.is_prefilling and not s.forks),
+            key=lambda s: s.arrival,
+        ):
+            if seq.status is not Status.RUNNING:
+                continue  # preempted earlier in this loop
+            if self._reserve(seq, seq.num_computed + 1, preempted):
+                decode.append(seq)
+        return decode
+
+    def _continue_prefills(self, budget: int, preempted: list[Sequence]) -> list[PrefillChunk]:
+        chunks = []
+        for seq in sorted((s for s in self.running if s.is_prefilling), key=lambda s: s.arrival):
+            n = min(self.config.prefill_chunk, seq.prefill_left, budget)
+            if seq.status is not Status.RUNNING or n <= 0:
+                continue
+            if self._reserve(seq, seq.num_computed + n, preempted):
+                chunks.append(PrefillChunk(seq, n))
+                budget -= n
+        return chunks
+
+    def _admit(self, budget: int) -> list[PrefillChunk]:
+        chunks, deferred = [], []
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_running:
+            seq = self.waiting.popleft()
+            prompt = seq.tokens[:-1]  # the last token is always computed, for its logits
+            if self._shares_pending_prefill(seq, self.cache.peek_prefix_length(prompt)):
+                deferred.append(seq)  # wait for that prefill, then hit its blocks
+                continue
+            match = self.cache.match_prefix(prompt if self.config.enable_prefix_cache else [])
+            # hold the match before making room, or the eviction could take it
+            self.cache.lock(match.node)
+            self.pool.incref(match.block_ids)
+            match = self._extend_from_disk(prompt, match)
+            left = len(seq.tokens) - match.num_tokens - (1 if seq.forks else 0)
+            n = min(self.config.prefill_chunk, left, budget)
+            need = self.pool.blocks_for_tokens(match.num_tokens + n) - len(match.block_ids)
+            if not self._fits_whole_prompt(seq, match) or not self.make_room(need):
+                self.cache.unlock(match.node)
+                self.pool.decref(match.block_ids)
+                self.waiting.appendleft(seq)
+                break
+            self._start(seq, match, need)
+            if n > 0:  # 0: all but the last token cached, and forks pending
+                chunks.append(PrefillChunk(seq, n))
+            budget -= n
+        self.waiting.extendleft(reversed(deferred))
+        return chunks
+
+    def _fits_whole_prompt(self, seq: Sequence, match: MatchResult) -> bool:
+        """Whether `seq`'s whole prompt (and its first output token) fits beside what the
+        running sequences still need for theirs, in free and evictable blocks. Admitting on
+        the first chunk alone overcommits the pool under KV pressure: the later chunks then
+        preempt newer sequences, whose recomputation evicts the cached prefixes that waiting
+        requests would have hit. With nothing running, a prompt is admitted anyway (alone)."""
+        if not self.running:
+            return True
+        need = self.pool.blocks_for_tokens(len(seq.tokens) + 1) - len(match.block_ids)
+        pending = sum(
+            max(0, self.pool.blocks_for_tokens(len(s.tokens) + 1) - len(s.block_ids))
+            for s in self.running
+        )
+        return need + pending <= self.pool.num_free + self.cache.evictable_blocks
+
+    def _extend_from_disk(self, prompt: list[int], match: MatchResult) -> MatchResult:
+        """Mutates: the prompt's blocks after `match` that the disk tier holds, loaded into new
+        blocks (held, like the match's) and put back in the prefix cache; the longer match."""
+        start = len(match.block_ids)
+        wanted = len(prompt) // self.block_size - start
+        if self.disk is None or wanted <= 0 or not self.config.enable_prefix_cache:
+            return match
+        hits = self.disk.find(prompt, start, wanted)
+        if not hits or not self.make_room(len(hits)):
+            return match
+        loaded = self.pool.allocate(len(hits))
+        self.disk.load(loaded, hits)
+        block_ids = match.block_ids + loaded
+        num_tokens = len(block_ids) * self.block_size
+        self.cache.insert(prompt[:num_tokens], block_ids)
+        return MatchResult(match.node, block_ids, num_tokens)
+
+    def _shares_pending_prefill(self, seq: Sequence, cached: int) -> bool:
+        """Whether a running prefill will cache at least one more block of `seq`'s prompt."""
+        end = cached + self.block_size
+        if len(seq.tokens) <= end or not self.config.enable_prefix_cache:
+            return False
+        head = seq.tokens[:end]
+        return any(
+            p.num_computed < p.prompt_len and p.prompt_len >= end and p.tokens[:end] == head
+            for p in self.running
+        )
+
+    def _start(self, seq: Sequence, match, need: int) -> None:
+        """Admit `seq` on its (already locked and held) prefix match plus `need` new blocks."""
+        seq.lock_node = match.node
+        seq.block_ids = list(match.block_ids) + self.pool.allocate(need)
+        seq.num_computed = match.num_tokens
+        seq.inserted_tokens = match.num_tokens
+        if seq.num_preemptions == 0:
+            seq.num_cached = match.num_tokens
+        seq.status = Status.RUNNING
+        self.running.append(seq)
+
+    # ---- speculative decoding ----------------------------------------------------------------
+
+    def _draft_budget(self, seq: Sequence) -> int:
+        """Most draft tokens `seq` may verify this step (its token and context limits)."""
+        left = min(
+            seq.sampling.max_tokens - seq.num_output - 1,
+            self.max_context - len(seq.tokens) - 2,
+        )
+        return max(0, min(self.config.spec_tokens, left))
+
+    def _would_draft(self, seqs: list[Sequence]) -> bool:
+        if self.config.speculative == "off" or len(seqs) > self.config.spec_max_batch:
+            return False
+        return any(
+            s.drafting is not None and s.drafting.propose(s.tokens, self._draft_budget(s))
+            for s in seqs
+        )
+
+    def _plan_drafts(self, decode: list[Sequence]) -> None:
+        """Mutates: this step's drafts of the decoding sequences, with blocks for them (only
+        from free or evictable blocks: a draft never preempts anyone)."""
+        speculate = self.config.speculative != "off" and len(decode) <= self.config.spec_max_batch
+        for seq in decode:
+            seq.draft = []
+            if seq.drafting is None:
+                continue
+            seq.drafting.tick()
+            if not speculate:
+                continue
+            draft = seq.drafting.propose(seq.tokens, self._draft_budget(seq))
+            end = seq.num_computed + 1 + len(draft)
+            if draft and self.make_room(self.blocks_needed(seq, end)):
+                self.grow(seq, end)
+                seq.draft = draft
+
+    # ---- n > 1: choices forked after one prefill ------------------------------------------
+
+    def _fork_ready(self) -> None:
+        """Mutates: fork every sequence whose prompt is computed but for its last token."""
+        for seq in [s for s in self.running if s.forks and s.num_uncomputed == 1]:
+            self._fork(seq)
+
+    def _fork(self, parent: Sequence) -> None:
+        """Give `parent`'s pending choices their own sequences: they share its full blocks by
+        reference count; a partial tail block, which each choice writes its next token into,
+        is copied (copy on write). Waits (no fork, no decode) while there is no room."""
+        partial_tail = parent.num_computed % self.block_size != 0
+        if not self.make_room(parent.forks if partial_tail else 0):
+            return
+        for choice in range(1, parent.forks + 1):
+            child = parent.fork(choice)
+            self.pool.incref(child.block_ids)
+            if partial_tail:
+                child.block_ids[-1] = self.pool.copy_on_write(child.block_ids[-1])
+            if child.lock_node is not None:
+                self.cache.lock(child.lock_node)
+            self.running.append(child)
+        parent.forks = 0
+
+    # ---- blocks ------------------------------------------------------------------------
+
+    def _reserve(self, seq: Sequence, num_tokens: int, preempted: list[Sequence]) -> bool:
+        """Give `seq` blocks for `num_tokens`, evicting and preempting newer work as needed."""
+        need = self.blocks_needed(seq, num_tokens)
+        while need > 0 and not self.make_room(need):
+            victim = max(self.running, key=lambda s: s.arrival)
+            self.preempt(victim)
+            preempted.append(victim)
+            if victim is seq:
+                return False
+        self.grow(seq, num_tokens)
+        return True
+
+    def blocks_needed(self, seq: Sequence, num_tokens: int) -> int:
+        """New blocks `seq` needs to hold `num_tokens` tokens (0 when it has them)."""
+        return max(0, self.pool.blocks_for_tokens(num_tokens) - len(seq.block_ids))
+
+    def grow(self, seq: Sequence, num_tokens: int) -> None:
+        """Mutates: give `seq` blocks for `num_tokens`; the caller made room (`make_room`)."""
+        if need := self.blocks_needed(seq, num_tokens):
+            seq.block_ids += self.pool.allocate(need)
+
+    def make_room(self, need: int) -> bool:
+        """Mutates: evict cached blocks until `need` can be allocated; whether it can."""
+        if need <= 0 or self.pool.can_allocate(need):
+            return True
+        self.cache.evict(need - self.pool.num_free)
+        return self.pool.can_allocate(need)
+
+    def preempt(self, seq: Sequence) -> None:
+        """Free `seq`'s blocks (computed ones stay in the prefix cache) and requeue it first."""
+        self.running.remove(seq)
+        self._release(seq)
+        seq.status = Status.WAITING
+        seq.num_computed = 0
+        seq.num_preemptions += 1
+        self.waiting.appendleft(seq)
+
+    def cache_computed(self, seq: Sequence) -> None:
+        """Hand `seq`'s computed full blocks to the prefix cache (they stay held by `seq`)."""
+        full = seq.num_computed // self.block_size * self.block_size
+        if full > seq.inserted_tokens and self.config.enable_prefix_cache:
+            self.cache.insert(seq.tokens[:full], seq.block_ids)
+            seq.inserted_tokens = full
+
+    def _release(self, seq: Sequence) -> None:
+        self.cache_computed(seq)
+        if seq.lock_node is not None:
+            self.cache.unlock(seq.lock_node)
+            seq.lock_node = None
+        self.pool.decref(seq.block_ids)
+        seq.block_ids = []
+
+    def drop(self, seq: Sequence) -> None:
+        """Like remove, but nothing of `seq` enters the prefix cache (its KV is suspect)."""
+        seq.inserted_tokens = max(seq.inserted_tokens, seq.num_computed)
+        self.remove(seq)

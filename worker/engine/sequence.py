@@ -1,0 +1,90 @@
+"""One request's state inside the engine: its tokens, its blocks, how far its KV is computed."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+import mlx.core as mx
+
+from shared.sampling import SamplingParams
+from worker.engine.speculative import DraftState
+from worker.runner.logits_processors import LogitsState
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"  # queued; holds no blocks
+    RUNNING = "running"  # admitted: holds blocks, prefilling or decoding
+    FINISHED = "finished"
+
+
+@dataclass(eq=False)
+class Sequence:
+    request_id: str
+    prompt_len: int
+    tokens: list[int]  # prompt + generated so far
+    sampling: SamplingParams
+    arrival: int  # admission order, for preempting the newest first
+    status: Status = Status.WAITING
+    block_ids: list[int] = field(default_factory=list)
+    num_computed: int = 0  # tokens whose K/V are in the pool
+    num_cached: int = 0  # prompt tokens served from the prefix cache (first admission)
+    lock_node: object | None = None  # radix node locked for this sequence
+    inserted_tokens: int = 0  # tokens already handed to the radix cache
+    rng_key: mx.array | None = None
+    logprobs: list[float] = field(default_factory=list)
+    num_preemptions: int = 0
+    seed: int = 0  # of the rng key; choice i of a request samples with seed + i
+    choice: int = 0  # which of its request's n choices this sequence is
+    forks: int = 0  # choices still to fork off this one once its prompt is computed
+    logits_state: LogitsState | None = None  # bias, penalties, grammar (when asked for)
+    draft: list[int] = field(default_factory=list)  # this step's speculative tokens
+    drafting: DraftState | None = None  # set when speculative decoding may draft for it
+
+    def fork(self, choice: int) -> Sequence:
+        """A copy that shares the prompt computed so far (the caller shares its blocks)."""
+        return Sequence(
+            request_id=self.request_id,
+            prompt_len=self.prompt_len,
+            tokens=list(self.tokens),
+            sampling=self.sampling,
+            arrival=self.arrival,
+            status=self.status,
+            block_ids=list(self.block_ids),
+            num_computed=self.num_computed,
+            num_cached=self.num_cached,
+            lock_node=self.lock_node,
+            inserted_tokens=self.inserted_tokens,
+            rng_key=None if self.rng_key is None else mx.random.key(self.seed + choice),
+            seed=self.seed,
+            choice=choice,
+            logits_state=self.logits_state.fork() if self.logits_state is not None else None,
+        )
+
+    def advance_grammar(self, token: int) -> bool:
+        """Mutates: the grammar (if any) consumes the sampled `token`; True when it is then
+        complete (nothing more may follow), which ends the sequence with "stop"."""
+        state = self.logits_state
+        return state is not None and state.grammar is not None and state.grammar.advance(token)
+
+    @property
+    def num_output(self) -> int:
+        return len(self.tokens) - self.prompt_len
+
+    @property
+    def num_uncomputed(self) -> int:
+        return len(self.tokens) - self.num_computed
+
+    @property
+    def is_prefilling(self) -> bool:
+        return self.num_uncomputed > 1
+
+    @property
+    def prefill_left(self) -> int:
+        """Prompt tokens to compute before the next step samples (with forks pending, the
+        last one is computed by each choice on its own, after the fork)."""
+        return self.num_uncomputed - (1 if self.forks else 0)
+
+    @property
+    def output_tokens(self) -> list[int]:
+        return self.tokens[self.prompt_len :]

@@ -1,0 +1,148 @@
+"""The worker process: an Engine driven by messages from the router.
+
+The engine loop runs in the main thread: take what arrived (Generate, Abort, Shutdown),
+run one engine step, send the deltas and KV events. It never waits on the socket (the link
+thread owns that), and when idle it sleeps on the inbound queue.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import socket
+import threading
+import time
+from collections.abc import Callable
+
+from shared.protocol import (
+    Abort,
+    Generate,
+    GroupReport,
+    Heartbeat,
+    KVEvents,
+    Message,
+    Register,
+    RegisterAck,
+    Shutdown,
+    TokenDelta,
+    Usage,
+)
+from shared.sampling import InvalidRequest
+from worker.connection import WorkerLink
+from worker.engine.engine import Engine, EngineOverloaded
+
+log = logging.getLogger(__name__)
+
+IDLE_WAIT_S = 0.05
+PHASES_EVERY_S = 1.0  # phase percentiles sort a window: refreshed this often, not per step
+
+
+class WorkerServer:
+    def __init__(
+        self,
+        engine: Engine,
+        endpoint: str,
+        worker_id: str,
+        model_id: str,
+        configure_socket=None,
+        group: GroupReport | None = None,
+        on_idle: Callable[[], None] | None = None,
+    ):
+        """`group` and `on_idle`: for a tensor-parallel group's leader, the ranks it reports
+        and what it runs between idle waits (the keepalive its followers expect)."""
+        self.engine, self.worker_id, self.on_idle = engine, worker_id, on_idle
+        register = Register(
+            worker_id=worker_id,
+            model_id=model_id,
+            block_size=engine.pool.block_size,
+            kv_capacity_blocks=engine.pool.num_blocks - 1,
+            host=socket.gethostname(),
+            pid=os.getpid(),
+            attention=engine.attention_report,
+            group=group,
+        )
+        self._phases, self._phases_at = None, 0.0
+        self._load = self._heartbeat()
+        self.link = WorkerLink(endpoint, register, lambda: self._load, configure_socket)
+        self.stopping = threading.Event()
+
+    def serve_forever(self) -> int:
+        """Run until Shutdown, stop(), or the router refuses us; the exit code."""
+        self.link.start()
+        try:
+            while not self.stopping.is_set():
+                self._handle_inbound(block=not self.engine.has_work())
+                if self.engine.has_work():
+                    self._step()
+                elif self.on_idle is not None:
+                    self.on_idle()
+                self._load = self._heartbeat()
+        finally:
+            self.link.stop()
+        return 1 if self.link.refused else 0
+
+    def stop(self) -> None:
+        self.stopping.set()
+
+    def _handle_inbound(self, block: bool) -> None:
+        try:
+            msg = (
+                self.link.inbound.get(timeout=IDLE_WAIT_S)
+                if block
+                else self.link.inbound.get_nowait()
+            )
+        except queue.Empty:
+            return
+        while True:
+            self._handle(msg)
+            try:
+                msg = self.link.inbound.get_nowait()
+            except queue.Empty:
+                return
+
+    def _handle(self, msg: Message) -> None:
+        if isinstance(msg, Generate):
+            self._generate(msg)
+        elif isinstance(msg, Abort):
+            self.engine.abort(msg.request_id, msg.index)
+        elif isinstance(msg, Shutdown):
+            log.info("shutdown requested by the router: %s", msg.reason or "no reason")
+            self.stop()
+        elif isinstance(msg, RegisterAck):  # a refusal, passed on by the link
+            self.stop()
+        else:
+            log.warning("ignored an unexpected %s from the router", type(msg).__name__)
+
+    def _generate(self, msg: Generate) -> None:
+        try:
+            self.engine.add_request(msg.request_id, list(msg.token_ids), msg.sampling, msg.n)
+        except (InvalidRequest, EngineOverloaded) as exc:
+            usage = Usage(len(msg.token_ids), 0, 0)
+            self.link.send(TokenDelta(msg.request_id, (), "error", usage, error=str(exc)))
+
+    def _step(self) -> None:
+        for delta in self.engine.step():
+            self.link.send(delta)
+        events = self.engine.drain_kv_events()
+        if events:
+            self.link.send(KVEvents(self.worker_id, tuple(events)))
+
+    def _heartbeat(self) -> Heartbeat:
+        e = self.engine
+        now = time.monotonic()
+        if now - self._phases_at >= PHASES_EVERY_S:
+            self._phases, self._phases_at = e.stats_.phases(), now
+        return Heartbeat(
+            worker_id=self.worker_id,
+            running=len(e.scheduler.running),
+            waiting=len(e.scheduler.waiting),
+            free_blocks=e.pool.num_free,
+            total_blocks=e.pool.num_blocks - 1,
+            cached_blocks=e.cache.cached_blocks,
+            hit_tokens=e.cache.hit_tokens,
+            prompt_tokens=e.cache.hit_tokens + e.cache.miss_tokens,
+            evictable_blocks=e.cache.evictable_blocks,
+            evicted_blocks=e.cache.evicted_blocks,
+            phases=self._phases,
+        )

@@ -1,0 +1,307 @@
+"""Run an mlx-lm model over the paged KV pool, without forking mlx-lm's model files.
+
+The seam (see DESIGN.md): attention in mlx-lm models does rope(offset=cache.offset) ->
+cache.update_and_fetch(k, v) -> base.scaled_dot_product_attention(q, k, v, cache=cache).
+We hand each layer a `PagedLayerCache`, whose update_and_fetch scatters the new K/V into the
+pool by slot id, and patch `scaled_dot_product_attention` (`worker.attention.hook`, installed
+when a runner is made and checked per model by `worker.runner.model_support`) so that, for our cache,
+it runs the forward's `AttentionPlan` over the sequence's blocks instead of the dense K/V.
+
+`ModelRunner.run(plan)` is the whole device side of a step: the batch layout built once from
+host ints, one attention plan per forward, the forward, and the only place tokens are sampled.
+Nothing in it reads device data on the host, so a step can be built while the previous one is
+still running (`tests/unit/worker/test_no_host_sync.py`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from worker.attention.hook import install_attention_hook
+from worker.attention.paged import AttentionBackend, AttentionPlan, write_kv
+from worker.engine.scheduler import StepKind, StepPlan
+from worker.engine.sequence import Sequence
+from worker.kv.block_pool import BlockPool
+from worker.runner.sampler import TokenLogprobs, sample
+
+
+class Row(NamedTuple):
+    """One row of a forward: `tokens` fed at positions `start`.. of a sequence's blocks."""
+
+    tokens: list[int]
+    start: int
+    block_ids: list[int]
+
+
+@dataclass(frozen=True)
+class BatchLayout:
+    """Where one forward's tokens go in the pool and what each query may attend to.
+
+    Rows are sequences, right-padded to a common length L. Padding tokens write to a scratch
+    block and their outputs are ignored; `context_lengths` counts them as if real so that
+    every row's queries are its last L positions (the paged-attention contract), while the
+    causal mask keeps real queries off the padding keys. Built from host ints only.
+    """
+
+    tokens: mx.array  # (B, L) int32
+    offsets: mx.array  # (B,) position of each row's first token
+    write_slots: mx.array  # (B * L,) pool slot of each token
+    block_tables: mx.array  # (B, max_blocks)
+    context_lengths: list[int]  # (B,) offsets + L, host ints
+    last_index: list[int]  # (B,) index in L of each row's last real token, host ints
+
+
+def build_layout(rows: list[Row], block_size: int, scratch_block: int) -> BatchLayout:
+    width = max(len(r.tokens) for r in rows)
+    tokens, offsets, slots, last = [], [], [], []
+    for toks, start, blocks in rows:
+        tokens.append(toks + [0] * (width - len(toks)))
+        offsets.append(start)
+        last.append(len(toks) - 1)
+        for pos in range(start, start + len(toks)):
+            slots.append(blocks[pos // block_size] * block_size + pos % block_size)
+        slots.extend(scratch_block * block_size + i % block_size for i in range(width - len(toks)))
+    max_blocks = max(-(-(r.start + width) // block_size) for r in rows)
+    tables = [
+        blocks[:max_blocks] + [scratch_block] * (max_blocks - len(blocks)) for _, _, blocks in rows
+    ]
+    return BatchLayout(
+        tokens=mx.array(tokens, dtype=mx.int32),
+        offsets=mx.array(offsets, dtype=mx.int32),
+        write_slots=mx.array(slots, dtype=mx.int32),
+        block_tables=mx.array(tables, dtype=mx.int32),
+        context_lengths=[start + width for start in offsets],
+        last_index=last,
+    )
+
+
+class LayerTimes:
+    """K/V write and attention time of one profiled forward (every layer evaluated apart)."""
+
+    def __init__(self):
+        self.write_s = 0.0
+        self.attend_s = 0.0
+
+    def timed(self, field: str, fn: Callable[[], mx.array | None], *inputs: mx.array):
+        mx.eval(*inputs)  # what came before is not this phase's time
+        start = time.perf_counter()
+        result = fn()
+        mx.eval(result if result is not None else [])
+        setattr(self, field, getattr(self, field) + time.perf_counter() - start)
+        return result
+
+
+class PagedLayerCache:
+    """What one attention layer sees as its cache during one forward."""
+
+    def __init__(
+        self,
+        pool: BlockPool,
+        layer: int,
+        layout: BatchLayout,
+        attention: AttentionPlan,
+        times: LayerTimes | None = None,
+    ):
+        self.pool, self.layer, self.layout, self.attention = pool, layer, layout, attention
+        self.times = times
+        self.writes = self.attends = 0  # calls, checked by the load-time probe
+        self.window_sizes: list[int] = []  # sliding windows asked of make_mask
+
+    @property
+    def offset(self) -> mx.array:
+        return self.layout.offsets
+
+    def update_and_fetch(self, keys: mx.array, values: mx.array):
+        self.writes += 1
+        B, H, L, D = keys.shape
+        k, v = self.pool.k, self.pool.v
+
+        def write():
+            write_kv(
+                k[self.layer],
+                v[self.layer],
+                self.layout.write_slots,
+                keys.swapaxes(1, 2).reshape(B * L, H, D),
+                values.swapaxes(1, 2).reshape(B * L, H, D),
+            )
+            return [k[self.layer], v[self.layer]]
+
+        if self.times is None:
+            write()
+        else:
+            self.times.timed("write_s", write, keys, values)
+        return keys, values
+
+    def make_mask(self, *args, window_size: int | None = None, **kwargs):
+        if window_size is not None:
+            self.window_sizes.append(window_size)
+        return None  # paged attention applies causality and lengths itself
+
+    def attend(self, queries: mx.array, scale: float) -> mx.array:
+        self.attends += 1
+        k, v = self.pool.k[self.layer], self.pool.v[self.layer]
+        if self.times is None:
+            return self.attention(queries, k, v, scale=scale)
+        return self.times.timed(
+            "attend_s", lambda: self.attention(queries, k, v, scale=scale), queries
+        )
+
+
+class StepOutput(NamedTuple):
+    """What one forward produced, still on the device until evaluated."""
+
+    seqs: list[Sequence]  # the sequences that sampled, in row order
+    counts: list[int]  # tokens each sampled: 1, or 1 + its drafts (verified together)
+    tokens: mx.array | None  # (sum(counts),) int32; None when none sampled
+    logprobs: TokenLogprobs | None
+    # Evaluating these runs the whole forward (every layer's K/V write included): the samples,
+    # or with none, the pools themselves. Not kept past evaluation: a kept reference to a pool
+    # array makes the next step's K/V scatter copy the whole pool (see `write_kv`).
+    outputs: list[mx.array]
+
+
+class Points(NamedTuple):
+    """Where a forward's logits are read: (row, column) pairs, and the sequence of each."""
+
+    rows: list[int]
+    cols: list[int | None]  # None: the row's last real token
+    seqs: list[Sequence]
+
+
+class ModelRunner:
+    """Forward passes of one model over a BlockPool, and the sampling of their tokens."""
+
+    def __init__(
+        self, model: nn.Module, pool: BlockPool, scratch_block: int, backend: AttentionBackend
+    ):
+        install_attention_hook()
+        if not hasattr(model, "model"):
+            raise NotImplementedError(f"{type(model).__name__} has no .model backbone")
+        self.model, self.pool, self.scratch_block = model, pool, scratch_block
+        self.backend = backend
+        self._head = model_head(model)
+        self.last_caches: list[PagedLayerCache] = []  # of the latest forward, for the probe
+
+    def run(
+        self, plan: StepPlan, device_tokens: mx.array | None = None, times: LayerTimes | None = None
+    ) -> StepOutput:
+        """Build and queue (lazily) the forward of `plan` and its sampling. Mutates only the
+        sampling state of the sequences that sample (their rng keys).
+
+        `device_tokens` (B,), with a DECODE plan: the rows' input tokens, still on the device
+        (the previous step's samples); the rows then sit at `num_computed` and all sample.
+        `times`: evaluate layer by layer and add up write and attention time (profiling).
+        """
+        rows, points = self.plan_rows(plan, device_tokens is not None)
+        hidden, layout = self.forward(rows, device_tokens, times)
+        if not points.seqs:
+            return StepOutput([], [], None, None, self.pool.k + self.pool.v)
+        # The output projection at the sampling points only: projecting every prefill
+        # position onto the vocabulary is wasted work.
+        row_idx = mx.array(points.rows, dtype=mx.int32)
+        cols = [layout.last_index[r] if c is None else c for r, c in zip(*points[:2], strict=True)]
+        logits = self._head(hidden[row_idx, mx.array(cols, dtype=mx.int32)])
+        seqs = points.seqs
+        # a sequence with logit processors samples at one point per step (it never drafts)
+        result, keys = sample(
+            logits,
+            [s.sampling for s in seqs],
+            [s.rng_key for s in seqs],
+            [s.logits_state for s in seqs],
+        )
+        for seq, key in zip(seqs, keys, strict=True):
+            seq.rng_key = key
+        unique, counts = _runs(seqs)
+        outputs = [*result.arrays(), *(k for k in keys if k is not None)]
+        return StepOutput(unique, counts, result.tokens, result.logprobs, outputs)
+
+    def forward(
+        self,
+        rows: list[Row],
+        device_tokens: mx.array | None = None,
+        times: LayerTimes | None = None,
+    ) -> tuple[mx.array, BatchLayout]:
+        """The backbone's forward over `rows` (lazy): its hidden states (B, L, hidden) and the
+        layout. `device_tokens` (B,), when given, replace the rows' one host token each."""
+        layout = build_layout(rows, self.pool.block_size, self.scratch_block)
+        tokens = layout.tokens
+        if device_tokens is not None:
+            tokens = device_tokens.astype(mx.int32).reshape(-1, 1)
+        attention = AttentionPlan(
+            self.backend,
+            layout.block_tables,
+            layout.context_lengths,
+            block_size=self.pool.block_size,
+            host_tables=[r.block_ids for r in rows],
+        )
+        caches = [
+            PagedLayerCache(self.pool, i, layout, attention, times)
+            for i in range(self.pool.num_layers)
+        ]
+        self.last_caches = caches
+        return self.model.model(tokens, cache=caches), layout
+
+    def plan_rows(self, plan: StepPlan, on_device: bool) -> tuple[list[Row], Points]:
+        """The rows of `plan` and where they sample. A decode row carries its last token and
+        its drafts (each position samples: the drafts are verified); in a MIXED plan every
+        token is its own one-token row."""
+        rows: list[Row] = []
+        points = Points([], [], [])
+
+        def add(row: Row, seq: Sequence, cols: list[int | None]) -> None:
+            rows.append(row)
+            for col in cols:
+                points.rows.append(len(rows) - 1)
+                points.cols.append(col)
+                points.seqs.append(seq)
+
+        flat = plan.kind is StepKind.MIXED
+        for s in plan.decode:
+            start = s.num_computed
+            toks = [0] if on_device else [s.tokens[start], *s.draft]
+            if flat:
+                for i, tok in enumerate(toks):
+                    add(Row([tok], start + i, s.block_ids), s, [0])
+            else:
+                add(Row(toks, start, s.block_ids), s, list(range(len(toks))))
+        for s, n in plan.prefill:
+            start = s.num_computed
+            samples = start + n == len(s.tokens)  # the prompt's last token: sample the next
+            if flat:
+                for p in range(start, start + n):
+                    last = samples and p == start + n - 1
+                    add(Row(s.tokens[p : p + 1], p, s.block_ids), s, [0] if last else [])
+            else:
+                add(
+                    Row(s.tokens[start : start + n], start, s.block_ids),
+                    s,
+                    [None] if samples else [],
+                )
+        return rows, points
+
+
+def _runs(seqs: list[Sequence]) -> tuple[list[Sequence], list[int]]:
+    """Consecutive repeats collapsed: the sequences in order, and how many points each."""
+    unique: list[Sequence] = []
+    counts: list[int] = []
+    for seq in seqs:
+        if unique and unique[-1] is seq:
+            counts[-1] += 1
+        else:
+            unique.append(seq)
+            counts.append(1)
+    return unique, counts
+
+
+def model_head(model: nn.Module):
+    """The output projection of an mlx-lm causal LM (tied embeddings or lm_head)."""
+    args = getattr(model, "args", None)
+    if getattr(args, "tie_word_embeddings", False) or not hasattr(model, "lm_head"):
+        return model.model.embed_tokens.as_linear
+    return model.lm_head
