@@ -64,7 +64,9 @@ def _model_json(app: web.Application, served: ServedModel) -> dict:
 async def health(request: web.Request) -> web.Response:
     """200 while some model has a worker; each model's healthy workers."""
     app = request.app
-    per_model = {m.id: len(app[app_keys.CLUSTER].registry.healthy(m.id)) for m in app[app_keys.MODELS]}
+    per_model = {
+        m.id: len(app[app_keys.CLUSTER].registry.healthy(m.id)) for m in app[app_keys.MODELS]
+    }
     healthy = sum(per_model.values())
     status = 200 if healthy else 503
     return web.json_response(

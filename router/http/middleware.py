@@ -42,5 +42,7 @@ async def count_requests(request: web.Request, handler) -> web.StreamResponse:
     response = await handler(request)
     route = request.match_info.route.resource
     endpoint = route.canonical if route is not None else "unmatched"
-    request.app[app_keys.METRICS].request_done(endpoint, response.status, time.perf_counter() - started)
+    request.app[app_keys.METRICS].request_done(
+        endpoint, response.status, time.perf_counter() - started
+    )
     return response

@@ -8,8 +8,8 @@ import json
 import jsonschema
 import pytest
 
+from tests.e2e.test_cluster_e2e import MODEL, Cluster
 from tests.support.launched import PIPED, launch_cluster
-from tests.test_cluster_e2e import MODEL, Cluster
 
 pytestmark = pytest.mark.slow
 

@@ -44,14 +44,10 @@ def _self_tested(requested: str, shape, block_size: int):
         num_kv_heads=shape.num_kv_heads,
         head_dim=shape.head_dim,
     )
-    result = selftest.verify_metal_backend(
-        block_size=block_size, dtype=shape.kv_dtype, **dims
-    )
+    result = selftest.verify_metal_backend(block_size=block_size, dtype=shape.kv_dtype, **dims)
     slower_only = result.reason.startswith("slower")
     if result.ok or (requested == "metal" and slower_only):
-        warm = selftest.prewarm(
-            BACKENDS["metal"].run, [block_size], [shape.kv_dtype], **dims
-        )
+        warm = selftest.prewarm(BACKENDS["metal"].run, [block_size], [shape.kv_dtype], **dims)
         failed = [f"{key}: {why}" for key, why in warm.items() if why is not None]
         if not failed:
             log.info("paged attention: the Metal kernel (%s)", result.reason)

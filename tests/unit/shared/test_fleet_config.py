@@ -80,7 +80,10 @@ def test_empty_file_is_all_defaults(tmp_path):
     [
         ('[router]\nport = "abc"', 'router.port: expected an integer 1-65535, got "abc"'),
         ("[router]\nport = 70000", "router.port: expected an integer 1-65535, got 70000"),
-        ('[router]\npolicy = "random"', "router.routing.policy: expected one of cache_aware, round_robin"),
+        (
+            '[router]\npolicy = "random"',
+            "router.routing.policy: expected one of cache_aware, round_robin",
+        ),
         ("[router]\nprot = 1", 'router.prot: unknown key (did you mean "port"?)'),
         ("[routr]\nport = 1", 'routr: unknown section (did you mean "router"?)'),
         ('[worker]\nkv_memory = "lots"', "worker.kv_memory: expected a size in bytes"),
