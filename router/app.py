@@ -5,7 +5,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from router.config import RouterConfig
-from router.http import anthropic, app_keys, endpoints
+from router.http import app_keys, endpoints
 from router.http.api_keys import ApiKeys
 from router.http.middleware import count_requests, errors_as_json
 from router.http.security import limit_body, require_api_key
@@ -28,7 +28,7 @@ def create_app(config: RouterConfig) -> web.Application:
     app.on_shutdown.append(abort_streams)
     app.router.add_post("/v1/chat/completions", endpoints.chat_completions)
     app.router.add_post("/v1/completions", endpoints.completions)
-    app.router.add_post("/v1/messages", anthropic.messages)
+    app.router.add_post("/v1/messages", endpoints.messages)
     app.router.add_get("/v1/models", endpoints.models)
     app.router.add_get("/v1/models/{model}", endpoints.model)
     app.router.add_get("/v1/cluster", endpoints.cluster)

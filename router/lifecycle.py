@@ -13,7 +13,7 @@ from aiohttp import web
 from router.cluster.listener import Cluster
 from router.cluster.models import ModelTable, ServedModel
 from router.cluster.registry import WorkerRegistry
-from router.cluster.worker_socket import WorkerLink
+from router.cluster.worker_socket import WorkerSocket
 from router.config import ModelSpec
 from router.http import app_keys
 from router.routing.dispatcher import Dispatcher
@@ -57,11 +57,11 @@ async def cluster_ctx(app: web.Application) -> AsyncIterator[None]:
     background tasks."""
     config = app[app_keys.CONFIG]
     metrics = app[app_keys.METRICS]
-    # The lambda looks `cluster` up when called: it is built below, after the link.
+    # The lambda looks `cluster` up when called: it is built below, after the socket.
     curve_files = None
     if config.curve_enabled:
         curve_files = (config.curve_secret_key, config.curve_authorized_keys)
-    link = WorkerLink(
+    link = WorkerSocket(
         config.zmq_bind,
         on_unreachable=lambda identity: cluster.lose_identity(identity),
         curve_files=curve_files,

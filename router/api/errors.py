@@ -1,10 +1,10 @@
-"""OpenAI-style errors: every error a client can cause becomes one of these, never a traceback."""
+"""OpenAI-style errors: every error a client can cause becomes one of these, never a traceback.
+
+Plain exceptions (a status, a body, headers): router/http/middleware.py turns them into
+responses, so this layer stays free of HTTP machinery.
+"""
 
 from __future__ import annotations
-
-import json
-
-from aiohttp import web
 
 
 class ApiError(Exception):
@@ -33,10 +33,6 @@ class ApiError(Exception):
         """The same error in the Anthropic Messages API's shape (for /v1/messages)."""
         kind = _ANTHROPIC_TYPES.get(self.status, "api_error")
         return {"type": "error", "error": {"type": kind, "message": self.message}}
-
-    def response(self, anthropic: bool = False) -> web.Response:
-        body = self.anthropic_body() if anthropic else self.body()
-        return web.json_response(body, status=self.status, dumps=json.dumps, headers=self.headers)
 
 
 _ANTHROPIC_TYPES = {

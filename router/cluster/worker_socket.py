@@ -16,7 +16,7 @@ from shared.protocol import MAX_FRAME_BYTES, Message, ProtocolError, decode, enc
 log = logging.getLogger(__name__)
 
 
-class WorkerLink:
+class WorkerSocket:
     """Binds a ROUTER socket; workers connect DEALER sockets, one frame per message.
 
     With `curve` = (router secret key file, folder of authorized worker public keys), the

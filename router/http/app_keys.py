@@ -8,7 +8,7 @@ from aiohttp import web
 
 from router.cluster.listener import Cluster
 from router.cluster.models import ModelTable
-from router.cluster.worker_socket import WorkerLink
+from router.cluster.worker_socket import WorkerSocket
 from router.config import RouterConfig
 from router.http.api_keys import ApiKeys
 from router.metrics.router_metrics import Metrics
@@ -21,5 +21,5 @@ TOKENIZERS = web.AppKey("tokenizers", dict[str, ModelTokenizer])  # by model id
 TOKENIZE_POOL = web.AppKey("tokenize_pool", ThreadPoolExecutor | None)
 CLUSTER = web.AppKey("cluster", Cluster)
 MODELS = web.AppKey("models", ModelTable)  # each with its tokenizer, index and dispatcher
-LINK = web.AppKey("link", WorkerLink)
+LINK = web.AppKey("link", WorkerSocket)  # the ZeroMQ socket the workers connect to
 API_KEYS = web.AppKey("api_keys", ApiKeys)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 
@@ -15,25 +16,31 @@ log = logging.getLogger(__name__)
 ANTHROPIC_PATH = "/v1/messages"
 
 
+def error_response(error: ApiError, anthropic: bool = False) -> web.Response:
+    """An ApiError as its JSON response: OpenAI's error shape, or Anthropic's."""
+    body = error.anthropic_body() if anthropic else error.body()
+    return web.json_response(body, status=error.status, dumps=json.dumps, headers=error.headers)
+
+
 @web.middleware
 async def errors_as_json(request: web.Request, handler) -> web.StreamResponse:
     anthropic = request.path.startswith(ANTHROPIC_PATH)  # its clients expect its error shape
     try:
         return await handler(request)
     except ApiError as e:
-        return e.response(anthropic)
+        return error_response(e, anthropic)
     except web.HTTPException as e:  # unknown route, wrong method, body too large...
         if e.status < 400:
             raise
         if e.status == 413:  # a chunked body over client_max_size
             limit = request.app[app_keys.CONFIG].max_body_bytes
-            return body_too_large(limit).response(anthropic)
+            return error_response(body_too_large(limit), anthropic)
         code = "not_found" if e.status == 404 else None
-        return ApiError(e.status, e.reason, code=code).response(anthropic)
+        return error_response(ApiError(e.status, e.reason, code=code), anthropic)
     except Exception:
         log.exception("unhandled error in %s %s", request.method, request.path)
         error = ApiError(500, "internal server error", type="server_error")
-        return error.response(anthropic)
+        return error_response(error, anthropic)
 
 
 @web.middleware

@@ -1,11 +1,17 @@
-"""A job's token deltas -> text pieces: detokenized, stop strings applied, usage counted."""
+"""A job's token deltas -> text pieces: detokenized, stop strings applied, usage counted.
+
+With n > 1 the worker forks the request after one prefill (`Generate.n`) and the dispatcher
+hands each choice its own sub-job (`job.choices`): each choice becomes text on its own
+(detokenizer, stop strings, logprobs), and a stop string ends its choice alone.
+"""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from router.api.errors import generation_failed
+from router.api.errors import ApiError, generation_failed
 from router.routing.dispatcher import Dispatcher, Job
 from router.text.detokenize import StopMatcher
 from router.text.logprobs import LogprobEntry, entries_of
@@ -38,7 +44,44 @@ class UsageCount:
 
 
 def usage_of(job: Job) -> UsageCount:
-    return UsageCount(len(job.prompt_ids), len(job.generated), job.cached_tokens)
+    """The prompt counted once, the completions of every choice added up."""
+    return UsageCount(len(job.prompt_ids), job.completion_tokens, job.cached_tokens)
+
+
+async def choice_pieces(
+    job: Job, tokenizer: ModelTokenizer, dispatcher: Dispatcher, stop: tuple[str, ...]
+) -> AsyncIterator[tuple[int, Piece]]:
+    """(choice index, piece) of every choice of `job`, in the order they come; the first
+    ApiError of any choice is raised. Close it (aclose) to stop the choices' readers."""
+    if not job.choices:
+        async for piece in pieces(job, tokenizer, dispatcher, stop):
+            yield 0, piece
+        return
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def pump(choice: Job) -> None:
+        try:
+            async for piece in pieces(choice, tokenizer, dispatcher, stop):
+                await queue.put((choice.index, piece))
+        except ApiError as e:
+            await queue.put((choice.index, e))
+        finally:
+            await queue.put((choice.index, None))
+
+    tasks = [asyncio.create_task(pump(c)) for c in job.choices]
+    try:
+        running = len(tasks)
+        while running:
+            index, item = await queue.get()
+            if item is None:
+                running -= 1
+            elif isinstance(item, ApiError):
+                raise item
+            else:
+                yield index, item
+    finally:
+        for task in tasks:
+            task.cancel()
 
 
 async def pieces(

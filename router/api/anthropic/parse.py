@@ -7,13 +7,9 @@ rendered by router/chat/prompt.py, so both APIs share templates, tool formats an
 
 from __future__ import annotations
 
+from router.api.checks import completion_budget, refuse_unknown_fields
 from router.api.errors import bad_request
-from router.api.openai.known_fields import (
-    MESSAGES_FIELDS,
-    check_messages_no_ops,
-    refuse_unknown_fields,
-)
-from router.api.openai.parse import GenerationRequest, _max_tokens
+from router.api.request import GenerationRequest
 from router.chat.prompt import build_chat_prompt, template_kwargs
 from router.chat.tool_grammar import enforce_tool_choice, required_call_schema
 from router.chat.tools import ToolSet, parse_tools
@@ -22,6 +18,11 @@ from shared.sampling import InvalidRequest, SamplingParams
 
 MAX_STOP_SEQUENCES = 16
 _ROLES = ("user", "assistant")
+# The fields /v1/messages knows (docs/api.md's table); any other is a 400 naming it.
+MESSAGES_FIELDS = frozenset(
+    {"model", "max_tokens", "messages", "system", "stop_sequences", "temperature", "top_p"}
+    | {"top_k", "stream", "tools", "tool_choice", "chat_template_kwargs", "thinking", "metadata"}
+)
 
 
 def parse_messages_request(
@@ -36,7 +37,7 @@ def parse_messages_request(
     tools = _tools(body)
     messages = _system(body.get("system")) + _messages(body.get("messages"))
     prompt = build_chat_prompt(messages, tools, tokenizer, template_kwargs(body))
-    max_tokens = _max_tokens(
+    max_tokens = completion_budget(
         len(prompt.token_ids), max_tokens, tokenizer.context_length, max_tokens_cap
     )
     stream = _typed(body, "stream", bool, False)
@@ -54,6 +55,13 @@ def parse_messages_request(
         tool_grammar=required_call_schema(tools),
         starts_in_reasoning=prompt.starts_in_reasoning,
     )
+
+
+def check_messages_no_ops(body: dict) -> None:
+    """/v1/messages' accepted no-op is still checked for its type."""
+    metadata = body.get("metadata")
+    if metadata is not None and not isinstance(metadata, dict):
+        raise bad_request("'metadata' must be an object", "metadata")
 
 
 def _check_thinking(body: dict) -> None:

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
+from router.api.checks import completion_budget, refuse_unknown_fields, typed_field
 from router.api.errors import bad_request
-from router.api.openai.fields import check_chat_fields
-from router.api.openai.known_fields import CHAT_FIELDS, COMPLETION_FIELDS, refuse_unknown_fields
+from router.api.openai.fields import (
+    CHAT_FIELDS,
+    COMPLETION_FIELDS,
+    check_chat_fields,
+    check_honoured_values,
+)
 from router.api.openai.sampling import sampling_fields
+from router.api.request import GenerationRequest
 from router.chat.prompt import build_chat_prompt, template_kwargs
 from router.chat.tool_grammar import enforce_tool_choice, required_call_schema
 from router.chat.tools import chat_messages, parse_tools
@@ -18,23 +23,6 @@ from shared.sampling import InvalidRequest, SamplingParams
 MAX_STOP_STRINGS = 4
 
 
-@dataclass(frozen=True)
-class GenerationRequest:
-    kind: str  # "chat" | "text"
-    model: str
-    prompt_ids: tuple[int, ...]
-    sampling: SamplingParams
-    stop: tuple[str, ...]
-    stream: bool
-    include_usage: bool
-    n: int = 1  # choices, sampled after one prefill (the worker forks the sequence)
-    # Chat only (router/chat/prompt.py): how to read the reply, and the call a tool_choice of
-    # "required" / a named function demands (a JSON schema for constrained decoding).
-    tool_family: str | None = None
-    tool_grammar: dict | None = None
-    starts_in_reasoning: bool = False
-
-
 def parse_chat(
     body: dict, tokenizer: ModelTokenizer, model_id: str, max_tokens_cap: int | None = None
 ) -> GenerationRequest:
@@ -42,9 +30,9 @@ def parse_chat(
     check_chat_fields(body)
     tools = parse_tools(body)
     prompt = build_chat_prompt(chat_messages(body), tools, tokenizer, template_kwargs(body))
-    max_tokens = _field(body, "max_completion_tokens", int, None)
+    max_tokens = typed_field(body, "max_completion_tokens", int, None)
     if max_tokens is None:
-        max_tokens = _field(body, "max_tokens", int, None)
+        max_tokens = typed_field(body, "max_tokens", int, None)
     req = _build(
         "chat",
         body,
@@ -69,7 +57,7 @@ def parse_completion(
 ) -> GenerationRequest:
     refuse_unknown_fields(body, COMPLETION_FIELDS, "/v1/completions")
     prompt_ids = _completion_prompt(body, tokenizer)
-    max_tokens = _field(body, "max_tokens", int, 16)  # OpenAI's default for completions
+    max_tokens = typed_field(body, "max_tokens", int, 16)  # OpenAI's default for completions
     return _build(
         "text",
         body,
@@ -85,24 +73,24 @@ def parse_completion(
 def _build(
     kind, body, model_id, prompt_ids, max_tokens, cap, tokenizer, stop_ids
 ) -> GenerationRequest:
-    _check_unsupported(body)
+    check_honoured_values(body)
     prompt_ids = tuple(prompt_ids)
-    max_tokens = _max_tokens(len(prompt_ids), max_tokens, tokenizer.context_length, cap)
+    max_tokens = completion_budget(len(prompt_ids), max_tokens, tokenizer.context_length, cap)
     sampling = SamplingParams(
-        temperature=_field(body, "temperature", float, 1.0),
-        top_p=_field(body, "top_p", float, 1.0),
-        top_k=_field(body, "top_k", int, 0),
-        min_p=_field(body, "min_p", float, 0.0),
+        temperature=typed_field(body, "temperature", float, 1.0),
+        top_p=typed_field(body, "top_p", float, 1.0),
+        top_k=typed_field(body, "top_k", int, 0),
+        min_p=typed_field(body, "min_p", float, 0.0),
         max_tokens=max_tokens,
         stop_token_ids=tuple(stop_ids),
-        seed=_field(body, "seed", int, None),
+        seed=typed_field(body, "seed", int, None),
         **sampling_fields(body, kind, tokenizer.vocab_size),
     )
     try:
         sampling.validate()
     except InvalidRequest as e:
         raise bad_request(str(e), _param_of(str(e))) from None
-    stream = _field(body, "stream", bool, False)
+    stream = typed_field(body, "stream", bool, False)
     return GenerationRequest(
         kind,
         model_id,
@@ -119,75 +107,10 @@ MAX_CHOICES = 16
 
 
 def _choices(body: dict) -> int:
-    n = _field(body, "n", int, 1)
+    n = typed_field(body, "n", int, 1)
     if not 1 <= n <= MAX_CHOICES:
         raise bad_request(f"'n' must be between 1 and {MAX_CHOICES}, got {n}", "n")
     return n
-
-
-# ------------------------------------------------------------ fields
-
-
-def _field(body: dict, name: str, kind: type, default):
-    """body[name] checked against `kind` (null counts as absent); ints pass as floats."""
-    value = body.get(name)
-    if value is None:
-        return default
-    if kind is float and type(value) in (int, float):
-        return float(value)
-    if type(value) is not kind:
-        raise bad_request(f"'{name}' must be {_KIND_NAMES[kind]}, got {_json_type(value)}", name)
-    return value
-
-
-_KIND_NAMES = {
-    int: "an integer",
-    float: "a number",
-    bool: "a boolean",
-    str: "a string",
-    list: "an array",
-    dict: "an object",
-}
-
-
-def _json_type(value) -> str:
-    names = {
-        bool: "boolean",
-        int: "integer",
-        float: "number",
-        str: "string",
-        list: "array",
-        dict: "object",
-    }
-    return names.get(type(value), "null")
-
-
-def _max_tokens(
-    prompt_len: int, max_tokens: int | None, context_length: int, cap: int | None
-) -> int:
-    """The completion budget: as asked (default: the rest of the context), clamped to `cap`."""
-    if prompt_len >= context_length:
-        raise bad_request(
-            f"This model's maximum context length is {context_length} tokens; the prompt has "
-            f"{prompt_len} tokens",
-            "messages",
-            "context_length_exceeded",
-        )
-    if max_tokens is not None and max_tokens < 1:
-        raise bad_request(f"max_tokens must be at least 1, got {max_tokens}", "max_tokens")
-    if max_tokens is None:
-        max_tokens = context_length - prompt_len
-    if cap is not None:
-        max_tokens = min(max_tokens, cap)
-    if prompt_len + max_tokens > context_length:
-        raise bad_request(
-            f"This model's maximum context length is {context_length} tokens; you requested "
-            f"{prompt_len + max_tokens} ({prompt_len} in the prompt, {max_tokens} for the "
-            "completion)",
-            "max_tokens",
-            "context_length_exceeded",
-        )
-    return max_tokens
 
 
 def _stop_strings(body: dict) -> tuple[str, ...]:
@@ -204,29 +127,14 @@ def _stop_strings(body: dict) -> tuple[str, ...]:
 
 
 def _include_usage(body: dict, stream: bool) -> bool:
-    options = _field(body, "stream_options", dict, None)
+    options = typed_field(body, "stream_options", dict, None)
     if options is None:
         return False
     if not stream:
         raise bad_request(
             "'stream_options' is only allowed when 'stream' is true", "stream_options"
         )
-    return _field(options, "include_usage", bool, False)
-
-
-_UNSUPPORTED: dict[str, Callable[[object], bool]] = {
-    # field -> values we can honour; anything else is refused rather than silently ignored
-    "best_of": lambda v: v == 1,
-    "echo": lambda v: v is False,
-    "suffix": lambda v: v == "",
-}
-
-
-def _check_unsupported(body: dict) -> None:
-    for name, supported in _UNSUPPORTED.items():
-        value = body.get(name)
-        if value is not None and not supported(value):
-            raise bad_request(f"'{name}' = {value!r} is not supported by this server", name)
+    return typed_field(options, "include_usage", bool, False)
 
 
 def _param_of(message: str) -> str | None:

@@ -6,16 +6,25 @@ import re
 
 import pytest
 
-from router.api.openai import known_fields
+from router.api.anthropic.parse import MESSAGES_FIELDS
+from router.api.openai.fields import CHAT_FIELDS, COMPLETION_FIELDS
 from tests.support.paths import ROOT
 
 SECTIONS = {
-    "## POST /v1/chat/completions": known_fields.CHAT_FIELDS,
-    "## POST /v1/completions": known_fields.COMPLETION_FIELDS,
-    "## POST /v1/messages (Anthropic)": known_fields.MESSAGES_FIELDS,
+    "## POST /v1/chat/completions": CHAT_FIELDS,
+    "## POST /v1/completions": COMPLETION_FIELDS,
+    "## POST /v1/messages (Anthropic)": MESSAGES_FIELDS,
 }
-# Modules that read request bodies (responses.py reads replies, not requests).
-READERS = ["openai_schema", "openai_fields", "sampling_fields", "tools", "chat_prompt", "anthropic"]
+# Modules that read request bodies (render.py reads replies, not requests).
+READERS = [
+    "api/checks",
+    "api/openai/parse",
+    "api/openai/fields",
+    "api/openai/sampling",
+    "api/anthropic/parse",
+    "chat/tools",
+    "chat/prompt",
+]
 FIELD_READ = re.compile(r'(?:body\.get\(|body\[|\(body, |for name in \()"([a-z_]+)"')
 
 

@@ -13,7 +13,7 @@ import zmq.auth
 
 from fleet import curve_keys_cli
 from router.cli import check_security
-from router.cluster.worker_socket import WorkerLink
+from router.cluster.worker_socket import WorkerSocket
 from router.config import ModelSpec, RouterConfig
 from shared.curve import (
     CurveError,
@@ -94,7 +94,7 @@ def test_plain_tcp_beyond_loopback_is_refused():
         require_curve("tcp://0.0.0.0:5555", curve_enabled=False)
     require_curve("tcp://0.0.0.0:5555", curve_enabled=True)
     with pytest.raises(CurveError, match="without CURVE"):
-        WorkerLink("tcp://0.0.0.0:*", on_unreachable=print)
+        WorkerSocket("tcp://0.0.0.0:*", on_unreachable=print)
     config = RouterConfig(models=(ModelSpec(Path(".")),), zmq_bind="tcp://0.0.0.0:5555")
     with pytest.raises(SystemExit, match="mlx-fleet-keys generate"):
         check_security(config)

@@ -1,0 +1,116 @@
+"""The OpenAI APIs as adapters (router/api/adapter.py): /v1/chat/completions and
+/v1/completions, one choice or n, whole bodies or `data:` chunks ending in [DONE]."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+
+from router.api.adapter import ChoiceText, StreamEvent
+from router.api.errors import ApiError
+from router.api.openai.parse import parse_chat, parse_completion
+from router.api.openai.render import ResponseBuilder, chat_deltas, chat_message
+from router.api.request import GenerationRequest
+from router.chat.output import ChatReader
+from router.text.logprobs import LogprobsRenderer
+from router.text.pieces import Piece, UsageCount
+from router.text.tokenizer import ModelTokenizer
+
+DONE = StreamEvent("[DONE]")
+
+
+class OpenAIApi:
+    def __init__(self, endpoint: str, parse: Callable[..., GenerationRequest], id_prefix: str):
+        self.endpoint = endpoint
+        self._parse = parse
+        self._id_prefix = id_prefix
+
+    def parse(
+        self, body: dict, tokenizer: ModelTokenizer, model_id: str, max_tokens_cap: int | None
+    ) -> GenerationRequest:
+        return self._parse(body, tokenizer, model_id, max_tokens_cap)
+
+    def new_id(self) -> str:
+        return f"{self._id_prefix}-{uuid.uuid4().hex}"
+
+    def reply(
+        self, req: GenerationRequest, request_id: str, tokenizer: ModelTokenizer
+    ) -> OpenAIReply:
+        renderer = None
+        if req.sampling.logprobs:
+            renderer = LogprobsRenderer(tokenizer, req.kind, req.sampling.top_logprobs)
+        return OpenAIReply(req, ResponseBuilder(req.kind, request_id, req.model, logprobs=renderer))
+
+
+CHAT = OpenAIApi("/v1/chat/completions", parse_chat, "chatcmpl")
+COMPLETIONS = OpenAIApi("/v1/completions", parse_completion, "cmpl")
+
+
+class OpenAIReply:
+    """A chat reply of one choice is read for reasoning and tool calls (ChatReader); the
+    choices of n > 1 and text completions go out as the text they are."""
+
+    def __init__(self, req: GenerationRequest, builder: ResponseBuilder):
+        self._req = req
+        self._builder = builder
+        self._readers: dict[int, ChatReader | None] = {}  # the choices that have started
+
+    def whole(self, choices: list[ChoiceText], usage: UsageCount) -> dict:
+        results = []
+        for choice in choices:
+            text, reason = choice.text, choice.last.finish_reason
+            reader = self._new_reader()
+            if reader is not None:
+                text = chat_message(reader.feed(text) + reader.finish())
+                reason = reader.finish_reason(reason)
+            results.append((text, reason, choice.logprobs))
+        return self._builder.full_choices(results, usage)
+
+    def stream_start(self) -> list[StreamEvent]:
+        return []
+
+    def stream_piece(self, index: int, piece: Piece) -> list[StreamEvent]:
+        first = index not in self._readers
+        if first:
+            self._readers[index] = self._new_reader()
+        reader = self._readers[index]
+        include_usage = self._req.include_usage
+        done = piece.finish_reason is not None
+        parts = _stream_parts(reader, piece.text, done)
+        if not parts and (piece.logprobs or first):
+            parts = [""]
+        events = []
+        entries = piece.logprobs  # they go with the piece's first chunk
+        for part in parts:
+            chunk = self._builder.chunk(part, None, first, include_usage, entries, index)
+            events.append(StreamEvent(chunk))
+            entries = ()
+            first = False
+        if done:
+            reason = reader.finish_reason(piece.finish_reason) if reader else piece.finish_reason
+            chunk = self._builder.chunk("", reason, False, include_usage, index=index)
+            events.append(StreamEvent(chunk))
+        return events
+
+    def stream_end(self, usage: UsageCount) -> list[StreamEvent]:
+        if self._req.include_usage:
+            return [StreamEvent(self._builder.usage_chunk(usage)), DONE]
+        return [DONE]
+
+    def stream_error(self, error: ApiError) -> list[StreamEvent]:
+        """Headers are sent: the error goes in the stream, as OpenAI does."""
+        return [StreamEvent(error.body()), DONE]
+
+    def _new_reader(self) -> ChatReader | None:
+        req = self._req
+        if req.kind != "chat" or req.n > 1:
+            return None
+        return ChatReader(req.tool_family, req.starts_in_reasoning)
+
+
+def _stream_parts(reader: ChatReader | None, text: str, done: bool) -> list:
+    """What to send for a piece of text: itself, or for chat the deltas its events make."""
+    if reader is None:
+        return [text] if text else []
+    events = reader.feed(text) + (reader.finish() if done else [])
+    return [delta for e in events for delta in chat_deltas(e)]

@@ -1,0 +1,24 @@
+"""The neutral request every API adapter parses its body into, and the dispatcher serves."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from shared.sampling import SamplingParams
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    kind: str  # "chat" | "text"
+    model: str
+    prompt_ids: tuple[int, ...]
+    sampling: SamplingParams
+    stop: tuple[str, ...]
+    stream: bool
+    include_usage: bool
+    n: int = 1  # choices, sampled after one prefill (the worker forks the sequence)
+    # Chat only (router/chat/prompt.py): how to read the reply, and the call a tool_choice of
+    # "required" / a named function demands (a JSON schema for constrained decoding).
+    tool_family: str | None = None
+    tool_grammar: dict | None = None
+    starts_in_reasoning: bool = False

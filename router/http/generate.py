@@ -1,0 +1,94 @@
+"""The one generation endpoint skeleton, shared by every API adapter.
+
+read the body -> pick the model -> parse (off the loop) -> start the job -> reply whole or as a
+stream -> cancel the job in `finally` (a no-op once it finished; an abort when the client left
+or an error cut it short). An error before the first token is a plain HTTP error; once a
+stream's headers are sent it goes in the stream.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+
+from aiohttp import web
+
+from router.api.adapter import Api, ChoiceText, Reply
+from router.api.errors import ApiError, no_workers, overloaded
+from router.api.request import GenerationRequest
+from router.cluster.models import ServedModel
+from router.http import app_keys, sse
+from router.http.body import json_object_body
+from router.lifecycle import parse_off_loop
+from router.routing.dispatcher import Job, NoWorkerAvailable, Overloaded
+from router.text.pieces import choice_pieces, usage_of
+
+
+async def generate(request: web.Request, api: Api) -> web.StreamResponse:
+    app = request.app
+    body = await json_object_body(request)
+    served = app[app_keys.MODELS].for_request(body)
+    max_tokens_cap = app[app_keys.CONFIG].max_tokens_cap
+    req = await parse_off_loop(app, api.parse, body, served.tokenizer, served.id, max_tokens_cap)
+    request_id = api.new_id()
+    job = start_job(served, request_id, req)
+    reply = api.reply(req, request_id, served.tokenizer)
+    try:
+        items = choice_pieces(job, served.tokenizer, served.dispatcher, req.stop)
+        async with contextlib.aclosing(items):
+            if req.stream:
+                return await _stream(request, served, job, reply, items)
+            return await _whole(served, job, reply, items)
+    finally:
+        served.dispatcher.cancel(job)  # no-op when finished; aborts on disconnect/error
+
+
+def start_job(served: ServedModel, request_id: str, req: GenerationRequest) -> Job:
+    try:
+        return served.dispatcher.start(request_id, req.prompt_ids, req.sampling, req.n)
+    except Overloaded:
+        raise overloaded() from None
+    except NoWorkerAvailable:
+        raise no_workers(served.id) from None
+
+
+async def _whole(served: ServedModel, job: Job, reply: Reply, items) -> web.Response:
+    texts: dict[int, list[str]] = {}
+    entries: dict[int, list] = {}
+    last = {}
+    async for index, piece in items:
+        texts.setdefault(index, []).append(piece.text)
+        entries.setdefault(index, []).extend(piece.logprobs)
+        last[index] = piece
+    choices = [ChoiceText("".join(texts[i]), last[i], tuple(entries[i])) for i in sorted(texts)]
+    usage = usage_of(job)
+    _count_usage(served, usage)
+    return web.json_response(reply.whole(choices, usage))
+
+
+async def _stream(
+    request: web.Request, served: ServedModel, job: Job, reply: Reply, items
+) -> web.StreamResponse:
+    started = time.perf_counter()
+    item = await anext(items)  # an error before the first token is a plain HTTP error
+    served.metrics.first_chunk.observe(time.perf_counter() - started)
+    response = await sse.open_stream(request)
+    try:
+        try:
+            await sse.send(response, reply.stream_start())
+            while item is not None:
+                await sse.send(response, reply.stream_piece(*item))
+                item = await anext(items, None)
+            usage = usage_of(job)
+            _count_usage(served, usage)
+            await sse.send(response, reply.stream_end(usage))
+        except ApiError as e:  # headers are sent: the error goes in the stream
+            await sse.send(response, reply.stream_error(e))
+        await response.write_eof()
+    except ConnectionResetError:
+        pass  # the client left; generate() aborts the job
+    return response
+
+
+def _count_usage(served: ServedModel, usage) -> None:
+    served.metrics.usage(usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens)
