@@ -46,7 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--model-id",
         help="worker: the [[models]] entry (id or alias) this host's workers serve, when the "
-        "config lists several (sets MLX_FLEET_MODEL_ID in their environment)",
+        f"config lists several (sets {MODEL_ID_ENV} in their environment)",
     )
     kind = p.add_mutually_exclusive_group()
     kind.add_argument("--launchd", action="store_true", help="launchd agents (macOS default)")

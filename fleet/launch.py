@@ -24,10 +24,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fleet.supervisor import Child, RankGroup, Supervisor
+from shared.config.choices import DEFAULT_KV_DISK_DIR, DEFAULT_KV_FRACTION, DEFAULT_MODEL_NAME
+from shared.config.flags import add_flags, flag_of
 from shared.config.fleet import ModelSection, name_clash
+from shared.config.sections import ClusterSection, RouterSection, WorkerSection, setting
 from shared.parent_watch import ENV as PARENT_ENV
 
-POLICIES = ("cache_aware", "round_robin", "least_load")
+# [worker] settings launch-cluster passes on to every worker it starts, when typed
+WORKER_FLAGS = ("kv_memory", "block_size", "kv_disk", "kv_disk_dir", "speculative")
+WORKER_FLAGS += ("attention_backend", "max_running", "prefill_chunk")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -39,54 +44,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--config", help="fleet TOML file (deploy/fleet.example.toml); flags override it"
     )
-    p.add_argument(
-        "--workers", type=int,
-        help="worker processes per model (default 2; [[models]] workers = N sets one model's)",
-    )  # fmt: skip
-    p.add_argument(
-        "--tp", type=int,
-        help="ranks per worker: each worker is one model replica sharded over K processes "
-        "with tensor parallelism (mx.distributed ring); K must divide the model's heads (default 1)",
-    )  # fmt: skip
+    add_flags(p, ClusterSection, ["workers", "tp"])
     p.add_argument(
         "--model", action="append",
         help="model dir, .gguf, HF repo id; repeat it to serve several models, each by its own "
-        "workers, routed by the request's `model` (default: SmolLM2-135M-Instruct, or the "
+        f"workers, routed by the request's `model` (default: {DEFAULT_MODEL_NAME}, or the "
         "--config's [model] / [[models]])",
     )  # fmt: skip
-    p.add_argument("--host", help="HTTP bind address (default 127.0.0.1)")
-    p.add_argument("--port", type=int, help="HTTP port (default 8000)")
+    add_flags(p, RouterSection, ["host", "port"])
     p.add_argument(
         "--zmq-port", type=int, help="router's ZeroMQ port on 127.0.0.1 (default: a free one)"
     )
-    p.add_argument("--policy", choices=POLICIES, help="routing policy (default cache_aware)")
-    p.add_argument(
-        "--kv-memory", help="KV budget per worker, e.g. 2GiB (default: 25%% of memory / workers)"
+    add_flags(p, RouterSection, ["policy"])
+    notes = {"kv_memory": "KV budget per worker, e.g. 2GiB (default: 25% of memory / workers)"}
+    notes["kv_disk_dir"] = "disk tier folder; each worker uses its own subfolder " + (
+        f"(default {DEFAULT_KV_DISK_DIR})"
     )
-    p.add_argument("--block-size", type=int, help="tokens per KV block (default 32)")
-    p.add_argument(
-        "--kv-disk",
-        help="per worker: keep evicted KV blocks on disk up to this size, e.g. 20GiB (default off)",
-    )
-    p.add_argument(
-        "--kv-disk-dir", type=Path,
-        help="disk tier folder; each worker uses its own subfolder (default ~/.cache/mlx-fleet/kv)",
-    )  # fmt: skip
-    p.add_argument(
-        "--speculative", choices=("off", "ngram"),
-        help="speculative decoding on every worker: ngram prompt-lookup drafts (default off)",
-    )  # fmt: skip
-    p.add_argument(
-        "--attention-backend", choices=("auto", "metal", "mlx"),
-        help="paged attention backend of every worker (default auto: Metal kernel if it passes "
-        "its self-test, else MLX ops)",
-    )  # fmt: skip
-    p.add_argument(
-        "--max-running", type=int, help="sequences decoding at once, per worker (default 64)"
-    )
-    p.add_argument(
-        "--prefill-chunk", type=int, help="prompt tokens per sequence per step (default 256)"
-    )
+    each = p.add_argument_group("every worker", "passed on to each worker launch-cluster starts")
+    add_flags(each, WorkerSection, WORKER_FLAGS, notes=notes)
     p.add_argument("--threads", type=int, help="BLAS threads per worker (default: cores / workers)")
     p.add_argument("--startup-timeout", type=float, default=600, help="seconds to wait for workers")
     p.add_argument(
@@ -123,10 +98,11 @@ def commands(args, fleet, models: list[Served], zmq_port: int) -> tuple[list[str
     for m in models:
         names = ",".join((m.name, *m.section.aliases))
         router += ["--model", str(m.model_dir), "--model-id", names]
-    tunables = {"--block-size": args.block_size, "--max-running": args.max_running,
-                "--prefill-chunk": args.prefill_chunk, "--kv-memory": args.kv_memory,
-                "--kv-disk": args.kv_disk, "--attention-backend": args.attention_backend,
-                "--speculative": args.speculative}  # fmt: skip
+    tunables = {
+        flag_of(setting(WorkerSection, name)): getattr(args, name)
+        for name in WORKER_FLAGS
+        if name != "kv_disk_dir"  # each worker gets its own (disk_dir)
+    }
     extra = [str(x) for flag, value in tunables.items() if value is not None for x in (flag, value)]
     if (
         args.kv_memory is None
@@ -135,7 +111,7 @@ def commands(args, fleet, models: list[Served], zmq_port: int) -> tuple[list[str
     ):
         # every rank holds a pool (of its KV heads)
         processes = sum(m.workers for m in models) * fleet.cluster.tp
-        extra += ["--kv-fraction", f"{min(0.9, 0.25 / processes):.4f}"]
+        extra += ["--kv-fraction", f"{min(0.9, DEFAULT_KV_FRACTION / processes):.4f}"]
     worker_cmds = []
     for m in models:
         for _ in range(m.workers):
@@ -152,7 +128,7 @@ def disk_dir(args, fleet, worker: int) -> list[str]:
     """Each worker's own disk-tier folder (a restarted worker finds its files again)."""
     if args.kv_disk is None and fleet.worker.kv_disk is None:
         return []
-    base = args.kv_disk_dir or fleet.worker.kv_disk_dir or Path.home() / ".cache/mlx-fleet/kv"
+    base = args.kv_disk_dir or fleet.worker.kv_disk_dir or Path(DEFAULT_KV_DISK_DIR).expanduser()
     return ["--kv-disk-dir", str(Path(base) / f"worker-{worker}")]
 
 

@@ -12,10 +12,9 @@ from aiohttp import web
 from router.app import create_app
 from router.config import ModelSpec, RouterConfig
 from router.http.api_keys import key_fingerprint
-from router.routing.policy import POLICY_NAMES
 from router.text.tokenizer import read_chat_template
+from shared.config.flags import add_flags
 from shared.config.fleet import (
-    TOOL_CALL_PARSERS,
     ConfigError,
     ModelSection,
     RouterSection,
@@ -28,15 +27,17 @@ from shared.parent_watch import watch_parent
 
 log = logging.getLogger("router")
 
-_DEFAULTS = RouterSection()
-
-# Flag dests whose RouterSection / ModelSection field has another name.
-_ROUTER_FIELDS = {
-    "prefix_ttl": "prefix_ttl_s",
-    "heartbeat_interval": "heartbeat_interval_s",
-    "heartbeat_timeout": "heartbeat_timeout_s",
-    "max_pending": "max_pending_requests",
-}
+# [router] settings with a flag, in --help order; the security ones get their own group.
+ROUTER_FLAGS = (
+    "host", "port", "zmq_bind", "policy", "prefill_weight", "balance_abs_threshold",
+    "balance_rel_threshold", "prefix_ttl_s", "heartbeat_interval_s", "heartbeat_timeout_s",
+    "max_pending_requests", "tokenizer_threads", "context_length", "tool_call_parser",
+    "chat_template",
+)  # fmt: skip
+SECURITY_FLAGS = (
+    "api_keys_file", "max_body_bytes", "max_tokens_cap", "per_key_concurrency",
+    "curve_secret_key", "curve_authorized_keys",
+)  # fmt: skip
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -63,116 +64,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="the name clients send for each --model in turn (or each model of --config), "
         "then other names accepted for it (default: the directory's name)",
     )
-    p.add_argument("--host", default=_DEFAULTS.host, help="HTTP address to bind")
-    p.add_argument("--port", type=int, default=_DEFAULTS.port, help="HTTP port")
-    p.add_argument(
-        "--zmq-bind", default=_DEFAULTS.zmq_bind, help="ZeroMQ ROUTER address workers connect to"
-    )
-    p.add_argument("--policy", choices=POLICY_NAMES, default=_DEFAULTS.policy)
-    p.add_argument(
-        "--prefill-weight",
-        type=float,
-        default=_DEFAULTS.prefill_weight,
-        help="cache_aware: cost of one uncached prompt block, in queued requests",
-    )
-    p.add_argument(
-        "--balance-abs-threshold",
-        type=int,
-        default=_DEFAULTS.balance_abs_threshold,
-        help="cache_aware: fall back to least-load when max - min load exceeds this...",
-    )
-    p.add_argument(
-        "--balance-rel-threshold",
-        type=float,
-        default=_DEFAULTS.balance_rel_threshold,
-        help="...and max load exceeds this times the min load",
-    )
-    p.add_argument(
-        "--prefix-ttl",
-        type=float,
-        default=_DEFAULTS.prefix_ttl_s,
-        help="seconds an optimistic prefix entry lives without a KV event",
-    )
-    p.add_argument(
-        "--heartbeat-interval",
-        type=float,
-        default=_DEFAULTS.heartbeat_interval_s,
-        help="seconds between worker heartbeats (told to workers)",
-    )
-    p.add_argument(
-        "--heartbeat-timeout",
-        type=float,
-        default=_DEFAULTS.heartbeat_timeout_s,
-        help="seconds of silence after which a worker is lost",
-    )
-    p.add_argument(
-        "--max-pending",
-        type=int,
-        default=_DEFAULTS.max_pending_requests,
-        help="requests in flight in the router; more are refused with 429",
-    )
-    p.add_argument(
-        "--tokenizer-threads",
-        type=int,
-        default=_DEFAULTS.tokenizer_threads,
-        help="threads that tokenize prompts off the event loop (0: on the loop; see "
-        "docs/benchmarks.md, fleet simulation)",
-    )
-    p.add_argument(
-        "--context-length",
-        type=int,
-        help="override the model's context length (default: config.json)",
-    )
-    p.add_argument(
-        "--tool-call-parser",
-        choices=TOOL_CALL_PARSERS,
-        help="the tool-call format the model writes (default: read from its chat template)",
-    )
-    p.add_argument(
-        "--chat-template",
-        metavar="FILE_OR_TEXT",
-        help="override the model's chat template: a Jinja file, or the template itself",
-    )
-    _add_security_flags(p)
-    p.add_argument("--log-level", type=str.upper, default=_DEFAULTS.log_level)
+    add_flags(p, RouterSection, ROUTER_FLAGS, parser_defaults=True)
+    security = p.add_argument_group("security (see docs/deploy.md)")
+    add_flags(security, RouterSection, SECURITY_FLAGS, parser_defaults=True)
+    add_flags(p, RouterSection, ["log_level"], parser_defaults=True)
     return p
-
-
-def _add_security_flags(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("security (see docs/deploy.md)")
-    g.add_argument(
-        "--api-keys-file",
-        type=Path,
-        metavar="FILE",
-        help="API keys clients must send as 'Authorization: Bearer KEY', one a line "
-        "(keys are never accepted on the command line: ps would show them)",
-    )
-    g.add_argument(
-        "--max-body-bytes",
-        type=int,
-        default=_DEFAULTS.max_body_bytes,
-        help="larger request bodies are refused with 413",
-    )
-    g.add_argument("--max-tokens-cap", type=int, help="clamp every request's max_tokens to this")
-    g.add_argument(
-        "--per-key-concurrency", type=int, help="requests in flight per API key; more get 429"
-    )
-    g.add_argument(
-        "--curve-secret-key", type=Path, metavar="FILE", help="the router's CURVE secret key file"
-    )
-    g.add_argument(
-        "--curve-authorized-keys",
-        type=Path,
-        metavar="DIR",
-        help="folder of the public keys of the workers allowed to connect",
-    )
 
 
 def parse_args(argv: list[str] | None) -> RouterConfig:
     """Defaults, then the --config file, then the flags actually typed; exits on bad values."""
     parser = build_parser()
     try:
-        args, fleet = load_with_flags(parser, argv, {"router": _ROUTER_FIELDS})
+        args, fleet = load_with_flags(parser, argv, {"router": {}})
         api_keys = read_api_keys(fleet.router)
         if not args.model and any(m.path is None for m in fleet.served_models):
             parser.error("--model is required (or set [model] path in the --config file)")
@@ -183,29 +86,11 @@ def parse_args(argv: list[str] | None) -> RouterConfig:
     logging.basicConfig(
         level=router.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    return RouterConfig(
+    return RouterConfig.from_section(
+        router,
         models=models,
-        host=router.host,
-        port=router.port,
-        zmq_bind=router.zmq_bind,
-        policy=router.policy,
-        prefill_weight=router.prefill_weight,
-        balance_abs_threshold=router.balance_abs_threshold,
-        balance_rel_threshold=router.balance_rel_threshold,
-        prefix_ttl_s=router.prefix_ttl_s,
-        heartbeat_interval_s=router.heartbeat_interval_s,
-        heartbeat_timeout_s=router.heartbeat_timeout_s,
-        max_pending_requests=router.max_pending_requests,
-        tokenizer_threads=router.tokenizer_threads,
-        context_length=router.context_length,
-        tool_call_parser=router.tool_call_parser,
-        chat_template=_chat_template(router.chat_template),
         api_keys=api_keys,
-        max_body_bytes=router.max_body_bytes,
-        max_tokens_cap=router.max_tokens_cap,
-        per_key_concurrency=router.per_key_concurrency,
-        curve_secret_key=router.curve_secret_key,
-        curve_authorized_keys=router.curve_authorized_keys,
+        chat_template=_chat_template(router.chat_template),
     )
 
 

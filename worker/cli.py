@@ -12,8 +12,14 @@ import sys
 import time
 
 from shared.blas import openblas_active, reexec_with_openblas
-from shared.config.fleet import MODEL_ID_ENV
+from shared.config.choices import DEFAULT_MODEL_NAME, MODEL_ID_ENV
+from shared.config.flags import add_flags
+from shared.config.sections import ModelSection, WorkerSection
 from shared.parent_watch import SPAWNED_AT_ENV, watch_parent
+
+# [worker] settings past the KV budget and batch shape, in --help order
+ENGINE_FLAGS = ("attention_backend", "speculative", "kv_disk", "kv_disk_dir")
+ENGINE_FLAGS += ("curve_secret_key", "curve_server_key")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -24,86 +30,46 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--config", help="fleet TOML file (deploy/fleet.example.toml); flags override it"
     )
-    p.add_argument("--router", help="the router's ZeroMQ address (default tcp://127.0.0.1:5555)")
-    p.add_argument("--model", help="model dir, .gguf, HF repo id; default: SmolLM2-135M-Instruct")
+    add_flags(p, WorkerSection, ["router"])
+    p.add_argument("--model", help=f"model dir, .gguf, HF repo id; default: {DEFAULT_MODEL_NAME}")
     p.add_argument(
         "--model-id",
         default=os.environ.get(MODEL_ID_ENV),
-        help="the model's name, registered with the router (default: $MLX_FLEET_MODEL_ID, else "
+        help=f"the model's name, registered with the router (default: ${MODEL_ID_ENV}, else "
         "the model directory's name); with a --config listing [[models]], picks the one this "
         "worker serves",
     )
-    p.add_argument("--worker-id", help="unique name of this worker (default: HOST-PID)")
-    kv = p.add_mutually_exclusive_group()
-    kv.add_argument("--kv-memory", help="KV cache budget, e.g. 2GiB")
-    kv.add_argument(
-        "--kv-fraction", type=float, help="KV budget as a share of device memory (default 0.25)"
-    )
-    p.add_argument("--block-size", type=int, help="tokens per KV block (default 32)")
-    p.add_argument("--max-running", type=int, help="most sequences decoding at once (default 64)")
-    p.add_argument(
-        "--prefill-chunk", type=int, help="most prompt tokens per sequence per step (default 256)"
-    )
-    p.add_argument(
-        "--compute-dtype", help="auto (default: float32 on CPU, quantized on Metal), float32, ..."
-    )
-    p.add_argument(
-        "--attention-backend",
-        choices=("auto", "metal", "mlx"),
-        help="paged attention: auto (default: the Metal kernel where it passes its self-test "
-        "at start, else MLX ops), metal, mlx",
-    )
-    p.add_argument(
-        "--speculative",
-        choices=("off", "ngram"),
-        help="speculative decoding: ngram (prompt-lookup drafts for greedy requests, verified "
-        "in the batch; output unchanged) or off (default: it did not pay on CPUs measured)",
-    )
-    p.add_argument(
-        "--kv-disk",
-        help="keep KV blocks evicted from memory on disk, up to this size (e.g. 20GiB), and "
-        "read them back when a prompt returns; survives restarts (default: off)",
-    )
-    p.add_argument("--kv-disk-dir", help="folder of the disk tier (default ~/.cache/mlx-fleet/kv)")
-    p.add_argument(
-        "--curve-secret-key", help="this worker's CURVE secret key file (mlx-fleet-keys)"
-    )
-    p.add_argument("--curve-server-key", help="the router's CURVE public key file")
+    add_flags(p, WorkerSection, ["worker_id"])
+    add_flags(p.add_mutually_exclusive_group(), WorkerSection, ["kv_memory", "kv_fraction"])
+    add_flags(p, WorkerSection, ["block_size", "max_running", "prefill_chunk"])
+    add_flags(p, ModelSection, ["compute_dtype"])
+    add_flags(p, WorkerSection, ENGINE_FLAGS)
     tp = p.add_argument_group(
         "tensor parallel",
         "one model replica over several ranks (see docs/deploy.md); also joins a group when "
         "started by mlx.launch (MLX_RANK, MLX_HOSTFILE set)",
     )
-    tp.add_argument(
-        "--tp-hosts", type=lambda s: tuple(h for h in s.split(",") if h),
-        help="every rank's IP or IP:port, rank 0 first, e.g. 10.0.0.1,10.0.0.2",
-    )  # fmt: skip
-    tp.add_argument("--tp-rank", type=int, help="this worker's rank (its place in --tp-hosts)")
-    tp.add_argument("--tp-port", type=int, help="ring port of a host given without one (52100)")
-    tp.add_argument(
-        "--tp-timeout-s", type=float,
-        help="a rank exits when its group makes no progress this long (default 60)",
-    )  # fmt: skip
-    p.add_argument("--log-level", help="DEBUG, INFO (default), WARNING, ERROR")
+    add_flags(tp, WorkerSection, ["tp_hosts", "tp_rank", "tp_port", "tp_timeout_s"])
+    add_flags(p, WorkerSection, ["log_level"])
     return p
+
+
+# EngineConfig field <- [worker] / [model] setting, where the names differ
+ENGINE_FIELDS = {"kv_memory_bytes": "kv_memory", "kv_memory_fraction": "kv_fraction"}
+ENGINE_FIELDS |= {"kv_disk_bytes": "kv_disk"}
 
 
 def engine_config(worker, model):
     """EngineConfig from the merged [worker] and [model] settings (None = the engine default)."""
     from worker.config import EngineConfig
 
-    given = {
-        "kv_memory_bytes": worker.kv_memory,
-        "kv_memory_fraction": worker.kv_fraction,
-        "block_size": worker.block_size,
-        "max_running": worker.max_running,
-        "prefill_chunk": worker.prefill_chunk,
-        "compute_dtype": model.compute_dtype,
-        "attention_backend": worker.attention_backend,
-        "kv_disk_bytes": worker.kv_disk,
-        "speculative": worker.speculative,
-        "kv_disk_dir": str(worker.kv_disk_dir) if worker.kv_disk_dir else None,
-    }
+    given = {"compute_dtype": model.compute_dtype}
+    for field in dataclasses.fields(EngineConfig):
+        name = ENGINE_FIELDS.get(field.name, field.name)
+        if field.name != "compute_dtype" and hasattr(worker, name):
+            given[field.name] = getattr(worker, name)
+    if given["kv_disk_dir"] is not None:
+        given["kv_disk_dir"] = str(given["kv_disk_dir"])
     config = EngineConfig(**{k: v for k, v in given.items() if v is not None})
     if config.step_token_budget < config.prefill_chunk:  # a bigger chunk widens the step
         config = dataclasses.replace(config, step_token_budget=config.prefill_chunk)

@@ -1,35 +1,44 @@
-"""Engine tunables, with defaults that suit a small model on a laptop-class machine."""
+"""Engine tunables. The ones a fleet config or a flag sets take their defaults from their one
+declaration in shared/config/sections.py ([worker] / [model]); the engine-only knobs (no key,
+no flag: tests, benchmarks) are declared here, once."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from shared.config.choices import SPECULATIVE_MODES
+from shared.config.sections import ModelSection, WorkerSection, default_of
+
+
+def _worker(name: str):
+    return default_of(WorkerSection, name)
+
 
 @dataclass(frozen=True)
 class EngineConfig:
-    block_size: int = 32
+    block_size: int = _worker("block_size")
     # KV budget: explicit bytes win; else a fraction of device memory (Metal: GPU working
     # set; CPU: system RAM).
-    kv_memory_bytes: int | None = None
-    kv_memory_fraction: float = 0.25
+    kv_memory_bytes: int | None = _worker("kv_memory")
+    kv_memory_fraction: float = _worker("kv_fraction")
     num_blocks: int | None = None  # exact block count (tests); overrides both budgets
-    max_running: int = 64  # sequences decoding at once
-    prefill_chunk: int = 256  # most prompt tokens of one sequence per step
+    max_running: int = _worker("max_running")  # sequences decoding at once
+    prefill_chunk: int = _worker("prefill_chunk")  # most prompt tokens of one sequence per step
     step_token_budget: int = 1024  # decode tokens + prefill tokens per step
-    compute_dtype: str = "auto"
-    attention_backend: str = "auto"
+    compute_dtype: str = default_of(ModelSection, "compute_dtype")
+    attention_backend: str = _worker("attention_backend")
     enable_prefix_cache: bool = True  # off: no prompt reuse (for benchmarks and debugging)
     max_waiting: int = 4096  # bounded queue: add_request refuses beyond it
     warmup: bool = True
-    # KV tier on disk: blocks evicted from the prefix cache are kept in files (bounded) and
-    # read back on a later hit; None: off
     # speculative decoding: "ngram" (prompt lookup) drafts up to spec_tokens tokens for greedy
     # sequences while the decode batch has at most spec_max_batch of them; "off"
-    speculative: str = "off"
+    speculative: str = _worker("speculative")
     spec_tokens: int = 4
     spec_max_batch: int = 8
-    kv_disk_bytes: int | None = None
-    kv_disk_dir: str | None = None  # default ~/.cache/mlx-fleet/kv
+    # KV tier on disk: blocks evicted from the prefix cache are kept in files (bounded) and
+    # read back on a later hit; None: off. Its folder: None = DEFAULT_KV_DISK_DIR.
+    kv_disk_bytes: int | None = _worker("kv_disk")
+    kv_disk_dir: str | None = None
     # queue decode step n+1 before reading step n's tokens (off: for measuring its gain)
     pipeline_decode: bool = True
 
@@ -42,8 +51,9 @@ class EngineConfig:
             raise ValueError("step_token_budget must be at least prefill_chunk")
         if self.max_running < 1:
             raise ValueError("max_running must be >= 1")
-        if self.speculative not in ("off", "ngram"):
-            raise ValueError(f"speculative must be 'off' or 'ngram', got {self.speculative!r}")
+        if self.speculative not in SPECULATIVE_MODES:
+            modes = " or ".join(repr(m) for m in SPECULATIVE_MODES)
+            raise ValueError(f"speculative must be {modes}, got {self.speculative!r}")
         if self.spec_tokens < 1:
             raise ValueError("spec_tokens must be >= 1")
         if self.kv_disk_bytes is not None and self.kv_disk_bytes < 1:

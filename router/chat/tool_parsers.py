@@ -17,8 +17,9 @@ import re
 from dataclasses import dataclass
 
 from router.http import strict_json
+from shared.config.choices import TOOL_CALL_PARSERS
 
-PARSER_NAMES = ("hermes", "llama3", "mistral")
+PARSER_NAMES = TOOL_CALL_PARSERS  # one parser each below
 
 
 @dataclass(frozen=True)

@@ -23,8 +23,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
 
 from router.routing.recent_share import RecentShares
-
-POLICY_NAMES = ("cache_aware", "round_robin", "least_load")
+from shared.config.choices import POLICY_NAMES
 
 
 class Candidate(NamedTuple):

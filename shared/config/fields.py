@@ -1,6 +1,9 @@
 """Typed fields for the fleet config file: each field carries a check that turns a TOML value
 into the Python value, or says what was expected (`router.port: expected an integer 1-65535,
-got "abc"`). Used by shared/config/fleet.py; nothing here knows the sections."""
+got "abc"`), a line of help, and its command-line spelling. One such field is the whole
+declaration of a setting: shared/config/flags.py makes the argparse flags from it, the
+sections in shared/config/sections.py read the file with it, and the runtime configs take
+their defaults from it. Nothing here knows the sections."""
 
 from __future__ import annotations
 
@@ -31,12 +34,43 @@ def describe(value: Any) -> str:
         return str(value)
 
 
-def spec(default: Any, check: Check, help: str, **kwargs) -> Any:
-    """A dataclass field whose metadata holds its check and a line of help."""
-    return field(default=default, metadata={"check": check, "help": help}, **kwargs)
+NO_FLAG = ""  # spec(flag=NO_FLAG): a file-only key (e.g. api_keys: ps would show a flag)
+
+
+def spec(
+    default: Any,
+    check: Check,
+    help: str,
+    *,
+    flag: str | None = None,
+    metavar: str | None = None,
+    unset: Any = None,
+    show_choices: bool = True,
+    **kwargs,
+) -> Any:
+    """A dataclass field declaring one setting.
+
+    `help` is the flag's help and the key's description; `flag` its spelling (default: the
+    field's name with dashes; NO_FLAG: none); `unset` the value the program uses when the key
+    is left at `default=None` (the engine's own default, shown in the help); `show_choices`
+    False keeps a check's choices out of argparse (the check's message reports them)."""
+    metadata = {"check": check, "help": help, "flag": flag, "metavar": metavar}
+    metadata |= {"unset": unset, "show_choices": show_choices}
+    return field(default=default, metadata=metadata, **kwargs)
+
+
+def _parses(parse: Callable[[str], Any], choices: Sequence[str] | None = None):
+    """Mark a check with how a flag's text becomes a value it takes (and its choices)."""
+
+    def mark(check: Check) -> Check:
+        check.parse, check.choices = parse, choices
+        return check
+
+    return mark
 
 
 def integer(low: int | None = None, high: int | None = None, optional: bool = False) -> Check:
+    @_parses(int)
     def check(value, _base):
         if value is None and optional:
             return None
@@ -59,6 +93,7 @@ def number(low: float, high: float | None = None, low_open: bool = False) -> Che
     bound = f"> {low:g}" if low_open else f">= {low:g}"
     text = f"a number {bound}" + (f" and <= {high:g}" if high is not None else "")
 
+    @_parses(float)
     def check(value, _base):
         if type(value) not in (int, float):
             raise Expected(text)
@@ -69,7 +104,14 @@ def number(low: float, high: float | None = None, low_open: bool = False) -> Che
     return check
 
 
-def string(choices: Sequence[str] | None = None, optional: bool = False) -> Check:
+def string(
+    choices: Sequence[str] | None = None,
+    optional: bool = False,
+    parse: Callable[[str], str] = str,
+) -> Check:
+    """A string (one of `choices`); `parse` turns a flag's text into it (e.g. str.upper)."""
+
+    @_parses(parse, choices)
     def check(value, _base):
         if value is None and optional:
             return None
@@ -81,6 +123,7 @@ def string(choices: Sequence[str] | None = None, optional: bool = False) -> Chec
 
 
 def strings() -> Check:
+    @_parses(lambda text: tuple(item for item in text.split(",") if item))
     def check(value, _base):
         if not isinstance(value, list | tuple) or not all(isinstance(v, str) and v for v in value):
             raise Expected("a list of non-empty strings")
@@ -92,6 +135,7 @@ def strings() -> Check:
 def path(optional: bool = True) -> Check:
     """A file or directory; `~` expands, relative paths are taken from the config file's folder."""
 
+    @_parses(str)
     def check(value, base):
         if value is None and optional:
             return None
@@ -106,6 +150,7 @@ ZMQ_ENDPOINT = re.compile(r"^(tcp://[^\s:]+:(\d+|\*)|ipc://\S+|inproc://\S+)$")
 
 
 def endpoint() -> Check:
+    @_parses(str)
     def check(value, _base):
         if not isinstance(value, str) or not ZMQ_ENDPOINT.match(value):
             raise Expected("a ZeroMQ address like tcp://HOST:PORT")
@@ -122,6 +167,7 @@ _UNITS |= {"kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 def size(optional: bool = True) -> Check:
     """Bytes: an integer, or a string like "512MiB", "8GB"."""
 
+    @_parses(str)
     def check(value, _base):
         if value is None and optional:
             return None

@@ -20,6 +20,7 @@ from typing import NamedTuple
 
 import mlx.core as mx
 
+from shared.config.choices import ATTENTION_BACKENDS
 from worker.attention import metal_kernel
 from worker.attention.mlx_ops import prepare_tiles, tiled_attention
 
@@ -81,7 +82,7 @@ def resolve_backend(name: str = "auto") -> AttentionBackend:
     if name == "auto":
         return next(BACKENDS[n] for n in AUTO_ORDER if BACKENDS[n].unavailable_reason() is None)
     if name not in BACKENDS:
-        known = ", ".join(["auto", *BACKENDS])
+        known = ", ".join(ATTENTION_BACKENDS)
         raise ValueError(f"unknown paged-attention backend {name!r}; known: {known}")
     reason = BACKENDS[name].unavailable_reason()
     if reason is not None:

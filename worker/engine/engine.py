@@ -19,6 +19,7 @@ from pathlib import Path
 import mlx.core as mx
 import mlx.nn as nn
 
+from shared.config.choices import DEFAULT_KV_DISK_DIR
 from shared.kv_events import BlockRemoved, BlockStored, KVEvent
 from shared.protocol import TokenDelta, Usage
 from shared.sampling import InvalidRequest, SamplingParams
@@ -390,7 +391,7 @@ class Engine:
         if self.config.kv_disk_bytes is None:
             return None
         layout = block_layout(self.pool)
-        root = Path(self.config.kv_disk_dir or Path.home() / ".cache" / "mlx-fleet" / "kv")
+        root = Path(self.config.kv_disk_dir or DEFAULT_KV_DISK_DIR).expanduser()
         store = DiskKVStore(
             root, model_fingerprint(self.model, layout), layout, self.config.kv_disk_bytes
         )

@@ -21,12 +21,11 @@ from typing import NamedTuple
 
 import mlx.core as mx
 
+from shared.config.choices import DEFAULT_BLOCK_SIZE
 from worker.kv.errors import IntegrityError, KVCacheError, OutOfBlocksError
 from worker.kv.memory import bytes_per_block, num_blocks_for_budget
 
 logger = logging.getLogger(__name__)
-
-DEFAULT_BLOCK_SIZE = 32
 
 # Called with cached blocks whose ref count crossed 0: held=True when they became held,
 # held=False when they became cached-only. The radix tree listens to keep eviction exact.

