@@ -21,7 +21,7 @@ from typing import NamedTuple
 import mlx.core as mx
 
 from worker.attention import metal_kernel
-from worker.attention.mlx_ops import prepare_tiles, tiled_attention
+from worker.attention.tiles import prepare_tiles, tiled_attention
 
 
 class BackendUnavailableError(RuntimeError):
