@@ -24,8 +24,9 @@ from worker.attention import select_backend
 from worker.config import EngineConfig
 from worker.engine import startup
 from worker.engine.outputs import OutputBuilder
+from worker.engine.plan import StepKind, StepPlan
 from worker.engine.requests import RequestIntake
-from worker.engine.scheduler import Scheduler, StepKind, StepPlan
+from worker.engine.scheduler import Scheduler
 from worker.engine.sequence import Sequence, Status
 from worker.engine.speculative import accepted_prefix
 from worker.engine.startup import num_kv_blocks, open_disk_tier
@@ -142,18 +143,7 @@ class Engine:
 
     def load(self) -> EngineLoad:
         """Queue and KV figures for the heartbeat (cheap: counters only)."""
-        cache = self.cache
-        return EngineLoad(
-            running=len(self.scheduler.running),
-            waiting=len(self.scheduler.waiting),
-            free_blocks=self.pool.num_free,
-            total_blocks=self.kv_capacity_blocks,
-            cached_blocks=cache.cached_blocks,
-            hit_tokens=cache.hit_tokens,
-            prompt_tokens=cache.hit_tokens + cache.miss_tokens,
-            evictable_blocks=cache.evictable_blocks,
-            evicted_blocks=cache.evicted_blocks,
-        )
+        return EngineLoad.of(self.scheduler, self.pool, self.cache)
 
     def phases(self) -> WorkerPhases:
         """The phase metrics (percentiles over a window: not for every step)."""

@@ -20,7 +20,7 @@ import mlx.nn as nn
 from shared.sampling import SamplingParams
 from worker.attention import AttentionSinksUnsupported
 from worker.config import EngineConfig
-from worker.engine.scheduler import PrefillChunk, StepKind, StepPlan
+from worker.engine.plan import PrefillChunk, StepKind, StepPlan
 from worker.engine.sequence import Sequence
 from worker.engine.stats import EngineStats
 from worker.kv.block_pool import BlockPool

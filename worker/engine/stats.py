@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, NamedTuple
 from shared.protocol import WorkerPhases
 
 if TYPE_CHECKING:
+    from worker.engine.scheduler import Scheduler
     from worker.kv.block_pool import BlockPool
     from worker.kv.disk_tier import DiskTier
     from worker.kv.radix_cache import RadixCache
@@ -131,6 +132,20 @@ class EngineLoad(NamedTuple):
     prompt_tokens: int
     evictable_blocks: int
     evicted_blocks: int
+
+    @classmethod
+    def of(cls, scheduler: Scheduler, pool: BlockPool, cache: RadixCache) -> EngineLoad:
+        return cls(
+            running=len(scheduler.running),
+            waiting=len(scheduler.waiting),
+            free_blocks=pool.num_free,
+            total_blocks=pool.num_blocks - 1,  # less the scratch block
+            cached_blocks=cache.cached_blocks,
+            hit_tokens=cache.hit_tokens,
+            prompt_tokens=cache.hit_tokens + cache.miss_tokens,
+            evictable_blocks=cache.evictable_blocks,
+            evicted_blocks=cache.evicted_blocks,
+        )
 
 
 def engine_stats(

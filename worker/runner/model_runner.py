@@ -24,7 +24,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from worker.attention import AttentionBackend, AttentionPlan, install_attention_hook, write_kv
-from worker.engine.scheduler import StepKind, StepPlan
+from worker.engine.plan import StepKind, StepPlan
 from worker.engine.sequence import Sequence
 from worker.kv.block_pool import BlockPool
 from worker.runner.sampler import TokenLogprobs, sample
