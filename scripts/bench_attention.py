@@ -46,15 +46,13 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from worker.attention.mlx_ops import (  # noqa: E402
-    blockwise_attention,
-    gather_attention,
+from worker.attention import slot_ids, write_kv  # noqa: E402
+from worker.attention.mlx_ops import blockwise_attention, gather_attention  # noqa: E402
+from worker.attention.shared_prefix import (  # noqa: E402
     plan_shared_prefixes,
-    prepare_tiles,
     shared_prefix_attention,
-    tiled_attention,
 )
-from worker.attention.paged import slot_ids, write_kv  # noqa: E402
+from worker.attention.tiles import prepare_tiles, tiled_attention  # noqa: E402
 
 NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE = 9, 3, 64, 32
 NUM_LAYERS, WRITES_PER_STEP = 30, 32

@@ -38,11 +38,11 @@ def timed(fn, args, iters: int) -> float:
 def attention_core(q, keys, values, visible):
     import mlx.core as mx
 
-    from worker.attention.mlx_ops import _apply_mask, _weighted_values
+    from worker.attention.mlx_ops import apply_mask, weighted_values
 
-    scores = _apply_mask(q @ keys.swapaxes(-1, -2), visible, 1)
+    scores = apply_mask(q @ keys.swapaxes(-1, -2), visible, 1)
     weights = mx.power(2.0, scores - scores.max(axis=-1, keepdims=True))
-    return _weighted_values(weights, values) / weights.sum(axis=-1).reshape(*q.shape[:3], 1)
+    return weighted_values(weights, values) / weights.sum(axis=-1).reshape(*q.shape[:3], 1)
 
 
 def main() -> None:

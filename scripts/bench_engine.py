@@ -59,7 +59,7 @@ def run_engine(
     # 2 GiB of KV holds every run here; the default (a quarter of memory) per engine, with
     # a few engines alive at once, would not fit a 24 GB machine
     config.setdefault("kv_memory_bytes", 2 << 30)
-    engine = Engine(model, EngineConfig(**config), max_context=8192)
+    engine = Engine.create(model, EngineConfig(**config), max_context=8192)
     params = SamplingParams(max_tokens=max_tokens, stop_token_ids=tuple(tokenizer.eos_token_ids))
     outputs = {i: [] for i in range(len(prompts))}
     start = time.perf_counter()
@@ -154,7 +154,7 @@ def bench_open_loop(model, tokenizer, args) -> None:
     for _ in range(n):
         t += rng.expovariate(rate)
         arrivals.append(t)
-    engine = Engine(model, EngineConfig(), max_context=8192)
+    engine = Engine.create(model, EngineConfig(), max_context=8192)
     params = SamplingParams(
         max_tokens=args.max_tokens, stop_token_ids=tuple(tokenizer.eos_token_ids)
     )

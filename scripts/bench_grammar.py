@@ -56,7 +56,7 @@ def run(model, grammars, prompts, kinds, max_tokens) -> dict:
 
     # a small pool: one engine per configuration, and MLX keeps freed buffers cached
     config = EngineConfig(kv_memory_bytes=256 * 2**20)
-    engine = Engine(model, config, max_context=8192, grammars=grammars)
+    engine = Engine.create(model, config, max_context=8192, grammars=grammars)
     mask_time = [0.0, 0]
     fill = grammars.fill_masks
 

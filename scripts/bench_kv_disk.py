@@ -59,7 +59,7 @@ def main() -> None:
     config = EngineConfig(kv_disk_bytes=8 << 30, kv_disk_dir=str(folder))
 
     def engine():
-        return Engine(model, config, max_context=8192)
+        return Engine.create(model, config, max_context=8192)
 
     first = engine()
     results = {}

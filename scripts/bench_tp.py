@@ -74,7 +74,7 @@ def baseline(model_dir: Path, batches: list[int], tokens: int) -> None:
     from worker.engine.engine import Engine
 
     model, _ = load_model(model_dir)
-    engine = Engine(model, engine_config(), max_context=context_length(model_dir))
+    engine = Engine.create(model, engine_config(), max_context=context_length(model_dir))
     for batch in batches:
         tick = decode_tick_ms(engine, batch, tokens)
         print(json.dumps({"config": "unsharded", "batch": batch, "decode_tick_ms": round(tick, 2)}))

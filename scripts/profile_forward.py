@@ -46,8 +46,8 @@ def main() -> None:
     from shared.models.loading import load_model
     from shared.models.store import resolve_model
     from shared.sampling import SamplingParams
-    from worker.attention.paged import resolve_backend
-    from worker.engine.scheduler import StepKind, StepPlan
+    from worker.attention import resolve_backend
+    from worker.engine.plan import StepKind, StepPlan
     from worker.engine.sequence import Sequence
     from worker.kv.block_pool import BlockPool
     from worker.runner.model_runner import ModelRunner

@@ -125,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     imports = time.perf_counter()
     from shared.models.store import ModelNotFound, resolve_model, stderr_progress
     from worker.engine.engine import Engine
-    from worker.loop import WorkerServer
+    from worker.loop import WorkerLoop
 
     log.info("imports (mlx, mlx-lm, engine) took %.2fs", time.perf_counter() - imports)
 
@@ -148,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
         worker_id, model.name, model_dir, time.perf_counter() - start, engine.pool.num_blocks - 1,
         config.block_size, "on" if openblas_active() else "off",
     )  # fmt: skip
-    server = WorkerServer(engine, worker.router, worker_id, model.name, socket_setup(worker))
+    server = WorkerLoop(engine, worker.router, worker_id, model.name, socket_setup(worker))
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: server.stop())
     watch_parent()  # started by launch-cluster: go when it goes (macOS has no PDEATHSIG)

@@ -35,7 +35,10 @@ class RegistrationRefused(RuntimeError):
     """The router answered Register with accepted=False."""
 
 
-class WorkerLink:
+class RouterConnection:
+    """This worker's connection to the router: registration, heartbeats and messages both
+    ways, on a thread of its own (named apart from the router's own `WorkerLink`)."""
+
     def __init__(
         self,
         endpoint: str,

@@ -29,7 +29,7 @@ from shared.protocol import (
     Usage,
 )
 from shared.sampling import InvalidRequest
-from worker.connection import WorkerLink
+from worker.connection import RouterConnection
 from worker.engine.engine import Engine, EngineOverloaded
 
 log = logging.getLogger(__name__)
@@ -38,7 +38,9 @@ IDLE_WAIT_S = 0.05
 PHASES_EVERY_S = 1.0  # phase percentiles sort a window: refreshed this often, not per step
 
 
-class WorkerServer:
+class WorkerLoop:
+    """The worker's main loop: messages from the router in, engine steps, deltas out."""
+
     def __init__(
         self,
         engine: Engine,
@@ -55,8 +57,8 @@ class WorkerServer:
         register = Register(
             worker_id=worker_id,
             model_id=model_id,
-            block_size=engine.pool.block_size,
-            kv_capacity_blocks=engine.pool.num_blocks - 1,
+            block_size=engine.block_size,
+            kv_capacity_blocks=engine.kv_capacity_blocks,
             host=socket.gethostname(),
             pid=os.getpid(),
             attention=engine.attention_report,
@@ -64,7 +66,7 @@ class WorkerServer:
         )
         self._phases, self._phases_at = None, 0.0
         self._load = self._heartbeat()
-        self.link = WorkerLink(endpoint, register, lambda: self._load, configure_socket)
+        self.link = RouterConnection(endpoint, register, lambda: self._load, configure_socket)
         self.stopping = threading.Event()
 
     def serve_forever(self) -> int:
@@ -129,20 +131,8 @@ class WorkerServer:
             self.link.send(KVEvents(self.worker_id, tuple(events)))
 
     def _heartbeat(self) -> Heartbeat:
-        e = self.engine
         now = time.monotonic()
         if now - self._phases_at >= PHASES_EVERY_S:
-            self._phases, self._phases_at = e.stats_.phases(), now
-        return Heartbeat(
-            worker_id=self.worker_id,
-            running=len(e.scheduler.running),
-            waiting=len(e.scheduler.waiting),
-            free_blocks=e.pool.num_free,
-            total_blocks=e.pool.num_blocks - 1,
-            cached_blocks=e.cache.cached_blocks,
-            hit_tokens=e.cache.hit_tokens,
-            prompt_tokens=e.cache.hit_tokens + e.cache.miss_tokens,
-            evictable_blocks=e.cache.evictable_blocks,
-            evicted_blocks=e.cache.evicted_blocks,
-            phases=self._phases,
-        )
+            self._phases, self._phases_at = self.engine.phases(), now
+        load = self.engine.load()
+        return Heartbeat(worker_id=self.worker_id, phases=self._phases, **load._asdict())

@@ -35,7 +35,7 @@ def test_engine_matches_mlx_lm_on_the_default_model(smollm):
     model, tok = smollm
     # block size 16: the default system prompt shares 22 tokens, one full block
     config = EngineConfig(block_size=16, num_blocks=1024, prefill_chunk=64)
-    engine = Engine(model, config, max_context=8192)
+    engine = Engine.create(model, config, max_context=8192)
     prompts = {q: chat_ids(tok, q) for q in QUESTIONS}
     for q, ids in prompts.items():
         engine.add_request(

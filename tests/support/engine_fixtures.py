@@ -60,7 +60,7 @@ def make_engine(model, grammars=None, **overrides) -> Engine:
         block_size=8, num_blocks=256, prefill_chunk=64, step_token_budget=256, warmup=False
     )
     config.update(overrides)
-    return Engine(model, EngineConfig(**config), max_context=512, grammars=grammars)
+    return Engine.create(model, EngineConfig(**config), max_context=512, grammars=grammars)
 
 
 def run_to_completion(engine: Engine, max_steps: int = 10_000) -> dict[str, list[int]]:

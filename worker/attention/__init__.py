@@ -1,0 +1,34 @@
+"""Paged attention over the worker's KV pool: the one front the rest of the worker imports.
+
+`select_backend` picks a backend at start-up (self-testing the Metal kernel where it could
+run); a forward builds one `AttentionPlan` per step and calls it for every layer;
+`write_kv` stores the step's new K/V in the pool; `install_attention_hook` routes mlx-lm's
+attention calls to the plan. The modules behind it: `paged` (backends and the plan),
+`mlx_ops`/`tiles`/`shared_prefix` (the "mlx" backend's strategies), `metal_kernel` and
+`metal_source` (the "metal" backend), `selftest` and `select` (choosing one).
+"""
+
+from worker.attention.hook import AttentionSinksUnsupported, install_attention_hook
+from worker.attention.paged import (
+    AttentionBackend,
+    AttentionPlan,
+    BackendUnavailableError,
+    paged_attention,
+    resolve_backend,
+    slot_ids,
+    write_kv,
+)
+from worker.attention.select import select_backend
+
+__all__ = [
+    "AttentionBackend",
+    "AttentionPlan",
+    "AttentionSinksUnsupported",
+    "BackendUnavailableError",
+    "install_attention_hook",
+    "paged_attention",
+    "resolve_backend",
+    "select_backend",
+    "slot_ids",
+    "write_kv",
+]

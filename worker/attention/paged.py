@@ -22,7 +22,7 @@ import mlx.core as mx
 
 from shared.config.choices import ATTENTION_BACKENDS
 from worker.attention import metal_kernel
-from worker.attention.mlx_ops import prepare_tiles, tiled_attention
+from worker.attention.tiles import prepare_tiles, tiled_attention
 
 
 class BackendUnavailableError(RuntimeError):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 
+from shared.config.choices import ATTENTION_BACKENDS
 from shared.protocol import AttentionReport
 from worker.attention import metal_kernel, selftest
 from worker.attention.paged import BACKENDS, AttentionBackend, BackendUnavailableError
@@ -24,8 +25,8 @@ def select_backend(
     requested: str, shape, block_size: int
 ) -> tuple[AttentionBackend, AttentionReport]:
     """The backend this worker's forwards use, and the report it registers with."""
-    if requested not in ("auto", "metal", "mlx"):
-        known = "auto, metal, mlx"
+    if requested not in ATTENTION_BACKENDS:
+        known = ", ".join(ATTENTION_BACKENDS)
         raise ValueError(f"unknown paged-attention backend {requested!r}; known: {known}")
     if requested == "mlx":
         return BACKENDS["mlx"], AttentionReport("mlx", requested, "not run: mlx requested")

@@ -8,9 +8,7 @@ while engine.has_work():
 
 from __future__ import annotations
 
-import itertools
 import logging
-import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,35 +17,26 @@ from pathlib import Path
 import mlx.core as mx
 import mlx.nn as nn
 
-from shared.config.choices import DEFAULT_KV_DISK_DIR
 from shared.kv_events import BlockRemoved, BlockStored, KVEvent
-from shared.protocol import TokenDelta, Usage
-from shared.sampling import InvalidRequest, SamplingParams
-from worker.attention.hook import AttentionSinksUnsupported
-from worker.attention.select import select_backend
+from shared.protocol import TokenDelta, WorkerPhases
+from shared.sampling import SamplingParams
+from worker.attention import select_backend
 from worker.config import EngineConfig
-from worker.engine.scheduler import PrefillChunk, Scheduler, StepKind, StepPlan
+from worker.engine import startup
+from worker.engine.outputs import OutputBuilder
+from worker.engine.plan import StepKind, StepPlan
+from worker.engine.requests import RequestIntake
+from worker.engine.scheduler import Scheduler
 from worker.engine.sequence import Sequence, Status
-from worker.engine.speculative import DraftState, accepted_prefix
-from worker.engine.stats import EngineStats
+from worker.engine.speculative import accepted_prefix
+from worker.engine.startup import num_kv_blocks, open_disk_tier
+from worker.engine.stats import EngineLoad, EngineStats, engine_stats
 from worker.kv.block_pool import BlockPool
-from worker.kv.disk_store import DiskKVStore
-from worker.kv.disk_tier import DiskTier, block_layout, model_fingerprint
-from worker.kv.memory import memory_budget_bytes, num_blocks_for_budget
 from worker.kv.radix_cache import RadixCache
 from worker.runner.grammar import GrammarCompiler
-from worker.runner.logits_processors import LogitsState
 from worker.runner.model_runner import LayerTimes, ModelRunner
-from worker.runner.model_support import (
-    COVERED_ARCHITECTURES,
-    UnsupportedModel,
-    check_seam,
-    model_type,
-    probe_shape,
-    reference_greedy,
-    verification_prompt,
-)
-from worker.runner.sampler import TokenLogprob, TokenLogprobs, delta_logprob_fields
+from worker.runner.model_support import ModelShape, probe_shape
+from worker.runner.sampler import TokenLogprobs
 
 log = logging.getLogger(__name__)
 
@@ -68,53 +57,68 @@ class EngineOverloaded(RuntimeError):
 
 class Engine:
     """Orchestration: requests in, `schedule()` -> `ModelRunner.run(plan)` -> postprocess
-    (the scheduler advances or finishes sequences), token deltas out."""
+    (the scheduler advances or finishes sequences), token deltas out.
+
+    `Engine(...)` only assembles (pool, cache, scheduler, runner: no forward pass);
+    `Engine.create(...)` or `Engine.from_path(...)` also checks the model and warms it up
+    (`worker.engine.startup`), which is what a server wants."""
 
     def __init__(
         self,
         model: nn.Module,
+        shape: ModelShape,
         config: EngineConfig | None = None,
         max_context: int = 4096,
         grammars: GrammarCompiler | None = None,
         make_runner: Callable[..., ModelRunner] = ModelRunner,
     ):
-        """`make_runner(model, pool, scratch_block, backend)`: the runner the steps go
+        """`shape`: the model's, from `probe_shape(model)` (a forward pass, so the builder's).
+        `make_runner(model, pool, scratch_block, backend)`: the runner the steps go
         through; a tensor-parallel group's leader passes one that first broadcasts the plan
         to the other ranks (`worker.tp.runner`)."""
         self.config = config or EngineConfig()
         self.grammars = grammars  # for grammar-constrained requests; None refuses them
         self.config.validate()
-        self.model, self.max_context = model, max_context
-        self.shape = probe_shape(model)
+        self.model, self.max_context, self.shape = model, max_context, shape
         self.pool = BlockPool(
-            self._num_blocks(),
+            num_kv_blocks(self.config, shape),
             self.config.block_size,
-            num_layers=self.shape.num_layers,
-            num_kv_heads=self.shape.num_kv_heads,
-            head_dim=self.shape.head_dim,
-            dtype=self.shape.kv_dtype,
+            num_layers=shape.num_layers,
+            num_kv_heads=shape.num_kv_heads,
+            head_dim=shape.head_dim,
+            dtype=shape.kv_dtype,
         )
         self.scratch_block = self.pool.allocate(1)[0]  # padding rows write here
         self._events: list[KVEvent] = []
         self.cache = RadixCache(self.pool, self.config.block_size, on_event=self._on_kv_event)
-        self.disk = self._disk_tier()
+        self.disk = open_disk_tier(self.config, model, self.pool, self.cache)
         self.scheduler = Scheduler(self.pool, self.cache, self.config, max_context, self.disk)
         self.backend, self.attention_report = select_backend(
-            self.config.attention_backend, self.shape, self.config.block_size
+            self.config.attention_backend, shape, self.config.block_size
         )
         self.runner = make_runner(model, self.pool, self.scratch_block, self.backend)
+        self.outputs = OutputBuilder(self.scheduler)
+        self.intake = RequestIntake(self.config, shape.vocab_size, max_context, self.pool, grammars)
         self.stats_ = EngineStats()
-        self._open: dict[str, int] = {}  # request id -> its choices not finished yet
-        self._arrivals = itertools.count()
         self._inflight: _InFlight | None = None  # a decode step queued, its tokens unread
         self._pending_failures: list[TokenDelta] = []
         self._last_resolved = 0.0
         self._steps = 0
-        self._check_model()
-        if self.config.warmup:
-            self._warmup()
-        if self.disk is not None:
-            self._announce_disk_blocks()
+
+    @classmethod
+    def create(
+        cls,
+        model: nn.Module,
+        config: EngineConfig | None = None,
+        max_context: int = 4096,
+        grammars: GrammarCompiler | None = None,
+        make_runner: Callable[..., ModelRunner] = ModelRunner,
+    ) -> Engine:
+        """An engine ready to serve: probed, assembled, checked and (unless
+        `config.warmup` is off) warmed up."""
+        engine = cls(model, probe_shape(model), config, max_context, grammars, make_runner)
+        startup.prepare(engine)
+        return engine
 
     @classmethod
     def from_path(cls, model_dir: Path, config: EngineConfig | None = None) -> Engine:
@@ -124,16 +128,26 @@ class Engine:
         config = config or EngineConfig()
         model, tokenizer = load_model(model_dir, config.compute_dtype)
         grammars = GrammarCompiler.from_hf_tokenizer(tokenizer, probe_shape(model).vocab_size)
-        return cls(model, config, max_context=context_length(model_dir), grammars=grammars)
+        return cls.create(model, config, max_context=context_length(model_dir), grammars=grammars)
 
-    def _num_blocks(self) -> int:
-        c, s = self.config, self.shape
-        if c.num_blocks is not None:
-            return c.num_blocks
-        budget = c.kv_memory_bytes or memory_budget_bytes(c.kv_memory_fraction)
-        return num_blocks_for_budget(
-            budget, c.block_size, s.num_layers, s.num_kv_heads, s.head_dim, s.kv_dtype
-        )
+    # ---- what the worker loop reads ----------------------------------------------------
+
+    @property
+    def block_size(self) -> int:
+        return self.pool.block_size
+
+    @property
+    def kv_capacity_blocks(self) -> int:
+        """The blocks requests can use: the pool less the scratch block."""
+        return self.pool.num_blocks - 1
+
+    def load(self) -> EngineLoad:
+        """Queue and KV figures for the heartbeat (cheap: counters only)."""
+        return EngineLoad.of(self.scheduler, self.pool, self.cache)
+
+    def phases(self) -> WorkerPhases:
+        """The phase metrics (percentiles over a window: not for every step)."""
+        return self.stats_.phases()
 
     # ---- requests ----------------------------------------------------------------------
 
@@ -142,65 +156,17 @@ class Engine:
     ) -> None:
         """Queue a request for `n` choices (sampled after one prefill; choice i's deltas carry
         index i); raise InvalidRequest (or EngineOverloaded) without side effects."""
-        self._validate(request_id, token_ids, sampling)
-        if not isinstance(n, int) or not 1 <= n <= self.config.max_running:
-            raise InvalidRequest(f"n must be an integer in [1, {self.config.max_running}]")
+        self.intake.check(request_id, token_ids, sampling, n, self.outputs.is_open)
         if len(self.scheduler.waiting) >= self.config.max_waiting:
             raise EngineOverloaded(f"{len(self.scheduler.waiting)} requests are already waiting")
-        seed = sampling.seed if sampling.seed is not None else random.getrandbits(63)
-        seq = Sequence(
-            request_id=request_id,
-            prompt_len=len(token_ids),
-            tokens=list(token_ids),
-            sampling=sampling,
-            arrival=next(self._arrivals),
-            rng_key=None if sampling.greedy else mx.random.key(seed),
-            seed=seed,
-            forks=n - 1,
-            logits_state=LogitsState.create(
-                sampling, token_ids, self.shape.vocab_size, self.grammars
-            ),
-            drafting=DraftState() if self._may_draft(sampling, n) else None,
-        )
-        self._open[request_id] = n
+        seq = self.intake.sequence(request_id, token_ids, sampling, n)
+        self.outputs.open(request_id, n)
         self.scheduler.add(seq)
-
-    def _may_draft(self, sampling: SamplingParams, n: int) -> bool:
-        """Speculative decoding keeps greedy output identical; sampled requests don't draft."""
-        # nor do requests with logit processors: their state advances once per step
-        return (
-            self.config.speculative != "off"
-            and sampling.greedy
-            and n == 1
-            and not sampling.processes_logits
-        )
-
-    def _validate(self, request_id: str, token_ids: list[int], sampling: SamplingParams) -> None:
-        if not isinstance(request_id, str) or not request_id:
-            raise InvalidRequest("request_id must be a non-empty string")
-        if request_id in self._open:
-            raise InvalidRequest(f"request {request_id!r} is already running")
-        if not token_ids:
-            raise InvalidRequest("the prompt is empty")
-        vocab = self.shape.vocab_size
-        if any(not isinstance(t, int) or not 0 <= t < vocab for t in token_ids):
-            raise InvalidRequest(f"prompt token ids must be integers in [0, {vocab})")
-        if len(token_ids) >= self.max_context:
-            raise InvalidRequest(
-                f"the prompt has {len(token_ids)} tokens; this model's context is {self.max_context} "
-                "tokens, and at least one must be left to generate"
-            )
-        usable = self.pool.num_blocks - 1  # less the scratch block
-        if self.pool.blocks_for_tokens(len(token_ids) + 1) > usable:
-            raise InvalidRequest(
-                f"the prompt needs more KV memory than this worker has ({usable} blocks)"
-            )
-        sampling.validate(vocab)
 
     def abort(self, request_id: str, index: int | None = None) -> bool:
         """Stop a request (or only its choice `index`) and free its blocks now; False if it
         is unknown or already done."""
-        if request_id not in self._open:
+        if not self.outputs.is_open(request_id):
             return False
         seqs = self.scheduler.sequences_of(request_id)
         if index is not None:
@@ -209,9 +175,9 @@ class Engine:
                 return False  # done already, or not forked yet (then it runs; it is ignored)
         for seq in seqs:
             self.scheduler.remove(seq)
-            self._close_choice(request_id)
+            self.outputs.close_choice(request_id)
         if index is None:
-            self._open.pop(request_id, None)
+            self.outputs.forget(request_id)
         return True
 
     def has_work(self) -> bool:
@@ -266,7 +232,7 @@ class Engine:
         except Exception as exc:  # building the graph failed: nothing is in flight
             log.exception("decode step failed for %d sequences", len(plan.decode))
             self._pending_failures += [
-                self._fail(s, f"the model step failed: {exc}") for s in plan.decode
+                self.outputs.fail(s, f"the model step failed: {exc}") for s in plan.decode
             ]
             return
         for seq in plan.decode:
@@ -290,7 +256,7 @@ class Engine:
         except Exception as exc:
             log.exception("decode step failed for %d sequences", len(inflight.seqs))
             live = [s for s in inflight.seqs if s.status is Status.RUNNING]
-            return deltas + [self._fail(s, f"the model step failed: {exc}") for s in live]
+            return deltas + [self.outputs.fail(s, f"the model step failed: {exc}") for s in live]
         # a pipelined step starts on the device when the previous one ends, not at its launch
         now = time.perf_counter()
         self.stats_.record_decode(
@@ -300,7 +266,7 @@ class Engine:
         for i, seq in enumerate(inflight.seqs):
             if seq.status is Status.RUNNING:  # not aborted, nor ended by an earlier token
                 lp = logprobs[i] if logprobs else None
-                deltas.append(self._advance(seq, [tokens[i]], [lp]))
+                deltas.append(self.outputs.advance(seq, [tokens[i]], [lp]))
         return deltas
 
     def _execute(self, plan: StepPlan) -> list[TokenDelta]:
@@ -315,7 +281,7 @@ class Engine:
         except Exception as exc:  # a failed forward must not take the other requests down
             seqs = plan.decode + [c.seq for c in plan.prefill]
             log.exception("forward pass failed for %d sequences", len(seqs))
-            return [self._fail(s, f"the model step failed: {exc}") for s in seqs]
+            return [self.outputs.fail(s, f"the model step failed: {exc}") for s in seqs]
         elapsed = time.perf_counter() - start
         if plan.decode:
             self.stats_.record_decode(elapsed, len(plan.decode))
@@ -339,7 +305,7 @@ class Engine:
                 seq.draft = []
             if id(seq) in decoding:  # its input token and the accepted drafts are computed
                 self.scheduler.computed(seq, len(toks))
-            deltas.append(self._advance(seq, toks, lps))
+            deltas.append(self.outputs.advance(seq, toks, lps))
         return deltas
 
     def _profile_sample(self) -> LayerTimes | None:
@@ -348,58 +314,7 @@ class Engine:
         self._steps += 1
         return LayerTimes() if self._steps % PROFILE_EVERY == 0 else None
 
-    def _advance(self, seq: Sequence, tokens: list[int], logprobs: list) -> TokenDelta:
-        """`seq` produced `tokens` (one, or several when drafts were accepted); its delta."""
-        emitted: list[int] = []
-        entries: list[TokenLogprob | None] = []
-        reason = None
-        for token, logprob in zip(tokens, logprobs, strict=True):
-            reason = self.scheduler.append_token(seq, token, logprob and logprob.logprob)
-            # a stop token ends the text, unshown; a token that completed the grammar is shown
-            if token not in seq.sampling.stop_token_ids:
-                emitted.append(token)
-                entries.append(logprob)
-            if reason is not None:
-                break
-        lps = delta_logprob_fields(seq.sampling, entries)
-        if reason is None:
-            return TokenDelta(seq.request_id, tuple(emitted), index=seq.choice, **lps)
-        self._close_choice(seq.request_id)
-        usage = Usage(seq.prompt_len, seq.num_output, seq.num_cached)
-        return TokenDelta(seq.request_id, tuple(emitted), reason, usage, index=seq.choice, **lps)
-
-    def _fail(self, seq: Sequence, message: str) -> TokenDelta:
-        """End `seq`'s whole request with an error (every choice of it: one failed)."""
-        self._open.pop(seq.request_id, None)
-        for other in [seq, *self.scheduler.sequences_of(seq.request_id)]:
-            if other.status is not Status.FINISHED:
-                self.scheduler.drop(other)
-        usage = Usage(seq.prompt_len, seq.num_output, seq.num_cached)
-        return TokenDelta(seq.request_id, (), "error", usage, error=message, index=seq.choice)
-
-    def _close_choice(self, request_id: str) -> None:
-        left = self._open.get(request_id, 0) - 1
-        if left > 0:
-            self._open[request_id] = left
-        else:
-            self._open.pop(request_id, None)
-
     # ---- upkeep ------------------------------------------------------------------------
-
-    def _disk_tier(self) -> DiskTier | None:
-        """The KV tier on disk, when configured: its files from an earlier run indexed."""
-        if self.config.kv_disk_bytes is None:
-            return None
-        layout = block_layout(self.pool)
-        root = Path(self.config.kv_disk_dir or DEFAULT_KV_DISK_DIR).expanduser()
-        store = DiskKVStore(
-            root, model_fingerprint(self.model, layout), layout, self.config.kv_disk_bytes
-        )
-        kept = store.scan()
-        log.info("KV disk tier at %s: %d blocks from earlier runs", store.dir, kept)
-        tier = DiskTier(self.pool, store)
-        self.cache.set_evict_listener(tier.save)
-        return tier
 
     def _on_kv_event(self, event: KVEvent) -> None:
         """Blocks evicted to the disk tier are still this worker's: not announced removed."""
@@ -410,80 +325,24 @@ class Engine:
             event = BlockRemoved(kept)
         self._events.append(event)
 
-    def _announce_disk_blocks(self) -> None:
+    def announce_disk_blocks(self) -> None:
         """Tell the router what the disk holds (a restarted worker's returning prefixes)."""
+        if self.disk is None:
+            return
         bs = self.config.block_size
         for block in self.disk.store.blocks():
             self._events.append(
                 BlockStored(block.block_hash, block.parent_hash, block.token_ids, bs)
             )
 
-    def _check_model(self) -> None:
-        """Refuse a model the paged KV would serve wrongly (see `worker.runner.model_support`)."""
-        probe = Sequence("__probe__", 1, [0], SamplingParams(max_tokens=1), arrival=-1)
-        probe.block_ids = [self.scratch_block]
-        plan = StepPlan(StepKind.PREFILL, [], [PrefillChunk(probe, 1)], [])
-        try:
-            mx.eval(*self.runner.run(plan).outputs)
-        except AttentionSinksUnsupported as exc:
-            raise UnsupportedModel(f"model type {model_type(self.model)!r}: {exc}") from exc
-        check_seam(self.model, self.runner.last_caches)
-        self.runner.last_caches = []
-        name = model_type(self.model)
-        if name not in COVERED_ARCHITECTURES:
-            self._verify_greedy(name)
-
-    def _verify_greedy(self, name: str) -> None:
-        """For an architecture the tests do not cover: one prompt, greedy, against plain
-        mlx-lm; refuse the model unless the tokens match."""
-        prompt = verification_prompt(self.shape.vocab_size, self.config.block_size + 5)
-        expected = reference_greedy(self.model, prompt, 4)
-        got = self._run_alone(prompt, 4)
-        if got != expected:
-            raise UnsupportedModel(
-                f"model type {name!r} is not among the tested architectures "
-                f"({', '.join(sorted(COVERED_ARCHITECTURES))}) and its greedy output over the "
-                f"paged KV differs from mlx-lm's ({got} vs {expected})"
-            )
-        log.info("model type %r: paged greedy output matches mlx-lm; serving it", name)
-
-    def _run_alone(self, prompt: list[int], max_tokens: int) -> list[int]:
-        """Greedy tokens of one internal request, run to the end; forgets its cache entries."""
-        self.add_request("__check__", prompt, SamplingParams(max_tokens=max_tokens))
-        tokens: list[int] = []
-        while self.has_work():
-            for delta in self.step():
-                if delta.error:
-                    raise UnsupportedModel(f"the load-time check failed: {delta.error}")
-                tokens += delta.token_ids
+    def forget_cache(self) -> None:
+        """Drop the prefix cache and the KV events not sent yet: after the start-up checks'
+        internal requests, which the router must never hear of."""
         self.cache.reset()
         self._events.clear()
-        return tokens
-
-    def _warmup(self) -> None:
-        """Run a short request through prefill and decode, then forget it, so the first real
-        request pays no one-time costs (allocations, graph construction)."""
-        start = time.perf_counter()
-        self._run_alone([0] * (self.config.block_size + 3), 3)
-        self.stats_ = EngineStats()
-        log.info("warm-up took %.2fs", time.perf_counter() - start)
 
     def stats(self) -> dict:
-        usage = self.pool.usage()
-        return {
-            "running": len(self.scheduler.running),
-            "waiting": len(self.scheduler.waiting),
-            "total_blocks": self.pool.num_blocks,
-            "free_blocks": self.pool.num_free,
-            "cached_blocks": self.cache.cached_blocks,
-            "evictable_blocks": self.cache.evictable_blocks,
-            "held_blocks": usage.held,
-            "cache_hit_tokens": self.cache.hit_tokens,
-            "disk_hit_tokens": self.disk.hit_tokens if self.disk else 0,
-            "disk_blocks": len(self.disk.store.blocks()) if self.disk else 0,
-            "cache_miss_tokens": self.cache.miss_tokens,
-            **self.stats_.summary(),
-        }
+        return engine_stats(self.load(), self.pool, self.cache, self.disk, self.stats_)
 
     def check_integrity(self) -> None:
         """Raise unless the pool and the prefix cache are consistent (cheap enough when idle)."""

@@ -12,60 +12,16 @@ recomputing it is cheap) and requeued at the front.
 
 from __future__ import annotations
 
-import enum
 from collections import deque
-from typing import NamedTuple
 
 from worker.config import EngineConfig
+from worker.engine.admission import fits_whole_prompt, shares_pending_prefill
+from worker.engine.plan import PrefillChunk, StepKind, StepPlan, plan_kind
 from worker.engine.sequence import Sequence, Status
+from worker.engine.speculative import draft_budget
 from worker.kv.block_pool import BlockPool
 from worker.kv.disk_tier import DiskTier
 from worker.kv.radix_cache import MatchResult, RadixCache
-
-
-class PrefillChunk(NamedTuple):
-    seq: Sequence
-    num_tokens: int
-
-
-class StepKind(enum.Enum):
-    """How one step's work goes through the model."""
-
-    DECODE = "decode"  # one token per decoding sequence, one forward (pipelined when steady)
-    MIXED = "mixed"  # decode rows + short prefill chunks as one-token rows, one forward
-    SEPARATE = "separate"  # a decode forward, then a prefill forward (chunks too long to fold)
-    PREFILL = "prefill"  # prefill chunks only, rows right-padded to a common length
-    IDLE = "idle"  # nothing to run
-
-
-class StepPlan(NamedTuple):
-    kind: StepKind
-    decode: list[Sequence]
-    prefill: list[PrefillChunk]
-    preempted: list[Sequence]
-
-    def split(self) -> list[StepPlan]:
-        """The forwards this plan runs, in order: a SEPARATE plan is a DECODE then a PREFILL."""
-        if self.kind is not StepKind.SEPARATE:
-            return [self]
-        return [
-            StepPlan(StepKind.DECODE, self.decode, [], self.preempted),
-            StepPlan(StepKind.PREFILL, [], self.prefill, []),
-        ]
-
-
-# Most context slots that folded prefill rows may gather in one step: each one-token row of a
-# MIXED forward gathers its whole context, so only short chunks are worth folding.
-FOLD_CONTEXT_SLOTS = 16384
-
-
-def plan_kind(decode: list[Sequence], prefill: list[PrefillChunk]) -> StepKind:
-    if not decode:
-        return StepKind.PREFILL if prefill else StepKind.IDLE
-    if not prefill:
-        return StepKind.DECODE
-    folded = sum(c.num_tokens * (c.seq.num_computed + c.num_tokens) for c in prefill)
-    return StepKind.MIXED if folded <= FOLD_CONTEXT_SLOTS else StepKind.SEPARATE
 
 
 class Scheduler:
@@ -215,7 +171,10 @@ class Scheduler:
         while self.waiting and budget > 0 and len(self.running) < self.config.max_running:
             seq = self.waiting.popleft()
             prompt = seq.tokens[:-1]  # the last token is always computed, for its logits
-            if self._shares_pending_prefill(seq, self.cache.peek_prefix_length(prompt)):
+            cached = self.cache.peek_prefix_length(prompt)
+            if self.config.enable_prefix_cache and shares_pending_prefill(
+                seq, cached + self.block_size, self.running
+            ):
                 deferred.append(seq)  # wait for that prefill, then hit its blocks
                 continue
             match = self.cache.match_prefix(prompt if self.config.enable_prefix_cache else [])
@@ -226,7 +185,9 @@ class Scheduler:
             left = len(seq.tokens) - match.num_tokens - (1 if seq.forks else 0)
             n = min(self.config.prefill_chunk, left, budget)
             need = self.pool.blocks_for_tokens(match.num_tokens + n) - len(match.block_ids)
-            if not self._fits_whole_prompt(seq, match) or not self.make_room(need):
+            room = self.pool.num_free + self.cache.evictable_blocks
+            fits = fits_whole_prompt(seq, len(match.block_ids), self.running, self.pool, room)
+            if not fits or not self.make_room(need):
                 self.cache.unlock(match.node)
                 self.pool.decref(match.block_ids)
                 self.waiting.appendleft(seq)
@@ -237,21 +198,6 @@ class Scheduler:
             budget -= n
         self.waiting.extendleft(reversed(deferred))
         return chunks
-
-    def _fits_whole_prompt(self, seq: Sequence, match: MatchResult) -> bool:
-        """Whether `seq`'s whole prompt (and its first output token) fits beside what the
-        running sequences still need for theirs, in free and evictable blocks. Admitting on
-        the first chunk alone overcommits the pool under KV pressure: the later chunks then
-        preempt newer sequences, whose recomputation evicts the cached prefixes that waiting
-        requests would have hit. With nothing running, a prompt is admitted anyway (alone)."""
-        if not self.running:
-            return True
-        need = self.pool.blocks_for_tokens(len(seq.tokens) + 1) - len(match.block_ids)
-        pending = sum(
-            max(0, self.pool.blocks_for_tokens(len(s.tokens) + 1) - len(s.block_ids))
-            for s in self.running
-        )
-        return need + pending <= self.pool.num_free + self.cache.evictable_blocks
 
     def _extend_from_disk(self, prompt: list[int], match: MatchResult) -> MatchResult:
         """Mutates: the prompt's blocks after `match` that the disk tier holds, loaded into new
@@ -270,17 +216,6 @@ class Scheduler:
         self.cache.insert(prompt[:num_tokens], block_ids)
         return MatchResult(match.node, block_ids, num_tokens)
 
-    def _shares_pending_prefill(self, seq: Sequence, cached: int) -> bool:
-        """Whether a running prefill will cache at least one more block of `seq`'s prompt."""
-        end = cached + self.block_size
-        if len(seq.tokens) <= end or not self.config.enable_prefix_cache:
-            return False
-        head = seq.tokens[:end]
-        return any(
-            p.num_computed < p.prompt_len and p.prompt_len >= end and p.tokens[:end] == head
-            for p in self.running
-        )
-
     def _start(self, seq: Sequence, match, need: int) -> None:
         """Admit `seq` on its (already locked and held) prefix match plus `need` new blocks."""
         seq.lock_node = match.node
@@ -294,19 +229,12 @@ class Scheduler:
 
     # ---- speculative decoding ----------------------------------------------------------------
 
-    def _draft_budget(self, seq: Sequence) -> int:
-        """Most draft tokens `seq` may verify this step (its token and context limits)."""
-        left = min(
-            seq.sampling.max_tokens - seq.num_output - 1,
-            self.max_context - len(seq.tokens) - 2,
-        )
-        return max(0, min(self.config.spec_tokens, left))
-
     def _would_draft(self, seqs: list[Sequence]) -> bool:
         if self.config.speculative == "off" or len(seqs) > self.config.spec_max_batch:
             return False
         return any(
-            s.drafting is not None and s.drafting.propose(s.tokens, self._draft_budget(s))
+            s.drafting is not None
+            and s.drafting.propose(s.tokens, draft_budget(s, self.config, self.max_context))
             for s in seqs
         )
 
@@ -321,7 +249,9 @@ class Scheduler:
             seq.drafting.tick()
             if not speculate:
                 continue
-            draft = seq.drafting.propose(seq.tokens, self._draft_budget(seq))
+            draft = seq.drafting.propose(
+                seq.tokens, draft_budget(seq, self.config, self.max_context)
+            )
             end = seq.num_computed + 1 + len(draft)
             if draft and self.make_room(self.blocks_needed(seq, end)):
                 self.grow(seq, end)

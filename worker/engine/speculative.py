@@ -14,6 +14,11 @@ Only greedy sequences draft (their output is then identical to plain decoding).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from worker.config import EngineConfig
+    from worker.engine.sequence import Sequence
 
 NGRAM_SIZES = (3, 2)  # longest first: a longer match predicts better
 MIN_ACCEPTANCE = 0.3
@@ -81,3 +86,12 @@ def accepted_prefix(draft: list[int], targets: list[int]) -> int:
     while n < len(draft) and draft[n] == targets[n]:
         n += 1
     return n
+
+
+def draft_budget(seq: Sequence, config: EngineConfig, max_context: int) -> int:
+    """Most draft tokens `seq` may verify this step (its token and context limits)."""
+    left = min(
+        seq.sampling.max_tokens - seq.num_output - 1,
+        max_context - len(seq.tokens) - 2,
+    )
+    return max(0, min(config.spec_tokens, left))

@@ -6,8 +6,15 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, NamedTuple
 
 from shared.protocol import WorkerPhases
+
+if TYPE_CHECKING:
+    from worker.engine.scheduler import Scheduler
+    from worker.kv.block_pool import BlockPool
+    from worker.kv.disk_tier import DiskTier
+    from worker.kv.radix_cache import RadixCache
 
 WINDOW = 2048  # recent steps kept for percentiles
 SPIKE_S = 0.2  # a decode tick longer than this is a spike (a user sees the stream stall)
@@ -111,3 +118,55 @@ class EngineStats:
 
 def _mean(values) -> float:
     return sum(values) / len(values) if values else 0.0
+
+
+class EngineLoad(NamedTuple):
+    """Queue and KV figures, as the heartbeat carries them (`total_blocks` less scratch)."""
+
+    running: int
+    waiting: int
+    free_blocks: int
+    total_blocks: int
+    cached_blocks: int
+    hit_tokens: int
+    prompt_tokens: int
+    evictable_blocks: int
+    evicted_blocks: int
+
+    @classmethod
+    def of(cls, scheduler: Scheduler, pool: BlockPool, cache: RadixCache) -> EngineLoad:
+        return cls(
+            running=len(scheduler.running),
+            waiting=len(scheduler.waiting),
+            free_blocks=pool.num_free,
+            total_blocks=pool.num_blocks - 1,  # less the scratch block
+            cached_blocks=cache.cached_blocks,
+            hit_tokens=cache.hit_tokens,
+            prompt_tokens=cache.hit_tokens + cache.miss_tokens,
+            evictable_blocks=cache.evictable_blocks,
+            evicted_blocks=cache.evicted_blocks,
+        )
+
+
+def engine_stats(
+    load: EngineLoad,
+    pool: BlockPool,
+    cache: RadixCache,
+    disk: DiskTier | None,
+    steps: EngineStats,
+) -> dict:
+    """`Engine.stats()`: the load, the KV tiers' figures and the step summary in one dict."""
+    return {
+        "running": load.running,
+        "waiting": load.waiting,
+        "total_blocks": pool.num_blocks,
+        "free_blocks": load.free_blocks,
+        "cached_blocks": load.cached_blocks,
+        "evictable_blocks": load.evictable_blocks,
+        "held_blocks": pool.usage().held,
+        "cache_hit_tokens": cache.hit_tokens,
+        "disk_hit_tokens": disk.hit_tokens if disk else 0,
+        "disk_blocks": len(disk.store.blocks()) if disk else 0,
+        "cache_miss_tokens": cache.miss_tokens,
+        **steps.summary(),
+    }

@@ -26,7 +26,7 @@ from shared.hashing import hash_blocks
 from shared.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 from worker.kv.block_pool import BlockPool
 from worker.kv.errors import KVCacheError
-from worker.kv.radix_integrity import check_tree
+from worker.kv.radix_integrity import TreeCounters, check_tree
 from worker.kv.radix_node import LRUHeap, RadixNode
 
 
@@ -189,7 +189,8 @@ class RadixCache:
 
     def check_integrity(self) -> None:
         """Raise IntegrityError unless the tree and its pool agree; no mutation."""
-        check_tree(self, self._pool, self._node_of_block)
+        claimed = TreeCounters(self._evictable_blocks, self._num_locks)
+        check_tree(self.root, self._pool, self._node_of_block, claimed)
 
     # ---- walking and shaping the tree ----
 

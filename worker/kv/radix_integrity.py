@@ -1,43 +1,56 @@
-"""The radix cache's integrity check: every invariant the tree and its pool must share."""
+"""The radix cache's integrity check: every invariant the tree and its pool must share.
+
+It reads the tree's parts (root, block map, counters), never the cache class, so the
+dependency runs one way: `radix_cache` imports this module, not the reverse."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from shared.hashing import hash_blocks
 from worker.kv.errors import IntegrityError
 
 if TYPE_CHECKING:
     from worker.kv.block_pool import BlockPool
-    from worker.kv.radix_cache import RadixCache
     from worker.kv.radix_node import RadixNode
 
 
-def check_tree(cache: RadixCache, pool: BlockPool, node_of_block: dict[int, RadixNode]) -> None:
+class TreeCounters(NamedTuple):
+    """What the cache claims about its tree, checked against a walk of it."""
+
+    evictable_blocks: int
+    num_locks: int
+
+
+def check_tree(
+    root: RadixNode,
+    pool: BlockPool,
+    node_of_block: dict[int, RadixNode],
+    claimed: TreeCounters,
+) -> None:
     """Raise IntegrityError naming the first broken invariant; no mutation."""
     pool.check_integrity()
-    if cache.root.block_ids or cache.root.lock_ref:
+    if root.block_ids or root.lock_ref:
         raise IntegrityError("the root owns blocks or is locked")
     seen: set[int] = set()
     evictable = direct_locks = 0
-    for node in cache.root.walk():
-        _check_children(cache, pool, node)
+    for node in root.walk():
+        _check_children(node)
         if node.is_root:
             continue
-        _check_node(cache, pool, node, node_of_block, seen)
+        _check_node(pool, node, node_of_block, seen)
         evictable += node.num_blocks if node.evictable else 0
         direct_locks += node.lock_ref - sum(c.lock_ref for c in node.children.values())
-    _check_totals(cache, pool, node_of_block, seen, evictable, direct_locks)
+    _check_totals(pool, node_of_block, seen, TreeCounters(evictable, direct_locks), claimed)
 
 
 def _check_node(
-    cache: RadixCache,
     pool: BlockPool,
     node: RadixNode,
     node_of_block: dict[int, RadixNode],
     seen: set[int],
 ) -> None:
-    bs = cache.block_size
+    bs = pool.block_size
     if node.removed:
         raise IntegrityError("a removed node is still in the tree")
     if not node.block_ids or len(node.key) != len(node.block_ids) * bs:
@@ -62,7 +75,7 @@ def _check_node(
         raise IntegrityError("an evictable leaf is missing from the LRU heap")
 
 
-def _check_children(cache: RadixCache, pool: BlockPool, node: RadixNode) -> None:
+def _check_children(node: RadixNode) -> None:
     children = list(node.children.values())
     if any(child.parent is not node for child in children):
         raise IntegrityError("a child does not point back to its parent")
@@ -83,12 +96,11 @@ def _check_hashes(node: RadixNode, bs: int) -> None:
 
 
 def _check_totals(
-    cache: RadixCache,
     pool: BlockPool,
     node_of_block: dict[int, RadixNode],
     seen: set[int],
-    evictable: int,
-    direct_locks: int,
+    found: TreeCounters,
+    claimed: TreeCounters,
 ) -> None:
     if seen != set(node_of_block):
         raise IntegrityError("the block-to-node map disagrees with the tree")
@@ -98,7 +110,11 @@ def _check_totals(
             f"cached in the pool but not in the tree: {sorted(pool_cached - seen)}; "
             f"in the tree but not cached: {sorted(seen - pool_cached)}"
         )
-    if evictable != cache.evictable_blocks:
-        raise IntegrityError(f"evictable_blocks is {cache.evictable_blocks}, found {evictable}")
-    if direct_locks != cache.num_locks:
-        raise IntegrityError(f"num_locks is {cache.num_locks}, lock_refs add up to {direct_locks}")
+    if found.evictable_blocks != claimed.evictable_blocks:
+        raise IntegrityError(
+            f"evictable_blocks is {claimed.evictable_blocks}, found {found.evictable_blocks}"
+        )
+    if found.num_locks != claimed.num_locks:
+        raise IntegrityError(
+            f"num_locks is {claimed.num_locks}, lock_refs add up to {found.num_locks}"
+        )

@@ -23,9 +23,8 @@ from typing import NamedTuple
 import mlx.core as mx
 import mlx.nn as nn
 
-from worker.attention.hook import install_attention_hook
-from worker.attention.paged import AttentionBackend, AttentionPlan, write_kv
-from worker.engine.scheduler import StepKind, StepPlan
+from worker.attention import AttentionBackend, AttentionPlan, install_attention_hook, write_kv
+from worker.engine.plan import StepKind, StepPlan
 from worker.engine.sequence import Sequence
 from worker.kv.block_pool import BlockPool
 from worker.runner.sampler import TokenLogprobs, sample

@@ -36,7 +36,7 @@ import mlx.nn as nn
 
 from shared.protocol import GroupReport, RankReport
 from shared.tensor_parallel import GroupError, check_divides
-from worker.engine.scheduler import StepPlan
+from worker.engine.plan import StepPlan
 from worker.kv.block_pool import BlockPool
 from worker.runner.model_runner import LayerTimes, ModelRunner, Row, StepOutput
 from worker.runner.model_support import COVERED_ARCHITECTURES, model_type

@@ -16,7 +16,7 @@ from pathlib import Path
 import mlx.core as mx
 import mlx.nn as nn
 
-from worker.attention.select import select_backend
+from worker.attention import select_backend
 from worker.config import EngineConfig
 from worker.engine.engine import Engine
 from worker.runner.model_support import probe_shape
@@ -57,7 +57,7 @@ def leader_engine(
 ) -> tuple[Engine, LeaderRunner]:
     """Rank 0's Engine (its probe and warm-up forwards run on every rank) and its runner."""
     watchdog = Watchdog(timeout_s, "rank 0")
-    engine = Engine(
+    engine = Engine.create(
         model, config, max_context, grammars=grammars,
         make_runner=LeaderRunner.factory(group, watchdog),
     )  # fmt: skip
@@ -97,7 +97,7 @@ def serve_group_rank(worker, model_id: str, model_dir: Path, config: EngineConfi
                      configure_socket) -> int:  # fmt: skip
     """`cluster-worker` as one rank of a group: rank 0 serves the router, the others follow."""
     from shared.models.store import context_length
-    from worker.loop import WorkerServer
+    from worker.loop import WorkerLoop
 
     try:
         if worker.tp_hosts:
@@ -119,7 +119,7 @@ def serve_group_rank(worker, model_id: str, model_dir: Path, config: EngineConfi
     engine, leader = leader_engine(
         model, config, group, context_length(model_dir), worker.tp_timeout_s, grammars
     )
-    server = WorkerServer(
+    server = WorkerLoop(
         engine, worker.router, worker_id, model_id, configure_socket, ranks, leader.keepalive
     )
     for sig in (signal.SIGTERM, signal.SIGINT):

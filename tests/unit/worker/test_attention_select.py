@@ -15,9 +15,9 @@ from tests.support.engine_fixtures import (
     tiny_model,
 )
 from worker.attention import metal_kernel, select, selftest
-from worker.attention.mlx_ops import tiled_attention
 from worker.attention.paged import BACKENDS, AttentionBackend, BackendUnavailableError
 from worker.attention.selftest import SelfTestResult
+from worker.attention.tiles import tiled_attention
 
 PROMPT = [(5 * i + 2) % 97 for i in range(21)]
 

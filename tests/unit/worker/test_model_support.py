@@ -86,7 +86,7 @@ def test_attention_sinks_are_refused():
 @pytest.mark.parametrize("arch", ["olmo2", "starcoder2"])
 def test_untested_architecture_is_served_after_a_greedy_check(arch, caplog):
     assert arch not in COVERED_ARCHITECTURES
-    with caplog.at_level(logging.INFO, logger="worker.engine.engine"):
+    with caplog.at_level(logging.INFO, logger="worker.engine.startup"):
         engine = make_engine(tiny(arch, norm_epsilon=1e-5))
     assert f"model type {arch!r}: paged greedy output matches mlx-lm" in caplog.text
     assert engine.cache.cached_blocks == 0  # the check left nothing behind
@@ -94,8 +94,8 @@ def test_untested_architecture_is_served_after_a_greedy_check(arch, caplog):
 
 
 def test_untested_architecture_whose_greedy_output_differs_is_refused(monkeypatch):
-    import worker.engine.engine as engine_module
+    import worker.engine.startup as startup_module
 
-    monkeypatch.setattr(engine_module, "reference_greedy", lambda m, p, n: [-1] * n)
+    monkeypatch.setattr(startup_module, "reference_greedy", lambda m, p, n: [-1] * n)
     with pytest.raises(UnsupportedModel, match=r"'olmo2' is not among the tested.*differs"):
         make_engine(tiny("olmo2"))

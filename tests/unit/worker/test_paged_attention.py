@@ -11,12 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from worker.attention.mlx_ops import (
-    blockwise_attention,
-    gather_attention,
-    plan_tiles,
-    tiled_attention,
-)
+from worker.attention.mlx_ops import blockwise_attention, gather_attention
 from worker.attention.paged import (
     BackendUnavailableError,
     paged_attention,
@@ -24,6 +19,7 @@ from worker.attention.paged import (
     slot_ids,
     write_kv,
 )
+from worker.attention.tiles import plan_tiles, tiled_attention
 
 STRATEGIES = {
     "gather": gather_attention,

@@ -9,7 +9,8 @@ import random
 
 from shared.sampling import SamplingParams
 from worker.config import EngineConfig
-from worker.engine.scheduler import Scheduler, StepKind
+from worker.engine.plan import StepKind
+from worker.engine.scheduler import Scheduler
 from worker.engine.sequence import Sequence, Status
 from worker.kv.block_pool import BlockPool
 from worker.kv.radix_cache import RadixCache

@@ -9,14 +9,10 @@ import random
 import mlx.core as mx
 import pytest
 
-from worker.attention import mlx_ops
-from worker.attention.mlx_ops import (
-    gather_attention,
-    plan_shared_prefixes,
-    prepare_tiles,
-    shared_prefix_attention,
-    tiled_attention,
-)
+from worker.attention import shared_prefix, tiles
+from worker.attention.mlx_ops import gather_attention
+from worker.attention.shared_prefix import plan_shared_prefixes, shared_prefix_attention
+from worker.attention.tiles import prepare_tiles, tiled_attention
 
 BLOCK, KV_HEADS, HEADS, DIM = 4, 2, 6, 8
 
@@ -60,7 +56,7 @@ def tenants_batch(rng: random.Random):
 @pytest.mark.parametrize("seed", range(4))
 def test_shared_prefix_attention_equals_the_plain_gather(seed, monkeypatch):
     # every kind of row, whether or not the plan would pay on this batch
-    monkeypatch.setattr(mlx_ops, "SHARED_PREFIX_MIN_SAVING", 0.0)
+    monkeypatch.setattr(shared_prefix, "SHARED_PREFIX_MIN_SAVING", 0.0)
     rng = random.Random(seed)
     rows = tenants_batch(rng)
     queries, k_pool, v_pool, tables, lengths = batch(rng, rows)
@@ -112,13 +108,13 @@ def test_engine_decodes_tenants_through_the_shared_prefix_plan_and_matches_mlx_l
     )
 
     calls = []
-    original = mlx_ops.shared_prefix_attention
+    original = tiles.shared_prefix_attention
 
     def spy(*args, **kwargs):
         calls.append(1)
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(mlx_ops, "shared_prefix_attention", spy)
+    monkeypatch.setattr(tiles, "shared_prefix_attention", spy)
     model = tiny_model()
     engine = make_engine(model)
     rng = random.Random(3)

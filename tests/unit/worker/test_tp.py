@@ -80,7 +80,7 @@ def unsharded_outputs(model_dir, case) -> dict[str, list[int]]:
     from shared.models.loading import load_model
 
     model, _ = load_model(model_dir, "float32")
-    engine = Engine(model, EngineConfig(**case["config"]), max_context=case["max_context"])
+    engine = Engine.create(model, EngineConfig(**case["config"]), max_context=case["max_context"])
     outputs = run_phases(engine, case["phases"])
     return outputs, engine.stats()
 
@@ -197,7 +197,7 @@ def test_leader_queues_pipelined_steps_without_host_reads():
     model = tiny_model("llama")
     config = EngineConfig(block_size=8, num_blocks=64, prefill_chunk=64, warmup=False)
     make_runner = LeaderRunner.factory(group, Watchdog(3600, "test"))
-    engine = Engine(model, config, max_context=512, make_runner=make_runner)
+    engine = Engine.create(model, config, max_context=512, make_runner=make_runner)
     original_run, reads, pipelined = engine.runner.run, [], []
 
     def run(plan, device_tokens=None, times=None):

@@ -23,7 +23,7 @@ from shared.protocol import (
 )
 from shared.sampling import SamplingParams
 from tests.support.engine_fixtures import make_engine, reference_greedy, tiny_model
-from worker.loop import WorkerServer
+from worker.loop import WorkerLoop
 
 
 class FakeRouter:
@@ -69,7 +69,7 @@ def model():
 @pytest.fixture
 def running(model):
     router = FakeRouter()
-    server = WorkerServer(make_engine(model), router.endpoint, "w-test", "tiny")
+    server = WorkerLoop(make_engine(model), router.endpoint, "w-test", "tiny")
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     reg = router.recv_until(Register)
@@ -149,9 +149,9 @@ def test_malformed_frames_are_dropped(running, model):
     assert tokens == reference_greedy(model, [5, 6, 7], 3)
 
 
-def serve_once(model, router: FakeRouter, *answers) -> tuple[WorkerServer, list[int]]:
+def serve_once(model, router: FakeRouter, *answers) -> tuple[WorkerLoop, list[int]]:
     """Run a worker until it exits after `answers` to its Register; its exit codes."""
-    server = WorkerServer(make_engine(model), router.endpoint, "w-once", "tiny")
+    server = WorkerLoop(make_engine(model), router.endpoint, "w-once", "tiny")
     result: list[int] = []
     thread = threading.Thread(target=lambda: result.append(server.serve_forever()), daemon=True)
     thread.start()

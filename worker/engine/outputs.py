@@ -1,0 +1,67 @@
+"""Output building: the token deltas a step hands out, and which choices are still open.
+
+The scheduler changes sequence state (`append_token`, `drop`); this module turns what a step
+produced into the protocol's `TokenDelta`s and keeps the count of each request's open
+choices, so `Engine` knows when a request is done.
+"""
+
+from __future__ import annotations
+
+from shared.protocol import TokenDelta, Usage
+from worker.engine.scheduler import Scheduler
+from worker.engine.sequence import Sequence, Status
+from worker.runner.sampler import TokenLogprob, delta_logprob_fields
+
+
+class OutputBuilder:
+    """Deltas from sampled tokens; the request ids with choices not finished yet."""
+
+    def __init__(self, scheduler: Scheduler) -> None:
+        self.scheduler = scheduler
+        self._open: dict[str, int] = {}  # request id -> its choices not finished yet
+
+    def is_open(self, request_id: str) -> bool:
+        return request_id in self._open
+
+    def open(self, request_id: str, choices: int) -> None:
+        self._open[request_id] = choices
+
+    def forget(self, request_id: str) -> None:
+        """The whole request is over (aborted): no choice of it is open any more."""
+        self._open.pop(request_id, None)
+
+    def close_choice(self, request_id: str) -> None:
+        left = self._open.get(request_id, 0) - 1
+        if left > 0:
+            self._open[request_id] = left
+        else:
+            self._open.pop(request_id, None)
+
+    def advance(self, seq: Sequence, tokens: list[int], logprobs: list) -> TokenDelta:
+        """`seq` produced `tokens` (one, or several when drafts were accepted); its delta."""
+        emitted: list[int] = []
+        entries: list[TokenLogprob | None] = []
+        reason = None
+        for token, logprob in zip(tokens, logprobs, strict=True):
+            reason = self.scheduler.append_token(seq, token, logprob and logprob.logprob)
+            # a stop token ends the text, unshown; a token that completed the grammar is shown
+            if token not in seq.sampling.stop_token_ids:
+                emitted.append(token)
+                entries.append(logprob)
+            if reason is not None:
+                break
+        lps = delta_logprob_fields(seq.sampling, entries)
+        if reason is None:
+            return TokenDelta(seq.request_id, tuple(emitted), index=seq.choice, **lps)
+        self.close_choice(seq.request_id)
+        usage = Usage(seq.prompt_len, seq.num_output, seq.num_cached)
+        return TokenDelta(seq.request_id, tuple(emitted), reason, usage, index=seq.choice, **lps)
+
+    def fail(self, seq: Sequence, message: str) -> TokenDelta:
+        """End `seq`'s whole request with an error (every choice of it: one failed)."""
+        self.forget(seq.request_id)
+        for other in [seq, *self.scheduler.sequences_of(seq.request_id)]:
+            if other.status is not Status.FINISHED:
+                self.scheduler.drop(other)
+        usage = Usage(seq.prompt_len, seq.num_output, seq.num_cached)
+        return TokenDelta(seq.request_id, (), "error", usage, error=message, index=seq.choice)

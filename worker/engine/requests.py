@@ -1,0 +1,97 @@
+"""A request at the engine's edge: checked against this engine's limits, then made into the
+`Sequence` the scheduler runs. Validation happens here, once; inside, the data is trusted."""
+
+from __future__ import annotations
+
+import itertools
+import random
+from collections.abc import Callable
+
+import mlx.core as mx
+
+from shared.sampling import InvalidRequest, SamplingParams
+from worker.config import EngineConfig
+from worker.engine.sequence import Sequence
+from worker.engine.speculative import DraftState
+from worker.kv.block_pool import BlockPool
+from worker.runner.grammar import GrammarCompiler
+from worker.runner.logits_processors import LogitsState
+
+
+class RequestIntake:
+    """Checks requests (`check`, no side effects) and builds their sequences (`sequence`)."""
+
+    def __init__(
+        self,
+        config: EngineConfig,
+        vocab_size: int,
+        max_context: int,
+        pool: BlockPool,
+        grammars: GrammarCompiler | None,
+    ) -> None:
+        self.config, self.vocab_size, self.max_context = config, vocab_size, max_context
+        self.pool, self.grammars = pool, grammars
+        self._arrivals = itertools.count()
+
+    def check(
+        self,
+        request_id: str,
+        token_ids: list[int],
+        sampling: SamplingParams,
+        n: int,
+        is_running: Callable[[str], bool],
+    ) -> None:
+        """Raise InvalidRequest naming the first thing wrong with the request."""
+        if not isinstance(request_id, str) or not request_id:
+            raise InvalidRequest("request_id must be a non-empty string")
+        if is_running(request_id):
+            raise InvalidRequest(f"request {request_id!r} is already running")
+        self._check_prompt(token_ids)
+        sampling.validate(self.vocab_size)
+        if not isinstance(n, int) or not 1 <= n <= self.config.max_running:
+            raise InvalidRequest(f"n must be an integer in [1, {self.config.max_running}]")
+
+    def _check_prompt(self, token_ids: list[int]) -> None:
+        if not token_ids:
+            raise InvalidRequest("the prompt is empty")
+        vocab = self.vocab_size
+        if any(not isinstance(t, int) or not 0 <= t < vocab for t in token_ids):
+            raise InvalidRequest(f"prompt token ids must be integers in [0, {vocab})")
+        if len(token_ids) >= self.max_context:
+            raise InvalidRequest(
+                f"the prompt has {len(token_ids)} tokens; this model's context is {self.max_context} "
+                "tokens, and at least one must be left to generate"
+            )
+        usable = self.pool.num_blocks - 1  # less the scratch block
+        if self.pool.blocks_for_tokens(len(token_ids) + 1) > usable:
+            raise InvalidRequest(
+                f"the prompt needs more KV memory than this worker has ({usable} blocks)"
+            )
+
+    def sequence(
+        self, request_id: str, token_ids: list[int], sampling: SamplingParams, n: int
+    ) -> Sequence:
+        """The sequence of a checked request: its seed, sampling state and drafting state."""
+        seed = sampling.seed if sampling.seed is not None else random.getrandbits(63)
+        return Sequence(
+            request_id=request_id,
+            prompt_len=len(token_ids),
+            tokens=list(token_ids),
+            sampling=sampling,
+            arrival=next(self._arrivals),
+            rng_key=None if sampling.greedy else mx.random.key(seed),
+            seed=seed,
+            forks=n - 1,
+            logits_state=LogitsState.create(sampling, token_ids, self.vocab_size, self.grammars),
+            drafting=DraftState() if self._may_draft(sampling, n) else None,
+        )
+
+    def _may_draft(self, sampling: SamplingParams, n: int) -> bool:
+        """Speculative decoding keeps greedy output identical; sampled requests don't draft."""
+        # nor do requests with logit processors: their state advances once per step
+        return (
+            self.config.speculative != "off"
+            and sampling.greedy
+            and n == 1
+            and not sampling.processes_logits
+        )

@@ -1,0 +1,140 @@
+"""Before an Engine serves: its KV memory sized, its disk tier opened, then the model checked
+and warmed up.
+
+Sizing and the disk tier are assembly (no forward pass) and run in `Engine.__init__`; the
+checks and the warm-up run forward passes, so they are a step of their own (`prepare`) that
+`Engine.create` takes after building the engine. A tensor-parallel follower mirrors exactly
+these forwards, in this order: the shape probe, the model check, the warm-up.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from shared.config.choices import DEFAULT_KV_DISK_DIR
+from shared.sampling import SamplingParams
+from worker.attention import AttentionSinksUnsupported
+from worker.config import EngineConfig
+from worker.engine.plan import PrefillChunk, StepKind, StepPlan
+from worker.engine.sequence import Sequence
+from worker.engine.stats import EngineStats
+from worker.kv.block_pool import BlockPool
+from worker.kv.disk_store import DiskKVStore
+from worker.kv.disk_tier import DiskTier, block_layout, model_fingerprint
+from worker.kv.memory import memory_budget_bytes, num_blocks_for_budget
+from worker.kv.radix_cache import RadixCache
+from worker.runner.model_support import (
+    COVERED_ARCHITECTURES,
+    ModelShape,
+    UnsupportedModel,
+    check_seam,
+    model_type,
+    reference_greedy,
+    verification_prompt,
+)
+
+if TYPE_CHECKING:
+    from worker.engine.engine import Engine
+
+log = logging.getLogger(__name__)
+
+
+def num_kv_blocks(config: EngineConfig, shape: ModelShape) -> int:
+    """The pool's size: as configured, else as many blocks as the memory budget holds."""
+    if config.num_blocks is not None:
+        return config.num_blocks
+    budget = config.kv_memory_bytes or memory_budget_bytes(config.kv_memory_fraction)
+    return num_blocks_for_budget(
+        budget,
+        config.block_size,
+        shape.num_layers,
+        shape.num_kv_heads,
+        shape.head_dim,
+        shape.kv_dtype,
+    )
+
+
+def open_disk_tier(
+    config: EngineConfig, model: nn.Module, pool: BlockPool, cache: RadixCache
+) -> DiskTier | None:
+    """The KV tier on disk, when configured: its files from an earlier run indexed, and the
+    cache's evictions copied to it."""
+    if config.kv_disk_bytes is None:
+        return None
+    layout = block_layout(pool)
+    root = Path(config.kv_disk_dir or DEFAULT_KV_DISK_DIR).expanduser()
+    store = DiskKVStore(root, model_fingerprint(model, layout), layout, config.kv_disk_bytes)
+    kept = store.scan()
+    log.info("KV disk tier at %s: %d blocks from earlier runs", store.dir, kept)
+    tier = DiskTier(pool, store)
+    cache.set_evict_listener(tier.save)
+    return tier
+
+
+def prepare(engine: Engine) -> None:
+    """Check the model, warm up (unless `config.warmup` is off), then announce the disk
+    tier's blocks: what `Engine.create` runs after assembly."""
+    check_model(engine)
+    if engine.config.warmup:
+        warm_up(engine)
+    engine.announce_disk_blocks()
+
+
+def check_model(engine: Engine) -> None:
+    """Refuse a model the paged KV would serve wrongly (see `worker.runner.model_support`)."""
+    probe = Sequence("__probe__", 1, [0], SamplingParams(max_tokens=1), arrival=-1)
+    probe.block_ids = [engine.scratch_block]
+    plan = StepPlan(StepKind.PREFILL, [], [PrefillChunk(probe, 1)], [])
+    runner = engine.runner
+    try:
+        mx.eval(*runner.run(plan).outputs)
+    except AttentionSinksUnsupported as exc:
+        raise UnsupportedModel(f"model type {model_type(engine.model)!r}: {exc}") from exc
+    check_seam(engine.model, runner.last_caches)
+    runner.last_caches = []
+    name = model_type(engine.model)
+    if name not in COVERED_ARCHITECTURES:
+        verify_greedy(engine, name)
+
+
+def verify_greedy(engine: Engine, name: str) -> None:
+    """For an architecture the tests do not cover: one prompt, greedy, against plain
+    mlx-lm; refuse the model unless the tokens match."""
+    prompt = verification_prompt(engine.shape.vocab_size, engine.config.block_size + 5)
+    expected = reference_greedy(engine.model, prompt, 4)
+    got = run_alone(engine, prompt, 4)
+    if got != expected:
+        raise UnsupportedModel(
+            f"model type {name!r} is not among the tested architectures "
+            f"({', '.join(sorted(COVERED_ARCHITECTURES))}) and its greedy output over the "
+            f"paged KV differs from mlx-lm's ({got} vs {expected})"
+        )
+    log.info("model type %r: paged greedy output matches mlx-lm; serving it", name)
+
+
+def warm_up(engine: Engine) -> None:
+    """Run a short request through prefill and decode, then forget it, so the first real
+    request pays no one-time costs (allocations, graph construction)."""
+    start = time.perf_counter()
+    run_alone(engine, [0] * (engine.config.block_size + 3), 3)
+    engine.stats_ = EngineStats()
+    log.info("warm-up took %.2fs", time.perf_counter() - start)
+
+
+def run_alone(engine: Engine, prompt: list[int], max_tokens: int) -> list[int]:
+    """Greedy tokens of one internal request, run to the end; forgets its cache entries."""
+    engine.add_request("__check__", prompt, SamplingParams(max_tokens=max_tokens))
+    tokens: list[int] = []
+    while engine.has_work():
+        for delta in engine.step():
+            if delta.error:
+                raise UnsupportedModel(f"the load-time check failed: {delta.error}")
+            tokens += delta.token_ids
+    engine.forget_cache()
+    return tokens
