@@ -19,8 +19,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from shared.models.gguf.errors import GGUFError
+from shared.models.gguf.header import read_header
+from shared.models.gguf.tokenizer import write_tokenizer
+
 GGUF_GROUP_SIZE = 32  # every GGUF type MLX decodes uses 32-value blocks
-CONTROL_TOKEN_TYPE = 3
 
 _LAYER_NAMES = {
     "attn_q": "self_attn.q_proj",
@@ -44,10 +47,6 @@ _GLOBAL_RE = re.compile(r"^([a-z_]+)\.(weight|scales|biases|bias)$")
 Progress = Callable[[str], None]
 
 
-class GGUFError(ValueError):
-    """The file is missing, not a GGUF, or holds something we can't convert."""
-
-
 def mlx_tensor_name(gguf_name: str) -> str:
     """Map a GGUF tensor name (`blk.3.attn_q.weight`) to mlx-lm's (`model.layers.3...`)."""
     if m := _BLOCK_RE.match(gguf_name):
@@ -63,8 +62,6 @@ def mlx_tensor_name(gguf_name: str) -> str:
 def read_gguf(path: Path) -> tuple[dict, dict]:
     """Load tensors and metadata, turning every failure into a GGUFError."""
     import mlx.core as mx
-
-    from shared.models.gguf.header import read_header
 
     path = Path(path)
     read_header(path)  # MLX's reader crashes the process on a bad file: check first
@@ -137,8 +134,6 @@ def _quantization(weights: dict) -> dict:
 def convert_gguf(gguf_path: Path, out_dir: Path, progress: Progress | None = None) -> Path:
     """Write an mlx-lm model directory for `gguf_path` into `out_dir` (created fresh)."""
     import mlx.core as mx
-
-    from shared.models.gguf.tokenizer import write_tokenizer
 
     say = progress or (lambda _msg: None)
     start = time.perf_counter()
