@@ -18,6 +18,7 @@ import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import cast
 
 from shared.models.gguf.errors import GGUFError
 from shared.models.gguf.header import read_header
@@ -66,9 +67,10 @@ def read_gguf(path: Path) -> tuple[dict, dict]:
     path = Path(path)
     read_header(path)  # MLX's reader crashes the process on a bad file: check first
     try:
-        return mx.load(str(path), format="gguf", return_metadata=True)
+        loaded = mx.load(str(path), format="gguf", return_metadata=True)
     except Exception as exc:  # mlx raises ValueError/RuntimeError with terse texts
         raise GGUFError(f"cannot read {path} as GGUF ({exc})") from exc
+    return cast("tuple[dict, dict]", loaded)  # return_metadata=True: (weights, metadata)
 
 
 def _scalar(meta: dict, key: str, default=None):
@@ -123,7 +125,8 @@ def _quantization(weights: dict) -> dict:
     if not per_layer:
         return {}
     settings = [tuple(sorted(v.items())) for v in per_layer.values()]
-    default = dict(max(set(settings), key=settings.count))
+    most_common = max(set(settings), key=settings.count)
+    default = dict(most_common)
     quant = dict(default)
     for base, setting in per_layer.items():
         if setting != default:

@@ -25,6 +25,7 @@ _LLAMA3_SPLIT = (
 def _pre_tokenizer(pre: str):
     from tokenizers import Regex, pre_tokenizers
 
+    split: list[pre_tokenizers.PreTokenizer]
     byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     if pre in ("default", "gpt2", "gpt-2"):
         split = [pre_tokenizers.Split(Regex(_GPT2_SPLIT), behavior="isolated")]
