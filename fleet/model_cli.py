@@ -112,7 +112,7 @@ def cmd_generate(args) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     reexec_with_openblas()
-    from shared.models.gguf.convert import GGUFError
+    from shared.models.gguf.errors import GGUFError
     from shared.models.store import ModelNotFound
 
     handlers = {"convert": cmd_convert, "info": cmd_info, "generate": cmd_generate}

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 ENV_SWITCH = "MLX_FLEET_OPENBLAS"
@@ -21,17 +22,16 @@ CANDIDATES = (
 )
 
 
-def openblas_path(env: dict | None = None) -> str | None:
+def openblas_path(env: Mapping[str, str] | None = None) -> str | None:
     """The OpenBLAS library to preload, or None (off, not Linux, or not installed)."""
-    env = os.environ if env is None else env
-    choice = env.get(ENV_SWITCH, "1")
+    choice = (os.environ if env is None else env).get(ENV_SWITCH, "1")
     if choice.lower() in ("0", "off", "false", "no") or not sys.platform.startswith("linux"):
         return None
     candidates = (choice,) if choice not in ("1", "on", "true", "yes") else CANDIDATES
     return next((c for c in candidates if Path(c).is_file()), None)
 
 
-def preload_env(env: dict | None = None) -> dict:
+def preload_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
     """A copy of `env` with OpenBLAS added to LD_PRELOAD (when it applies)."""
     env = dict(os.environ if env is None else env)
     lib = openblas_path(env)

@@ -12,11 +12,15 @@ from __future__ import annotations
 
 import copy
 import json
+from typing import TYPE_CHECKING
 
 from shared.sampling import Grammar, InvalidRequest
 
+if TYPE_CHECKING:
+    from llguidance._lib import JsonCompileOptions  # declared in the stub only
+
 # Compact JSON: a small model given free whitespace may emit newlines until max_tokens.
-JSON_OPTIONS = {"whitespace_flexible": False}
+JSON_OPTIONS: JsonCompileOptions = {"whitespace_flexible": False}
 
 
 def llguidance_grammar(grammar: Grammar) -> str:
@@ -32,7 +36,9 @@ def llguidance_grammar(grammar: Grammar) -> str:
     if not isinstance(schema, dict | bool):
         raise InvalidRequest("the JSON schema must be an object")
     try:
-        return llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=JSON_OPTIONS)
+        # A bare true/false schema goes as its text (the call takes a dict or a string).
+        source = schema if isinstance(schema, dict) else json.dumps(schema)
+        return llguidance.LLMatcher.grammar_from_json_schema(source, defaults=JSON_OPTIONS)
     except ValueError as e:
         raise InvalidRequest(f"invalid JSON schema: {e}") from None
 

@@ -317,7 +317,7 @@ def _from_wire(annotation, value, path: str):
         return tuple(
             _from_wire(typing.get_args(annotation)[0], v, path) for v in _list(value, path)
         )
-    if dataclasses.is_dataclass(annotation):
+    if isinstance(annotation, type) and dataclasses.is_dataclass(annotation):
         if not isinstance(value, dict):
             raise ProtocolError(f"{path}: expected a map, got {type(value).__name__}")
         return _from_wire_fields(annotation, value, path)

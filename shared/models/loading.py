@@ -43,7 +43,7 @@ def load_model(model_dir: Path, compute_dtype: str = "auto", lazy: bool = False)
     dtype = resolve_compute_dtype(compute_dtype)
     keep = not lazy and dtype != "quantized" and dequantized_cache.is_quantized(Path(model_dir))
     cached = dequantized_cache.cached_weights_path(Path(model_dir), dtype) if keep else None
-    model, tokenizer = load(str(model_dir), lazy=lazy or cached is not None)
+    model, tokenizer = load(str(model_dir), lazy=lazy or cached is not None)[:2]
     if dtype != "quantized":
         model = dequantize_model(model)
         model.set_dtype(getattr(mx, dtype))

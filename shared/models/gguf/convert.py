@@ -18,9 +18,13 @@ import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import cast
+
+from shared.models.gguf.errors import GGUFError
+from shared.models.gguf.header import read_header
+from shared.models.gguf.tokenizer import write_tokenizer
 
 GGUF_GROUP_SIZE = 32  # every GGUF type MLX decodes uses 32-value blocks
-CONTROL_TOKEN_TYPE = 3
 
 _LAYER_NAMES = {
     "attn_q": "self_attn.q_proj",
@@ -44,10 +48,6 @@ _GLOBAL_RE = re.compile(r"^([a-z_]+)\.(weight|scales|biases|bias)$")
 Progress = Callable[[str], None]
 
 
-class GGUFError(ValueError):
-    """The file is missing, not a GGUF, or holds something we can't convert."""
-
-
 def mlx_tensor_name(gguf_name: str) -> str:
     """Map a GGUF tensor name (`blk.3.attn_q.weight`) to mlx-lm's (`model.layers.3...`)."""
     if m := _BLOCK_RE.match(gguf_name):
@@ -64,14 +64,13 @@ def read_gguf(path: Path) -> tuple[dict, dict]:
     """Load tensors and metadata, turning every failure into a GGUFError."""
     import mlx.core as mx
 
-    from shared.models.gguf.header import read_header
-
     path = Path(path)
     read_header(path)  # MLX's reader crashes the process on a bad file: check first
     try:
-        return mx.load(str(path), format="gguf", return_metadata=True)
+        loaded = mx.load(str(path), format="gguf", return_metadata=True)
     except Exception as exc:  # mlx raises ValueError/RuntimeError with terse texts
         raise GGUFError(f"cannot read {path} as GGUF ({exc})") from exc
+    return cast("tuple[dict, dict]", loaded)  # return_metadata=True: (weights, metadata)
 
 
 def _scalar(meta: dict, key: str, default=None):
@@ -126,7 +125,8 @@ def _quantization(weights: dict) -> dict:
     if not per_layer:
         return {}
     settings = [tuple(sorted(v.items())) for v in per_layer.values()]
-    default = dict(max(set(settings), key=settings.count))
+    most_common = max(set(settings), key=settings.count)
+    default = dict(most_common)
     quant = dict(default)
     for base, setting in per_layer.items():
         if setting != default:
@@ -137,8 +137,6 @@ def _quantization(weights: dict) -> dict:
 def convert_gguf(gguf_path: Path, out_dir: Path, progress: Progress | None = None) -> Path:
     """Write an mlx-lm model directory for `gguf_path` into `out_dir` (created fresh)."""
     import mlx.core as mx
-
-    from shared.models.gguf.tokenizer import write_tokenizer
 
     say = progress or (lambda _msg: None)
     start = time.perf_counter()

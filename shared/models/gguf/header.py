@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from shared.models.gguf.convert import GGUFError
+from shared.models.gguf.errors import GGUFError
 
 MAGIC = b"GGUF"
 DEFAULT_ALIGNMENT = 32

@@ -10,7 +10,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from shared.models.gguf.convert import CONTROL_TOKEN_TYPE, GGUFError
+from shared.models.gguf.errors import GGUFError
+
+CONTROL_TOKEN_TYPE = 3  # GGUF token type of control tokens (bos, eos, chat markers)
 
 # GPT-2's split rule, as llama.cpp applies it for "gpt2"-style pre-tokenizers.
 _GPT2_SPLIT = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
@@ -23,6 +25,7 @@ _LLAMA3_SPLIT = (
 def _pre_tokenizer(pre: str):
     from tokenizers import Regex, pre_tokenizers
 
+    split: list[pre_tokenizers.PreTokenizer]
     byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     if pre in ("default", "gpt2", "gpt-2"):
         split = [pre_tokenizers.Split(Regex(_GPT2_SPLIT), behavior="isolated")]

@@ -8,7 +8,8 @@ import mlx.core as mx
 import pytest
 from mlx_lm import load
 
-from shared.models.gguf.convert import GGUFError, convert_gguf, mlx_tensor_name
+from shared.models.gguf.convert import convert_gguf, mlx_tensor_name
+from shared.models.gguf.errors import GGUFError
 from tests.support.gguf_fixtures import tiny_llama, vocabulary, write_tiny_gguf
 
 
