@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from aiohttp import web
 
-from router.config import RouterConfig
 from router.http import app_keys, endpoints
 from router.http.api_keys import ApiKeys
 from router.http.middleware import count_requests, errors_as_json
 from router.http.security import limit_body, require_api_key
 from router.lifecycle import abort_streams, cluster_ctx, tokenizer_ctx
 from router.metrics.router_metrics import Metrics
+
+if TYPE_CHECKING:
+    from router.config import RouterConfig
 
 
 def create_app(config: RouterConfig) -> web.Application:

@@ -7,6 +7,7 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Coroutine
 from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 
@@ -14,12 +15,14 @@ from router.cluster.listener import Cluster
 from router.cluster.models import ModelTable, ServedModel
 from router.cluster.registry import WorkerRegistry
 from router.cluster.worker_socket import WorkerSocket
-from router.config import ModelSpec
 from router.http import app_keys
 from router.routing.dispatcher import Dispatcher
 from router.routing.policy import make_policy
 from router.routing.prefix_index import PrefixIndex
 from router.text.tokenizer import ModelTokenizer
+
+if TYPE_CHECKING:
+    from router.config import ModelSpec
 
 log = logging.getLogger(__name__)
 
@@ -41,15 +44,6 @@ async def tokenizer_ctx(app: web.Application) -> AsyncIterator[None]:
     yield
     if pool is not None:
         pool.shutdown(wait=False, cancel_futures=True)
-
-
-async def parse_off_loop(app: web.Application, parse, *args):
-    """`parse(*args)` (body checks, chat template, tokenizer) in the tokenize pool when there
-    is one, else here; its ApiError reaches the caller either way."""
-    pool = app[app_keys.TOKENIZE_POOL]
-    if pool is None:
-        return parse(*args)
-    return await asyncio.get_running_loop().run_in_executor(pool, parse, *args)
 
 
 async def cluster_ctx(app: web.Application) -> AsyncIterator[None]:

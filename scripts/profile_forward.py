@@ -47,11 +47,11 @@ def main() -> None:
     from shared.models.store import resolve_model
     from shared.sampling import SamplingParams
     from worker.attention import resolve_backend
-    from worker.engine.plan import StepKind, StepPlan
     from worker.engine.sequence import Sequence
     from worker.kv.block_pool import BlockPool
     from worker.runner.model_runner import ModelRunner
     from worker.runner.model_support import probe_shape
+    from worker.runner.plan import StepKind, StepPlan
 
     model, _ = load_model(resolve_model(None))
     shape = probe_shape(model)

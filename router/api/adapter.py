@@ -8,13 +8,14 @@ the body, starts the job, collects the pieces and writes what the adapter return
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-from router.api.errors import ApiError
-from router.api.request import GenerationRequest
-from router.text.logprobs import LogprobEntry
-from router.text.pieces import Piece, UsageCount
-from router.text.tokenizer import ModelTokenizer
+if TYPE_CHECKING:
+    from router.api.request import GenerationRequest
+    from router.errors import ApiError
+    from router.text.logprobs import LogprobEntry
+    from router.text.pieces import Piece, UsageCount
+    from router.text.tokenizer import ModelTokenizer
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ They live here, not in one API's parser, so that no adapter reaches into another
 
 from __future__ import annotations
 
-from router.api.errors import bad_request
+from router.errors import bad_request
 
 _KIND_NAMES = {
     int: "an integer",

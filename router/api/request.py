@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from shared.sampling import SamplingParams
+if TYPE_CHECKING:
+    from shared.sampling import SamplingParams
 
 
 @dataclass(frozen=True)

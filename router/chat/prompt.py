@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from router.api.errors import bad_request
 from router.chat.tools import ToolSet, fallback_messages
-from router.text.tokenizer import ModelTokenizer
+from router.errors import bad_request
+
+if TYPE_CHECKING:
+    from router.text.tokenizer import ModelTokenizer
 
 _RESERVED_KWARGS = {"messages", "tools", "add_generation_prompt", "tokenize", "conversation"}
 _MENTIONS_TOOLS = re.compile(r"\btools\b")

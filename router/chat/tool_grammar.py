@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
-from router.api.errors import bad_request
-from router.chat.tools import ToolSet
+from router.errors import bad_request
 from shared.grammar import check_grammar
 from shared.sampling import Grammar, InvalidRequest, SamplingParams
+
+if TYPE_CHECKING:
+    from router.chat.tools import ToolSet
 
 
 def call_schema(tools: ToolSet, arguments_key: str = "arguments") -> dict:

@@ -16,7 +16,7 @@ import json
 import re
 from dataclasses import dataclass
 
-from router.http import strict_json
+from router.text import strict_json
 from shared.config.choices import TOOL_CALL_PARSERS
 
 PARSER_NAMES = TOOL_CALL_PARSERS  # one parser each below

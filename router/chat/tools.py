@@ -14,8 +14,8 @@ import json
 import re
 from dataclasses import dataclass
 
-from router.api.errors import bad_request
-from router.http import strict_json
+from router.errors import bad_request
+from router.text import strict_json
 
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
 _NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")

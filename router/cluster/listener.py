@@ -6,10 +6,9 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-from router.cluster.models import ModelTable, ServedModel
 from router.cluster.registry import WorkerRegistry, WorkerState
-from router.metrics.router_metrics import Metrics
 from shared.protocol import (
     PROTOCOL_VERSION,
     Heartbeat,
@@ -20,6 +19,10 @@ from shared.protocol import (
     ReRegister,
     TokenDelta,
 )
+
+if TYPE_CHECKING:
+    from router.cluster.models import ModelTable, ServedModel
+    from router.metrics.router_metrics import Metrics
 
 log = logging.getLogger(__name__)
 

@@ -10,13 +10,16 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from router.api.errors import ApiError, bad_request
-from router.config import ModelSpec
-from router.metrics.router_metrics import ModelMetrics
-from router.routing.dispatcher import Dispatcher
-from router.routing.prefix_index import PrefixIndex
-from router.text.tokenizer import ModelTokenizer
+from router.errors import ApiError, bad_request
+
+if TYPE_CHECKING:
+    from router.config import ModelSpec
+    from router.metrics.router_metrics import ModelMetrics
+    from router.routing.dispatcher import Dispatcher
+    from router.routing.prefix_index import PrefixIndex
+    from router.text.tokenizer import ModelTokenizer
 
 
 @dataclass(eq=False)

@@ -5,8 +5,10 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from shared.protocol import Heartbeat, Register
+if TYPE_CHECKING:
+    from shared.protocol import Heartbeat, Register
 
 EVICTION_RATE_SMOOTHING = 0.05
 

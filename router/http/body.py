@@ -1,15 +1,15 @@
 """Reading a request body as JSON, refusing everything hostile with a 400 before any handler.
 
 The rules (no NaN/Infinity, lone surrogates, integers beyond 64 bits, nesting past 64 levels)
-are router/http/strict_json.py's; here they become 400s with a message saying what was wrong.
+are router/text/strict_json.py's; here they become 400s with a message saying what was wrong.
 """
 
 from __future__ import annotations
 
 from aiohttp import web
 
-from router.api.errors import bad_request
-from router.http import strict_json
+from router.errors import bad_request
+from router.text import strict_json
 
 
 def parse_json_text(raw: bytes) -> object:

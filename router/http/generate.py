@@ -8,20 +8,23 @@ stream's headers are sent it goes in the stream.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 
 from router.api.adapter import Api, ChoiceText, Reply
-from router.api.errors import ApiError, no_workers, overloaded
-from router.api.request import GenerationRequest
-from router.cluster.models import ServedModel
+from router.errors import ApiError, no_workers, overloaded
 from router.http import app_keys, sse
 from router.http.body import json_object_body
-from router.lifecycle import parse_off_loop
 from router.routing.dispatcher import Job, NoWorkerAvailable, Overloaded
 from router.text.pieces import choice_pieces, usage_of
+
+if TYPE_CHECKING:
+    from router.api.request import GenerationRequest
+    from router.cluster.models import ServedModel
 
 
 async def generate(request: web.Request, api: Api) -> web.StreamResponse:
@@ -41,6 +44,15 @@ async def generate(request: web.Request, api: Api) -> web.StreamResponse:
             return await _whole(served, job, reply, items)
     finally:
         served.dispatcher.cancel(job)  # no-op when finished; aborts on disconnect/error
+
+
+async def parse_off_loop(app: web.Application, parse, *args):
+    """`parse(*args)` (body checks, chat template, tokenizer) in the tokenize pool when there
+    is one, else here; its ApiError reaches the caller either way."""
+    pool = app[app_keys.TOKENIZE_POOL]
+    if pool is None:
+        return parse(*args)
+    return await asyncio.get_running_loop().run_in_executor(pool, parse, *args)
 
 
 def start_job(served: ServedModel, request_id: str, req: GenerationRequest) -> Job:

@@ -8,7 +8,7 @@ import time
 
 from aiohttp import web
 
-from router.api.errors import ApiError, body_too_large
+from router.errors import ApiError, body_too_large
 from router.http import app_keys
 
 log = logging.getLogger(__name__)

@@ -10,7 +10,7 @@ import logging
 
 from aiohttp import web
 
-from router.api.errors import body_too_large, key_busy, missing_api_key, wrong_api_key
+from router.errors import body_too_large, key_busy, missing_api_key, wrong_api_key
 from router.http import app_keys
 
 log = logging.getLogger(__name__)

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 
-from router.api.adapter import StreamEvent
+if TYPE_CHECKING:
+    from router.api.adapter import StreamEvent
 
 HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
 

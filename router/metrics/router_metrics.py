@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections import Counter as Tally
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from prometheus_client import (
     CollectorRegistry,
@@ -22,8 +23,10 @@ from prometheus_client import (
     generate_latest,
 )
 
-from router.cluster.registry import WorkerState
 from router.metrics.worker_metrics import WorkerCollector
+
+if TYPE_CHECKING:
+    from router.cluster.registry import WorkerState
 
 disable_created_metrics()  # no `_created` series: vLLM's exposition has none either
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"

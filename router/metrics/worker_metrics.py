@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Iterable, Iterator
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from router.cluster.registry import WorkerState
 from shared.protocol import WorkerPhases
+
+if TYPE_CHECKING:
+    from router.cluster.registry import WorkerState
 
 
 class Series(NamedTuple):

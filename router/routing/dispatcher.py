@@ -14,15 +14,18 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from router.cluster.registry import WorkerRegistry, WorkerState
-from router.metrics.router_metrics import ModelMetrics
 from router.routing.affinity import PrefixAffinity
 from router.routing.policy import Candidate, Policy
-from router.routing.prefix_index import PrefixIndex
 from shared.hashing import hash_blocks
 from shared.protocol import Abort, Generate, Message, TokenDelta, Usage
-from shared.sampling import SamplingParams
+
+if TYPE_CHECKING:
+    from router.cluster.registry import WorkerRegistry, WorkerState
+    from router.metrics.router_metrics import ModelMetrics
+    from router.routing.prefix_index import PrefixIndex
+    from shared.sampling import SamplingParams
 
 log = logging.getLogger(__name__)
 

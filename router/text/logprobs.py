@@ -9,9 +9,11 @@ holds part of a UTF-8 character shows its bytes escaped (`\\xe2`), as OpenAI doe
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from router.text.tokenizer import ModelTokenizer
-from shared.protocol import TokenDelta
+if TYPE_CHECKING:
+    from router.text.tokenizer import ModelTokenizer
+    from shared.protocol import TokenDelta
 
 
 @dataclass(frozen=True)

@@ -10,12 +10,15 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from router.api.errors import ApiError, generation_failed
-from router.routing.dispatcher import Dispatcher, Job
+from router.errors import ApiError, generation_failed
 from router.text.detokenize import StopMatcher
 from router.text.logprobs import LogprobEntry, entries_of
-from router.text.tokenizer import ModelTokenizer
+
+if TYPE_CHECKING:  # the jobs are the dispatcher's; text/ only reads their events
+    from router.routing.dispatcher import Dispatcher, Job
+    from router.text.tokenizer import ModelTokenizer
 
 
 @dataclass(frozen=True)

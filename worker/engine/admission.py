@@ -3,8 +3,11 @@ Neither mutates anything; the scheduler acts on the answers."""
 
 from __future__ import annotations
 
-from worker.engine.sequence import Sequence
-from worker.kv.block_pool import BlockPool
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from worker.engine.sequence import Sequence
+    from worker.kv.block_pool import BlockPool
 
 
 def fits_whole_prompt(

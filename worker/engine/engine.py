@@ -13,18 +13,16 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import mlx.core as mx
 import mlx.nn as nn
 
 from shared.kv_events import BlockRemoved, BlockStored, KVEvent
-from shared.protocol import TokenDelta, WorkerPhases
-from shared.sampling import SamplingParams
 from worker.attention import select_backend
 from worker.config import EngineConfig
 from worker.engine import startup
 from worker.engine.outputs import OutputBuilder
-from worker.engine.plan import StepKind, StepPlan
 from worker.engine.requests import RequestIntake
 from worker.engine.scheduler import Scheduler
 from worker.engine.sequence import Sequence, Status
@@ -36,7 +34,12 @@ from worker.kv.radix_cache import RadixCache
 from worker.runner.grammar import GrammarCompiler
 from worker.runner.model_runner import LayerTimes, ModelRunner
 from worker.runner.model_support import ModelShape, probe_shape
-from worker.runner.sampler import TokenLogprobs
+from worker.runner.plan import StepKind, StepPlan
+
+if TYPE_CHECKING:
+    from shared.protocol import TokenDelta, WorkerPhases
+    from shared.sampling import SamplingParams
+    from worker.runner.sampler import TokenLogprobs
 
 log = logging.getLogger(__name__)
 

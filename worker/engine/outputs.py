@@ -7,10 +7,14 @@ choices, so `Engine` knows when a request is done.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from shared.protocol import TokenDelta, Usage
-from worker.engine.scheduler import Scheduler
 from worker.engine.sequence import Sequence, Status
 from worker.runner.sampler import TokenLogprob, delta_logprob_fields
+
+if TYPE_CHECKING:
+    from worker.engine.scheduler import Scheduler
 
 
 class OutputBuilder:

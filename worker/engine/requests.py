@@ -6,16 +6,19 @@ from __future__ import annotations
 import itertools
 import random
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import mlx.core as mx
 
 from shared.sampling import InvalidRequest, SamplingParams
-from worker.config import EngineConfig
 from worker.engine.sequence import Sequence
 from worker.engine.speculative import DraftState
-from worker.kv.block_pool import BlockPool
-from worker.runner.grammar import GrammarCompiler
 from worker.runner.logits_processors import LogitsState
+
+if TYPE_CHECKING:
+    from worker.config import EngineConfig
+    from worker.kv.block_pool import BlockPool
+    from worker.runner.grammar import GrammarCompiler
 
 
 class RequestIntake:

@@ -13,15 +13,19 @@ recomputing it is cheap) and requeued at the front.
 from __future__ import annotations
 
 from collections import deque
+from typing import TYPE_CHECKING
 
-from worker.config import EngineConfig
 from worker.engine.admission import fits_whole_prompt, shares_pending_prefill
-from worker.engine.plan import PrefillChunk, StepKind, StepPlan, plan_kind
 from worker.engine.sequence import Sequence, Status
 from worker.engine.speculative import draft_budget
-from worker.kv.block_pool import BlockPool
-from worker.kv.disk_tier import DiskTier
+from worker.engine.step_kind import plan_kind
 from worker.kv.radix_cache import MatchResult, RadixCache
+from worker.runner.plan import PrefillChunk, StepKind, StepPlan
+
+if TYPE_CHECKING:
+    from worker.config import EngineConfig
+    from worker.kv.block_pool import BlockPool
+    from worker.kv.disk_tier import DiskTier
 
 
 class Scheduler:

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import mlx.core as mx
 
-from shared.sampling import SamplingParams
-from worker.engine.speculative import DraftState
-from worker.runner.logits_processors import LogitsState
+if TYPE_CHECKING:
+    from shared.sampling import SamplingParams
+    from worker.engine.speculative import DraftState
+    from worker.runner.logits_processors import LogitsState
 
 
 class Status(enum.Enum):

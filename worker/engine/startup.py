@@ -20,15 +20,11 @@ import mlx.nn as nn
 from shared.config.choices import DEFAULT_KV_DISK_DIR
 from shared.sampling import SamplingParams
 from worker.attention import AttentionSinksUnsupported
-from worker.config import EngineConfig
-from worker.engine.plan import PrefillChunk, StepKind, StepPlan
 from worker.engine.sequence import Sequence
 from worker.engine.stats import EngineStats
-from worker.kv.block_pool import BlockPool
 from worker.kv.disk_store import DiskKVStore
 from worker.kv.disk_tier import DiskTier, block_layout, model_fingerprint
 from worker.kv.memory import memory_budget_bytes, num_blocks_for_budget
-from worker.kv.radix_cache import RadixCache
 from worker.runner.model_support import (
     COVERED_ARCHITECTURES,
     ModelShape,
@@ -38,9 +34,13 @@ from worker.runner.model_support import (
     reference_greedy,
     verification_prompt,
 )
+from worker.runner.plan import PrefillChunk, StepKind, StepPlan
 
 if TYPE_CHECKING:
+    from worker.config import EngineConfig
     from worker.engine.engine import Engine
+    from worker.kv.block_pool import BlockPool
+    from worker.kv.radix_cache import RadixCache
 
 log = logging.getLogger(__name__)
 

@@ -9,14 +9,16 @@ K/V into freshly allocated blocks with one scatter per layer, K and V.
 from __future__ import annotations
 
 import hashlib
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import mlx.core as mx
 import numpy as np
 
 from shared.hashing import hash_blocks
-from worker.kv.block_pool import BlockPool
 from worker.kv.disk_store import BlockLayout, DiskKVStore
+
+if TYPE_CHECKING:
+    from worker.kv.block_pool import BlockPool
 
 # numpy has no bfloat16: such pools travel as their raw 16-bit words
 _WIRE_DTYPES = {mx.float32: "float32", mx.float16: "float16", mx.bfloat16: "uint16"}

@@ -20,14 +20,16 @@ The pool tells the tree (a hold listener) when cached blocks become held or cach
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from shared.hashing import hash_blocks
 from shared.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
-from worker.kv.block_pool import BlockPool
 from worker.kv.errors import KVCacheError
 from worker.kv.radix_integrity import TreeCounters, check_tree
 from worker.kv.radix_node import LRUHeap, RadixNode
+
+if TYPE_CHECKING:
+    from worker.kv.block_pool import BlockPool
 
 
 class MatchResult(NamedTuple):

@@ -16,13 +16,15 @@ one multiplied.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import mlx.core as mx
 import numpy as np
 
 from shared.sampling import InvalidRequest, SamplingParams
-from worker.runner.grammar import GrammarCompiler, GrammarMatcher
+
+if TYPE_CHECKING:
+    from worker.runner.grammar import GrammarCompiler, GrammarMatcher
 
 NEG_INF = -float("inf")
 

@@ -18,16 +18,18 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import mlx.core as mx
 import mlx.nn as nn
 
 from worker.attention import AttentionBackend, AttentionPlan, install_attention_hook, write_kv
-from worker.engine.plan import StepKind, StepPlan
-from worker.engine.sequence import Sequence
-from worker.kv.block_pool import BlockPool
+from worker.runner.plan import StepKind, StepPlan
 from worker.runner.sampler import TokenLogprobs, sample
+
+if TYPE_CHECKING:
+    from worker.engine.sequence import Sequence
+    from worker.kv.block_pool import BlockPool
 
 
 class Row(NamedTuple):

@@ -10,13 +10,15 @@ rows that asked only: one logsumexp and one top-k over those rows.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import mlx.core as mx
 
 from shared.protocol import TopLogprobs
-from shared.sampling import SamplingParams
 from worker.runner.logits_processors import LogitsState, PenaltyBatch, apply_grammar_masks
+
+if TYPE_CHECKING:
+    from shared.sampling import SamplingParams
 
 
 class TokenLogprob(NamedTuple):

@@ -30,16 +30,19 @@ import threading
 import time
 from dataclasses import dataclass
 from enum import IntEnum
+from typing import TYPE_CHECKING
 
 import mlx.core as mx
 import mlx.nn as nn
 
 from shared.protocol import GroupReport, RankReport
 from shared.tensor_parallel import GroupError, check_divides
-from worker.engine.plan import StepPlan
 from worker.kv.block_pool import BlockPool
 from worker.runner.model_runner import LayerTimes, ModelRunner, Row, StepOutput
 from worker.runner.model_support import COVERED_ARCHITECTURES, model_type
+
+if TYPE_CHECKING:
+    from worker.runner.plan import StepPlan
 
 log = logging.getLogger(__name__)
 

@@ -12,12 +12,12 @@ import socket
 import sys
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import mlx.core as mx
 import mlx.nn as nn
 
 from worker.attention import select_backend
-from worker.config import EngineConfig
 from worker.engine.engine import Engine
 from worker.runner.model_support import probe_shape
 from worker.tp.runner import (
@@ -32,6 +32,9 @@ from worker.tp.runner import (
     serve_follower,
 )
 from worker.tp.runner import shard as shard_model
+
+if TYPE_CHECKING:
+    from worker.config import EngineConfig
 
 log = logging.getLogger(__name__)
 

@@ -8,8 +8,8 @@ content_block_start/delta/stop, message_delta, message_stop.
 from __future__ import annotations
 
 import uuid
+from typing import TYPE_CHECKING
 
-from router.api.adapter import ChoiceText, StreamEvent
 from router.api.anthropic.parse import parse_messages_request
 from router.api.anthropic.render import (
     BlockStream,
@@ -19,11 +19,14 @@ from router.api.anthropic.render import (
     stop_reason,
     usage_json,
 )
-from router.api.errors import ApiError
-from router.api.request import GenerationRequest
 from router.chat.output import ChatReader
-from router.text.pieces import Piece, UsageCount
-from router.text.tokenizer import ModelTokenizer
+
+if TYPE_CHECKING:
+    from router.api.adapter import ChoiceText, StreamEvent
+    from router.api.request import GenerationRequest
+    from router.errors import ApiError
+    from router.text.pieces import Piece, UsageCount
+    from router.text.tokenizer import ModelTokenizer
 
 
 class MessagesApi:

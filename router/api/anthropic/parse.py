@@ -7,14 +7,18 @@ rendered by router/chat/prompt.py, so both APIs share templates, tool formats an
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from router.api.checks import completion_budget, refuse_unknown_fields
-from router.api.errors import bad_request
 from router.api.request import GenerationRequest
 from router.chat.prompt import build_chat_prompt, template_kwargs
 from router.chat.tool_grammar import enforce_tool_choice, required_call_schema
 from router.chat.tools import ToolSet, parse_tools
-from router.text.tokenizer import ModelTokenizer
+from router.errors import bad_request
 from shared.sampling import InvalidRequest, SamplingParams
+
+if TYPE_CHECKING:
+    from router.text.tokenizer import ModelTokenizer
 
 MAX_STOP_SEQUENCES = 16
 _ROLES = ("user", "assistant")

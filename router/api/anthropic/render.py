@@ -4,11 +4,14 @@ stop_reason, usage, and the content_block_start/delta/stop events of a stream.""
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING
 
 from router.api.adapter import StreamEvent
-from router.api.request import GenerationRequest
-from router.chat.output import ChatReader, ReplyEvent
-from router.text.pieces import Piece, UsageCount
+
+if TYPE_CHECKING:
+    from router.api.request import GenerationRequest
+    from router.chat.output import ChatReader, ReplyEvent
+    from router.text.pieces import Piece, UsageCount
 
 _STOP_REASONS = {"length": "max_tokens", "stop": "end_turn"}
 _BLOCK_TYPES = {"content": "text", "reasoning": "thinking"}

@@ -5,16 +5,19 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from router.api.adapter import ChoiceText, StreamEvent
-from router.api.errors import ApiError
 from router.api.openai.parse import parse_chat, parse_completion
 from router.api.openai.render import ResponseBuilder, chat_deltas, chat_message
-from router.api.request import GenerationRequest
 from router.chat.output import ChatReader
 from router.text.logprobs import LogprobsRenderer
-from router.text.pieces import Piece, UsageCount
-from router.text.tokenizer import ModelTokenizer
+
+if TYPE_CHECKING:
+    from router.api.request import GenerationRequest
+    from router.errors import ApiError
+    from router.text.pieces import Piece, UsageCount
+    from router.text.tokenizer import ModelTokenizer
 
 DONE = StreamEvent("[DONE]")
 

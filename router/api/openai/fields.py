@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from router.api.errors import bad_request
+from router.errors import bad_request
 
 CHAT, TEXT, BOTH = "chat", "text", "chat text"  # /v1/chat/completions, /v1/completions
 

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from router.api.checks import completion_budget, refuse_unknown_fields, typed_field
-from router.api.errors import bad_request
 from router.api.openai.fields import (
     CHAT_FIELDS,
     COMPLETION_FIELDS,
@@ -17,8 +17,11 @@ from router.api.request import GenerationRequest
 from router.chat.prompt import build_chat_prompt, template_kwargs
 from router.chat.tool_grammar import enforce_tool_choice, required_call_schema
 from router.chat.tools import chat_messages, parse_tools
-from router.text.tokenizer import ModelTokenizer
+from router.errors import bad_request
 from shared.sampling import InvalidRequest, SamplingParams
+
+if TYPE_CHECKING:
+    from router.text.tokenizer import ModelTokenizer
 
 MAX_STOP_STRINGS = 4
 

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from router.text.logprobs import LogprobEntry, LogprobsRenderer
-from router.text.pieces import UsageCount
+if TYPE_CHECKING:
+    from router.text.logprobs import LogprobEntry, LogprobsRenderer
+    from router.text.pieces import UsageCount
 
 
 @dataclass

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from router.api.errors import bad_request
+from router.errors import bad_request
 from shared.grammar import check_grammar
 from shared.sampling import MAX_TOP_LOGPROBS, Grammar, InvalidRequest, LogitBias
 

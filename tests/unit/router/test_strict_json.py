@@ -9,7 +9,7 @@ import pytest
 
 from router.api.openai.parse import parse_chat
 from router.chat.tool_parsers import parse_tool_calls
-from router.http import strict_json
+from router.text import strict_json
 from tests.support.scripted import scripted_worker
 
 MODEL = "tiny"

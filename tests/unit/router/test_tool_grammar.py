@@ -9,11 +9,11 @@ import llguidance
 import pytest
 import transformers
 
-from router.api.errors import ApiError
 from router.api.openai.parse import parse_chat
 from router.chat.tool_grammar import tool_call_grammar
 from router.chat.tool_parsers import parse_tool_calls
 from router.chat.tools import parse_tools
+from router.errors import ApiError
 from shared.grammar import check_grammar, ll_tokenizer
 
 MODEL = "tiny"

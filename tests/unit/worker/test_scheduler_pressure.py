@@ -9,11 +9,11 @@ import random
 
 from shared.sampling import SamplingParams
 from worker.config import EngineConfig
-from worker.engine.plan import StepKind
 from worker.engine.scheduler import Scheduler
 from worker.engine.sequence import Sequence, Status
 from worker.kv.block_pool import BlockPool
 from worker.kv.radix_cache import RadixCache
+from worker.runner.plan import StepKind
 
 BLOCK = 4
 

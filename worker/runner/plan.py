@@ -1,12 +1,14 @@
 """A step's plan: which sequences decode, which prefill chunks run, and how the step goes
-through the model (its `StepKind`). The scheduler makes plans; the runner runs them."""
+through the model (its `StepKind`). The scheduler makes plans; the runner runs them, so the
+types live here, below both (the runner imports nothing of the engine)."""
 
 from __future__ import annotations
 
 import enum
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
-from worker.engine.sequence import Sequence
+if TYPE_CHECKING:
+    from worker.engine.sequence import Sequence
 
 
 class PrefillChunk(NamedTuple):
@@ -38,17 +40,3 @@ class StepPlan(NamedTuple):
             StepPlan(StepKind.DECODE, self.decode, [], self.preempted),
             StepPlan(StepKind.PREFILL, [], self.prefill, []),
         ]
-
-
-# Most context slots that folded prefill rows may gather in one step: each one-token row of a
-# MIXED forward gathers its whole context, so only short chunks are worth folding.
-FOLD_CONTEXT_SLOTS = 16384
-
-
-def plan_kind(decode: list[Sequence], prefill: list[PrefillChunk]) -> StepKind:
-    if not decode:
-        return StepKind.PREFILL if prefill else StepKind.IDLE
-    if not prefill:
-        return StepKind.DECODE
-    folded = sum(c.num_tokens * (c.seq.num_computed + c.num_tokens) for c in prefill)
-    return StepKind.MIXED if folded <= FOLD_CONTEXT_SLOTS else StepKind.SEPARATE
