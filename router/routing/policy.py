@@ -24,6 +24,7 @@ from typing import NamedTuple, Protocol
 
 from router.routing.recent_share import RecentShares
 from shared.config.choices import POLICY_NAMES
+from shared.config.sections import RouterSection
 
 
 class Candidate(NamedTuple):
@@ -44,9 +45,10 @@ class Policy(Protocol):
 
 @dataclass
 class CacheAwarePolicy:
-    prefill_weight: float = 0.1  # one queued request costs as much as 10 uncached blocks
-    balance_abs_threshold: int = 8
-    balance_rel_threshold: float = 2.0
+    # the three knobs a user sets (their defaults are the settings' declarations)
+    prefill_weight: float = RouterSection.prefill_weight
+    balance_abs_threshold: int = RouterSection.balance_abs_threshold
+    balance_rel_threshold: float = RouterSection.balance_rel_threshold
     # an affinity worker counts as holding this share of the prompt it may have lost: enough
     # to win a tie of misses, not enough to beat a worker that holds the whole prefix
     affinity_share: float = 0.5
@@ -152,9 +154,9 @@ def _least_loaded(candidates: Sequence[Candidate]) -> Candidate:
 
 def make_policy(
     name: str,
-    prefill_weight: float = 0.1,
-    balance_abs_threshold: int = 8,
-    balance_rel_threshold: float = 2.0,
+    prefill_weight: float = RouterSection.prefill_weight,
+    balance_abs_threshold: int = RouterSection.balance_abs_threshold,
+    balance_rel_threshold: float = RouterSection.balance_rel_threshold,
 ) -> Policy:
     if name == "cache_aware":
         return CacheAwarePolicy(prefill_weight, balance_abs_threshold, balance_rel_threshold)

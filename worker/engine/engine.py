@@ -18,10 +18,10 @@ from typing import TYPE_CHECKING
 import mlx.core as mx
 import mlx.nn as nn
 
-from shared.kv_events import BlockRemoved, BlockStored, KVEvent
 from worker.attention import select_backend
 from worker.config import EngineConfig
 from worker.engine import startup
+from worker.engine.kv_event_log import KVEventLog
 from worker.engine.outputs import OutputBuilder
 from worker.engine.requests import RequestIntake
 from worker.engine.scheduler import Scheduler
@@ -37,6 +37,7 @@ from worker.runner.model_support import ModelShape, probe_shape
 from worker.runner.plan import StepKind, StepPlan
 
 if TYPE_CHECKING:
+    from shared.kv_events import KVEvent
     from shared.protocol import TokenDelta, WorkerPhases
     from shared.sampling import SamplingParams
     from worker.runner.sampler import TokenLogprobs
@@ -92,9 +93,9 @@ class Engine:
             dtype=shape.kv_dtype,
         )
         self.scratch_block = self.pool.allocate(1)[0]  # padding rows write here
-        self._events: list[KVEvent] = []
-        self.cache = RadixCache(self.pool, self.config.block_size, on_event=self._on_kv_event)
-        self.disk = open_disk_tier(self.config, model, self.pool, self.cache)
+        self.kv_events = KVEventLog(self.config.block_size)
+        self.cache = RadixCache(self.pool, self.config.block_size, on_event=self.kv_events.record)
+        self.disk = self.kv_events.disk = open_disk_tier(self.config, model, self.pool, self.cache)
         self.scheduler = Scheduler(self.pool, self.cache, self.config, max_context, self.disk)
         self.backend, self.attention_report = select_backend(
             self.config.attention_backend, shape, self.config.block_size
@@ -189,10 +190,7 @@ class Engine:
         )
 
     def drain_kv_events(self) -> list[KVEvent]:
-        if self.disk is not None and (dropped := self.disk.store.drain_removed()):
-            self._events.append(BlockRemoved(tuple(dropped)))
-        events, self._events[:] = list(self._events), []
-        return events
+        return self.kv_events.drain()
 
     # ---- the step ----------------------------------------------------------------------
 
@@ -319,30 +317,11 @@ class Engine:
 
     # ---- upkeep ------------------------------------------------------------------------
 
-    def _on_kv_event(self, event: KVEvent) -> None:
-        """Blocks evicted to the disk tier are still this worker's: not announced removed."""
-        if isinstance(event, BlockRemoved) and self.disk is not None:
-            kept = tuple(h for h in event.block_hashes if h not in self.disk.store)
-            if not kept:
-                return
-            event = BlockRemoved(kept)
-        self._events.append(event)
-
-    def announce_disk_blocks(self) -> None:
-        """Tell the router what the disk holds (a restarted worker's returning prefixes)."""
-        if self.disk is None:
-            return
-        bs = self.config.block_size
-        for block in self.disk.store.blocks():
-            self._events.append(
-                BlockStored(block.block_hash, block.parent_hash, block.token_ids, bs)
-            )
-
     def forget_cache(self) -> None:
         """Drop the prefix cache and the KV events not sent yet: after the start-up checks'
         internal requests, which the router must never hear of."""
         self.cache.reset()
-        self._events.clear()
+        self.kv_events.clear()
 
     def stats(self) -> dict:
         return engine_stats(self.load(), self.pool, self.cache, self.disk, self.stats_)

@@ -83,7 +83,7 @@ def prepare(engine: Engine) -> None:
     check_model(engine)
     if engine.config.warmup:
         warm_up(engine)
-    engine.announce_disk_blocks()
+    engine.kv_events.announce_disk_blocks()
 
 
 def check_model(engine: Engine) -> None:
