@@ -13,7 +13,7 @@ import pytest
 from tests.e2e.test_cluster_e2e import QUESTION, Cluster
 from tests.support.launched import PIPED, launch_cluster
 from tests.support.tp_group import run_group_case
-from tests.unit.worker.test_tp import unsharded_outputs
+from tests.unit.worker.engine.test_tp import unsharded_outputs
 
 pytestmark = pytest.mark.slow
 

@@ -10,7 +10,7 @@ it runs the forward's `AttentionPlan` over the sequence's blocks instead of the 
 `ModelRunner.run(plan)` is the whole device side of a step: the batch layout built once from
 host ints, one attention plan per forward, the forward, and the only place tokens are sampled.
 Nothing in it reads device data on the host, so a step can be built while the previous one is
-still running (`tests/unit/worker/test_no_host_sync.py`).
+still running (`tests/unit/worker/engine/test_no_host_sync.py`).
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ which the paged cache replaces) or attention sinks, or whose layers are not all 
 would give wrong tokens without an error; such models are refused at load, by name.
 
 Architectures in `COVERED_ARCHITECTURES` are those the greedy-equality tests
-(tests/unit/worker/test_engine.py) run. Any other model is served only if the seam probe passes and a
+(tests/unit/worker/engine/test_engine.py) run. Any other model is served only if the seam probe passes and a
 one-prompt greedy comparison with plain mlx-lm matches (`Engine` runs it at load).
 """
 

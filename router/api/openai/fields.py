@@ -1,6 +1,6 @@
 """Every OpenAI request field, declared once: which endpoint knows it and how it is handled.
 
-No field is silently ignored (docs/api.md lists every one; tests/unit/router/test_known_fields.py
+No field is silently ignored (docs/api.md lists every one; tests/unit/router/api/test_known_fields.py
 keeps that list and this table equal). A field not in the table is a 400 naming it. A no-op
 field is still checked for its type, and a field we cannot honour is a 400 naming it rather
 than an answer that quietly differs from what was asked.

@@ -12,7 +12,7 @@ from tests.support.engine_fixtures import (
     run_to_completion,
     tiny_model,
 )
-from tests.unit.worker.test_engine import prompt
+from tests.unit.worker.engine.test_engine import prompt
 
 
 @pytest.fixture(scope="module")

@@ -27,7 +27,7 @@ from tests.support.tp_group import (
     start_group_case,
 )
 from tests.support.tp_rank_main import run_phases
-from tests.unit.worker.test_no_host_sync import counting_host_reads
+from tests.unit.worker.engine.test_no_host_sync import counting_host_reads
 from worker.config import EngineConfig
 from worker.engine.engine import Engine
 from worker.runner.model_runner import Row

@@ -215,7 +215,7 @@ def test_out_of_vocabulary_bias_is_refused():
 def test_penalized_and_grammar_steps_build_without_host_reads(grammar_setup):
     """Penalty state advances on the device and masks come from the host matcher: building
     a step (pipelined or not) reads no device data."""
-    from tests.unit.worker.test_no_host_sync import counting_host_reads
+    from tests.unit.worker.engine.test_no_host_sync import counting_host_reads
 
     compiler, model, _ = grammar_setup
     engine = make_engine(model, grammars=compiler)
