@@ -1,0 +1,51 @@
+"""The roofline's arithmetic: the model's bytes and FLOPs, and a run's bound (no timing)."""
+
+from __future__ import annotations
+
+import pytest
+
+from scripts.roofline import Load, Machine, bound, load_of_report, model_cost
+
+SMOLLM2 = {
+    "hidden_size": 576, "num_hidden_layers": 30, "intermediate_size": 1536,
+    "num_attention_heads": 9, "num_key_value_heads": 3, "head_dim": 64, "vocab_size": 49152,
+}  # fmt: skip
+
+
+def test_default_model_reads_538_mb_of_float32_weights_per_forward():
+    cost = model_cost(SMOLLM2)
+    # DESIGN.md: 425 MB of layers + the 113 MB tied head
+    assert round(cost.layer_params * 4 / 1e6) == 425
+    assert round(cost.head_params * 4 / 1e6) == 113
+    assert cost.kv_bytes_per_token == 30 * 2 * 3 * 64 * 4
+    assert cost.flops_per_token == 2 * cost.params
+
+
+def test_a_tick_is_bound_by_bandwidth_at_small_batch_and_by_flops_at_large():
+    cost = model_cost(SMOLLM2)
+    machine = Machine(read_gb_s=20.0, sgemm_gflop_s=100.0, stream_gb_s=8.0)
+    small = bound(Load(1, 0, 0, 10, 1.0, 0.0), cost, machine)
+    assert small["tick_bound_by"] == "bandwidth"
+    assert small["tick_floor_ms"] == pytest.approx(cost.weight_bytes / 20e9 * 1e3, rel=1e-3)
+    large = bound(Load(1, 0, 0, 512, 512.0, 0.0), cost, machine)
+    assert large["tick_bound_by"] == "flops"
+
+
+def test_uncached_prompt_tokens_cost_their_flops_and_cached_ones_nothing():
+    cost = model_cost(SMOLLM2)
+    machine = Machine(20.0, 100.0, 8.0)
+    cold = bound(Load(4, 4000, 0, 40, 4.0, 0.0), cost, machine)
+    warm = bound(Load(4, 4000, 3000, 40, 4.0, 0.0), cost, machine)
+    assert cold["prefill_floor_s"] == pytest.approx(4 * warm["prefill_floor_s"], rel=1e-3)
+    assert warm["bound_requests_per_s"] > cold["bound_requests_per_s"]
+
+
+def test_a_report_gives_its_load_from_the_workers_phase_metrics():
+    report = {
+        "completed": 48, "prompt_tokens": 26880, "cached_tokens": 20000, "output_tokens": 1536,
+        "concurrency": 16, "requests_per_s": 1.0,
+        "worker_phases": {"w0": {"decode_batch_mean": 9.5, "decode_kv_bytes_mean": 1e6,
+                                 "decode_tick_p50_ms": 200.0}},
+    }  # fmt: skip
+    load = load_of_report(report, model_cost(SMOLLM2))
+    assert (load.decode_batch, load.kv_bytes_per_tick, load.cached_tokens) == (9.5, 1e6, 20000)
