@@ -1,7 +1,7 @@
 """The router's own CPU per request on the real routing path, and what it means at a rate.
 
 Per request, in this process (time.process_time): render the chat template and tokenize
-(router.tokenization, the default model's tokenizer), then `Dispatcher.start` (block hashing,
+(router.text.tokenizer, the default model's tokenizer), then `Dispatcher.start` (block hashing,
 prefix-index match over every worker, affinity, policy) and encoding the Generate frame, and
 the finishing delta. The fleet (16 workers by default) and its index were filled by a
 simulated warm-up, so the index holds what a busy fleet's would.

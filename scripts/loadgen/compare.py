@@ -50,7 +50,7 @@ def python_output(*argv: str) -> str:
 
 
 def default_model_dir() -> Path:
-    code = "from shared.model_store import resolve_model; print(resolve_model(None))"
+    code = "from shared.models.store import resolve_model; print(resolve_model(None))"
     return Path(python_output("-c", code))
 
 
