@@ -29,6 +29,7 @@ from scripts.loadgen.cli import add_load_arguments, load_config
 from scripts.loadgen.configs import DEFAULT_CONFIGS, parse_configs, service_spec
 from scripts.loadgen.progress import ProgressLine
 from scripts.loadgen.report import markdown_table, plot
+from scripts.loadgen.rounds import medians, medians_table
 from scripts.loadgen.runner import run_load
 from scripts.loadgen.services import ROOT, Service, ServiceFailed
 from scripts.loadgen.workloads import build
@@ -47,6 +48,30 @@ def python_output(*argv: str) -> str:
     if done.returncode != 0:
         raise RuntimeError(f"python {shlex.join(argv)} failed:\n{done.stderr[-2000:]}")
     return done.stdout.strip().splitlines()[-1]
+
+
+def index_suffix(index: str) -> str:
+    """A log file per run: "[3/6]" -> "-3"."""
+    return "-" + index.strip("[]").split("/")[0]
+
+
+def roofline_of(model_dir: Path, meta: dict):
+    """Measure the machine once; a function giving a run's bound and the fraction reached."""
+    from scripts.roofline import Machine, achieved, bound, load_of_report, model_cost
+    from shared.models.store import read_config
+
+    say("roofline: measuring this machine's bandwidth and sgemm peak")
+    cost = model_cost(read_config(model_dir))
+    measured = json.loads(python_output("scripts/roofline.py", "--machine-only"))
+    machine_limits = Machine(**measured)
+    meta["roofline"] = measured
+
+    def of(report: dict) -> dict:
+        limits = bound(load_of_report(report, cost), cost, machine_limits)
+        reached = achieved(report, limits)
+        return limits | {k: reached[k] for k in ("fraction_of_bound", "tick_fraction")}
+
+    return of
 
 
 def default_model_dir() -> Path:
@@ -82,18 +107,27 @@ def machine() -> dict:
 
 
 def write_outputs(out_dir: Path, meta: dict, rows: list[dict]) -> None:
-    (out_dir / "results.json").write_text(json.dumps({**meta, "runs": rows}, indent=2) + "\n")
+    summary = medians(rows)
+    results = {**meta, "medians": summary, "runs": rows}
+    (out_dir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     table = markdown_table(rows)
     header = f"Run of {meta['machine']['date']} on {meta['machine']['platform']}\n\n"
-    (out_dir / "results.md").write_text(header + f"`{meta['command']}`\n\n" + table)
+    header += f"`{meta['command']}`\n\n"
+    if meta.get("repeats", 1) > 1 or meta.get("roofline"):
+        header += (
+            "Medians [min-max] over the rounds:\n\n" + medians_table(summary) + "\nEvery run:\n\n"
+        )
+    (out_dir / "results.md").write_text(header + table)
     if any("failed" not in r for r in rows):
         plot(rows, out_dir)
 
 
-async def run_configuration(args, index: str, spec, workloads: list[str], out_dir: Path):
+async def run_configuration(
+    args, index: str, spec, workloads: list[str], out_dir: Path, bound=None, round_: int = 1
+):
     """Start one configuration, run every workload against it, stop it; its report rows."""
     say(f"{index} {spec.name}: starting: {shlex.join(spec.argv)}")
-    service = Service(spec, out_dir / "logs" / f"{spec.name}.log")
+    service = Service(spec, out_dir / "logs" / f"{spec.name}{index_suffix(index)}.log")
     rows = []
     try:
         took = await service.wait_healthy(args.start_timeout)
@@ -101,13 +135,15 @@ async def run_configuration(args, index: str, spec, workloads: list[str], out_di
         for workload in workloads:
             config = dataclasses.replace(load_config(args, spec.url, spec.model), workload=workload)
             report = await run_load(config, ProgressLine(f"{index} {spec.name} {workload}"))
-            rows.append({"config": spec.name, **report})
+            if bound is not None:
+                report["roofline"] = bound(report)
+            rows.append({"config": spec.name, "round": round_, **report})
             print(json.dumps(rows[-1]), flush=True)
     except (ServiceFailed, RuntimeError, aiohttp.ClientError) as e:
         say(f"{index} {spec.name}: FAILED: {e}")
         done = {r["workload"] for r in rows}
         rows += [
-            {"config": spec.name, "workload": w, "failed": str(e)}
+            {"config": spec.name, "round": round_, "workload": w, "failed": str(e)}
             for w in workloads
             if w not in done
         ]
@@ -129,7 +165,9 @@ async def compare(args, names: list[str], workloads: list[str], meta: dict) -> l
             out = python_output("-m", "scripts.loadgen.baseline_model", str(model_dir), tmp)
             baseline_dir = Path(out)
         meta["baseline_model_dir"] = str(baseline_dir) if baseline_dir else None
-        for k, name in enumerate(names, 1):
+        bound = roofline_of(model_dir, meta) if args.roofline else None
+        runs = [(r, name) for r in range(1, args.repeats + 1) for name in names]  # interleaved
+        for k, (round_, name) in enumerate(runs, 1):
             spec = service_spec(
                 name,
                 model_dir,
@@ -139,8 +177,8 @@ async def compare(args, names: list[str], workloads: list[str], meta: dict) -> l
                 extra_baseline_args=args.baseline_args,
                 baseline_env=baseline_env(),
             )
-            index = f"[{k}/{len(names)}]"
-            rows += await run_configuration(args, index, spec, workloads, args.out)
+            index = f"[{k}/{len(runs)}]"
+            rows += await run_configuration(args, index, spec, workloads, args.out, bound, round_)
             write_outputs(args.out, meta, rows)
     return rows
 
@@ -173,6 +211,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--launch-args", default="", help="extra arguments for launch-cluster")
     p.add_argument("--baseline-args", default="", help="extra arguments for mlx_lm.server")
     p.add_argument("--start-timeout", type=float, default=300.0, help="seconds to get healthy")
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="rounds of every configuration, interleaved (A B, A B, ...); results.md then "
+        "shows medians and spread, and ratios to the best peer (3+ for a figure you report)",
+    )
+    p.add_argument(
+        "--roofline",
+        action="store_true",
+        help="measure this machine's bandwidth and sgemm peak first (scripts/roofline.py) and "
+        "give every run the fraction of its bound it reached",
+    )
     add_load_arguments(p)
     p.set_defaults(warmup=2)
     return p.parse_args(argv)
@@ -191,6 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     command = shlex.join([Path(sys.argv[0]).name, *(sys.argv[1:] if argv is None else argv)])
     meta = {"command": command, "machine": machine(), "configs": names, "workloads": workloads}
+    meta["repeats"] = args.repeats
     try:
         rows = asyncio.run(compare(args, names, workloads, meta))
     except (KeyboardInterrupt, asyncio.CancelledError):
