@@ -151,9 +151,12 @@ async def test_json_schema_text_format_uses_the_grammar(cluster):
 async def test_previous_response_id_over_three_turns(cluster):
     api = cluster.openai()
     previous, prompts = None, []
-    for turn, (question, answer) in enumerate(
-        [("Hi, I am Ann.", "Hello Ann."), ("My age is 30.", "Noted."), ("Who am I?", "Ann, 30.")]
-    ):
+    turns = [
+        ("Hi, I am Ann.", "Hello Ann."),
+        ("My age is 30.", "Noted."),
+        ("Who am I?", "Ann, 30."),
+    ]
+    for question, answer in turns:
         body = {"input": question, "max_output_tokens": 40}
         if previous is not None:
             body["previous_response_id"] = previous
