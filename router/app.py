@@ -6,7 +6,8 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
-from router.http import app_keys, endpoints
+from router.api.responses.store import ResponseStore
+from router.http import app_keys, endpoints, stored_responses
 from router.http.api_keys import ApiKeys
 from router.http.middleware import count_requests, errors_as_json
 from router.http.security import limit_body, require_api_key
@@ -27,12 +28,20 @@ def create_app(config: RouterConfig) -> web.Application:
     app[app_keys.CONFIG] = config
     app[app_keys.API_KEYS] = ApiKeys(config.api_keys, config.per_key_concurrency)
     app[app_keys.METRICS] = Metrics(*config.model_ids)
+    app[app_keys.RESPONSES] = ResponseStore(
+        config.responses_store_size, config.responses_store_ttl_s
+    )
     app.cleanup_ctx.append(tokenizer_ctx)
     app.cleanup_ctx.append(cluster_ctx)
     app.on_shutdown.append(abort_streams)
     app.router.add_post("/v1/chat/completions", endpoints.chat_completions)
     app.router.add_post("/v1/completions", endpoints.completions)
     app.router.add_post("/v1/messages", endpoints.messages)
+    app.router.add_post("/v1/responses", endpoints.responses)
+    app.router.add_get("/v1/responses/{id}", stored_responses.get)
+    app.router.add_delete("/v1/responses/{id}", stored_responses.delete)
+    app.router.add_get("/v1/responses/{id}/input_items", stored_responses.input_items)
+    app.router.add_post("/v1/responses/{id}/cancel", stored_responses.cancel)
     app.router.add_get("/v1/models", endpoints.models)
     app.router.add_get("/v1/models/{model}", endpoints.model)
     app.router.add_get("/v1/cluster", endpoints.cluster)

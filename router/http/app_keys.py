@@ -6,6 +6,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from aiohttp import web
 
+from router.api.responses.store import ResponseStore
 from router.cluster.listener import Cluster
 from router.cluster.models import ModelTable
 from router.cluster.worker_socket import WorkerSocket
@@ -23,3 +24,4 @@ CLUSTER = web.AppKey("cluster", Cluster)
 MODELS = web.AppKey("models", ModelTable)  # each with its tokenizer, index and dispatcher
 LINK = web.AppKey("link", WorkerSocket)  # the ZeroMQ socket the workers connect to
 API_KEYS = web.AppKey("api_keys", ApiKeys)
+RESPONSES = web.AppKey("responses", ResponseStore)  # /v1/responses kept for later turns

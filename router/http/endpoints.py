@@ -7,6 +7,7 @@ from aiohttp import web
 
 from router.api.anthropic.adapter import MESSAGES
 from router.api.openai.adapter import CHAT, COMPLETIONS
+from router.api.responses.adapter import ResponsesApi
 from router.cluster.models import ServedModel, unknown_model
 from router.http import app_keys
 from router.http.generate import generate
@@ -24,6 +25,11 @@ async def completions(request: web.Request) -> web.StreamResponse:
 async def messages(request: web.Request) -> web.StreamResponse:
     """Anthropic Messages, whole or as named server-sent events."""
     return await generate(request, MESSAGES)
+
+
+async def responses(request: web.Request) -> web.StreamResponse:
+    """OpenAI Responses, whole or as named events; kept in the router's store (store: true)."""
+    return await generate(request, ResponsesApi(request.app[app_keys.RESPONSES]))
 
 
 async def models(request: web.Request) -> web.Response:

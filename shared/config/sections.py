@@ -150,6 +150,17 @@ class RouterSection:
     max_tokens_cap: int | None = spec(
         None, integer(1, optional=True), "clamp every request's max_tokens to this"
     )
+    responses_store_size: int = spec(
+        512,
+        integer(0),
+        "/v1/responses replies kept in memory for previous_response_id and GET (0: none)",
+    )
+    responses_store_ttl_s: float = spec(
+        3600.0,
+        number(0.0, low_open=True),
+        "seconds a stored /v1/responses reply is kept",
+        flag="--responses-store-ttl",
+    )
     per_key_concurrency: int | None = spec(
         None, integer(1, optional=True), "requests in flight per API key; more get 429"
     )

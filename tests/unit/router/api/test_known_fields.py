@@ -8,12 +8,14 @@ import pytest
 
 from router.api.anthropic.parse import MESSAGES_FIELDS
 from router.api.openai.fields import CHAT_FIELDS, COMPLETION_FIELDS
+from router.api.responses.fields import RESPONSES_FIELDS
 from tests.support.paths import ROOT
 
 SECTIONS = {
     "## POST /v1/chat/completions": CHAT_FIELDS,
     "## POST /v1/completions": COMPLETION_FIELDS,
     "## POST /v1/messages (Anthropic)": MESSAGES_FIELDS,
+    "## POST /v1/responses (OpenAI Responses)": RESPONSES_FIELDS,
 }
 # Modules that read request bodies (render.py reads replies, not requests).
 READERS = [
@@ -22,6 +24,9 @@ READERS = [
     "api/openai/fields",
     "api/openai/sampling",
     "api/anthropic/parse",
+    "api/responses/parse",
+    "api/responses/fields",
+    "api/responses/tools",
     "chat/tools",
     "chat/prompt",
 ]

@@ -1,0 +1,72 @@
+"""End to end on the default model with real processes: /v1/responses chained over three
+turns by previous_response_id (the later turns find the earlier prompt cached), and the
+OpenAI Agents SDK's default Responses model running an agent with a function tool."""
+
+from __future__ import annotations
+
+import openai
+import pytest
+
+from tests.e2e.test_agent_api_e2e import wait_healthy
+from tests.support.launched import launch_cluster
+
+pytestmark = pytest.mark.slow
+
+MODEL = "SmolLM2-135M-Instruct"
+# Long enough to fill a few KV blocks (32 tokens each): a cached prefix counts whole blocks.
+INSTRUCTIONS = "You are a patient assistant. " * 12 + "Answer in one short sentence."
+
+
+@pytest.fixture(scope="module")
+def url(model_cache, tmp_path_factory):
+    # One worker: with two, the third turn was measured landing on the other worker (cached
+    # 0 of 149 tokens), a routing matter for router/routing, not for this API.
+    logs = tmp_path_factory.mktemp("responses-logs")
+    with launch_cluster(["--workers", "1", "--kv-memory", "256MiB"], logs) as (base, _):
+        wait_healthy(base)
+        yield base
+
+
+def test_three_turns_by_previous_response_id_hit_the_cache(url):
+    api = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=120)
+    previous, shares = None, []
+    for question in ("My name is Ann. Say hello.", "What is 2 + 2?", "What is my name?"):
+        resp = api.responses.create(
+            model=MODEL, input=question, max_output_tokens=24, temperature=0,
+            instructions=INSTRUCTIONS, previous_response_id=previous,
+        )  # fmt: skip
+        assert resp.status in ("completed", "incomplete") and resp.output_text
+        cached = resp.usage.input_tokens_details.cached_tokens
+        shares.append((cached, resp.usage.input_tokens))
+        previous = resp.id
+    print("cached/input tokens per turn:", shares)
+    assert shares[1][0] > 0 and shares[2][0] > 0
+    assert shares[2][1] > shares[1][1] > shares[0][1]  # each turn carries the earlier ones
+    items = api.responses.input_items.list(previous)
+    assert [i.content[0].text for i in items.data] == ["What is my name?"]
+
+
+def test_agents_sdk_runs_a_function_tool_to_a_final_output(url):
+    agents = pytest.importorskip("agents")
+    client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+    calls = []
+
+    @agents.function_tool
+    def get_weather(city: str) -> str:
+        """The weather in a city."""
+        calls.append(city)
+        return f"Sunny in {city}"
+
+    agent = agents.Agent(
+        name="weather",
+        instructions="Use the get_weather tool.",
+        tools=[get_weather],
+        model=agents.OpenAIResponsesModel(model=MODEL, openai_client=client),
+        model_settings=agents.ModelSettings(
+            tool_choice="required", temperature=0, max_tokens=80
+        ),  # fmt: skip
+        tool_use_behavior="stop_on_first_tool",
+    )
+    result = agents.Runner.run_sync(agent, "What is the weather in Paris?", max_turns=2)
+    assert len(calls) == 1
+    assert result.final_output == f"Sunny in {calls[0]}"
