@@ -7,7 +7,10 @@ import sys
 
 from tests.support.paths import ROOT
 
-ADAPTERS = "router.api.openai.adapter, router.api.anthropic.adapter, router.api.checks"
+ADAPTERS = (
+    "router.api.openai.adapter, router.api.anthropic.adapter, router.api.responses.adapter, "
+    "router.api.checks"
+)
 
 
 def test_api_adapters_import_neither_aiohttp_nor_zmq():
