@@ -8,8 +8,9 @@ from aiohttp import web
 
 from router.http import app_keys, endpoints
 from router.http.api_keys import ApiKeys
+from router.http.budgets import budgets_of
 from router.http.middleware import count_requests, errors_as_json
-from router.http.security import limit_body, require_api_key
+from router.http.security import add_ratelimit_headers, limit_body, require_api_key
 from router.lifecycle import abort_streams, cluster_ctx, tokenizer_ctx
 from router.metrics.router_metrics import Metrics
 
@@ -27,6 +28,8 @@ def create_app(config: RouterConfig) -> web.Application:
     app[app_keys.CONFIG] = config
     app[app_keys.API_KEYS] = ApiKeys(config.api_keys, config.per_key_concurrency)
     app[app_keys.METRICS] = Metrics(*config.model_ids)
+    app[app_keys.BUDGETS] = budgets_of(config)
+    app.on_response_prepare.append(add_ratelimit_headers)
     app.cleanup_ctx.append(tokenizer_ctx)
     app.cleanup_ctx.append(cluster_ctx)
     app.on_shutdown.append(abort_streams)

@@ -21,6 +21,7 @@ from shared.config.fleet import (
     load_with_flags,
     name_clash,
     read_api_keys,
+    read_key_budgets,
 )
 from shared.curve import CurveError, load_secret, require_curve
 from shared.parent_watch import watch_parent
@@ -35,7 +36,8 @@ ROUTER_FLAGS = (
     "chat_template",
 )  # fmt: skip
 SECURITY_FLAGS = (
-    "api_keys_file", "max_body_bytes", "max_tokens_cap", "per_key_concurrency",
+    "api_keys_file", "max_body_bytes", "max_tokens_cap", "per_key_concurrency", "key_rpm",
+    "key_tpm",
     "curve_secret_key", "curve_authorized_keys",
 )  # fmt: skip
 
@@ -67,7 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_flags(p, RouterSection, ROUTER_FLAGS, parser_defaults=True)
     security = p.add_argument_group("security (see docs/deploy.md)")
     add_flags(security, RouterSection, SECURITY_FLAGS, parser_defaults=True)
-    add_flags(p, RouterSection, ["log_level"], parser_defaults=True)
+    add_flags(p, RouterSection, ["log_level", "log_requests"], parser_defaults=True)
     return p
 
 
@@ -77,6 +79,7 @@ def parse_args(argv: list[str] | None) -> RouterConfig:
     try:
         args, fleet = load_with_flags(parser, argv, {"router": {}})
         api_keys = read_api_keys(fleet.router)
+        key_budgets = read_key_budgets(fleet.router)
         if not args.model and any(m.path is None for m in fleet.served_models):
             parser.error("--model is required (or set [model] path in the --config file)")
         models = model_specs(args, fleet)
@@ -90,6 +93,7 @@ def parse_args(argv: list[str] | None) -> RouterConfig:
         router,
         models=models,
         api_keys=api_keys,
+        key_budgets=key_budgets,
         chat_template=_chat_template(router.chat_template),
     )
 

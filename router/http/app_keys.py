@@ -11,6 +11,7 @@ from router.cluster.models import ModelTable
 from router.cluster.worker_socket import WorkerSocket
 from router.config import RouterConfig
 from router.http.api_keys import ApiKeys
+from router.http.budgets import KeyBudgets
 from router.metrics.router_metrics import Metrics
 from router.text.tokenizer import ModelTokenizer
 
@@ -23,3 +24,4 @@ CLUSTER = web.AppKey("cluster", Cluster)
 MODELS = web.AppKey("models", ModelTable)  # each with its tokenizer, index and dispatcher
 LINK = web.AppKey("link", WorkerSocket)  # the ZeroMQ socket the workers connect to
 API_KEYS = web.AppKey("api_keys", ApiKeys)
+BUDGETS = web.AppKey("budgets", KeyBudgets)  # requests and tokens per minute per key
