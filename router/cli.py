@@ -5,12 +5,14 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import os
 from pathlib import Path
 
 from aiohttp import web
 
 from router.app import create_app
 from router.config import ModelSpec, RouterConfig
+from router.http.access_log import AccessLogger
 from router.http.api_keys import key_fingerprint
 from router.text.tokenizer import read_chat_template
 from shared.config.flags import add_flags
@@ -173,6 +175,8 @@ def resolve_model_dirs(config: RouterConfig) -> RouterConfig:
 
 
 def main(argv: list[str] | None = None) -> None:
+    # transformers warns at import that PyTorch is missing: the router needs only its tokenizers
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
     config = parse_args(argv)
     check_security(config)
     config = resolve_model_dirs(config)
@@ -184,7 +188,8 @@ def main(argv: list[str] | None = None) -> None:
         loop=_new_loop(),
         handler_cancellation=True,
         shutdown_timeout=5.0,
-        print=lambda msg: logging.getLogger("router").info(msg),
+        access_log_class=AccessLogger,  # polls at DEBUG; --log-requests: JSON lines
+        print=lambda msg: log.info(msg.splitlines()[0].strip("= ")),  # "Running on URL"
     )
 
 

@@ -18,6 +18,7 @@ from aiohttp import web
 from router.api.adapter import Api, ChoiceText, Reply
 from router.errors import ApiError, no_workers, overloaded
 from router.http import app_keys, sse
+from router.http.access_log import note
 from router.http.body import json_object_body
 from router.http.security import charge_tokens
 from router.routing.dispatcher import Job, NoWorkerAvailable, Overloaded
@@ -35,6 +36,7 @@ async def generate(request: web.Request, api: Api) -> web.StreamResponse:
     max_tokens_cap = app[app_keys.CONFIG].max_tokens_cap
     req = await parse_off_loop(app, api.parse, body, served.tokenizer, served.id, max_tokens_cap)
     request_id = api.new_id()
+    note(request, request_id=request_id, model=served.id, stream=req.stream)
     job = start_job(served, request_id, req)
     reply = api.reply(req, request_id, served.tokenizer)
     try:
@@ -108,3 +110,9 @@ async def _stream(
 def _count_usage(request: web.Request, served: ServedModel, usage) -> None:
     served.metrics.usage(usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens)
     charge_tokens(request, usage.prompt_tokens, usage.completion_tokens)
+    note(
+        request,
+        prompt_tokens=usage.prompt_tokens,
+        completion_tokens=usage.completion_tokens,
+        cached_tokens=usage.cached_tokens,
+    )
