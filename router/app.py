@@ -9,6 +9,7 @@ from aiohttp import web
 from router.http import app_keys, endpoints
 from router.http.api_keys import ApiKeys
 from router.http.budgets import budgets_of
+from router.http.dashboard import PAGE_PATHS, fleet_page
 from router.http.middleware import count_requests, errors_as_json
 from router.http.security import add_ratelimit_headers, limit_body, require_api_key
 from router.lifecycle import abort_streams, cluster_ctx, tokenizer_ctx
@@ -41,4 +42,6 @@ def create_app(config: RouterConfig) -> web.Application:
     app.router.add_get("/v1/cluster", endpoints.cluster)
     app.router.add_get("/health", endpoints.health)
     app.router.add_get("/metrics", endpoints.metrics)
+    for path in PAGE_PATHS:  # the fleet page (its data calls need the key)
+        app.router.add_get(path, fleet_page)
     return app

@@ -1,8 +1,9 @@
 """HTTP-side security middlewares: API keys (Bearer or x-api-key), requests in flight per key,
 budgets per key (router/http/budgets.py), body limit.
 
-`/health` stays open so load balancers and service checks need no key; every other path needs
-one when keys are configured.
+`/health` stays open so load balancers and service checks need no key, and so does the fleet
+page's HTML (`/`, `/dashboard`: it holds no data); every other path needs one when keys are
+configured.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from router.http.budgets import OverBudget
 
 log = logging.getLogger(__name__)
 
-OPEN_PATHS = frozenset({"/health"})
+OPEN_PATHS = frozenset({"/health", "/", "/dashboard"})  # the fleet page: its calls need a key
 # request[KEY_ID]: the fingerprint of the key a request came with (a typed key from aiohttp 3.14)
 KEY_ID = web.RequestKey("key_id", str) if hasattr(web, "RequestKey") else "mlx_fleet.key_id"
 
