@@ -64,7 +64,7 @@ def health_of(driver) -> dict[str, str]:
     }
 
 
-def wait_for(driver, condition, timeout: float = 10.0):
+def wait_for(driver, condition, timeout: float = 30.0):  # generous: a loaded 2-core CI
     return WebDriverWait(driver, timeout, poll_frequency=0.1).until(lambda d: condition(d))
 
 
