@@ -55,7 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--zmq-port", type=int, help="router's ZeroMQ port on 127.0.0.1 (default: a free one)"
     )
-    add_flags(p, RouterSection, ["policy"])
+    add_flags(p, RouterSection, ["policy", "log_requests"])
     notes = {"kv_memory": "KV budget per worker, e.g. 2GiB (default: 25% of memory / workers)"}
     notes["kv_disk_dir"] = "disk tier folder; each worker uses its own subfolder " + (
         f"(default {DEFAULT_KV_DISK_DIR})"
@@ -95,6 +95,8 @@ def commands(args, fleet, models: list[Served], zmq_port: int) -> tuple[list[str
     r = fleet.router
     router = py + ["router", *config, "--host", r.host, "--port", str(r.port),
                    "--zmq-bind", f"tcp://127.0.0.1:{zmq_port}", "--policy", r.policy]  # fmt: skip
+    if r.log_requests:
+        router.append("--log-requests")
     for m in models:
         names = ",".join((m.name, *m.section.aliases))
         router += ["--model", str(m.model_dir), "--model-id", names]
@@ -166,6 +168,8 @@ def child_env(threads: int) -> dict:
     for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "VECLIB_MAXIMUM_THREADS"):
         env[var] = str(threads)
     env.setdefault("PYTHONUNBUFFERED", "1")
+    # transformers warns at import that PyTorch is missing: router and workers need no PyTorch
+    env.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
     return env
 
 

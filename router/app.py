@@ -9,8 +9,10 @@ from aiohttp import web
 from router.api.responses.store import ResponseStore
 from router.http import app_keys, endpoints, stored_responses
 from router.http.api_keys import ApiKeys
+from router.http.budgets import budgets_of
+from router.http.dashboard import PAGE_PATHS, fleet_page
 from router.http.middleware import count_requests, errors_as_json
-from router.http.security import limit_body, require_api_key
+from router.http.security import add_ratelimit_headers, limit_body, require_api_key
 from router.lifecycle import abort_streams, cluster_ctx, tokenizer_ctx
 from router.metrics.router_metrics import Metrics
 
@@ -31,6 +33,8 @@ def create_app(config: RouterConfig) -> web.Application:
     app[app_keys.RESPONSES] = ResponseStore(
         config.responses_store_size, config.responses_store_ttl_s
     )
+    app[app_keys.BUDGETS] = budgets_of(config)
+    app.on_response_prepare.append(add_ratelimit_headers)
     app.cleanup_ctx.append(tokenizer_ctx)
     app.cleanup_ctx.append(cluster_ctx)
     app.on_shutdown.append(abort_streams)
@@ -47,4 +51,6 @@ def create_app(config: RouterConfig) -> web.Application:
     app.router.add_get("/v1/cluster", endpoints.cluster)
     app.router.add_get("/health", endpoints.health)
     app.router.add_get("/metrics", endpoints.metrics)
+    for path in PAGE_PATHS:  # the fleet page (its data calls need the key)
+        app.router.add_get(path, fleet_page)
     return app

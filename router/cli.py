@@ -5,12 +5,14 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import os
 from pathlib import Path
 
 from aiohttp import web
 
 from router.app import create_app
 from router.config import ModelSpec, RouterConfig
+from router.http.access_log import AccessLogger
 from router.http.api_keys import key_fingerprint
 from router.text.tokenizer import read_chat_template
 from shared.config.flags import add_flags
@@ -21,6 +23,7 @@ from shared.config.fleet import (
     load_with_flags,
     name_clash,
     read_api_keys,
+    read_key_budgets,
 )
 from shared.curve import CurveError, load_secret, require_curve
 from shared.parent_watch import watch_parent
@@ -35,7 +38,8 @@ ROUTER_FLAGS = (
     "chat_template", "responses_store_size", "responses_store_ttl_s",
 )  # fmt: skip
 SECURITY_FLAGS = (
-    "api_keys_file", "max_body_bytes", "max_tokens_cap", "per_key_concurrency",
+    "api_keys_file", "max_body_bytes", "max_tokens_cap", "per_key_concurrency", "key_rpm",
+    "key_tpm",
     "curve_secret_key", "curve_authorized_keys",
 )  # fmt: skip
 
@@ -67,7 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_flags(p, RouterSection, ROUTER_FLAGS, parser_defaults=True)
     security = p.add_argument_group("security (see docs/deploy.md)")
     add_flags(security, RouterSection, SECURITY_FLAGS, parser_defaults=True)
-    add_flags(p, RouterSection, ["log_level"], parser_defaults=True)
+    add_flags(p, RouterSection, ["log_level", "log_requests"], parser_defaults=True)
     return p
 
 
@@ -77,6 +81,7 @@ def parse_args(argv: list[str] | None) -> RouterConfig:
     try:
         args, fleet = load_with_flags(parser, argv, {"router": {}})
         api_keys = read_api_keys(fleet.router)
+        key_budgets = read_key_budgets(fleet.router)
         if not args.model and any(m.path is None for m in fleet.served_models):
             parser.error("--model is required (or set [model] path in the --config file)")
         models = model_specs(args, fleet)
@@ -90,6 +95,7 @@ def parse_args(argv: list[str] | None) -> RouterConfig:
         router,
         models=models,
         api_keys=api_keys,
+        key_budgets=key_budgets,
         chat_template=_chat_template(router.chat_template),
     )
 
@@ -169,6 +175,8 @@ def resolve_model_dirs(config: RouterConfig) -> RouterConfig:
 
 
 def main(argv: list[str] | None = None) -> None:
+    # transformers warns at import that PyTorch is missing: the router needs only its tokenizers
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
     config = parse_args(argv)
     check_security(config)
     config = resolve_model_dirs(config)
@@ -180,7 +188,8 @@ def main(argv: list[str] | None = None) -> None:
         loop=_new_loop(),
         handler_cancellation=True,
         shutdown_timeout=5.0,
-        print=lambda msg: logging.getLogger("router").info(msg),
+        access_log_class=AccessLogger,  # polls at DEBUG; --log-requests: JSON lines
+        print=lambda msg: log.info(msg.splitlines()[0].strip("= ")),  # "Running on URL"
     )
 
 

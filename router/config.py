@@ -35,6 +35,8 @@ class RouterConfig(RouterSection):
     # the served models, the first the default; each request names one in `model`
     models: tuple[ModelSpec, ...] = field(kw_only=True)
     max_resubmits: int = 3  # times one request may move to another worker after a failure
+    # budgets set on a key's line of api_keys_file ({key: {"rpm": N, "tpm": N}})
+    key_budgets: dict[str, dict[str, int]] = field(default_factory=dict, kw_only=True, repr=False)
 
     @property
     def model_ids(self) -> tuple[str, ...]:

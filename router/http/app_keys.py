@@ -12,6 +12,7 @@ from router.cluster.models import ModelTable
 from router.cluster.worker_socket import WorkerSocket
 from router.config import RouterConfig
 from router.http.api_keys import ApiKeys
+from router.http.budgets import KeyBudgets
 from router.metrics.router_metrics import Metrics
 from router.text.tokenizer import ModelTokenizer
 
@@ -25,3 +26,4 @@ MODELS = web.AppKey("models", ModelTable)  # each with its tokenizer, index and 
 LINK = web.AppKey("link", WorkerSocket)  # the ZeroMQ socket the workers connect to
 API_KEYS = web.AppKey("api_keys", ApiKeys)
 RESPONSES = web.AppKey("responses", ResponseStore)  # /v1/responses kept for later turns
+BUDGETS = web.AppKey("budgets", KeyBudgets)  # requests and tokens per minute per key

@@ -18,7 +18,9 @@ from aiohttp import web
 from router.api.adapter import Api, ChoiceText, Reply
 from router.errors import ApiError, no_workers, overloaded
 from router.http import app_keys, sse
+from router.http.access_log import note
 from router.http.body import json_object_body
+from router.http.security import charge_tokens
 from router.routing.dispatcher import Job, NoWorkerAvailable, Overloaded
 from router.text.pieces import choice_pieces, usage_of
 
@@ -34,6 +36,7 @@ async def generate(request: web.Request, api: Api) -> web.StreamResponse:
     max_tokens_cap = app[app_keys.CONFIG].max_tokens_cap
     req = await parse_off_loop(app, api.parse, body, served.tokenizer, served.id, max_tokens_cap)
     request_id = api.new_id()
+    note(request, request_id=request_id, model=served.id, stream=req.stream)
     job = start_job(served, request_id, req)
     reply = api.reply(req, request_id, served.tokenizer)
     try:
@@ -41,7 +44,7 @@ async def generate(request: web.Request, api: Api) -> web.StreamResponse:
         async with contextlib.aclosing(items):
             if req.stream:
                 return await _stream(request, served, job, reply, items)
-            return await _whole(served, job, reply, items)
+            return await _whole(request, served, job, reply, items)
     finally:
         served.dispatcher.cancel(job)  # no-op when finished; aborts on disconnect/error
 
@@ -64,7 +67,9 @@ def start_job(served: ServedModel, request_id: str, req: GenerationRequest) -> J
         raise no_workers(served.id) from None
 
 
-async def _whole(served: ServedModel, job: Job, reply: Reply, items) -> web.Response:
+async def _whole(
+    request: web.Request, served: ServedModel, job: Job, reply: Reply, items
+) -> web.Response:
     texts: dict[int, list[str]] = {}
     entries: dict[int, list] = {}
     last = {}
@@ -74,7 +79,7 @@ async def _whole(served: ServedModel, job: Job, reply: Reply, items) -> web.Resp
         last[index] = piece
     choices = [ChoiceText("".join(texts[i]), last[i], tuple(entries[i])) for i in sorted(texts)]
     usage = usage_of(job)
-    _count_usage(served, usage)
+    _count_usage(request, served, usage)
     return web.json_response(reply.whole(choices, usage))
 
 
@@ -92,7 +97,7 @@ async def _stream(
                 await sse.send(response, reply.stream_piece(*item))
                 item = await anext(items, None)
             usage = usage_of(job)
-            _count_usage(served, usage)
+            _count_usage(request, served, usage)
             await sse.send(response, reply.stream_end(usage))
         except ApiError as e:  # headers are sent: the error goes in the stream
             await sse.send(response, reply.stream_error(e))
@@ -102,5 +107,12 @@ async def _stream(
     return response
 
 
-def _count_usage(served: ServedModel, usage) -> None:
+def _count_usage(request: web.Request, served: ServedModel, usage) -> None:
     served.metrics.usage(usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens)
+    charge_tokens(request, usage.prompt_tokens, usage.completion_tokens)
+    note(
+        request,
+        prompt_tokens=usage.prompt_tokens,
+        completion_tokens=usage.completion_tokens,
+        cached_tokens=usage.cached_tokens,
+    )

@@ -1,7 +1,9 @@
-"""HTTP-side security middlewares: API keys (Bearer or x-api-key), requests in flight per key, body limit.
+"""HTTP-side security middlewares: API keys (Bearer or x-api-key), requests in flight per key,
+budgets per key (router/http/budgets.py), body limit.
 
-`/health` stays open so load balancers and service checks need no key; every other path needs
-one when keys are configured.
+`/health` stays open so load balancers and service checks need no key, and so does the fleet
+page's HTML (`/`, `/dashboard`: it holds no data); every other path needs one when keys are
+configured.
 """
 
 from __future__ import annotations
@@ -12,10 +14,13 @@ from aiohttp import web
 
 from router.errors import body_too_large, key_busy, missing_api_key, wrong_api_key
 from router.http import app_keys
+from router.http.budgets import OverBudget
 
 log = logging.getLogger(__name__)
 
-OPEN_PATHS = frozenset({"/health"})
+OPEN_PATHS = frozenset({"/health", "/", "/dashboard"})  # the fleet page: its calls need a key
+# request[KEY_ID]: the fingerprint of the key a request came with (a typed key from aiohttp 3.14)
+KEY_ID = web.RequestKey("key_id", str) if hasattr(web, "RequestKey") else "mlx_fleet.key_id"
 
 
 @web.middleware
@@ -29,6 +34,14 @@ async def require_api_key(request: web.Request, handler) -> web.StreamResponse:
         raise wrong_api_key() if _bearer(request) else missing_api_key()
     if not api_keys.can_start(key_id):
         raise key_busy(api_keys.limit)
+    usage = request.app[app_keys.METRICS].keys
+    try:
+        request.app[app_keys.BUDGETS].admit(key_id)
+    except OverBudget as e:
+        usage.refused(key_id, e.kind)
+        raise
+    usage.admitted(key_id)
+    request[KEY_ID] = key_id  # for charge_tokens, and the x-ratelimit-* headers
     api_keys.start(key_id)
     try:  # a stream's handler returns when the stream ends: the slot is held until then
         return await handler(request)
@@ -53,3 +66,20 @@ def _bearer(request: web.Request) -> str:
     if scheme.lower() == "bearer":
         return token.strip()
     return request.headers.get("x-api-key", "").strip()
+
+
+async def add_ratelimit_headers(request: web.Request, response: web.StreamResponse) -> None:
+    """on_response_prepare: every response to a budgeted key carries x-ratelimit-* (a
+    stream's too: this runs as its headers go out)."""
+    key_id = request.get(KEY_ID)
+    if key_id is not None:
+        for name, value in request.app[app_keys.BUDGETS].headers(key_id).items():
+            response.headers.setdefault(name, value)
+
+
+def charge_tokens(request: web.Request, prompt: int, completion: int) -> None:
+    """A finished request's tokens, to its key's budget and usage series."""
+    key_id = request.get(KEY_ID)
+    if key_id is not None:
+        request.app[app_keys.BUDGETS].charge_tokens(key_id, prompt + completion)
+        request.app[app_keys.METRICS].keys.tokens(key_id, prompt, completion)

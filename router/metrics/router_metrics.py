@@ -23,6 +23,7 @@ from prometheus_client import (
     generate_latest,
 )
 
+from router.metrics.key_usage import KeyUsage
 from router.metrics.worker_metrics import WorkerCollector
 
 if TYPE_CHECKING:
@@ -49,6 +50,7 @@ class Metrics:
         self._request_families()
         self._fleet_series()
         self._models = {name: ModelMetrics(self, name) for name in self.model_names}
+        self.keys = KeyUsage(self.registry)  # usage per API key fingerprint
         self.registry.register(
             WorkerCollector(self.model_names, lambda: self._workers, self._routing)
         )

@@ -122,6 +122,28 @@ def string(
     return check
 
 
+def parse_bool(text: str) -> bool:
+    """A flag's text as a boolean: true/false, yes/no, on/off, 1/0."""
+    word = text.strip().lower()
+    if word in ("true", "yes", "on", "1"):
+        return True
+    if word in ("false", "no", "off", "0"):
+        return False
+    raise ValueError(f"expected true or false, got {text!r}")
+
+
+def boolean() -> Check:
+    """true or false; its flag alone means true (`--log-requests`)."""
+
+    @_parses(parse_bool)
+    def check(value, _base):
+        if type(value) is not bool:
+            raise Expected("true or false")
+        return value
+
+    return check
+
+
 def strings() -> Check:
     @_parses(lambda text: tuple(item for item in text.split(",") if item))
     def check(value, _base):

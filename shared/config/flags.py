@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from shared.config.fields import NO_FLAG, ConfigError, Expected, describe
+from shared.config.fields import NO_FLAG, ConfigError, Expected, describe, parse_bool
 from shared.config.sections import Section, default_of, setting
 
 
@@ -61,6 +61,8 @@ def add_flags(
             kwargs["metavar"] = field.metadata["metavar"] or flag[2:].replace("-", "_").upper()
         if check.parse is not str:
             kwargs["type"] = check.parse
+        if check.parse is parse_bool:  # the flag alone means true
+            kwargs |= {"nargs": "?", "const": True, "metavar": "BOOL"}
         parser.add_argument(flag, dest=name, help=help_text, **kwargs)
 
 

@@ -63,6 +63,7 @@ __all__ = [
     "parse_with_passed",
     "pick_model",
     "read_api_keys",
+    "read_key_budgets",
 ]
 
 
@@ -241,17 +242,39 @@ def load_with_flags(
 
 def read_api_keys(router: RouterSection) -> tuple[str, ...]:
     """The keys in router.api_keys plus those in api_keys_file (one a line, # comments)."""
-    keys = list(router.api_keys)
-    if router.api_keys_file is not None:
-        try:
-            text = router.api_keys_file.read_text()
-        except OSError as e:
-            raise ConfigError(f"api_keys_file {router.api_keys_file}: {e.strerror}") from None
-        for line in text.splitlines():
-            line = line.split("#", 1)[0].strip()
-            if line:
-                keys.append(line)
-    return tuple(dict.fromkeys(keys))
+    return tuple(dict.fromkeys([*router.api_keys, *read_key_budgets(router)]))
+
+
+KEY_BUDGET_NAMES = ("rpm", "tpm")  # a keys-file line: KEY [rpm=N] [tpm=N]
+
+
+def read_key_budgets(router: RouterSection) -> dict[str, dict[str, int]]:
+    """Each key of api_keys_file with the budgets its line sets (`KEY rpm=60 tpm=100000`;
+    a bare `KEY`, the older format, sets none)."""
+    if router.api_keys_file is None:
+        return {}
+    try:
+        text = router.api_keys_file.read_text()
+    except OSError as e:
+        raise ConfigError(f"api_keys_file {router.api_keys_file}: {e.strerror}") from None
+    keys: dict[str, dict[str, int]] = {}
+    for number, line in enumerate(text.splitlines(), 1):
+        key, *options = line.split("#", 1)[0].split() or [""]
+        if key:
+            keys[key] = _key_options(options, f"api_keys_file line {number}")
+    return keys
+
+
+def _key_options(options: list[str], where: str) -> dict[str, int]:
+    budgets = {}
+    for option in options:
+        name, _, value = option.partition("=")
+        if name not in KEY_BUDGET_NAMES or not value.isdigit() or int(value) < 1:
+            raise ConfigError(
+                f"{where}: expected KEY [rpm=N] [tpm=N] with N >= 1, got {option!r} after the key"
+            )
+        budgets[name] = int(value)
+    return budgets
 
 
 def too_open(path: Path) -> bool:

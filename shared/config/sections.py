@@ -27,6 +27,7 @@ from shared.config.choices import (
 )
 from shared.config.fields import (
     NO_FLAG,
+    boolean,
     endpoint,
     integer,
     number,
@@ -124,6 +125,11 @@ class RouterSection:
     log_level: str = spec(
         "INFO", string(LOG_LEVELS, parse=str.upper), "log level", show_choices=False
     )
+    log_requests: bool = spec(
+        False,
+        boolean(),
+        "log each HTTP request as one JSON line (request id, model, status, tokens, timing)",
+    )
     tool_call_parser: str | None = spec(
         None,
         string(TOOL_CALL_PARSERS, optional=True),
@@ -163,6 +169,18 @@ class RouterSection:
     )
     per_key_concurrency: int | None = spec(
         None, integer(1, optional=True), "requests in flight per API key; more get 429"
+    )
+    key_rpm: int | None = spec(
+        None,
+        integer(1, optional=True),
+        "requests per minute per API key (a key's line in the keys file may set its own: "
+        "KEY rpm=N); more get 429 with Retry-After",
+    )
+    key_tpm: int | None = spec(
+        None,
+        integer(1, optional=True),
+        "prompt + completion tokens per minute per API key (KEY tpm=N in the keys file); "
+        "over it, requests get 429 with Retry-After",
     )
     curve_secret_key: Path | None = spec(
         None, path(), "the router's CURVE secret key file", metavar="FILE"
