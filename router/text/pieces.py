@@ -26,7 +26,8 @@ class Piece:
     text: str
     finish_reason: str | None = None  # set on the last piece: "stop" | "length"
     # the tokens that arrived since the last piece, when logprobs were asked for (a token's
-    # text may still be held back: by a partial character or a possible stop string)
+    # text may still be held back: by a partial character or a possible stop string); the
+    # first piece starts with the prompt's entries (`prompt=True`) when they were asked for
     logprobs: tuple[LogprobEntry, ...] = ()
     stop_string: str | None = None  # the stop string that ended the reply, if one did
 
