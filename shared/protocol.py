@@ -23,9 +23,9 @@ import msgpack
 from shared.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 from shared.sampling import SamplingParams
 
-# 2: SamplingParams gained logit processing (bias, penalties, grammar, top_logprobs) and
-# TokenDelta top_logprobs; a version-1 worker would ignore them silently, so it is refused.
-PROTOCOL_VERSION = 2
+# 2: logit processing in SamplingParams, TokenDelta.top_logprobs; 3: prompt_logprobs (both).
+# An older worker would ignore the new fields silently, so it is refused.
+PROTOCOL_VERSION = 3
 MAX_FRAME_BYTES = 64 * 1024 * 1024
 
 
@@ -146,6 +146,9 @@ class TokenDelta:
     error: str | None = None  # with finish_reason "error": what went wrong
     index: int = 0  # which of the request's n choices (Generate.n)
     top_logprobs: tuple[TopLogprobs, ...] | None = None  # per token, with top_logprobs > 0
+    prompt_logprobs: tuple[float, ...] | None = None  # prompt tokens 1.., in a first delta
+    prompt_ranks: tuple[int, ...] | None = None  # of those tokens; 1: the most likely
+    prompt_top_logprobs: tuple[TopLogprobs, ...] | None = None  # with prompt_logprobs > 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,8 +177,7 @@ class Generate:
     request_id: str
     token_ids: tuple[int, ...]
     sampling: SamplingParams = field(default_factory=SamplingParams)
-    # choices sampled from one prefill (the worker forks the sequence); each choice's deltas
-    # carry its index, and each choice ends with its own finish delta
+    # choices from one prefill (the worker forks it), each with its index and finish delta
     n: int = 1
 
 

@@ -52,6 +52,9 @@ class SamplingParams:
     # (a request moved to another worker mid-generation): penalties count them as output and
     # the grammar has already consumed them.
     prior_output_tokens: int = 0
+    # vLLM's `prompt_logprobs`: each prompt token's log-probability given the tokens before it,
+    # with this many alternatives (None: not asked; such a request skips the prefix cache)
+    prompt_logprobs: int | None = None
 
     def validate(self, vocab_size: int | None = None) -> None:
         """Raise InvalidRequest naming the first bad value."""
@@ -63,8 +66,8 @@ class SamplingParams:
             raise InvalidRequest(f"top_k must be >= 0, got {self.top_k}")
         if not 0.0 <= self.min_p < 1.0:
             raise InvalidRequest(f"min_p must be in [0, 1), got {self.min_p}")
-        if self.max_tokens < 1:
-            raise InvalidRequest(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if self.max_tokens < 0:  # 0: the prompt only (scored with prompt_logprobs)
+            raise InvalidRequest(f"max_tokens must be >= 0, got {self.max_tokens}")
         if self.seed is not None and not 0 <= self.seed < 2**63:
             raise InvalidRequest(f"seed must be in [0, 2**63), got {self.seed}")
         self._validate_logit_processing(vocab_size)
@@ -73,6 +76,10 @@ class SamplingParams:
         if not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS:
             raise InvalidRequest(
                 f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {self.top_logprobs}"
+            )
+        if self.prompt_logprobs is not None and not 0 <= self.prompt_logprobs <= MAX_TOP_LOGPROBS:
+            raise InvalidRequest(
+                f"prompt_logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {self.prompt_logprobs}"
             )
         for name in ("presence_penalty", "frequency_penalty"):
             if not -2.0 <= getattr(self, name) <= 2.0:

@@ -24,3 +24,7 @@ class GenerationRequest:
     tool_family: str | None = None
     tool_grammar: dict | None = None
     starts_in_reasoning: bool = False
+    # Prompt scoring: the text `echo` puts before the completion (completions); vLLM's
+    # `prompt_logprobs` as asked (sampling.prompt_logprobs is what the worker computes)
+    echo_text: str | None = None
+    prompt_logprobs: int | None = None

@@ -19,8 +19,25 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class LogprobEntry:
     token_id: int
-    logprob: float
+    logprob: float | None  # None: the prompt's first token (nothing before it)
     top: tuple[tuple[int, float], ...]  # most likely first
+    prompt: bool = False  # a prompt token's (echo, prompt_logprobs), not a generated one's
+    rank: int | None = None  # prompt tokens: 1 = the most likely
+
+
+def prompt_entries_of(delta: TokenDelta, prompt_ids: tuple[int, ...]) -> list[LogprobEntry]:
+    """The prompt's entries a (first) delta carries: its first token's (logprob None), then
+    each later token's given the ones before it; none when it carries none."""
+    if delta.prompt_logprobs is None or not prompt_ids:
+        return []
+    tops = delta.prompt_top_logprobs or ()
+    ranks = delta.prompt_ranks or ()
+    out = [LogprobEntry(prompt_ids[0], None, (), prompt=True)]
+    for i, (token, logprob) in enumerate(zip(prompt_ids[1:], delta.prompt_logprobs, strict=False)):
+        top = tuple(zip(tops[i].token_ids, tops[i].logprobs, strict=True)) if i < len(tops) else ()
+        rank = ranks[i] if i < len(ranks) else None
+        out.append(LogprobEntry(token, logprob, top, prompt=True, rank=rank))
+    return out
 
 
 def entries_of(delta: TokenDelta, skip: set[int]) -> list[LogprobEntry]:
@@ -75,10 +92,32 @@ class LogprobsRenderer:
             top = {}
             for token_id, logprob in e.top[: self.top_logprobs]:
                 top.setdefault(self._token(token_id)[0], logprob)
-            tops.append(top)
+            tops.append(top if e.logprob is not None else None)
         return {
             "tokens": tokens,
             "token_logprobs": [e.logprob for e in entries],
             "top_logprobs": tops if self.top_logprobs else None,
             "text_offset": offsets,
         }
+
+
+def vllm_prompt_logprobs(
+    entries: list[LogprobEntry], k: int, tokenizer: ModelTokenizer
+) -> list[dict | None]:
+    """vLLM's `prompt_logprobs`: None for the first token, then per prompt token a map of
+    token id -> {logprob, rank, decoded_token}: the token itself and the `k` most likely."""
+    out: list[dict | None] = []
+    for e in entries:
+        if e.logprob is None:
+            out.append(None)
+            continue
+        ranked = {e.token_id: (e.logprob, e.rank)}
+        for r, (token_id, logprob) in enumerate(e.top[:k], start=1):
+            ranked.setdefault(token_id, (logprob, r))
+        out.append(
+            {
+                str(t): {"logprob": lp, "rank": rank, "decoded_token": tokenizer.decode([t])}
+                for t, (lp, rank) in ranked.items()
+            }
+        )
+    return out

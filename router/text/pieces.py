@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from router.errors import ApiError, generation_failed
 from router.text.detokenize import StopMatcher
-from router.text.logprobs import LogprobEntry, entries_of
+from router.text.logprobs import LogprobEntry, entries_of, prompt_entries_of
 
 if TYPE_CHECKING:  # the jobs are the dispatcher's; text/ only reads their events
     from router.routing.dispatcher import Dispatcher, Job
@@ -26,7 +26,8 @@ class Piece:
     text: str
     finish_reason: str | None = None  # set on the last piece: "stop" | "length"
     # the tokens that arrived since the last piece, when logprobs were asked for (a token's
-    # text may still be held back: by a partial character or a possible stop string)
+    # text may still be held back: by a partial character or a possible stop string); the
+    # first piece starts with the prompt's entries (`prompt=True`) when they were asked for
     logprobs: tuple[LogprobEntry, ...] = ()
     stop_string: str | None = None  # the stop string that ended the reply, if one did
 
@@ -98,12 +99,16 @@ async def pieces(
     matcher = StopMatcher(stop)
     stop_ids = set(job.sampling.stop_token_ids)
     logprobs: list[LogprobEntry] = []
+    prompt_scored = False  # once: a request moved to another worker is scored again there
     while True:
         delta = await job.events.get()
         if delta.finish_reason in ("error", "abort"):
             raise generation_failed(
                 delta.error or f"the worker ended the request ({delta.finish_reason})"
             )
+        if not prompt_scored and delta.prompt_logprobs is not None:
+            logprobs += prompt_entries_of(delta, job.prompt_ids)
+            prompt_scored = True
         logprobs += entries_of(delta, stop_ids)
         text = matcher.feed(detokenizer.add([t for t in delta.token_ids if t not in stop_ids]))
         if matcher.stopped:

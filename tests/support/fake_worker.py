@@ -166,6 +166,11 @@ class FakeWorker:
         context = list(msg.token_ids) + [0] * index
         alphabet = self.config.alphabet
         stop_ids = set(msg.sampling.stop_token_ids)
+        prompt = _fake_prompt_logprobs(msg.sampling, msg.token_ids, alphabet)
+        if msg.sampling.max_tokens == 0:  # the prompt scored, nothing generated
+            usage = Usage(len(msg.token_ids), 0, cached_tokens)
+            await self._send(TokenDelta(msg.request_id, (), "length", usage, index=index, **prompt))
+            return
         for produced in range(1, msg.sampling.max_tokens + 1):
             if self.config.token_delay_s:
                 await asyncio.sleep(self.config.token_delay_s)
@@ -179,6 +184,8 @@ class FakeWorker:
                 finish = "length"
             usage = Usage(len(msg.token_ids), produced, cached_tokens) if finish else None
             logprobs = _fake_logprobs(msg.sampling, token, alphabet) if finish != "stop" else {}
+            if produced == 1:
+                logprobs.update(prompt)
             await self._send(
                 TokenDelta(msg.request_id, (token,), finish, usage, index=index, **logprobs)
             )
@@ -229,6 +236,23 @@ def _fake_logprobs(sampling, token: int, alphabet: tuple[int, ...]) -> dict:
         ids = [alphabet[(start + i) % len(alphabet)] for i in range(sampling.top_logprobs)]
         values = [-0.5 - i for i in range(len(ids))]
         fields["top_logprobs"] = (TopLogprobs(tuple(ids), tuple(values)),)
+    return fields
+
+
+def _fake_prompt_logprobs(sampling, token_ids: tuple[int, ...], alphabet: tuple[int, ...]) -> dict:
+    """With prompt_logprobs asked for: prompt token i (from 1) at -0.25 * i, rank i, and the
+    first prompt_logprobs alphabet tokens at -0.1, -0.2, ... as the alternatives."""
+    k = sampling.prompt_logprobs
+    if k is None:
+        return {}
+    scored = range(1, len(token_ids))
+    fields: dict = {
+        "prompt_logprobs": tuple(-0.25 * i for i in scored),
+        "prompt_ranks": tuple(scored),
+    }
+    if k:
+        top = TopLogprobs(alphabet[:k], tuple(-0.1 * (j + 1) for j in range(k)))
+        fields["prompt_top_logprobs"] = (top,) * len(scored)
     return fields
 
 

@@ -279,6 +279,7 @@ class Engine:
             mx.eval(*out.outputs)
             tokens = out.tokens.tolist() if out.tokens is not None else []
             logprobs = out.logprobs.tolist() if out.logprobs is not None else [None] * len(tokens)
+            scored = out.prompt.tolist() if out.prompt is not None else []
         except Exception as exc:  # a failed forward must not take the other requests down
             seqs = plan.decode + [c.seq for c in plan.prefill]
             log.exception("forward pass failed for %d sequences", len(seqs))
@@ -293,6 +294,7 @@ class Engine:
             self.stats_.record_layer_times(times)
         for seq, n in plan.prefill:
             self.scheduler.computed(seq, n)
+        self.outputs.record_prompt(scored)
         decoding = {id(s) for s in plan.decode}
         deltas, at = [], 0
         for seq, count in zip(out.seqs, out.counts, strict=True):

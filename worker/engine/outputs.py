@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from shared.protocol import TokenDelta, Usage
 from worker.engine.sequence import Sequence, Status
-from worker.runner.sampler import TokenLogprob, delta_logprob_fields
+from worker.runner.sampler import TokenLogprob, delta_logprob_fields, prompt_logprob_fields
 
 if TYPE_CHECKING:
     from worker.engine.scheduler import Scheduler
@@ -41,11 +41,23 @@ class OutputBuilder:
         else:
             self._open.pop(request_id, None)
 
+    @staticmethod
+    def record_prompt(scored: list[tuple]) -> None:
+        """Mutates: the prompt logprobs a step computed, kept on their sequences by position
+        (a recomputed chunk, after a preemption, replaces what it had)."""
+        for seq, position, logprob, rank, top in scored:
+            del seq.prompt_logprobs[position - 1 :]
+            seq.prompt_logprobs.append((logprob, rank, top))
+
     def advance(self, seq: Sequence, tokens: list[int], logprobs: list) -> TokenDelta:
-        """`seq` produced `tokens` (one, or several when drafts were accepted); its delta."""
+        """`seq` produced `tokens` (one, or several when drafts were accepted); its delta.
+        With max_tokens 0 it ends here ("length"), its prompt scored, nothing generated."""
         emitted: list[int] = []
         entries: list[TokenLogprob | None] = []
         reason = None
+        if seq.sampling.max_tokens == 0:
+            tokens, logprobs, reason = [], [], "length"
+            self.scheduler.remove(seq)
         for token, logprob in zip(tokens, logprobs, strict=True):
             reason = self.scheduler.append_token(seq, token, logprob and logprob.logprob)
             # a stop token ends the text, unshown; a token that completed the grammar is shown
@@ -55,6 +67,9 @@ class OutputBuilder:
             if reason is not None:
                 break
         lps = delta_logprob_fields(seq.sampling, entries)
+        if seq.scores_prompt:
+            lps.update(prompt_logprob_fields(seq.sampling, seq.prompt_logprobs))
+            seq.prompt_logprobs_sent = True
         if reason is None:
             return TokenDelta(seq.request_id, tuple(emitted), index=seq.choice, **lps)
         self.close_choice(seq.request_id)

@@ -174,14 +174,14 @@ class Scheduler:
         chunks, deferred = [], []
         while self.waiting and budget > 0 and len(self.running) < self.config.max_running:
             seq = self.waiting.popleft()
-            prompt = seq.tokens[:-1]  # the last token is always computed, for its logits
+            # the last token is always computed, for its logits; a prompt to score is all
+            use_cache = self.config.enable_prefix_cache and not seq.scores_prompt
+            prompt = seq.tokens[:-1] if use_cache else []
             cached = self.cache.peek_prefix_length(prompt)
-            if self.config.enable_prefix_cache and shares_pending_prefill(
-                seq, cached + self.block_size, self.running
-            ):
+            if use_cache and shares_pending_prefill(seq, cached + self.block_size, self.running):
                 deferred.append(seq)  # wait for that prefill, then hit its blocks
                 continue
-            match = self.cache.match_prefix(prompt if self.config.enable_prefix_cache else [])
+            match = self.cache.match_prefix(prompt)
             # hold the match before making room, or the eviction could take it
             self.cache.lock(match.node)
             self.pool.incref(match.block_ids)

@@ -42,6 +42,9 @@ class Sequence:
     logits_state: LogitsState | None = None  # bias, penalties, grammar (when asked for)
     draft: list[int] = field(default_factory=list)  # this step's speculative tokens
     drafting: DraftState | None = None  # set when speculative decoding may draft for it
+    # with sampling.prompt_logprobs: (logprob, rank, top) of prompt tokens 1.. as computed
+    prompt_logprobs: list[tuple] = field(default_factory=list)
+    prompt_logprobs_sent: bool = False  # handed out (with the first delta)
 
     def fork(self, choice: int) -> Sequence:
         """A copy that shares the prompt computed so far (the caller shares its blocks)."""
@@ -61,6 +64,7 @@ class Sequence:
             seed=self.seed,
             choice=choice,
             logits_state=self.logits_state.fork() if self.logits_state is not None else None,
+            prompt_logprobs=list(self.prompt_logprobs),
         )
 
     def advance_grammar(self, token: int) -> bool:
@@ -68,6 +72,11 @@ class Sequence:
         complete (nothing more may follow), which ends the sequence with "stop"."""
         state = self.logits_state
         return state is not None and state.grammar is not None and state.grammar.advance(token)
+
+    @property
+    def scores_prompt(self) -> bool:
+        """Whether its prompt's logprobs are still to be computed (they were asked for)."""
+        return self.sampling.prompt_logprobs is not None and not self.prompt_logprobs_sent
 
     @property
     def num_output(self) -> int:

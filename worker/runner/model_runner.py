@@ -25,7 +25,7 @@ import mlx.nn as nn
 
 from worker.attention import AttentionBackend, AttentionPlan, install_attention_hook, write_kv
 from worker.runner.plan import StepKind, StepPlan
-from worker.runner.sampler import TokenLogprobs, sample
+from worker.runner.sampler import PromptLogprobs, TokenLogprobs, prompt_logprobs, sample
 
 if TYPE_CHECKING:
     from worker.engine.sequence import Sequence
@@ -165,6 +165,7 @@ class StepOutput(NamedTuple):
     # or with none, the pools themselves. Not kept past evaluation: a kept reference to a pool
     # array makes the next step's K/V scatter copy the whole pool (see `write_kv`).
     outputs: list[mx.array]
+    prompt: PromptLogprobs | None = None  # of the sequences that asked (prefill steps only)
 
 
 class Points(NamedTuple):
@@ -173,6 +174,8 @@ class Points(NamedTuple):
     rows: list[int]
     cols: list[int | None]  # None: the row's last real token
     seqs: list[Sequence]
+    # prompt logprobs asked for: (row, column, sequence, the prompt position scored there)
+    prompt: list[tuple[int, int, Sequence, int]]
 
 
 class ModelRunner:
@@ -201,8 +204,10 @@ class ModelRunner:
         """
         rows, points = self.plan_rows(plan, device_tokens is not None)
         hidden, layout = self.forward(rows, device_tokens, times)
+        prompt = self._score_prompts(hidden, points.prompt) if points.prompt else None
         if not points.seqs:
-            return StepOutput([], [], None, None, self.pool.k + self.pool.v)
+            outputs = prompt.arrays() if prompt is not None else self.pool.k + self.pool.v
+            return StepOutput([], [], None, None, outputs, prompt)
         # The output projection at the sampling points only: projecting every prefill
         # position onto the vocabulary is wasted work.
         row_idx = mx.array(points.rows, dtype=mx.int32)
@@ -220,7 +225,17 @@ class ModelRunner:
             seq.rng_key = key
         unique, counts = _runs(seqs)
         outputs = [*result.arrays(), *(k for k in keys if k is not None)]
-        return StepOutput(unique, counts, result.tokens, result.logprobs, outputs)
+        if prompt is not None:
+            outputs += prompt.arrays()
+        return StepOutput(unique, counts, result.tokens, result.logprobs, outputs, prompt)
+
+    def _score_prompts(self, hidden: mx.array, points: list) -> PromptLogprobs:
+        """Every asked-for prompt position of this forward through the output projection: the
+        logprob of the prompt token after it (only the rows of requests that asked)."""
+        rows, cols, seqs, positions = (list(x) for x in zip(*points, strict=True))
+        at = hidden[mx.array(rows, dtype=mx.int32), mx.array(cols, dtype=mx.int32)]
+        targets = [s.tokens[p] for s, p in zip(seqs, positions, strict=True)]
+        return prompt_logprobs(self._head(at), targets, seqs, positions)
 
     def forward(
         self,
@@ -253,7 +268,7 @@ class ModelRunner:
         its drafts (each position samples: the drafts are verified); in a MIXED plan every
         token is its own one-token row."""
         rows: list[Row] = []
-        points = Points([], [], [])
+        points = Points([], [], [], [])
 
         def add(row: Row, seq: Sequence, cols: list[int | None]) -> None:
             rows.append(row)
@@ -274,16 +289,21 @@ class ModelRunner:
         for s, n in plan.prefill:
             start = s.num_computed
             samples = start + n == len(s.tokens)  # the prompt's last token: sample the next
+            # positions whose next token is a prompt token whose logprob was asked for
+            scored = range(start, min(start + n, s.prompt_len - 1) if s.scores_prompt else start)
             if flat:
                 for p in range(start, start + n):
                     last = samples and p == start + n - 1
                     add(Row(s.tokens[p : p + 1], p, s.block_ids), s, [0] if last else [])
+                    if p in scored:
+                        points.prompt.append((len(rows) - 1, 0, s, p + 1))
             else:
                 add(
                     Row(s.tokens[start : start + n], start, s.block_ids),
                     s,
                     [None] if samples else [],
                 )
+                points.prompt.extend((len(rows) - 1, p - start, s, p + 1) for p in scored)
         return rows, points
 
 

@@ -156,6 +156,58 @@ def _logprobs(
     return TokenLogprobs(len(params), rows, top_counts, picked, top_ids, top_values)
 
 
+class PromptLogprobs(NamedTuple):
+    """Device log-probabilities of prompt tokens (for the sequences that asked): point i
+    scores token `positions[i]` of `seqs[i]` from the logits of the position before it."""
+
+    seqs: list  # list[Sequence]
+    positions: list[int]
+    top_counts: list[int]  # each point's sampling.prompt_logprobs
+    chosen: mx.array  # (N,) float32
+    ranks: mx.array  # (N,) int32, 1 = the most likely token
+    top_ids: mx.array | None  # (N, K) most likely first
+    top_values: mx.array | None
+
+    def arrays(self) -> list[mx.array]:
+        return [
+            a for a in (self.chosen, self.ranks, self.top_ids, self.top_values) if a is not None
+        ]
+
+    def tolist(self) -> list[tuple]:
+        """(seq, position, logprob, rank, top pairs) per point (reads the device)."""
+        chosen, ranks = self.chosen.tolist(), self.ranks.tolist()
+        ids = self.top_ids.tolist() if self.top_ids is not None else None
+        values = self.top_values.tolist() if self.top_values is not None else None
+        out = []
+        for i, (seq, pos, k) in enumerate(
+            zip(self.seqs, self.positions, self.top_counts, strict=True)
+        ):
+            top = tuple(zip(ids[i][:k], values[i][:k], strict=True)) if k and ids else ()
+            out.append((seq, pos, chosen[i], ranks[i], top))
+        return out
+
+
+def prompt_logprobs(
+    logits: mx.array, targets: list[int], seqs: list, positions: list[int]
+) -> PromptLogprobs:
+    """Log-probabilities of `targets` under the raw `logits` (N, V) (no processors: the
+    prompt was not sampled), their ranks and each sequence's top alternatives."""
+    logits = logits.astype(mx.float32)
+    logp = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+    picked = mx.take_along_axis(logp, mx.array(targets, dtype=mx.int32)[:, None], axis=-1)
+    ranks = (mx.sum(logp > picked, axis=-1) + 1).astype(mx.int32)
+    counts = [s.sampling.prompt_logprobs for s in seqs]
+    k = min(max(counts), logp.shape[-1])
+    top_ids = top_values = None
+    if k:
+        candidates = mx.argpartition(-logp, kth=k - 1, axis=-1)[:, :k]
+        values = mx.take_along_axis(logp, candidates, axis=-1)
+        order = mx.argsort(-values, axis=-1)
+        top_ids = mx.take_along_axis(candidates, order, axis=-1).astype(mx.int32)
+        top_values = mx.take_along_axis(values, order, axis=-1)
+    return PromptLogprobs(seqs, positions, counts, picked[:, 0], ranks, top_ids, top_values)
+
+
 def delta_logprob_fields(params: SamplingParams, entries: list[TokenLogprob | None]) -> dict:
     """TokenDelta's `logprobs` / `top_logprobs` fields for a delta's sampled tokens."""
     if not params.logprobs or not entries or any(e is None for e in entries):
@@ -164,5 +216,18 @@ def delta_logprob_fields(params: SamplingParams, entries: list[TokenLogprob | No
     if params.top_logprobs:
         fields["top_logprobs"] = tuple(
             TopLogprobs(tuple(t for t, _ in e.top), tuple(v for _, v in e.top)) for e in entries
+        )
+    return fields
+
+
+def prompt_logprob_fields(params: SamplingParams, entries: list[tuple]) -> dict:
+    """TokenDelta's `prompt_*` fields from a sequence's (logprob, rank, top) entries."""
+    fields: dict = {
+        "prompt_logprobs": tuple(lp for lp, _, _ in entries),
+        "prompt_ranks": tuple(rank for _, rank, _ in entries),
+    }
+    if params.prompt_logprobs:
+        fields["prompt_top_logprobs"] = tuple(
+            TopLogprobs(tuple(t for t, _ in top), tuple(v for _, v in top)) for _, _, top in entries
         )
     return fields

@@ -254,7 +254,7 @@ class LeaderRunner:
         self, plan: StepPlan, device_tokens: mx.array | None = None, times: LayerTimes | None = None
     ) -> StepOutput:
         rows, points = self.inner.plan_rows(plan, device_tokens is not None)
-        step = WireStep(rows, bool(points.seqs), self._copies)
+        step = WireStep(rows, bool(points.seqs or points.prompt), self._copies)
         self._copies = []
         self.watchdog.check_in()
         try:

@@ -11,11 +11,12 @@ from router.api.adapter import ChoiceText, StreamEvent
 from router.api.openai.parse import parse_chat, parse_completion
 from router.api.openai.render import ResponseBuilder, chat_deltas, chat_message
 from router.chat.output import ChatReader
-from router.text.logprobs import LogprobsRenderer
+from router.text.logprobs import LogprobsRenderer, vllm_prompt_logprobs
 
 if TYPE_CHECKING:
     from router.api.request import GenerationRequest
     from router.errors import ApiError
+    from router.text.logprobs import LogprobEntry
     from router.text.pieces import Piece, UsageCount
     from router.text.tokenizer import ModelTokenizer
 
@@ -42,7 +43,8 @@ class OpenAIApi:
         renderer = None
         if req.sampling.logprobs:
             renderer = LogprobsRenderer(tokenizer, req.kind, req.sampling.top_logprobs)
-        return OpenAIReply(req, ResponseBuilder(req.kind, request_id, req.model, logprobs=renderer))
+        builder = ResponseBuilder(req.kind, request_id, req.model, logprobs=renderer)
+        return OpenAIReply(req, builder, tokenizer)
 
 
 CHAT = OpenAIApi("/v1/chat/completions", parse_chat, "chatcmpl")
@@ -53,21 +55,35 @@ class OpenAIReply:
     """A chat reply of one choice is read for reasoning and tool calls (ChatReader); the
     choices of n > 1 and text completions go out as the text they are."""
 
-    def __init__(self, req: GenerationRequest, builder: ResponseBuilder):
+    def __init__(self, req: GenerationRequest, builder: ResponseBuilder, tokenizer=None):
         self._req = req
         self._builder = builder
+        self._tokenizer = tokenizer  # for vLLM's prompt_logprobs' decoded tokens
         self._readers: dict[int, ChatReader | None] = {}  # the choices that have started
 
     def whole(self, choices: list[ChoiceText], usage: UsageCount) -> dict:
         results = []
         for choice in choices:
-            text, reason = choice.text, choice.last.finish_reason
+            text, reason = self._req.echo_text or "", choice.last.finish_reason
+            text += choice.text
+            entries, scored = self._split(choice.logprobs)
             reader = self._new_reader()
             if reader is not None:
                 text = chat_message(reader.feed(text) + reader.finish())
                 reason = reader.finish_reason(reason)
-            results.append((text, reason, choice.logprobs))
+            results.append((text, reason, entries, scored))
         return self._builder.full_choices(results, usage)
+
+    def _split(self, entries: tuple[LogprobEntry, ...]) -> tuple[tuple, list | None]:
+        """The entries `logprobs` shows (with echo, the prompt's first) and vLLM's
+        `prompt_logprobs` (None unless asked for and present)."""
+        req = self._req
+        echoed = req.echo_text is not None and req.sampling.logprobs
+        shown = tuple(e for e in entries if echoed or not e.prompt)
+        prompt = [e for e in entries if e.prompt]
+        if req.prompt_logprobs is None or not prompt:
+            return shown, None
+        return shown, vllm_prompt_logprobs(prompt, req.prompt_logprobs, self._tokenizer)
 
     def stream_start(self) -> list[StreamEvent]:
         return []
@@ -80,15 +96,16 @@ class OpenAIReply:
         include_usage = self._req.include_usage
         done = piece.finish_reason is not None
         parts = _stream_parts(reader, piece.text, done)
-        if not parts and (piece.logprobs or first):
+        if first and self._req.echo_text:  # the prompt goes first, in the first chunk
+            parts = [self._req.echo_text + (parts[0] if parts else ""), *parts[1:]]
+        entries, scored = self._split(piece.logprobs)  # with the piece's first chunk
+        if not parts and (entries or scored or first):
             parts = [""]
         events = []
-        entries = piece.logprobs  # they go with the piece's first chunk
         for part in parts:
             chunk = self._builder.chunk(part, None, first, include_usage, entries, index)
-            events.append(StreamEvent(chunk))
-            entries = ()
-            first = False
+            events.append(StreamEvent(self._builder.with_prompt_logprobs(chunk, scored)))
+            entries, scored, first = (), None, False
         if done:
             reason = reader.finish_reason(piece.finish_reason) if reader else piece.finish_reason
             chunk = self._builder.chunk("", reason, False, include_usage, index=index)

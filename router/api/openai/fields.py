@@ -49,6 +49,9 @@ FIELDS: dict[str, Field] = {
     "frequency_penalty": Field(BOTH),
     "repetition_penalty": Field(BOTH),
     "response_format": Field(BOTH),
+    # prompt scoring (router/api/openai/sampling.py): the prompt's own token logprobs
+    "echo": Field(TEXT),
+    "prompt_logprobs": Field(BOTH),
     # tools and templates (router/chat/)
     "tools": Field(CHAT),
     "tool_choice": Field(CHAT),
@@ -63,7 +66,6 @@ FIELDS: dict[str, Field] = {
     "prompt_cache_key": Field(CHAT, str, "prefix caching is automatic and cluster-wide"),
     # honoured for one value only
     "best_of": Field(TEXT, honoured_if=lambda v: v == 1),
-    "echo": Field(TEXT, honoured_if=lambda v: v is False),
     "suffix": Field(TEXT, honoured_if=lambda v: v == ""),
     # refused, with what to use instead
     "functions": Field(
@@ -101,7 +103,7 @@ def check_chat_fields(body: dict) -> None:
 
 
 def check_honoured_values(body: dict) -> None:
-    """400 for a field whose value we cannot honour (echo, suffix, best_of)."""
+    """400 for a field whose value we cannot honour (suffix, best_of)."""
     for name, f in FIELDS.items():
         value = body.get(name)
         if f.honoured_if is not None and value is not None and not f.honoured_if(value):

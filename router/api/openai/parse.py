@@ -12,7 +12,7 @@ from router.api.openai.fields import (
     check_chat_fields,
     check_honoured_values,
 )
-from router.api.openai.sampling import sampling_fields
+from router.api.openai.sampling import echo_of, sampling_fields
 from router.api.request import GenerationRequest
 from router.chat.prompt import build_chat_prompt, template_kwargs
 from router.chat.tool_grammar import enforce_tool_choice, required_call_schema
@@ -61,7 +61,7 @@ def parse_completion(
     refuse_unknown_fields(body, COMPLETION_FIELDS, "/v1/completions")
     prompt_ids = _completion_prompt(body, tokenizer)
     max_tokens = typed_field(body, "max_tokens", int, 16)  # OpenAI's default for completions
-    return _build(
+    req = _build(
         "text",
         body,
         model_id,
@@ -71,6 +71,11 @@ def parse_completion(
         tokenizer,
         tokenizer.eos_token_ids,
     )
+    if not echo_of(body):
+        return req
+    prompt = body["prompt"][0] if isinstance(body["prompt"], list) else body["prompt"]
+    echo = prompt if isinstance(prompt, str) else tokenizer.decode(prompt_ids)
+    return replace(req, echo_text=echo)
 
 
 def _build(
@@ -78,7 +83,12 @@ def _build(
 ) -> GenerationRequest:
     check_honoured_values(body)
     prompt_ids = tuple(prompt_ids)
-    max_tokens = completion_budget(len(prompt_ids), max_tokens, tokenizer.context_length, cap)
+    # max_tokens 0 on completions scores the prompt only (echo, prompt_logprobs)
+    scores_only = max_tokens == 0 and kind == "text" and _scores_prompt(body)
+    max_tokens = completion_budget(
+        len(prompt_ids), 1 if scores_only else max_tokens, tokenizer.context_length, cap
+    )
+    max_tokens = 0 if scores_only else max_tokens
     sampling = SamplingParams(
         temperature=typed_field(body, "temperature", float, 1.0),
         top_p=typed_field(body, "top_p", float, 1.0),
@@ -103,7 +113,12 @@ def _build(
         stream,
         _include_usage(body, stream),
         _choices(body),
+        prompt_logprobs=body.get("prompt_logprobs"),
     )
+
+
+def _scores_prompt(body: dict) -> bool:
+    return echo_of(body) or body.get("prompt_logprobs") is not None
 
 
 MAX_CHOICES = 16

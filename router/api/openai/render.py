@@ -25,8 +25,10 @@ class ResponseBuilder:
         finish_reason: str,
         usage: UsageCount,
         entries: tuple[LogprobEntry, ...] = (),
+        scored: list | None = None,
     ) -> dict:
-        """`text` is the reply, or for chat the whole assistant message (chat_message())."""
+        """`text` is the reply, or for chat the whole assistant message (chat_message()).
+        `scored`: vLLM's `prompt_logprobs`, when asked for."""
         logprobs = self._logprobs(entries)
         if self.kind == "chat":
             message = text if isinstance(text, dict) else {"role": "assistant", "content": text}
@@ -36,15 +38,23 @@ class ResponseBuilder:
                 "logprobs": logprobs,
                 "finish_reason": finish_reason,
             }
-            return self._envelope("chat.completion", choice, usage.to_json())
+            body = self._envelope("chat.completion", choice, usage.to_json())
+            return self.with_prompt_logprobs(body, scored)
         choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
-        return self._envelope("text_completion", choice, usage.to_json())
+        body = self._envelope("text_completion", choice, usage.to_json())
+        return self.with_prompt_logprobs(body, scored)
 
-    def full_choices(
-        self, choices: list[tuple[str, str, tuple[LogprobEntry, ...]]], usage: UsageCount
-    ) -> dict:
-        """A whole response of n choices: (text, finish reason, logprob entries) each."""
-        bodies = [self.full(text, reason, usage, entries) for text, reason, entries in choices]
+    def with_prompt_logprobs(self, body: dict, scored: list | None) -> dict:
+        """vLLM's `prompt_logprobs` in `body` (a response or a chunk): at the top for chat, in
+        the choice for completions, as vLLM puts them."""
+        if scored is not None:
+            (body["choices"][0] if self.kind == "text" else body)["prompt_logprobs"] = scored
+        return body
+
+    def full_choices(self, choices: list[tuple], usage: UsageCount) -> dict:
+        """A whole response of n choices: (text, finish reason, logprob entries, vLLM
+        prompt_logprobs or None) each."""
+        bodies = [self.full(text, reason, usage, *rest) for text, reason, *rest in choices]
         body = bodies[0]
         body["choices"] = [dict(b["choices"][0], index=i) for i, b in enumerate(bodies)]
         return body

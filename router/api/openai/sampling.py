@@ -1,6 +1,6 @@
 """The logit-processing fields of an OpenAI request body, checked and turned into
-SamplingParams keywords: logprobs / top_logprobs, logit_bias, the penalties, and
-response_format (a grammar the worker enforces)."""
+SamplingParams keywords: logprobs / top_logprobs, prompt_logprobs and echo (the prompt's own
+logprobs), logit_bias, the penalties, and response_format (a grammar the worker enforces)."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ def sampling_fields(body: dict, kind: str, vocab_size: int) -> dict:
     """SamplingParams keywords for `body` of a "chat" or "text" request; ApiError (400)
     naming the field on a bad value."""
     fields = _logprobs(body) if kind == "chat" else _legacy_logprobs(body)
+    fields.update(_prompt_logprobs(body, kind, fields))
     for name in ("presence_penalty", "frequency_penalty", "repetition_penalty"):
         value = body.get(name)
         if value is not None:
@@ -64,6 +65,29 @@ def _legacy_logprobs(body: dict) -> dict:
             f"'logprobs' must be an integer in [0, {MAX_LEGACY_LOGPROBS}]", "logprobs"
         )
     return {"logprobs": True, "top_logprobs": value}
+
+
+def echo_of(body: dict) -> bool:
+    """Completions' `echo`: the prompt goes before the completion (and, with `logprobs`, its
+    tokens' entries before the completion's)."""
+    echo = body.get("echo")
+    if echo is not None and type(echo) is not bool:
+        raise bad_request("'echo' must be a boolean", "echo")
+    return bool(echo)
+
+
+def _prompt_logprobs(body: dict, kind: str, fields: dict) -> dict:
+    """What the worker scores of the prompt: vLLM's `prompt_logprobs` (0..20 alternatives per
+    token) and, on completions, `echo` with `logprobs` (its count of alternatives)."""
+    asked = body.get("prompt_logprobs")
+    if asked is not None and (type(asked) is not int or not 0 <= asked <= MAX_TOP_LOGPROBS):
+        raise bad_request(
+            f"'prompt_logprobs' must be an integer in [0, {MAX_TOP_LOGPROBS}]", "prompt_logprobs"
+        )
+    counts = [asked] if asked is not None else []
+    if kind == "text" and echo_of(body) and fields.get("logprobs"):
+        counts.append(fields.get("top_logprobs", 0))
+    return {"prompt_logprobs": max(counts)} if counts else {}
 
 
 def _logit_bias(value, vocab_size: int) -> tuple[LogitBias, ...]:

@@ -96,6 +96,7 @@ FIELDS = [
     "tool_choice", "system", "stop_sequences", "chat_template_kwargs", "user", "metadata",
     "logprobs", "top_logprobs", "logit_bias", "presence_penalty", "frequency_penalty",
     "repetition_penalty", "response_format", "echo", "suffix", "best_of", "thinking",
+    "prompt_logprobs",
 ]  # fmt: skip
 MESSAGE_FIELDS = ["role", "content", "tool_calls", "tool_call_id", "name", "type"]
 
