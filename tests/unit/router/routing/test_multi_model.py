@@ -1,6 +1,6 @@
 """Several models behind one router: routing by `model`, per-model indexes, listing, refusals.
 
-Stand-in workers here; tests/e2e/test_multi_model_e2e.py serves the default model and a random
+Stand-in workers here; tests/e2e/cluster/test_multi_model_e2e.py serves the default model and a random
 tiny model with real workers.
 """
 

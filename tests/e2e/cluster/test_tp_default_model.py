@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from tests.e2e.test_cluster_e2e import QUESTION, Cluster
+from tests.e2e.cluster.test_cluster_e2e import QUESTION, Cluster
 from tests.support.launched import PIPED, launch_cluster
 from tests.support.tp_group import run_group_case
 from tests.unit.worker.engine.test_tp import unsharded_outputs

@@ -7,7 +7,7 @@ from __future__ import annotations
 import openai
 import pytest
 
-from tests.e2e.test_agent_api_e2e import wait_healthy
+from tests.e2e.clients.test_agent_api_e2e import wait_healthy
 from tests.support.launched import launch_cluster
 
 pytestmark = pytest.mark.slow

@@ -8,7 +8,7 @@ import json
 import jsonschema
 import pytest
 
-from tests.e2e.test_cluster_e2e import MODEL, Cluster
+from tests.e2e.cluster.test_cluster_e2e import MODEL, Cluster
 from tests.support.launched import PIPED, launch_cluster
 
 pytestmark = pytest.mark.slow
