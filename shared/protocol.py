@@ -25,7 +25,8 @@ from shared.sampling import SamplingParams
 
 # 2: SamplingParams gained logit processing (bias, penalties, grammar, top_logprobs) and
 # TokenDelta top_logprobs; a version-1 worker would ignore them silently, so it is refused.
-PROTOCOL_VERSION = 2
+# 3: SamplingParams gained min_tokens (a version-2 worker would ignore it silently).
+PROTOCOL_VERSION = 3
 MAX_FRAME_BYTES = 64 * 1024 * 1024
 
 

@@ -24,3 +24,7 @@ class GenerationRequest:
     tool_family: str | None = None
     tool_grammar: dict | None = None
     starts_in_reasoning: bool = False
+    # vLLM's text extensions (router/api/openai/extensions.py)
+    include_stop_str: bool = False  # a stop string that ends the reply is part of its text
+    skip_special_tokens: bool = True
+    cache_key: str | None = None  # OpenAI's prompt_cache_key: a routing affinity key

@@ -20,7 +20,7 @@ from router.errors import ApiError, no_workers, overloaded
 from router.http import app_keys, sse
 from router.http.body import json_object_body
 from router.routing.dispatcher import Job, NoWorkerAvailable, Overloaded
-from router.text.pieces import choice_pieces, usage_of
+from router.text.pieces import TextOptions, choice_pieces, usage_of
 
 if TYPE_CHECKING:
     from router.api.request import GenerationRequest
@@ -37,7 +37,8 @@ async def generate(request: web.Request, api: Api) -> web.StreamResponse:
     job = start_job(served, request_id, req)
     reply = api.reply(req, request_id, served.tokenizer)
     try:
-        items = choice_pieces(job, served.tokenizer, served.dispatcher, req.stop)
+        options = TextOptions(req.include_stop_str, req.skip_special_tokens)
+        items = choice_pieces(job, served.tokenizer, served.dispatcher, req.stop, options)
         async with contextlib.aclosing(items):
             if req.stream:
                 return await _stream(request, served, job, reply, items)
@@ -57,7 +58,9 @@ async def parse_off_loop(app: web.Application, parse, *args):
 
 def start_job(served: ServedModel, request_id: str, req: GenerationRequest) -> Job:
     try:
-        return served.dispatcher.start(request_id, req.prompt_ids, req.sampling, req.n)
+        return served.dispatcher.start(
+            request_id, req.prompt_ids, req.sampling, req.n, cache_key=req.cache_key
+        )
     except Overloaded:
         raise overloaded() from None
     except NoWorkerAvailable:

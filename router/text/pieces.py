@@ -51,20 +51,32 @@ def usage_of(job: Job) -> UsageCount:
     return UsageCount(len(job.prompt_ids), job.completion_tokens, job.cached_tokens)
 
 
+@dataclass(frozen=True)
+class TextOptions:
+    """How a reply's tokens become text (vLLM's extensions; the defaults are OpenAI's)."""
+
+    include_stop_str: bool = False
+    skip_special_tokens: bool = True
+
+
 async def choice_pieces(
-    job: Job, tokenizer: ModelTokenizer, dispatcher: Dispatcher, stop: tuple[str, ...]
+    job: Job,
+    tokenizer: ModelTokenizer,
+    dispatcher: Dispatcher,
+    stop: tuple[str, ...],
+    options: TextOptions = TextOptions(),
 ) -> AsyncIterator[tuple[int, Piece]]:
     """(choice index, piece) of every choice of `job`, in the order they come; the first
     ApiError of any choice is raised. Close it (aclose) to stop the choices' readers."""
     if not job.choices:
-        async for piece in pieces(job, tokenizer, dispatcher, stop):
+        async for piece in pieces(job, tokenizer, dispatcher, stop, options):
             yield 0, piece
         return
     queue: asyncio.Queue = asyncio.Queue()
 
     async def pump(choice: Job) -> None:
         try:
-            async for piece in pieces(choice, tokenizer, dispatcher, stop):
+            async for piece in pieces(choice, tokenizer, dispatcher, stop, options):
                 await queue.put((choice.index, piece))
         except ApiError as e:
             await queue.put((choice.index, e))
@@ -88,14 +100,18 @@ async def choice_pieces(
 
 
 async def pieces(
-    job: Job, tokenizer: ModelTokenizer, dispatcher: Dispatcher, stop: tuple[str, ...]
+    job: Job,
+    tokenizer: ModelTokenizer,
+    dispatcher: Dispatcher,
+    stop: tuple[str, ...],
+    options: TextOptions = TextOptions(),
 ) -> AsyncIterator[Piece]:
     """Text as it becomes safe to show; the last piece has the finish reason.
 
     Raises ApiError (500) when the worker reports an error or the job could not be finished.
     """
-    detokenizer = tokenizer.detokenizer()
-    matcher = StopMatcher(stop)
+    detokenizer = tokenizer.detokenizer(options.skip_special_tokens)
+    matcher = StopMatcher(stop, options.include_stop_str)
     stop_ids = set(job.sampling.stop_token_ids)
     logprobs: list[LogprobEntry] = []
     while True:

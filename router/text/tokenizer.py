@@ -82,8 +82,8 @@ class ModelTokenizer:
         """Text that already holds its special tokens (a rendered template)."""
         return self._tok.encode(text, add_special_tokens=False)
 
-    def decode(self, token_ids: Sequence[int]) -> str:
-        return self._tok.decode(list(token_ids), skip_special_tokens=True)
+    def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        return self._tok.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
 
     def token_bytes(self, token_id: int) -> bytes:
         """The bytes one token stands for (part of a character, for some): logprobs show
@@ -94,8 +94,10 @@ class ModelTokenizer:
             self._ll_tokenizer = ll_tokenizer(self._tok)
         return self._ll_tokenizer.decode_bytes([token_id])
 
-    def detokenizer(self) -> IncrementalDetokenizer:
-        return IncrementalDetokenizer(self.decode)
+    def detokenizer(self, skip_special_tokens: bool = True) -> IncrementalDetokenizer:
+        if skip_special_tokens:
+            return IncrementalDetokenizer(self.decode)
+        return IncrementalDetokenizer(lambda ids: self.decode(ids, skip_special_tokens=False))
 
     def _chat_end_tokens(self) -> set[int]:
         """Special tokens the template puts right after an assistant turn (e.g. <|im_end|>)."""

@@ -6,6 +6,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from router.api.checks import completion_budget, refuse_unknown_fields, typed_field
+from router.api.openai.extensions import extensions
 from router.api.openai.fields import (
     CHAT_FIELDS,
     COMPLETION_FIELDS,
@@ -79,13 +80,15 @@ def _build(
     check_honoured_values(body)
     prompt_ids = tuple(prompt_ids)
     max_tokens = completion_budget(len(prompt_ids), max_tokens, tokenizer.context_length, cap)
+    ext = extensions(body, stop_ids, tokenizer.vocab_size, max_tokens)
     sampling = SamplingParams(
         temperature=typed_field(body, "temperature", float, 1.0),
         top_p=typed_field(body, "top_p", float, 1.0),
         top_k=typed_field(body, "top_k", int, 0),
         min_p=typed_field(body, "min_p", float, 0.0),
         max_tokens=max_tokens,
-        stop_token_ids=tuple(stop_ids),
+        stop_token_ids=ext.stop_token_ids,
+        min_tokens=ext.min_tokens,
         seed=typed_field(body, "seed", int, None),
         **sampling_fields(body, kind, tokenizer.vocab_size),
     )
@@ -103,6 +106,9 @@ def _build(
         stream,
         _include_usage(body, stream),
         _choices(body),
+        include_stop_str=ext.include_stop_str,
+        skip_special_tokens=ext.skip_special_tokens,
+        cache_key=typed_field(body, "prompt_cache_key", str, None),
     )
 
 

@@ -21,6 +21,7 @@ READERS = [
     "api/openai/parse",
     "api/openai/fields",
     "api/openai/sampling",
+    "api/openai/extensions",
     "api/anthropic/parse",
     "chat/tools",
     "chat/prompt",
