@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
-from router.http import app_keys, endpoints
+from router.http import app_keys, endpoints, tokenize
 from router.http.api_keys import ApiKeys
 from router.http.middleware import count_requests, errors_as_json
 from router.http.security import limit_body, require_api_key
@@ -33,6 +33,9 @@ def create_app(config: RouterConfig) -> web.Application:
     app.router.add_post("/v1/chat/completions", endpoints.chat_completions)
     app.router.add_post("/v1/completions", endpoints.completions)
     app.router.add_post("/v1/messages", endpoints.messages)
+    app.router.add_post("/v1/messages/count_tokens", tokenize.count_tokens)
+    app.router.add_post("/tokenize", tokenize.tokenize)
+    app.router.add_post("/detokenize", tokenize.detokenize)
     app.router.add_get("/v1/models", endpoints.models)
     app.router.add_get("/v1/models/{model}", endpoints.model)
     app.router.add_get("/v1/cluster", endpoints.cluster)

@@ -8,12 +8,16 @@ import pytest
 
 from router.api.anthropic.parse import MESSAGES_FIELDS
 from router.api.openai.fields import CHAT_FIELDS, COMPLETION_FIELDS
+from router.api.tokenize import COUNT_TOKENS_FIELDS, DETOKENIZE_FIELDS, TOKENIZE_FIELDS
 from tests.support.paths import ROOT
 
 SECTIONS = {
     "## POST /v1/chat/completions": CHAT_FIELDS,
     "## POST /v1/completions": COMPLETION_FIELDS,
     "## POST /v1/messages (Anthropic)": MESSAGES_FIELDS,
+    "## POST /tokenize": TOKENIZE_FIELDS,
+    "## POST /detokenize": DETOKENIZE_FIELDS,
+    "## POST /v1/messages/count_tokens (Anthropic)": COUNT_TOKENS_FIELDS,
 }
 # Modules that read request bodies (render.py reads replies, not requests).
 READERS = [
@@ -22,6 +26,7 @@ READERS = [
     "api/openai/fields",
     "api/openai/sampling",
     "api/openai/extensions",
+    "api/tokenize",
     "api/anthropic/parse",
     "chat/tools",
     "chat/prompt",
