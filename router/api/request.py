@@ -28,3 +28,6 @@ class GenerationRequest:
     include_stop_str: bool = False  # a stop string that ends the reply is part of its text
     skip_special_tokens: bool = True
     cache_key: str | None = None  # OpenAI's prompt_cache_key: a routing affinity key
+    # /v1/completions with several prompts: every prompt (prompt_ids is the first), each its
+    # own job with n choices; choice index = prompt index x n + choice (OpenAI's order)
+    batch: tuple[tuple[int, ...], ...] = ()

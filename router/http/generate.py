@@ -1,7 +1,8 @@
 """The one generation endpoint skeleton, shared by every API adapter.
 
-read the body -> pick the model -> parse (off the loop) -> start the job -> reply whole or as a
-stream -> cancel the job in `finally` (a no-op once it finished; an abort when the client left
+read the body -> pick the model -> parse (off the loop) -> start the job (one per prompt when a
+completions request holds several: `req.batch`, merged by router/text/pieces.batch_pieces) ->
+reply whole or as a stream -> cancel the jobs in `finally` (a no-op once it finished; an abort when the client left
 or an error cut it short). An error before the first token is a plain HTTP error; once a
 stream's headers are sent it goes in the stream.
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from aiohttp import web
@@ -20,7 +22,7 @@ from router.errors import ApiError, no_workers, overloaded
 from router.http import app_keys, sse
 from router.http.body import json_object_body
 from router.routing.dispatcher import Job, NoWorkerAvailable, Overloaded
-from router.text.pieces import TextOptions, choice_pieces, usage_of
+from router.text.pieces import TextOptions, batch_pieces, usage_of_all
 
 if TYPE_CHECKING:
     from router.api.request import GenerationRequest
@@ -34,17 +36,23 @@ async def generate(request: web.Request, api: Api) -> web.StreamResponse:
     max_tokens_cap = app[app_keys.CONFIG].max_tokens_cap
     req = await parse_off_loop(app, api.parse, body, served.tokenizer, served.id, max_tokens_cap)
     request_id = api.new_id()
-    job = start_job(served, request_id, req)
-    reply = api.reply(req, request_id, served.tokenizer)
+    jobs: list[Job] = []
     try:
+        # several prompts (completions): one job each, possibly on different workers
+        for k, prompt_ids in enumerate(req.batch):
+            jobs.append(start_job(served, f"{request_id}-{k}", replace(req, prompt_ids=prompt_ids)))
+        if not req.batch:
+            jobs.append(start_job(served, request_id, req))
+        reply = api.reply(req, request_id, served.tokenizer)
         options = TextOptions(req.include_stop_str, req.skip_special_tokens)
-        items = choice_pieces(job, served.tokenizer, served.dispatcher, req.stop, options)
+        items = batch_pieces(jobs, req.n, served.tokenizer, served.dispatcher, req.stop, options)
         async with contextlib.aclosing(items):
             if req.stream:
-                return await _stream(request, served, job, reply, items)
-            return await _whole(served, job, reply, items)
+                return await _stream(request, served, jobs, reply, items)
+            return await _whole(served, jobs, reply, items)
     finally:
-        served.dispatcher.cancel(job)  # no-op when finished; aborts on disconnect/error
+        for job in jobs:
+            served.dispatcher.cancel(job)  # no-op when finished; aborts on disconnect/error
 
 
 async def parse_off_loop(app: web.Application, parse, *args):
@@ -67,7 +75,7 @@ def start_job(served: ServedModel, request_id: str, req: GenerationRequest) -> J
         raise no_workers(served.id) from None
 
 
-async def _whole(served: ServedModel, job: Job, reply: Reply, items) -> web.Response:
+async def _whole(served: ServedModel, jobs: list[Job], reply: Reply, items) -> web.Response:
     texts: dict[int, list[str]] = {}
     entries: dict[int, list] = {}
     last = {}
@@ -76,13 +84,13 @@ async def _whole(served: ServedModel, job: Job, reply: Reply, items) -> web.Resp
         entries.setdefault(index, []).extend(piece.logprobs)
         last[index] = piece
     choices = [ChoiceText("".join(texts[i]), last[i], tuple(entries[i])) for i in sorted(texts)]
-    usage = usage_of(job)
+    usage = usage_of_all(jobs)
     _count_usage(served, usage)
     return web.json_response(reply.whole(choices, usage))
 
 
 async def _stream(
-    request: web.Request, served: ServedModel, job: Job, reply: Reply, items
+    request: web.Request, served: ServedModel, jobs: list[Job], reply: Reply, items
 ) -> web.StreamResponse:
     started = time.perf_counter()
     item = await anext(items)  # an error before the first token is a plain HTTP error
@@ -94,7 +102,7 @@ async def _stream(
             while item is not None:
                 await sse.send(response, reply.stream_piece(*item))
                 item = await anext(items, None)
-            usage = usage_of(job)
+            usage = usage_of_all(jobs)
             _count_usage(served, usage)
             await sse.send(response, reply.stream_end(usage))
         except ApiError as e:  # headers are sent: the error goes in the stream

@@ -46,17 +46,78 @@ class UsageCount:
         }
 
 
-def usage_of(job: Job) -> UsageCount:
-    """The prompt counted once, the completions of every choice added up."""
-    return UsageCount(len(job.prompt_ids), job.completion_tokens, job.cached_tokens)
-
-
 @dataclass(frozen=True)
 class TextOptions:
     """How a reply's tokens become text (vLLM's extensions; the defaults are OpenAI's)."""
 
     include_stop_str: bool = False
     skip_special_tokens: bool = True
+
+
+def usage_of(job: Job) -> UsageCount:
+    """The prompt counted once, the completions of every choice added up."""
+    return UsageCount(len(job.prompt_ids), job.completion_tokens, job.cached_tokens)
+
+
+def usage_of_all(jobs: list[Job]) -> UsageCount:
+    """Several prompts' jobs: their usages added up (as OpenAI counts a batch)."""
+    usages = [usage_of(j) for j in jobs]
+    if len(usages) == 1:
+        return usages[0]
+    return UsageCount(
+        sum(u.prompt_tokens for u in usages),
+        sum(u.completion_tokens for u in usages),
+        sum(u.cached_tokens for u in usages),
+    )
+
+
+async def batch_pieces(
+    jobs: list[Job],
+    n: int,
+    tokenizer: ModelTokenizer,
+    dispatcher: Dispatcher,
+    stop: tuple[str, ...],
+    options: TextOptions = TextOptions(),
+) -> AsyncIterator[tuple[int, Piece]]:
+    """choice_pieces of several prompts' jobs, merged: prompt k's choice i is choice k x n + i
+    (OpenAI's order). The first ApiError of any is raised; close it to stop them all."""
+    if len(jobs) == 1:
+        async for item in choice_pieces(jobs[0], tokenizer, dispatcher, stop, options):
+            yield item
+        return
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def pump(k: int, job: Job) -> None:
+        items = choice_pieces(job, tokenizer, dispatcher, stop, options)
+        try:
+            async for index, piece in items:
+                await queue.put((k * n + index, piece))
+        except ApiError as e:
+            await queue.put((k, e))
+        finally:
+            await items.aclose()
+            await queue.put((k, None))
+
+    async for item in _merged(queue, [pump(k, job) for k, job in enumerate(jobs)]):
+        yield item
+
+
+async def _merged(queue: asyncio.Queue, pumps: list) -> AsyncIterator[tuple[int, Piece]]:
+    """What the pumps put in `queue` until each has put its None; an ApiError is raised."""
+    tasks = [asyncio.create_task(p) for p in pumps]
+    try:
+        running = len(tasks)
+        while running:
+            index, item = await queue.get()
+            if item is None:
+                running -= 1
+            elif isinstance(item, ApiError):
+                raise item
+            else:
+                yield index, item
+    finally:
+        for task in tasks:
+            task.cancel()
 
 
 async def choice_pieces(
@@ -83,20 +144,8 @@ async def choice_pieces(
         finally:
             await queue.put((choice.index, None))
 
-    tasks = [asyncio.create_task(pump(c)) for c in job.choices]
-    try:
-        running = len(tasks)
-        while running:
-            index, item = await queue.get()
-            if item is None:
-                running -= 1
-            elif isinstance(item, ApiError):
-                raise item
-            else:
-                yield index, item
-    finally:
-        for task in tasks:
-            task.cancel()
+    async for item in _merged(queue, [pump(c) for c in job.choices]):
+        yield item
 
 
 async def pieces(

@@ -60,18 +60,23 @@ def parse_completion(
     body: dict, tokenizer: ModelTokenizer, model_id: str, max_tokens_cap: int | None = None
 ) -> GenerationRequest:
     refuse_unknown_fields(body, COMPLETION_FIELDS, "/v1/completions")
-    prompt_ids = _completion_prompt(body, tokenizer)
+    prompts = _completion_prompts(body, tokenizer)
     max_tokens = typed_field(body, "max_tokens", int, 16)  # OpenAI's default for completions
-    return _build(
+    req = _build(
         "text",
         body,
         model_id,
-        prompt_ids,
+        prompts[0],
         max_tokens,
         max_tokens_cap,
         tokenizer,
         tokenizer.eos_token_ids,
     )
+    if len(prompts) == 1:
+        return req
+    for ids in prompts[1:]:  # each prompt must leave room for the same completion budget
+        completion_budget(len(ids), req.sampling.max_tokens, tokenizer.context_length, None)
+    return replace(req, batch=tuple(tuple(ids) for ids in prompts))
 
 
 def _build(
@@ -153,10 +158,20 @@ def _param_of(message: str) -> str | None:
 # ------------------------------------------------------------ prompts
 
 
-def _completion_prompt(body: dict, tokenizer: ModelTokenizer) -> list[int]:
+MAX_PROMPTS = 64  # prompts in one /v1/completions request (each with n choices)
+
+
+def _completion_prompts(body: dict, tokenizer: ModelTokenizer) -> list[list[int]]:
+    """The token ids of each prompt: a string, token ids, or an array of either."""
     prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
-        prompt = prompt[0]  # a batch of one
+    if isinstance(prompt, list) and prompt and all(isinstance(p, str | list) for p in prompt):
+        if len(prompt) > MAX_PROMPTS:
+            raise bad_request(f"'prompt' may hold at most {MAX_PROMPTS} prompts", "prompt")
+        return [_one_prompt(p, tokenizer) for p in prompt]
+    return [_one_prompt(prompt, tokenizer)]
+
+
+def _one_prompt(prompt, tokenizer: ModelTokenizer) -> list[int]:
     if isinstance(prompt, str):
         ids = tokenizer.encode_prompt(prompt)
     elif isinstance(prompt, list) and prompt and all(type(t) is int for t in prompt):
@@ -165,8 +180,7 @@ def _completion_prompt(body: dict, tokenizer: ModelTokenizer) -> list[int]:
         ids = prompt
     else:
         raise bad_request(
-            "'prompt' must be a string or an array of token ids "
-            "(batches of several prompts are not supported)",
+            "'prompt' must be a string, an array of token ids, or an array of either",
             "prompt",
         )
     if not ids:
