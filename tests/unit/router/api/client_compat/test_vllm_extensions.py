@@ -144,3 +144,20 @@ async def test_bad_values_are_a_400_naming_the_field(cluster, body, param, endpo
         else:
             await api.completions.create(model=MODEL, prompt="hi", max_tokens=8, extra_body=body)
     assert e.value.body["param"] == param
+
+
+@pytest.mark.parametrize("endpoint", ["chat", "text"])
+async def test_every_optional_field_may_be_null(cluster, endpoint):
+    """OpenAI's schema makes every optional field nullable; clients send `null` for unset."""
+    from router.api.openai.fields import CHAT_FIELDS, COMPLETION_FIELDS
+
+    if endpoint == "chat":
+        fields, required = CHAT_FIELDS, {"model": MODEL, "messages": MESSAGES}
+        path = "/v1/chat/completions"
+    else:
+        fields, required = COMPLETION_FIELDS, {"model": MODEL, "prompt": "hi"}
+        path = "/v1/completions"
+    body = dict.fromkeys(fields - required.keys()) | required  # max_tokens null: the default
+    resp = await cluster.client.post(path, json=body)
+    assert resp.status == 200, await resp.json()
+    assert (await resp.json())["choices"][0]["finish_reason"] == "length"
