@@ -2,9 +2,9 @@
 
 read the body -> pick the model -> parse (off the loop) -> start the job (one per prompt when a
 completions request holds several: `req.batch`, merged by router/text/pieces.batch_pieces) ->
-reply whole or as a stream -> cancel the jobs in `finally` (a no-op once it finished; an abort when the client left
-or an error cut it short). An error before the first token is a plain HTTP error; once a
-stream's headers are sent it goes in the stream.
+reply whole or as a stream -> cancel the jobs in `finally` (a no-op once finished; an abort
+when the client left or an error cut it short). An error before the first token is a plain
+HTTP error; once a stream's headers are sent it goes in the stream.
 """
 
 from __future__ import annotations
@@ -40,7 +40,8 @@ async def generate(request: web.Request, api: Api) -> web.StreamResponse:
     try:
         # several prompts (completions): one job each, possibly on different workers
         for k, prompt_ids in enumerate(req.batch):
-            jobs.append(start_job(served, f"{request_id}-{k}", replace(req, prompt_ids=prompt_ids)))
+            one = replace(req, prompt_ids=prompt_ids)
+            jobs.append(start_job(served, f"{request_id}-{k}", one))
         if not req.batch:
             jobs.append(start_job(served, request_id, req))
         reply = api.reply(req, request_id, served.tokenizer)
