@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 
 from router.api.responses.store import ResponseStore
-from router.http import app_keys, endpoints, stored_responses
+from router.http import app_keys, endpoints, stored_responses, tokenize
 from router.http.api_keys import ApiKeys
 from router.http.budgets import budgets_of
 from router.http.dashboard import PAGE_PATHS, fleet_page
@@ -46,6 +46,9 @@ def create_app(config: RouterConfig) -> web.Application:
     app.router.add_delete("/v1/responses/{id}", stored_responses.delete)
     app.router.add_get("/v1/responses/{id}/input_items", stored_responses.input_items)
     app.router.add_post("/v1/responses/{id}/cancel", stored_responses.cancel)
+    app.router.add_post("/v1/messages/count_tokens", tokenize.count_tokens)
+    app.router.add_post("/tokenize", tokenize.tokenize)
+    app.router.add_post("/detokenize", tokenize.detokenize)
     app.router.add_get("/v1/models", endpoints.models)
     app.router.add_get("/v1/models/{model}", endpoints.model)
     app.router.add_get("/v1/cluster", endpoints.cluster)

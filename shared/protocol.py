@@ -23,8 +23,8 @@ import msgpack
 from shared.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 from shared.sampling import SamplingParams
 
-# 2: logit processing in SamplingParams, TokenDelta.top_logprobs; 3: prompt_logprobs (both).
-# An older worker would ignore the new fields silently, so it is refused.
+# 2: logit processing in SamplingParams, TokenDelta.top_logprobs; 3: prompt_logprobs (both),
+# SamplingParams.min_tokens. An older worker would ignore new fields silently: it is refused.
 PROTOCOL_VERSION = 3
 MAX_FRAME_BYTES = 64 * 1024 * 1024
 

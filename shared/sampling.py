@@ -55,6 +55,9 @@ class SamplingParams:
     # vLLM's `prompt_logprobs`: each prompt token's log-probability given the tokens before it,
     # with this many alternatives (None: not asked; such a request skips the prefix cache)
     prompt_logprobs: int | None = None
+    # vLLM's min_tokens: no stop token can be sampled before this many output tokens (its
+    # logits are masked); ignore_eos is the router leaving EOS out of stop_token_ids
+    min_tokens: int = 0
 
     def validate(self, vocab_size: int | None = None) -> None:
         """Raise InvalidRequest naming the first bad value."""
@@ -102,6 +105,8 @@ class SamplingParams:
             raise InvalidRequest(f"grammar kind must be one of {GRAMMAR_KINDS}")
         if self.prior_output_tokens < 0:
             raise InvalidRequest("prior_output_tokens must be >= 0")
+        if not 0 <= self.min_tokens <= self.max_tokens + self.prior_output_tokens:
+            raise InvalidRequest(f"min_tokens must be in [0, max_tokens], got {self.min_tokens}")
 
     @property
     def greedy(self) -> bool:
@@ -116,7 +121,17 @@ class SamplingParams:
     @property
     def processes_logits(self) -> bool:
         """Whether anything changes this request's logits before sampling."""
-        return bool(self.logit_bias) or self.has_penalties or self.grammar is not None
+        return (
+            bool(self.logit_bias)
+            or self.has_penalties
+            or self.grammar is not None
+            or self.masks_stops
+        )
+
+    @property
+    def masks_stops(self) -> bool:
+        """Whether stop tokens are masked for a while (min_tokens not yet reached)."""
+        return self.min_tokens > self.prior_output_tokens and bool(self.stop_token_ids)
 
     @property
     def needs_host_step(self) -> bool:

@@ -28,3 +28,10 @@ class GenerationRequest:
     # `prompt_logprobs` as asked (sampling.prompt_logprobs is what the worker computes)
     echo_text: str | None = None
     prompt_logprobs: int | None = None
+    # vLLM's text extensions (router/api/openai/extensions.py)
+    include_stop_str: bool = False  # a stop string that ends the reply is part of its text
+    skip_special_tokens: bool = True
+    cache_key: str | None = None  # OpenAI's prompt_cache_key: a routing affinity key
+    # /v1/completions with several prompts: every prompt (prompt_ids is the first), each its
+    # own job with n choices; choice index = prompt index x n + choice (OpenAI's order)
+    batch: tuple[tuple[int, ...], ...] = ()

@@ -65,6 +65,9 @@ def build_chat_prompt(
     tools: ToolSet | None,
     tokenizer: ModelTokenizer,
     kwargs: dict,
+    *,
+    add_generation_prompt: bool = True,
+    add_special_tokens: bool = False,  # /tokenize's: the template usually writes its own BOS
 ) -> ChatPrompt:
     if not tokenizer.has_chat_template:
         raise bad_request("this model has no chat template; use /v1/completions", "messages")
@@ -73,13 +76,14 @@ def build_chat_prompt(
     if not native and (tools is not None or has_tool_turns):
         messages = fallback_messages(messages, tools)
     schemas = list(tools.functions) if tools is not None and native else None
-    text = _render(tokenizer, messages, schemas, kwargs)
+    text = _render(tokenizer, messages, schemas, kwargs, add_generation_prompt)
     family = tool_family_of(tokenizer, tokenizer.tool_call_parser) if tools is not None else None
-    return ChatPrompt(tokenizer.encode_text(text), tools, family, text.rstrip().endswith("<think>"))
+    ids = tokenizer.encode_prompt(text) if add_special_tokens else tokenizer.encode_text(text)
+    return ChatPrompt(ids, tools, family, text.rstrip().endswith("<think>"))
 
 
-def _render(tokenizer: ModelTokenizer, messages, schemas, kwargs) -> str:
+def _render(tokenizer: ModelTokenizer, messages, schemas, kwargs, generation: bool) -> str:
     try:
-        return tokenizer.render_chat(messages, schemas, kwargs)
+        return tokenizer.render_chat(messages, schemas, kwargs, add_generation_prompt=generation)
     except Exception as e:  # Jinja raise_exception (role order...) or a kwarg of the wrong type
         raise bad_request(f"the chat template refused these messages: {e}", "messages") from None

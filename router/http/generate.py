@@ -1,9 +1,10 @@
 """The one generation endpoint skeleton, shared by every API adapter.
 
-read the body -> pick the model -> parse (off the loop) -> start the job -> reply whole or as a
-stream -> cancel the job in `finally` (a no-op once it finished; an abort when the client left
-or an error cut it short). An error before the first token is a plain HTTP error; once a
-stream's headers are sent it goes in the stream.
+read the body -> pick the model -> parse (off the loop) -> start the job (one per prompt when a
+completions request holds several: `req.batch`, merged by router/text/pieces.batch_pieces) ->
+reply whole or as a stream -> cancel the jobs in `finally` (a no-op once finished; an abort
+when the client left or an error cut it short). An error before the first token is a plain
+HTTP error; once a stream's headers are sent it goes in the stream.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from aiohttp import web
@@ -22,7 +24,7 @@ from router.http.access_log import note
 from router.http.body import json_object_body
 from router.http.security import charge_tokens
 from router.routing.dispatcher import Job, NoWorkerAvailable, Overloaded
-from router.text.pieces import choice_pieces, usage_of
+from router.text.pieces import TextOptions, batch_pieces, usage_of_all
 
 if TYPE_CHECKING:
     from router.api.request import GenerationRequest
@@ -37,16 +39,24 @@ async def generate(request: web.Request, api: Api) -> web.StreamResponse:
     req = await parse_off_loop(app, api.parse, body, served.tokenizer, served.id, max_tokens_cap)
     request_id = api.new_id()
     note(request, request_id=request_id, model=served.id, stream=req.stream)
-    job = start_job(served, request_id, req)
-    reply = api.reply(req, request_id, served.tokenizer)
+    jobs: list[Job] = []
     try:
-        items = choice_pieces(job, served.tokenizer, served.dispatcher, req.stop)
+        # several prompts (completions): one job each, possibly on different workers
+        for k, prompt_ids in enumerate(req.batch):
+            one = replace(req, prompt_ids=prompt_ids)
+            jobs.append(start_job(served, f"{request_id}-{k}", one))
+        if not req.batch:
+            jobs.append(start_job(served, request_id, req))
+        reply = api.reply(req, request_id, served.tokenizer)
+        options = TextOptions(req.include_stop_str, req.skip_special_tokens)
+        items = batch_pieces(jobs, req.n, served.tokenizer, served.dispatcher, req.stop, options)
         async with contextlib.aclosing(items):
             if req.stream:
-                return await _stream(request, served, job, reply, items)
-            return await _whole(request, served, job, reply, items)
+                return await _stream(request, served, jobs, reply, items)
+            return await _whole(request, served, jobs, reply, items)
     finally:
-        served.dispatcher.cancel(job)  # no-op when finished; aborts on disconnect/error
+        for job in jobs:
+            served.dispatcher.cancel(job)  # no-op when finished; aborts on disconnect/error
 
 
 async def parse_off_loop(app: web.Application, parse, *args):
@@ -60,7 +70,9 @@ async def parse_off_loop(app: web.Application, parse, *args):
 
 def start_job(served: ServedModel, request_id: str, req: GenerationRequest) -> Job:
     try:
-        return served.dispatcher.start(request_id, req.prompt_ids, req.sampling, req.n)
+        return served.dispatcher.start(
+            request_id, req.prompt_ids, req.sampling, req.n, cache_key=req.cache_key
+        )
     except Overloaded:
         raise overloaded() from None
     except NoWorkerAvailable:
@@ -68,7 +80,7 @@ def start_job(served: ServedModel, request_id: str, req: GenerationRequest) -> J
 
 
 async def _whole(
-    request: web.Request, served: ServedModel, job: Job, reply: Reply, items
+    request: web.Request, served: ServedModel, jobs: list[Job], reply: Reply, items
 ) -> web.Response:
     texts: dict[int, list[str]] = {}
     entries: dict[int, list] = {}
@@ -78,13 +90,13 @@ async def _whole(
         entries.setdefault(index, []).extend(piece.logprobs)
         last[index] = piece
     choices = [ChoiceText("".join(texts[i]), last[i], tuple(entries[i])) for i in sorted(texts)]
-    usage = usage_of(job)
+    usage = usage_of_all(jobs)
     _count_usage(request, served, usage)
     return web.json_response(reply.whole(choices, usage))
 
 
 async def _stream(
-    request: web.Request, served: ServedModel, job: Job, reply: Reply, items
+    request: web.Request, served: ServedModel, jobs: list[Job], reply: Reply, items
 ) -> web.StreamResponse:
     started = time.perf_counter()
     item = await anext(items)  # an error before the first token is a plain HTTP error
@@ -96,7 +108,7 @@ async def _stream(
             while item is not None:
                 await sse.send(response, reply.stream_piece(*item))
                 item = await anext(items, None)
-            usage = usage_of(job)
+            usage = usage_of_all(jobs)
             _count_usage(request, served, usage)
             await sse.send(response, reply.stream_end(usage))
         except ApiError as e:  # headers are sent: the error goes in the stream

@@ -9,6 +9,10 @@ keeps tenants partitioned: a worker's cache holds a share of the tenants, not a 
 Keys are the prompt's chained block hashes at depths 1, 2, 4, 8, ... blocks (a shallow prefix
 is shared by many prompts, a deep one names a tenant); the deepest remembered depth wins.
 Bounded: least recently used keys go first.
+
+A request's `prompt_cache_key` (OpenAI's cache-routing hint) is one more key, kept beside the
+prefix hashes: prompts that share a key but not a long prefix (one conversation's turns after a
+rewritten system prompt, one tenant's documents) go where that key went last.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ def _depths(num_blocks: int) -> list[int]:
 
 class PrefixAffinity:
     def __init__(self, max_keys: int = MAX_KEYS):
-        self._where: OrderedDict[int, str] = OrderedDict()
+        self._where: OrderedDict[int | tuple[str, str], str] = OrderedDict()
         self._max_keys = max_keys
 
     def lookup(self, hashes: Sequence[int]) -> str | None:
@@ -42,9 +46,15 @@ class PrefixAffinity:
                 return worker
         return None
 
-    def remember(self, hashes: Sequence[int], worker_id: str) -> None:
-        for depth in _depths(len(hashes)):
-            key = hashes[depth - 1]
+    def lookup_key(self, cache_key: str | None) -> str | None:
+        """The worker a request with this prompt_cache_key was last sent to."""
+        return None if cache_key is None else self._where.get(("cache_key", cache_key))
+
+    def remember(self, hashes: Sequence[int], worker_id: str, cache_key: str | None = None) -> None:
+        keys: list = [hashes[depth - 1] for depth in _depths(len(hashes))]
+        if cache_key is not None:
+            keys.append(("cache_key", cache_key))
+        for key in keys:
             self._where[key] = worker_id
             self._where.move_to_end(key)
         while len(self._where) > self._max_keys:

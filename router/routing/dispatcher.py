@@ -55,6 +55,7 @@ class Job:
     index: int = 0  # of a choice
     sent_at: float = field(default_factory=time.perf_counter)
     last_token_at: float | None = None  # when tokens last arrived (None: none yet)
+    cache_key: str | None = None  # prompt_cache_key: prefer the worker that served it last
 
     @property
     def wire_id(self) -> str:
@@ -109,13 +110,18 @@ class Dispatcher:
         return len(self._jobs)
 
     def start(
-        self, request_id: str, prompt_ids: Sequence[int], sampling: SamplingParams, n: int = 1
+        self,
+        request_id: str,
+        prompt_ids: Sequence[int],
+        sampling: SamplingParams,
+        n: int = 1,
+        cache_key: str | None = None,
     ) -> Job:
         """Route a new job and send it; Overloaded or NoWorkerAvailable if it cannot be.
         With n > 1 the handler reads each choice from `job.choices`."""
         if len(self._jobs) >= self._max_pending:
             raise Overloaded
-        job = Job(request_id, tuple(prompt_ids), sampling, n=n)
+        job = Job(request_id, tuple(prompt_ids), sampling, n=n, cache_key=cache_key)
         if n > 1:
             job.choices = [
                 Job(request_id, job.prompt_ids, sampling, parent=job, index=i) for i in range(n)
@@ -230,9 +236,9 @@ class Dispatcher:
         if not workers:
             raise NoWorkerAvailable
         msg = job.continuation()
-        worker, hashes, matched = self._choose(msg.token_ids, workers)
+        worker, hashes, matched = self._choose(msg.token_ids, workers, job.cache_key)
         self._index.add_optimistic(worker.worker_id, hashes)
-        self._affinity.remember(hashes, worker.worker_id)
+        self._affinity.remember(hashes, worker.worker_id, job.cache_key)
         job.worker_id = worker.worker_id
         self._jobs[job.wire_id] = job
         worker.inflight.add(job.wire_id)
@@ -240,7 +246,7 @@ class Dispatcher:
         self._send(worker.identity, msg)
 
     def _choose(
-        self, token_ids: Sequence[int], workers: list[WorkerState]
+        self, token_ids: Sequence[int], workers: list[WorkerState], cache_key: str | None = None
     ) -> tuple[WorkerState, list[int], int]:
         """The chosen worker, the prompt's block hashes at its block size, its matched blocks."""
         hashes = {size: hash_blocks(token_ids, size) for size in {w.block_size for w in workers}}
@@ -249,14 +255,16 @@ class Dispatcher:
             same_size = [w.worker_id for w in workers if w.block_size == size]
             matched.update(self._index.match(size_hashes, same_size))
         sticky = {self._affinity.lookup(h) for h in hashes.values()}
+        keyed = self._affinity.lookup_key(cache_key)
         candidates = [
             Candidate(
                 w.worker_id,
                 w.load,
                 matched[w.worker_id],
                 len(hashes[w.block_size]),
-                affinity=w.worker_id in sticky,
+                affinity=w.worker_id in sticky or w.worker_id == keyed,
                 eviction_rate=w.eviction_rate,
+                keyed=w.worker_id == keyed,
             )
             for w in workers
         ]

@@ -34,6 +34,7 @@ class Candidate(NamedTuple):
     prompt_blocks: int  # full blocks of the prompt at this worker's block size
     affinity: bool = False  # this prefix was last sent to this worker
     eviction_rate: float = 0.0  # blocks its cache evicts per heartbeat, smoothed
+    keyed: bool = False  # the request's prompt_cache_key was last sent to this worker
 
 
 class Policy(Protocol):
@@ -77,6 +78,9 @@ class CacheAwarePolicy:
             return self.choose_partitioned(candidates)
         if self.is_unbalanced(candidates):
             return _least_loaded(candidates)
+        keyed = self.keyed_within_guard(candidates)
+        if keyed is not None:
+            return keyed
         best = min((self.cost(c), c.load) for c in candidates)
         ties = sorted(
             (c for c in candidates if (self.cost(c), c.load) == best), key=lambda c: c.worker_id
@@ -90,10 +94,22 @@ class CacheAwarePolicy:
             uncached = max(0.0, uncached - self.affinity_share * c.prompt_blocks)
         return self.prefill_weight * uncached + c.load
 
+    def keyed_within_guard(self, candidates: Sequence[Candidate]) -> Candidate | None:
+        """The worker that served this prompt_cache_key last, unless its load is badly over
+        the least loaded's (the balance guard): a key is a stronger hint than a short prefix."""
+        keyed = next((c for c in candidates if c.keyed), None)
+        low = min(c.load for c in candidates)
+        if keyed is None or self._overloaded(keyed.load, low, self.balance_abs_threshold):
+            return None
+        return keyed
+
     def choose_partitioned(self, candidates: Sequence[Candidate]) -> Candidate:
         """The worker that holds (or last served) this prefix, within the load cap; a new
         prefix goes where the cache is under the least pressure."""
         eligible = self.within_share(candidates)
+        keyed = next((c for c in eligible if c.keyed), None)
+        if keyed is not None:
+            return keyed
         best = max(eligible, key=lambda c: (self.holding(c), -c.load, c.worker_id))
         if self.holding(best) * 2 >= best.prompt_blocks > 0:
             return best

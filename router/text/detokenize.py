@@ -48,8 +48,9 @@ class IncrementalDetokenizer:
 class StopMatcher:
     """Cuts text at the first OpenAI stop string, holding back text that may begin one."""
 
-    def __init__(self, stops: Sequence[str]):
+    def __init__(self, stops: Sequence[str], include: bool = False):
         self._stops = [s for s in stops if s]
+        self._include = include  # vLLM's include_stop_str_in_output: the stop string is shown
         self._pending = ""
         self.stopped = False
         self.matched: str | None = None  # the stop string found (Anthropic reports it)
@@ -64,7 +65,7 @@ class StopMatcher:
             cut, self.matched = min(found)
             self.stopped = True
             self._pending = ""
-            return buffer[:cut]
+            return buffer[: cut + len(self.matched)] if self._include else buffer[:cut]
         hold = self._partial_stop_suffix(buffer)
         self._pending = buffer[len(buffer) - hold :] if hold else ""
         return buffer[: len(buffer) - hold]

@@ -47,32 +47,65 @@ class UsageCount:
         }
 
 
+@dataclass(frozen=True)
+class TextOptions:
+    """How a reply's tokens become text (vLLM's extensions; the defaults are OpenAI's)."""
+
+    include_stop_str: bool = False
+    skip_special_tokens: bool = True
+
+
 def usage_of(job: Job) -> UsageCount:
     """The prompt counted once, the completions of every choice added up."""
     return UsageCount(len(job.prompt_ids), job.completion_tokens, job.cached_tokens)
 
 
-async def choice_pieces(
-    job: Job, tokenizer: ModelTokenizer, dispatcher: Dispatcher, stop: tuple[str, ...]
+def usage_of_all(jobs: list[Job]) -> UsageCount:
+    """Several prompts' jobs: their usages added up (as OpenAI counts a batch)."""
+    usages = [usage_of(j) for j in jobs]
+    if len(usages) == 1:
+        return usages[0]
+    return UsageCount(
+        sum(u.prompt_tokens for u in usages),
+        sum(u.completion_tokens for u in usages),
+        sum(u.cached_tokens for u in usages),
+    )
+
+
+async def batch_pieces(
+    jobs: list[Job],
+    n: int,
+    tokenizer: ModelTokenizer,
+    dispatcher: Dispatcher,
+    stop: tuple[str, ...],
+    options: TextOptions = TextOptions(),
 ) -> AsyncIterator[tuple[int, Piece]]:
-    """(choice index, piece) of every choice of `job`, in the order they come; the first
-    ApiError of any choice is raised. Close it (aclose) to stop the choices' readers."""
-    if not job.choices:
-        async for piece in pieces(job, tokenizer, dispatcher, stop):
-            yield 0, piece
+    """choice_pieces of several prompts' jobs, merged: prompt k's choice i is choice k x n + i
+    (OpenAI's order). The first ApiError of any is raised; close it to stop them all."""
+    if len(jobs) == 1:
+        async for item in choice_pieces(jobs[0], tokenizer, dispatcher, stop, options):
+            yield item
         return
     queue: asyncio.Queue = asyncio.Queue()
 
-    async def pump(choice: Job) -> None:
+    async def pump(k: int, job: Job) -> None:
+        items = choice_pieces(job, tokenizer, dispatcher, stop, options)
         try:
-            async for piece in pieces(choice, tokenizer, dispatcher, stop):
-                await queue.put((choice.index, piece))
+            async for index, piece in items:
+                await queue.put((k * n + index, piece))
         except ApiError as e:
-            await queue.put((choice.index, e))
+            await queue.put((k, e))
         finally:
-            await queue.put((choice.index, None))
+            await items.aclose()
+            await queue.put((k, None))
 
-    tasks = [asyncio.create_task(pump(c)) for c in job.choices]
+    async for item in _merged(queue, [pump(k, job) for k, job in enumerate(jobs)]):
+        yield item
+
+
+async def _merged(queue: asyncio.Queue, pumps: list) -> AsyncIterator[tuple[int, Piece]]:
+    """What the pumps put in `queue` until each has put its None; an ApiError is raised."""
+    tasks = [asyncio.create_task(p) for p in pumps]
     try:
         running = len(tasks)
         while running:
@@ -88,15 +121,47 @@ async def choice_pieces(
             task.cancel()
 
 
+async def choice_pieces(
+    job: Job,
+    tokenizer: ModelTokenizer,
+    dispatcher: Dispatcher,
+    stop: tuple[str, ...],
+    options: TextOptions = TextOptions(),
+) -> AsyncIterator[tuple[int, Piece]]:
+    """(choice index, piece) of every choice of `job`, in the order they come; the first
+    ApiError of any choice is raised. Close it (aclose) to stop the choices' readers."""
+    if not job.choices:
+        async for piece in pieces(job, tokenizer, dispatcher, stop, options):
+            yield 0, piece
+        return
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def pump(choice: Job) -> None:
+        try:
+            async for piece in pieces(choice, tokenizer, dispatcher, stop, options):
+                await queue.put((choice.index, piece))
+        except ApiError as e:
+            await queue.put((choice.index, e))
+        finally:
+            await queue.put((choice.index, None))
+
+    async for item in _merged(queue, [pump(c) for c in job.choices]):
+        yield item
+
+
 async def pieces(
-    job: Job, tokenizer: ModelTokenizer, dispatcher: Dispatcher, stop: tuple[str, ...]
+    job: Job,
+    tokenizer: ModelTokenizer,
+    dispatcher: Dispatcher,
+    stop: tuple[str, ...],
+    options: TextOptions = TextOptions(),
 ) -> AsyncIterator[Piece]:
     """Text as it becomes safe to show; the last piece has the finish reason.
 
     Raises ApiError (500) when the worker reports an error or the job could not be finished.
     """
-    detokenizer = tokenizer.detokenizer()
-    matcher = StopMatcher(stop)
+    detokenizer = tokenizer.detokenizer(options.skip_special_tokens)
+    matcher = StopMatcher(stop, options.include_stop_str)
     stop_ids = set(job.sampling.stop_token_ids)
     logprobs: list[LogprobEntry] = []
     prompt_scored = False  # once: a request moved to another worker is scored again there

@@ -63,13 +63,18 @@ class ModelTokenizer:
         self.chat_stop_token_ids = tuple(sorted(set(self.eos_token_ids) | self._chat_end_tokens()))
 
     def render_chat(
-        self, messages: list[dict], tools: list[dict] | None = None, template_kwargs=None
+        self,
+        messages: list[dict],
+        tools: list[dict] | None = None,
+        template_kwargs=None,
+        add_generation_prompt: bool = True,
     ) -> str:
-        """The templated conversation as text, ending with the assistant's generation prompt."""
+        """The templated conversation as text, ending with the assistant's generation prompt
+        (unless `add_generation_prompt` is false: /tokenize may ask for the bare history)."""
         return self._tok.apply_chat_template(
             messages,
             tools=tools,
-            add_generation_prompt=True,
+            add_generation_prompt=add_generation_prompt,
             tokenize=False,
             **(template_kwargs or {}),
         )
@@ -82,8 +87,12 @@ class ModelTokenizer:
         """Text that already holds its special tokens (a rendered template)."""
         return self._tok.encode(text, add_special_tokens=False)
 
-    def decode(self, token_ids: Sequence[int]) -> str:
-        return self._tok.decode(list(token_ids), skip_special_tokens=True)
+    def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        return self._tok.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
+
+    def token_strings(self, token_ids: Sequence[int]) -> list[str]:
+        """The vocabulary's own strings for the ids (vLLM's /tokenize `token_strs`)."""
+        return self._tok.convert_ids_to_tokens(list(token_ids))
 
     def token_bytes(self, token_id: int) -> bytes:
         """The bytes one token stands for (part of a character, for some): logprobs show
@@ -94,8 +103,10 @@ class ModelTokenizer:
             self._ll_tokenizer = ll_tokenizer(self._tok)
         return self._ll_tokenizer.decode_bytes([token_id])
 
-    def detokenizer(self) -> IncrementalDetokenizer:
-        return IncrementalDetokenizer(self.decode)
+    def detokenizer(self, skip_special_tokens: bool = True) -> IncrementalDetokenizer:
+        if skip_special_tokens:
+            return IncrementalDetokenizer(self.decode)
+        return IncrementalDetokenizer(lambda ids: self.decode(ids, skip_special_tokens=False))
 
     def _chat_end_tokens(self) -> set[int]:
         """Special tokens the template puts right after an assistant turn (e.g. <|im_end|>)."""

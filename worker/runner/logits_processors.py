@@ -54,8 +54,10 @@ class LogitsState:
         counts: DeviceRow | None,
         seen: DeviceRow | None,
         grammar: GrammarMatcher | None,
+        stops_masked_for: int = 0,
     ):
         self.params = params
+        self.stops_masked_for = stops_masked_for  # samples left with stop tokens masked
         self.bias = bias  # float32: added to the logits
         self.counts = counts  # float32: occurrences in the output so far
         self.seen = seen  # bool: in prompt or output so far
@@ -95,12 +97,15 @@ class LogitsState:
                 raise InvalidRequest("this worker has no tokenizer for grammar-constrained output")
             grammar = grammars.compile(params.grammar, params.stop_token_ids)
             grammar.advance_all(list(earlier_output))
-        return cls(params, bias, counts, seen, grammar)
+        masked_for = params.min_tokens - params.prior_output_tokens if params.masks_stops else 0
+        return cls(params, bias, counts, seen, grammar, masked_for)
 
     def fork(self) -> LogitsState:
         """An independent copy for another choice (device rows are immutable: shared)."""
         grammar = self.grammar.fork() if self.grammar is not None else None
-        return LogitsState(self.params, self.bias, self.counts, self.seen, grammar)
+        return LogitsState(
+            self.params, self.bias, self.counts, self.seen, grammar, self.stops_masked_for
+        )
 
     @property
     def penalized(self) -> bool:
@@ -210,6 +215,22 @@ class PenaltyBatch:
             if getattr(s, name) is not None:
                 setattr(s, name, DeviceRow(updated, j))
         return updated
+
+
+def mask_early_stops(logits: mx.array, states: list[LogitsState | None]) -> mx.array:
+    """min_tokens: each row still short of it gets its stop tokens set to -inf. Mutates:
+    counts the sample down (a sequence with logit processors samples once per step)."""
+    rows, cols = [], []
+    for i, s in enumerate(states):
+        if s is not None and s.stops_masked_for > 0:
+            s.stops_masked_for -= 1
+            ids = [t for t in s.params.stop_token_ids if 0 <= t < logits.shape[-1]]
+            rows += [i] * len(ids)
+            cols += ids
+    if not rows:
+        return logits
+    logits[mx.array(rows, dtype=mx.int32), mx.array(cols, dtype=mx.int32)] = NEG_INF
+    return logits
 
 
 def apply_grammar_masks(logits: mx.array, states: list[LogitsState | None]) -> mx.array:

@@ -1,6 +1,7 @@
 """Turn a batch of logits into next tokens, each row with its own sampling parameters.
 
-Order per row: logit bias and penalties, the grammar's mask (`worker.runner.logits_processors`),
+Order per row: logit bias and penalties, the grammar's mask, min_tokens' stop mask
+(`worker.runner.logits_processors`),
 then greedy or random sampling. Greedy rows are one batched argmax. Random rows are sampled
 one by one with the request's own key (split each step), so a seeded request gives the same
 tokens whatever else shares its batch. Log-probabilities are those of the processed logits
@@ -15,7 +16,12 @@ from typing import TYPE_CHECKING, NamedTuple
 import mlx.core as mx
 
 from shared.protocol import TopLogprobs
-from worker.runner.logits_processors import LogitsState, PenaltyBatch, apply_grammar_masks
+from worker.runner.logits_processors import (
+    LogitsState,
+    PenaltyBatch,
+    apply_grammar_masks,
+    mask_early_stops,
+)
 
 if TYPE_CHECKING:
     from shared.sampling import SamplingParams
@@ -106,6 +112,7 @@ def sample(
         penalties = PenaltyBatch(states)
         logits = penalties.apply(logits.astype(mx.float32))
         logits = apply_grammar_masks(logits, states)
+        logits = mask_early_stops(logits, states)
     chosen, new_keys = _choose(logits, params, keys)
     logprobs = _logprobs(logits, chosen, params)
     state_arrays = penalties.record(chosen) if penalties is not None else []

@@ -18,6 +18,7 @@ from router.errors import bad_request
 from shared.sampling import InvalidRequest, SamplingParams
 
 if TYPE_CHECKING:
+    from router.chat.prompt import ChatPrompt
     from router.text.tokenizer import ModelTokenizer
 
 MAX_STOP_SEQUENCES = 16
@@ -33,14 +34,11 @@ def parse_messages_request(
     body: dict, tokenizer: ModelTokenizer, model_id: str, max_tokens_cap: int | None = None
 ) -> GenerationRequest:
     refuse_unknown_fields(body, MESSAGES_FIELDS, "/v1/messages")
-    check_messages_no_ops(body)
     max_tokens = body.get("max_tokens")
     if type(max_tokens) is not int:
         raise bad_request("'max_tokens' is required and must be an integer", "max_tokens")
-    _check_thinking(body)
-    tools = _tools(body)
-    messages = _system(body.get("system")) + _messages(body.get("messages"))
-    prompt = build_chat_prompt(messages, tools, tokenizer, template_kwargs(body))
+    prompt = messages_prompt(body, tokenizer)
+    tools = prompt.tools
     max_tokens = completion_budget(
         len(prompt.token_ids), max_tokens, tokenizer.context_length, max_tokens_cap
     )
@@ -59,6 +57,15 @@ def parse_messages_request(
         tool_grammar=required_call_schema(tools),
         starts_in_reasoning=prompt.starts_in_reasoning,
     )
+
+
+def messages_prompt(body: dict, tokenizer: ModelTokenizer) -> ChatPrompt:
+    """The templated prompt of a /v1/messages body (also /v1/messages/count_tokens')."""
+    check_messages_no_ops(body)
+    _check_thinking(body)
+    tools = _tools(body)
+    messages = _system(body.get("system")) + _messages(body.get("messages"))
+    return build_chat_prompt(messages, tools, tokenizer, template_kwargs(body))
 
 
 def check_messages_no_ops(body: dict) -> None:

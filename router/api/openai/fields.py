@@ -41,6 +41,15 @@ FIELDS: dict[str, Field] = {
     "n": Field(BOTH),
     "stop": Field(BOTH),
     "stream": Field(BOTH),
+    # vLLM's extensions (router/api/openai/extensions.py)
+    "ignore_eos": Field(BOTH),
+    "min_tokens": Field(BOTH),
+    "stop_token_ids": Field(BOTH),
+    "include_stop_str_in_output": Field(BOTH),
+    "skip_special_tokens": Field(BOTH),
+    "spaces_between_special_tokens": Field(BOTH, honoured_if=lambda v: v is True),
+    # routing (router/routing/affinity.py)
+    "prompt_cache_key": Field(BOTH),
     # logit processing (router/api/openai/sampling.py); legacy completions' `logprobs` is the count
     "logprobs": Field(BOTH),
     "top_logprobs": Field(CHAT),
@@ -63,7 +72,6 @@ FIELDS: dict[str, Field] = {
     "metadata": Field(CHAT, dict, "stored completions are not kept"),
     "store": Field(CHAT, bool, "stored completions are not kept"),
     "service_tier": Field(CHAT, str, "one tier here"),
-    "prompt_cache_key": Field(CHAT, str, "prefix caching is automatic and cluster-wide"),
     # honoured for one value only
     "best_of": Field(TEXT, honoured_if=lambda v: v == 1),
     "suffix": Field(TEXT, honoured_if=lambda v: v == ""),

@@ -6,6 +6,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from router.api.checks import completion_budget, refuse_unknown_fields, typed_field
+from router.api.openai.extensions import extensions
 from router.api.openai.fields import (
     CHAT_FIELDS,
     COMPLETION_FIELDS,
@@ -59,23 +60,36 @@ def parse_completion(
     body: dict, tokenizer: ModelTokenizer, model_id: str, max_tokens_cap: int | None = None
 ) -> GenerationRequest:
     refuse_unknown_fields(body, COMPLETION_FIELDS, "/v1/completions")
-    prompt_ids = _completion_prompt(body, tokenizer)
+    prompts = _completion_prompts(body, tokenizer)
     max_tokens = typed_field(body, "max_tokens", int, 16)  # OpenAI's default for completions
     req = _build(
         "text",
         body,
         model_id,
-        prompt_ids,
+        prompts[0],
         max_tokens,
         max_tokens_cap,
         tokenizer,
         tokenizer.eos_token_ids,
     )
-    if not echo_of(body):
+    if echo_of(body):
+        req = replace(req, echo_text=_echo_text(body, prompts, tokenizer))
+    if len(prompts) == 1:
         return req
-    prompt = body["prompt"][0] if isinstance(body["prompt"], list) else body["prompt"]
-    echo = prompt if isinstance(prompt, str) else tokenizer.decode(prompt_ids)
-    return replace(req, echo_text=echo)
+    budget = max(req.sampling.max_tokens, 1)  # 1 where the prompt is only scored
+    for ids in prompts[1:]:  # each prompt must leave room for the same completion budget
+        completion_budget(len(ids), budget, tokenizer.context_length, None)
+    return replace(req, batch=tuple(tuple(ids) for ids in prompts))
+
+
+def _echo_text(body: dict, prompts: list[list[int]], tokenizer: ModelTokenizer) -> str:
+    """The prompt as `echo` shows it: the string sent, or the decoded token ids."""
+    if len(prompts) > 1:
+        raise bad_request("'echo' takes one prompt; send several prompts as requests", "echo")
+    prompt = body["prompt"]
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
+        prompt = prompt[0]
+    return prompt if isinstance(prompt, str) else tokenizer.decode(prompts[0])
 
 
 def _build(
@@ -89,13 +103,15 @@ def _build(
         len(prompt_ids), 1 if scores_only else max_tokens, tokenizer.context_length, cap
     )
     max_tokens = 0 if scores_only else max_tokens
+    ext = extensions(body, stop_ids, tokenizer.vocab_size, max_tokens)
     sampling = SamplingParams(
         temperature=typed_field(body, "temperature", float, 1.0),
         top_p=typed_field(body, "top_p", float, 1.0),
         top_k=typed_field(body, "top_k", int, 0),
         min_p=typed_field(body, "min_p", float, 0.0),
         max_tokens=max_tokens,
-        stop_token_ids=tuple(stop_ids),
+        stop_token_ids=ext.stop_token_ids,
+        min_tokens=ext.min_tokens,
         seed=typed_field(body, "seed", int, None),
         **sampling_fields(body, kind, tokenizer.vocab_size),
     )
@@ -114,6 +130,9 @@ def _build(
         _include_usage(body, stream),
         _choices(body),
         prompt_logprobs=body.get("prompt_logprobs"),
+        include_stop_str=ext.include_stop_str,
+        skip_special_tokens=ext.skip_special_tokens,
+        cache_key=typed_field(body, "prompt_cache_key", str, None),
     )
 
 
@@ -162,10 +181,20 @@ def _param_of(message: str) -> str | None:
 # ------------------------------------------------------------ prompts
 
 
-def _completion_prompt(body: dict, tokenizer: ModelTokenizer) -> list[int]:
+MAX_PROMPTS = 64  # prompts in one /v1/completions request (each with n choices)
+
+
+def _completion_prompts(body: dict, tokenizer: ModelTokenizer) -> list[list[int]]:
+    """The token ids of each prompt: a string, token ids, or an array of either."""
     prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
-        prompt = prompt[0]  # a batch of one
+    if isinstance(prompt, list) and prompt and all(isinstance(p, str | list) for p in prompt):
+        if len(prompt) > MAX_PROMPTS:
+            raise bad_request(f"'prompt' may hold at most {MAX_PROMPTS} prompts", "prompt")
+        return [_one_prompt(p, tokenizer) for p in prompt]
+    return [_one_prompt(prompt, tokenizer)]
+
+
+def _one_prompt(prompt, tokenizer: ModelTokenizer) -> list[int]:
     if isinstance(prompt, str):
         ids = tokenizer.encode_prompt(prompt)
     elif isinstance(prompt, list) and prompt and all(type(t) is int for t in prompt):
@@ -174,8 +203,7 @@ def _completion_prompt(body: dict, tokenizer: ModelTokenizer) -> list[int]:
         ids = prompt
     else:
         raise bad_request(
-            "'prompt' must be a string or an array of token ids "
-            "(batches of several prompts are not supported)",
+            "'prompt' must be a string, an array of token ids, or an array of either",
             "prompt",
         )
     if not ids:

@@ -9,6 +9,7 @@ import pytest
 from router.api.anthropic.parse import MESSAGES_FIELDS
 from router.api.openai.fields import CHAT_FIELDS, COMPLETION_FIELDS
 from router.api.responses.fields import RESPONSES_FIELDS
+from router.api.tokenize import COUNT_TOKENS_FIELDS, DETOKENIZE_FIELDS, TOKENIZE_FIELDS
 from tests.support.paths import ROOT
 
 SECTIONS = {
@@ -16,6 +17,9 @@ SECTIONS = {
     "## POST /v1/completions": COMPLETION_FIELDS,
     "## POST /v1/messages (Anthropic)": MESSAGES_FIELDS,
     "## POST /v1/responses (OpenAI Responses)": RESPONSES_FIELDS,
+    "## POST /tokenize": TOKENIZE_FIELDS,
+    "## POST /detokenize": DETOKENIZE_FIELDS,
+    "## POST /v1/messages/count_tokens (Anthropic)": COUNT_TOKENS_FIELDS,
 }
 # Modules that read request bodies (render.py reads replies, not requests).
 READERS = [
@@ -23,6 +27,8 @@ READERS = [
     "api/openai/parse",
     "api/openai/fields",
     "api/openai/sampling",
+    "api/openai/extensions",
+    "api/tokenize",
     "api/anthropic/parse",
     "api/responses/parse",
     "api/responses/fields",
