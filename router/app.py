@@ -7,10 +7,11 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 
 from router.api.responses.store import ResponseStore
-from router.http import app_keys, endpoints, stored_responses, tokenize
+from router.http import app_keys
 from router.http.api_keys import ApiKeys
 from router.http.budgets import budgets_of
-from router.http.dashboard import PAGE_PATHS, fleet_page
+from router.http.endpoints import generation, info, stored_responses, tokenize
+from router.http.endpoints.dashboard import PAGE_PATHS, fleet_page
 from router.http.middleware import count_requests, errors_as_json
 from router.http.security import add_ratelimit_headers, limit_body, require_api_key
 from router.lifecycle import abort_streams, cluster_ctx, tokenizer_ctx
@@ -38,10 +39,10 @@ def create_app(config: RouterConfig) -> web.Application:
     app.cleanup_ctx.append(tokenizer_ctx)
     app.cleanup_ctx.append(cluster_ctx)
     app.on_shutdown.append(abort_streams)
-    app.router.add_post("/v1/chat/completions", endpoints.chat_completions)
-    app.router.add_post("/v1/completions", endpoints.completions)
-    app.router.add_post("/v1/messages", endpoints.messages)
-    app.router.add_post("/v1/responses", endpoints.responses)
+    app.router.add_post("/v1/chat/completions", generation.chat_completions)
+    app.router.add_post("/v1/completions", generation.completions)
+    app.router.add_post("/v1/messages", generation.messages)
+    app.router.add_post("/v1/responses", generation.responses)
     app.router.add_get("/v1/responses/{id}", stored_responses.get)
     app.router.add_delete("/v1/responses/{id}", stored_responses.delete)
     app.router.add_get("/v1/responses/{id}/input_items", stored_responses.input_items)
@@ -49,11 +50,11 @@ def create_app(config: RouterConfig) -> web.Application:
     app.router.add_post("/v1/messages/count_tokens", tokenize.count_tokens)
     app.router.add_post("/tokenize", tokenize.tokenize)
     app.router.add_post("/detokenize", tokenize.detokenize)
-    app.router.add_get("/v1/models", endpoints.models)
-    app.router.add_get("/v1/models/{model}", endpoints.model)
-    app.router.add_get("/v1/cluster", endpoints.cluster)
-    app.router.add_get("/health", endpoints.health)
-    app.router.add_get("/metrics", endpoints.metrics)
+    app.router.add_get("/v1/models", info.models)
+    app.router.add_get("/v1/models/{model}", info.model)
+    app.router.add_get("/v1/cluster", info.cluster)
+    app.router.add_get("/health", info.health)
+    app.router.add_get("/metrics", info.metrics)
     for path in PAGE_PATHS:  # the fleet page (its data calls need the key)
         app.router.add_get(path, fleet_page)
     return app

@@ -1,35 +1,11 @@
-"""HTTP endpoints: OpenAI- and Anthropic-compatible generation, models, health, metrics,
-cluster view. Each generation endpoint is its API adapter handed to the one skeleton."""
+"""What the router knows, as JSON and Prometheus text: models, health, metrics, the cluster."""
 
 from __future__ import annotations
 
 from aiohttp import web
 
-from router.api.anthropic.adapter import MESSAGES
-from router.api.openai.adapter import CHAT, COMPLETIONS
-from router.api.responses.adapter import ResponsesApi
 from router.cluster.models import ServedModel, unknown_model
 from router.http import app_keys
-from router.http.generate import generate
-
-
-async def chat_completions(request: web.Request) -> web.StreamResponse:
-    return await generate(request, CHAT)
-
-
-async def completions(request: web.Request) -> web.StreamResponse:
-    """Text completions; with n > 1, every choice (router/text/pieces.choice_pieces)."""
-    return await generate(request, COMPLETIONS)
-
-
-async def messages(request: web.Request) -> web.StreamResponse:
-    """Anthropic Messages, whole or as named server-sent events."""
-    return await generate(request, MESSAGES)
-
-
-async def responses(request: web.Request) -> web.StreamResponse:
-    """OpenAI Responses, whole or as named events; kept in the router's store (store: true)."""
-    return await generate(request, ResponsesApi(request.app[app_keys.RESPONSES]))
 
 
 async def models(request: web.Request) -> web.Response:

@@ -1,5 +1,5 @@
 """The fleet page at `/` and `/dashboard`: one static HTML file shipped in the package
-(router/http/static/fleet.html: inline CSS and JS, no external assets). The page itself is
+(router/http/endpoints/static/fleet.html: inline CSS and JS, no external assets). The page itself is
 open; every call it makes (/v1/cluster each second, /v1/chat/completions) needs the API key
 when keys are configured: it asks for the key and sends it as a bearer token."""
 
@@ -15,7 +15,7 @@ PAGE_PATHS = ("/", "/dashboard")
 
 @cache
 def _page() -> bytes:
-    return files("router.http").joinpath("static/fleet.html").read_bytes()
+    return files("router.http.endpoints").joinpath("static/fleet.html").read_bytes()
 
 
 async def fleet_page(request: web.Request) -> web.Response:
