@@ -41,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_flags(p, WorkerSection, ["worker_id"])
     add_flags(p.add_mutually_exclusive_group(), WorkerSection, ["kv_memory", "kv_fraction"])
-    add_flags(p, WorkerSection, ["block_size", "max_running", "prefill_chunk"])
+    add_flags(p, WorkerSection, ["memory_budget", "block_size", "max_running", "prefill_chunk"])
     add_flags(p, ModelSection, ["compute_dtype"])
     add_flags(p, WorkerSection, ENGINE_FLAGS)
     tp = p.add_argument_group(
@@ -56,7 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 # EngineConfig field <- [worker] / [model] setting, where the names differ
 ENGINE_FIELDS = {"kv_memory_bytes": "kv_memory", "kv_memory_fraction": "kv_fraction"}
-ENGINE_FIELDS |= {"kv_disk_bytes": "kv_disk"}
+ENGINE_FIELDS |= {"kv_disk_bytes": "kv_disk", "memory_budget_bytes": "memory_budget"}
 
 
 def engine_config(worker, model):

@@ -205,6 +205,12 @@ class WorkerSection:
     worker_id: str | None = spec(
         None, string(optional=True), "unique name of this worker (default: HOST-PID)"
     )
+    memory_budget: int | None = spec(
+        None,
+        size(),
+        "this worker's memory: weights + KV pool + a step's activations, e.g. 8GiB (default: "
+        "Metal's recommended working set, else 3/4 of RAM); sizes the pool and the step",
+    )
     kv_memory: int | None = spec(None, size(), "KV cache budget, e.g. 2GiB")
     kv_fraction: float | None = spec(
         None,
