@@ -150,3 +150,39 @@ def test_engine_sizes_itself_from_the_budget(model, monkeypatch):
     assert limits == [64 << 20]
     with pytest.raises(MemoryBudgetTooSmall):
         Engine.create(model, EngineConfig(block_size=8, memory_budget_bytes=1 << 10, warmup=False))
+
+
+class FailingRead:
+    """A step's sampled tokens whose read (the pipelined path's sync point) fails."""
+
+    def __init__(self, tokens):
+        self.tokens = tokens
+
+    def tolist(self):
+        raise RuntimeError(METAL_OOM)
+
+
+def test_failure_when_a_pipelined_decode_step_is_read(model, monkeypatch):
+    engine = make_engine(model)
+    assert engine.config.pipeline_decode
+    prompts = {"a": prompt(11, 5), "b": prompt(14, 6)}
+    for rid, p in prompts.items():
+        engine.add_request(rid, p, GREEDY)
+    real, fired = engine.runner.run, []
+
+    def run(plan, device_tokens=None, *args):
+        if isinstance(device_tokens, FailingRead):  # the next step runs on the real tokens
+            device_tokens = device_tokens.tokens
+        out = real(plan, device_tokens, *args)
+        if not fired and plan.kind is StepKind.DECODE:
+            fired.append(1)
+            return out._replace(tokens=FailingRead(out.tokens))
+        return out
+
+    monkeypatch.setattr(engine.runner, "run", run)
+    outputs, errors = {}, {}
+    drive(engine, outputs, errors)
+    assert fired and set(errors) == {"a", "b"}
+    assert all(e.startswith(OUT_OF_MEMORY) for e in errors.values())
+    engine.check_integrity()
+    check_next_requests_run(engine, model)
