@@ -34,7 +34,7 @@ log = logging.getLogger("router")
 ROUTER_FLAGS = (
     "host", "port", "zmq_bind", "policy", "prefill_weight", "balance_abs_threshold",
     "balance_rel_threshold", "prefix_ttl_s", "heartbeat_interval_s", "heartbeat_timeout_s",
-    "max_pending_requests", "tokenizer_threads", "context_length", "tool_call_parser",
+    "wedged_after_s", "max_pending_requests", "tokenizer_threads", "context_length", "tool_call_parser",
     "chat_template", "responses_store_size", "responses_store_ttl_s",
 )  # fmt: skip
 SECURITY_FLAGS = (

@@ -93,6 +93,7 @@ async def cluster_ctx(app: web.Application) -> AsyncIterator[None]:
         metrics,
         config.heartbeat_interval_s,
         config.heartbeat_timeout_s,
+        wedged_after_s=config.wedged_after_s,
     )
     app[app_keys.LINK] = link
     app[app_keys.MODELS] = models

@@ -41,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_flags(p, WorkerSection, ["worker_id"])
     add_flags(p.add_mutually_exclusive_group(), WorkerSection, ["kv_memory", "kv_fraction"])
-    add_flags(p, WorkerSection, ["block_size", "max_running", "prefill_chunk"])
+    add_flags(p, WorkerSection, ["memory_budget", "block_size", "max_running", "prefill_chunk"])
     add_flags(p, ModelSection, ["compute_dtype"])
     add_flags(p, WorkerSection, ENGINE_FLAGS)
     tp = p.add_argument_group(
@@ -50,13 +50,13 @@ def build_parser() -> argparse.ArgumentParser:
         "started by mlx.launch (MLX_RANK, MLX_HOSTFILE set)",
     )
     add_flags(tp, WorkerSection, ["tp_hosts", "tp_rank", "tp_port", "tp_timeout_s"])
-    add_flags(p, WorkerSection, ["log_level"])
+    add_flags(p, WorkerSection, ["watchdog_s", "log_level"])
     return p
 
 
 # EngineConfig field <- [worker] / [model] setting, where the names differ
 ENGINE_FIELDS = {"kv_memory_bytes": "kv_memory", "kv_memory_fraction": "kv_fraction"}
-ENGINE_FIELDS |= {"kv_disk_bytes": "kv_disk"}
+ENGINE_FIELDS |= {"kv_disk_bytes": "kv_disk", "memory_budget_bytes": "memory_budget"}
 
 
 def engine_config(worker, model):
@@ -125,6 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     imports = time.perf_counter()
     from shared.models.store import ModelNotFound, resolve_model, stderr_progress
     from worker.engine.engine import Engine
+    from worker.kv.memory import MemoryBudgetTooSmall
     from worker.loop import WorkerLoop
 
     log.info("imports (mlx, mlx-lm, engine) took %.2fs", time.perf_counter() - imports)
@@ -142,13 +143,20 @@ def main(argv: list[str] | None = None) -> int:
             worker, model.name, model_dir, config, worker_id, socket_setup(worker)
         )
     start = time.perf_counter()
-    engine = Engine.from_path(model_dir, config)
+    try:
+        engine = Engine.from_path(model_dir, config)
+    except MemoryBudgetTooSmall as exc:
+        print(f"cluster-worker: error: {exc}", file=sys.stderr)
+        return 2
     log.info(
         "%s: %s (%s) loaded in %.1fs, %d KV blocks of %d tokens, OpenBLAS %s",
         worker_id, model.name, model_dir, time.perf_counter() - start, engine.pool.num_blocks - 1,
         config.block_size, "on" if openblas_active() else "off",
     )  # fmt: skip
-    server = WorkerLoop(engine, worker.router, worker_id, model.name, socket_setup(worker))
+    server = WorkerLoop(
+        engine, worker.router, worker_id, model.name, socket_setup(worker),
+        watchdog_s=worker.watchdog_s,
+    )  # fmt: skip
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: server.stop())
     watch_parent()  # started by launch-cluster: go when it goes (macOS has no PDEATHSIG)

@@ -21,6 +21,9 @@ class EngineConfig:
     # set; CPU: system RAM).
     kv_memory_bytes: int | None = _worker("kv_memory")
     kv_memory_fraction: float = _worker("kv_fraction")
+    # the whole worker's (weights + KV + a step's activations): the pool and the step token
+    # budget are cut to fit it; None: Metal's recommended working set, else a share of RAM
+    memory_budget_bytes: int | None = _worker("memory_budget")
     num_blocks: int | None = None  # exact block count (tests); overrides both budgets
     max_running: int = _worker("max_running")  # sequences decoding at once
     prefill_chunk: int = _worker("prefill_chunk")  # most prompt tokens of one sequence per step

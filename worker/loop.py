@@ -31,6 +31,7 @@ from shared.protocol import (
 from shared.sampling import InvalidRequest
 from worker.connection import RouterConnection
 from worker.engine.engine import Engine, EngineOverloaded
+from worker.watchdog import LoopWatchdog
 
 log = logging.getLogger(__name__)
 
@@ -50,9 +51,11 @@ class WorkerLoop:
         configure_socket=None,
         group: GroupReport | None = None,
         on_idle: Callable[[], None] | None = None,
+        watchdog_s: float = 0.0,
     ):
         """`group` and `on_idle`: for a tensor-parallel group's leader, the ranks it reports
-        and what it runs between idle waits (the keepalive its followers expect)."""
+        and what it runs between idle waits (the keepalive its followers expect);
+        `watchdog_s`: the process exits when the loop is stuck this long (0: never)."""
         self.engine, self.worker_id, self.on_idle = engine, worker_id, on_idle
         register = Register(
             worker_id=worker_id,
@@ -65,6 +68,7 @@ class WorkerLoop:
             group=group,
         )
         self._phases, self._phases_at = None, 0.0
+        self.turns, self.watchdog = 0, LoopWatchdog(watchdog_s)  # loop progress (issue 24)
         self._load = self._heartbeat()
         self.link = RouterConnection(endpoint, register, lambda: self._load, configure_socket)
         self.stopping = threading.Event()
@@ -72,6 +76,7 @@ class WorkerLoop:
     def serve_forever(self) -> int:
         """Run until Shutdown, stop(), or the router refuses us; the exit code."""
         self.link.start()
+        self.watchdog.start()
         try:
             while not self.stopping.is_set():
                 self._handle_inbound(block=not self.engine.has_work())
@@ -80,7 +85,9 @@ class WorkerLoop:
                 elif self.on_idle is not None:
                     self.on_idle()
                 self._load = self._heartbeat()
+                self.watchdog.turned()
         finally:
+            self.watchdog.stop()
             self.link.stop()
         return 1 if self.link.refused else 0
 
@@ -134,5 +141,7 @@ class WorkerLoop:
         now = time.monotonic()
         if now - self._phases_at >= PHASES_EVERY_S:
             self._phases, self._phases_at = self.engine.phases(), now
-        load = self.engine.load()
-        return Heartbeat(worker_id=self.worker_id, phases=self._phases, **load._asdict())
+        load, self.turns = self.engine.load(), self.turns + 1
+        return Heartbeat(
+            worker_id=self.worker_id, phases=self._phases, loop_turns=self.turns, **load._asdict()
+        )

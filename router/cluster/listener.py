@@ -36,6 +36,7 @@ class Cluster:
         metrics: Metrics,
         heartbeat_interval_s: float,
         heartbeat_timeout_s: float,
+        wedged_after_s: float = float("inf"),
         clock: Callable[[], float] = time.monotonic,
     ):
         self.registry = registry
@@ -44,6 +45,7 @@ class Cluster:
         self._metrics = metrics
         self._heartbeat_interval_s = heartbeat_interval_s
         self._heartbeat_timeout_s = heartbeat_timeout_s
+        self._wedged_after_s = wedged_after_s
         self._clock = clock
         self._asked: dict[bytes, float] = {}  # unregistered peers asked to register, when
 
@@ -94,6 +96,9 @@ class Cluster:
             await asyncio.sleep(min(self._heartbeat_interval_s, self._heartbeat_timeout_s / 4))
             for worker in self.registry.stale(self._clock(), self._heartbeat_timeout_s):
                 self._lose(worker, f"no heartbeat for {self._heartbeat_timeout_s:g}s")
+            for worker in self.registry.wedged(self._clock(), self._wedged_after_s):
+                worker.wedged = True  # heartbeats alone do not bring it back: progress does
+                self._lose(worker, f"its step loop made no progress for {self._wedged_after_s:g}s")
             for model in self.models:
                 model.index.purge_expired()
 
@@ -115,7 +120,8 @@ class Cluster:
             log.warning("rejected worker %s: %s", msg.worker_id, reason)
             self._send(identity, RegisterAck(accepted=False, reason=reason))
             return
-        state = WorkerState(msg, identity, last_seen=self._clock(), model=model.id)
+        now = self._clock()
+        state = WorkerState(msg, identity, last_seen=now, model=model.id, progress_at=now)
         replaced = self.registry.add(state)
         self._metrics.worker_registered(msg.worker_id)
         if replaced is not None:
@@ -151,8 +157,8 @@ class Cluster:
         return self.models[worker.model]  # registration set it to a served model's id
 
     def _heartbeat(self, worker: WorkerState, msg: Heartbeat) -> None:
-        worker.on_heartbeat(msg)
-        if not worker.healthy:
+        worker.on_heartbeat(msg, self._clock())
+        if not worker.healthy and not worker.wedged:
             log.info("worker %s is back", worker.worker_id)
             worker.healthy = True
 

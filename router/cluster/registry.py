@@ -30,11 +30,20 @@ class WorkerState:
     eviction_rate: float = 0.0
     # the served model's id (the router maps an alias the worker registered with to it)
     model: str = ""
+    # the engine loop's progress (Heartbeat.loop_turns): when it last moved or the worker was
+    # idle, and whether the router took it out of service for not moving while busy
+    progress_at: float = 0.0
+    wedged: bool = False
 
     def __post_init__(self):
         self.model = self.model or self.info.model_id
 
-    def on_heartbeat(self, msg: Heartbeat) -> None:
+    def on_heartbeat(self, msg: Heartbeat, now: float | None = None) -> None:
+        last = self.heartbeat.loop_turns if self.heartbeat else -1
+        idle = msg.running + msg.waiting == 0 and not self.inflight
+        moved = msg.loop_turns != last or msg.loop_turns == 0  # 0: a worker that can't say
+        if now is not None and (moved or idle):
+            self.progress_at, self.wedged = now, False
         previous = self.heartbeat.evicted_blocks if self.heartbeat else msg.evicted_blocks
         evicted = max(0, msg.evicted_blocks - previous)
         self.eviction_rate += EVICTION_RATE_SMOOTHING * (evicted - self.eviction_rate)
@@ -111,6 +120,10 @@ class WorkerRegistry:
         return [
             w for w in self._by_id.values() if w.healthy and (model is None or w.model == model)
         ]
+
+    def wedged(self, now: float, after_s: float) -> list[WorkerState]:
+        """Healthy workers with work whose engine loop has not moved for `after_s`."""
+        return [w for w in self.healthy() if w.load and now - w.progress_at > after_s]
 
     def stale(self, now: float, timeout_s: float) -> list[WorkerState]:
         """Healthy workers silent for longer than `timeout_s`."""

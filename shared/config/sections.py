@@ -105,6 +105,13 @@ class RouterSection:
         "seconds of silence after which a worker is lost",
         flag="--heartbeat-timeout",
     )
+    wedged_after_s: float = spec(
+        30.0,
+        number(0.0, low_open=True),
+        "a worker with work whose step loop makes no progress this long is taken out of "
+        "service (its requests move to other workers) until it does",
+        flag="--wedged-after",
+    )
     max_pending_requests: int = spec(
         1024,
         integer(1),
@@ -205,6 +212,12 @@ class WorkerSection:
     worker_id: str | None = spec(
         None, string(optional=True), "unique name of this worker (default: HOST-PID)"
     )
+    memory_budget: int | None = spec(
+        None,
+        size(),
+        "this worker's memory: weights + KV pool + a step's activations, e.g. 8GiB (default: "
+        "Metal's recommended working set, else 3/4 of RAM); sizes the pool and the step",
+    )
     kv_memory: int | None = spec(None, size(), "KV cache budget, e.g. 2GiB")
     kv_fraction: float | None = spec(
         None,
@@ -241,6 +254,13 @@ class WorkerSection:
     )
     kv_disk_dir: Path | None = spec(
         None, path(), f"folder of the disk tier (default {DEFAULT_KV_DISK_DIR})"
+    )
+    watchdog_s: float = spec(
+        120.0,
+        number(0.0),
+        "exit (code 75, for launch-cluster to restart it) when the step loop has been stuck "
+        "this long (0: never)",
+        flag="--watchdog",
     )
     log_level: str = spec(
         "INFO",

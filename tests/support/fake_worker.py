@@ -57,6 +57,7 @@ class FakeWorkerConfig:
     curve: tuple[Path, Path] | None = None  # (own secret key file, router's public key file)
     watch_handshake: bool = False  # set handshake_failed when the router refuses the connection
     model_id: str = "tiny"  # the model it says it serves (tests/conftest.py's)
+    wedged: bool = False  # heartbeat, busy, but the loop counter never moves (a stuck step)
 
 
 @dataclass
@@ -72,6 +73,7 @@ class FakeWorker:
     _sock: zmq.asyncio.Socket | None = None
     _hit_tokens: int = 0
     _prompt_tokens: int = 0
+    _loop_turns: int = 0
 
     async def run(self) -> None:
         """Connect, register, then serve until cancelled or told to shut down."""
@@ -121,7 +123,7 @@ class FakeWorker:
     def _handle(self, msg: Message) -> None:
         if isinstance(msg, Generate):
             self.received.append(msg)
-            if not self.config.silent:
+            if not (self.config.silent or self.config.wedged):
                 task = asyncio.create_task(self._generate(msg))
                 self._running[msg.request_id] = task
         elif isinstance(msg, Abort):
@@ -196,16 +198,19 @@ class FakeWorker:
         while True:
             total = self.config.kv_capacity_blocks
             cached = min(len(self._cached), total)
+            if not self.config.wedged or not self.received:  # stuck from its first request
+                self._loop_turns += 1
             await self._send(
                 Heartbeat(
                     self.config.worker_id,
-                    running=len(self._running),
+                    running=len(self.received) if self.config.wedged else len(self._running),
                     waiting=0,
                     free_blocks=total - cached,
                     total_blocks=total,
                     cached_blocks=cached,
                     hit_tokens=self._hit_tokens,
                     prompt_tokens=self._prompt_tokens,
+                    loop_turns=self._loop_turns,
                 )
             )
             await asyncio.sleep(interval_s)

@@ -27,9 +27,10 @@ from worker.engine.requests import RequestIntake
 from worker.engine.scheduler import Scheduler
 from worker.engine.sequence import Sequence, Status
 from worker.engine.speculative import accepted_prefix
-from worker.engine.startup import num_kv_blocks, open_disk_tier
+from worker.engine.startup import open_disk_tier
 from worker.engine.stats import EngineLoad, EngineStats, engine_stats
 from worker.kv.block_pool import BlockPool
+from worker.kv.memory import OUT_OF_MEMORY, clear_cache, is_out_of_memory
 from worker.kv.radix_cache import RadixCache
 from worker.runner.grammar import GrammarCompiler
 from worker.runner.model_runner import LayerTimes, ModelRunner
@@ -84,8 +85,9 @@ class Engine:
         self.grammars = grammars  # for grammar-constrained requests; None refuses them
         self.config.validate()
         self.model, self.max_context, self.shape = model, max_context, shape
+        self.config, num_blocks, self.memory = startup.size_memory(self.config, shape, model)
         self.pool = BlockPool(
-            num_kv_blocks(self.config, shape),
+            num_blocks,
             self.config.block_size,
             num_layers=shape.num_layers,
             num_kv_heads=shape.num_kv_heads,
@@ -231,10 +233,7 @@ class Engine:
             out = self.runner.run(plan, device_tokens, times)
             mx.async_eval(*out.outputs)
         except Exception as exc:  # building the graph failed: nothing is in flight
-            log.exception("decode step failed for %d sequences", len(plan.decode))
-            self._pending_failures += [
-                self.outputs.fail(s, f"the model step failed: {exc}") for s in plan.decode
-            ]
+            self._pending_failures += self._fail_step(plan.decode, exc)
             return
         for seq in plan.decode:
             self.scheduler.computed(seq, 1)
@@ -255,9 +254,8 @@ class Engine:
             tokens = inflight.tokens.tolist()
             logprobs = inflight.logprobs.tolist() if inflight.logprobs is not None else None
         except Exception as exc:
-            log.exception("decode step failed for %d sequences", len(inflight.seqs))
             live = [s for s in inflight.seqs if s.status is Status.RUNNING]
-            return deltas + [self.outputs.fail(s, f"the model step failed: {exc}") for s in live]
+            return deltas + self._fail_step(live, exc)
         # a pipelined step starts on the device when the previous one ends, not at its launch
         now = time.perf_counter()
         self.stats_.record_decode(
@@ -281,9 +279,7 @@ class Engine:
             logprobs = out.logprobs.tolist() if out.logprobs is not None else [None] * len(tokens)
             scored = out.prompt.tolist() if out.prompt is not None else []
         except Exception as exc:  # a failed forward must not take the other requests down
-            seqs = plan.decode + [c.seq for c in plan.prefill]
-            log.exception("forward pass failed for %d sequences", len(seqs))
-            return [self.outputs.fail(s, f"the model step failed: {exc}") for s in seqs]
+            return self._fail_step(plan.decode + [c.seq for c in plan.prefill], exc)
         elapsed = time.perf_counter() - start
         if plan.decode:
             self.stats_.record_decode(elapsed, len(plan.decode))
@@ -310,6 +306,20 @@ class Engine:
                 self.scheduler.computed(seq, len(toks))
             deltas.append(self.outputs.advance(seq, toks, lps))
         return deltas
+
+    def _fail_step(self, seqs: list[Sequence], exc: Exception) -> list[TokenDelta]:
+        """End the requests of a failed step with an error (their blocks freed); the others
+        go on. An allocation failure also empties MLX's buffer cache."""
+        if is_out_of_memory(exc):
+            log.error("out of memory in a step of %d sequences: %s", len(seqs), exc)
+            clear_cache()
+            why = f"{OUT_OF_MEMORY}; retry it (another worker may take it), or ask for less: {exc}"
+        else:
+            log.exception("a step failed for %d sequences", len(seqs), exc_info=exc)
+            why = f"the model step failed: {exc}"
+        seen = set()  # one error per request (n > 1: its choices end together)
+        live = [s for s in seqs if not (s.request_id in seen or seen.add(s.request_id))]
+        return [self.outputs.fail(s, why) for s in live if self.outputs.is_open(s.request_id)]
 
     def _profile_sample(self) -> LayerTimes | None:
         """Every `PROFILE_EVERY`-th step is profiled layer by layer (write and attention

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import mlx.core as mx
 import mlx.nn as nn
+from mlx.utils import tree_flatten
 
 from shared.config.choices import DEFAULT_KV_DISK_DIR
 from shared.sampling import SamplingParams
@@ -24,7 +26,16 @@ from worker.engine.sequence import Sequence
 from worker.engine.stats import EngineStats
 from worker.kv.disk_store import DiskKVStore
 from worker.kv.disk_tier import DiskTier, block_layout, model_fingerprint
-from worker.kv.memory import memory_budget_bytes, num_blocks_for_budget
+from worker.kv.memory import (
+    MemoryBudgetTooSmall,
+    MemoryPlan,
+    activation_bytes_per_token,
+    apply_limits,
+    default_budget_bytes,
+    memory_budget_bytes,
+    num_blocks_for_budget,
+    plan_memory,
+)
 from worker.runner.model_support import (
     COVERED_ARCHITECTURES,
     ModelShape,
@@ -45,19 +56,32 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def num_kv_blocks(config: EngineConfig, shape: ModelShape) -> int:
-    """The pool's size: as configured, else as many blocks as the memory budget holds."""
+def size_memory(
+    config: EngineConfig, shape: ModelShape, model: nn.Module
+) -> tuple[EngineConfig, int, MemoryPlan | None]:
+    """(config, pool blocks, plan): as configured when `num_blocks` is given (tests); else
+    the worker's memory budget split into weights, one step's activations (the step token
+    budget and the largest prefill chunk cut to fit) and the KV pool (as large as the KV
+    setting asks, within what is left). Raises MemoryBudgetTooSmall."""
     if config.num_blocks is not None:
-        return config.num_blocks
-    budget = config.kv_memory_bytes or memory_budget_bytes(config.kv_memory_fraction)
-    return num_blocks_for_budget(
-        budget,
-        config.block_size,
-        shape.num_layers,
-        shape.num_kv_heads,
-        shape.head_dim,
-        shape.kv_dtype,
+        return config, config.num_blocks, None
+    budget = config.memory_budget_bytes or default_budget_bytes()
+    weights = sum(v.nbytes for _, v in tree_flatten(model.parameters()))
+    kv_wanted = config.kv_memory_bytes or memory_budget_bytes(config.kv_memory_fraction)
+    per_token = activation_bytes_per_token(
+        shape.vocab_size, shape.num_heads or shape.num_kv_heads, shape.head_dim
     )
+    plan = plan_memory(
+        budget, weights, kv_wanted, per_token, config.step_token_budget, config.block_size
+    )
+    step = plan.step_tokens
+    config = replace(config, step_token_budget=step, prefill_chunk=min(config.prefill_chunk, step))
+    layout = (shape.num_layers, shape.num_kv_heads, shape.head_dim, shape.kv_dtype)
+    blocks = num_blocks_for_budget(plan.kv, config.block_size, *layout)
+    if blocks < 2:  # the scratch block and one to serve with
+        raise MemoryBudgetTooSmall(f"no room for the KV pool: {plan.describe()}")
+    log.info("%s; %d KV blocks", plan.describe(), blocks)
+    return config, blocks, plan
 
 
 def open_disk_tier(
@@ -79,7 +103,10 @@ def open_disk_tier(
 
 def prepare(engine: Engine) -> None:
     """Check the model, warm up (unless `config.warmup` is off), then announce the disk
-    tier's blocks: what `Engine.create` runs after assembly."""
+    tier's blocks: what `Engine.create` runs after assembly. MLX's memory limits are set
+    to the budget first (when the engine sized itself from one)."""
+    if engine.memory is not None:
+        apply_limits(engine.memory.budget)
     check_model(engine)
     if engine.config.warmup:
         warm_up(engine)
