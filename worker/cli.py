@@ -50,7 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
         "started by mlx.launch (MLX_RANK, MLX_HOSTFILE set)",
     )
     add_flags(tp, WorkerSection, ["tp_hosts", "tp_rank", "tp_port", "tp_timeout_s"])
-    add_flags(p, WorkerSection, ["log_level"])
+    add_flags(p, WorkerSection, ["log_level", "otlp_endpoint"])
     return p
 
 
@@ -148,7 +148,14 @@ def main(argv: list[str] | None = None) -> int:
         worker_id, model.name, model_dir, time.perf_counter() - start, engine.pool.num_blocks - 1,
         config.block_size, "on" if openblas_active() else "off",
     )  # fmt: skip
-    server = WorkerLoop(engine, worker.router, worker_id, model.name, socket_setup(worker))
+    server = WorkerLoop(
+        engine,
+        worker.router,
+        worker_id,
+        model.name,
+        socket_setup(worker),
+        otlp_endpoint=worker.otlp_endpoint,
+    )
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: server.stop())
     watch_parent()  # started by launch-cluster: go when it goes (macOS has no PDEATHSIG)
