@@ -55,7 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--zmq-port", type=int, help="router's ZeroMQ port on 127.0.0.1 (default: a free one)"
     )
-    add_flags(p, RouterSection, ["policy", "log_requests"])
+    add_flags(p, RouterSection, ["policy", "log_requests", "otlp_endpoint"])
     notes = {"kv_memory": "KV budget per worker, e.g. 2GiB (default: 25% of memory / workers)"}
     notes["kv_disk_dir"] = "disk tier folder; each worker uses its own subfolder " + (
         f"(default {DEFAULT_KV_DISK_DIR})"
@@ -97,6 +97,10 @@ def commands(args, fleet, models: list[Served], zmq_port: int) -> tuple[list[str
                    "--zmq-bind", f"tcp://127.0.0.1:{zmq_port}", "--policy", r.policy]  # fmt: skip
     if r.log_requests:
         router.append("--log-requests")
+    # traces: --otlp-endpoint (or [router]'s, unless [worker] names its own) goes to all
+    router += ["--otlp-endpoint", r.otlp_endpoint] if r.otlp_endpoint else []
+    traces = args.otlp_endpoint or (None if fleet.worker.otlp_endpoint else r.otlp_endpoint)
+    extra_traces = ["--otlp-endpoint", traces] if traces else []
     for m in models:
         names = ",".join((m.name, *m.section.aliases))
         router += ["--model", str(m.model_dir), "--model-id", names]
@@ -122,6 +126,7 @@ def commands(args, fleet, models: list[Served], zmq_port: int) -> tuple[list[str
                 py + ["worker", *config, "--router", f"tcp://127.0.0.1:{zmq_port}",
                       "--model", str(m.model_dir), "--model-id", m.name,
                       "--worker-id", f"worker-{i}", *extra, *disk_dir(args, fleet, i)]
+                + extra_traces
             )  # fmt: skip
     return router, worker_cmds
 

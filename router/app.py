@@ -16,6 +16,7 @@ from router.http.middleware import count_requests, errors_as_json
 from router.http.security import add_ratelimit_headers, limit_body, require_api_key
 from router.lifecycle import abort_streams, cluster_ctx, tokenizer_ctx
 from router.metrics.router_metrics import Metrics
+from router.metrics.tracing import router_tracer
 
 if TYPE_CHECKING:
     from router.config import RouterConfig
@@ -35,6 +36,7 @@ def create_app(config: RouterConfig) -> web.Application:
         config.responses_store_size, config.responses_store_ttl_s
     )
     app[app_keys.BUDGETS] = budgets_of(config)
+    app[app_keys.TRACER] = router_tracer(config.otlp_endpoint)  # None unless configured
     app.on_response_prepare.append(add_ratelimit_headers)
     app.cleanup_ctx.append(tokenizer_ctx)
     app.cleanup_ctx.append(cluster_ctx)

@@ -71,7 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_flags(p, RouterSection, ROUTER_FLAGS, parser_defaults=True)
     security = p.add_argument_group("security (see docs/deploy.md)")
     add_flags(security, RouterSection, SECURITY_FLAGS, parser_defaults=True)
-    add_flags(p, RouterSection, ["log_level", "log_requests"], parser_defaults=True)
+    add_flags(
+        p, RouterSection, ["log_level", "log_requests", "otlp_endpoint"], parser_defaults=True
+    )
     return p
 
 

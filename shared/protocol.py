@@ -180,6 +180,7 @@ class Generate:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     # choices from one prefill (the worker forks it), each with its index and finish delta
     n: int = 1
+    trace_context: dict[str, str] | None = None  # W3C traceparent/tracestate (tracing on)
 
 
 @dataclass(frozen=True, slots=True)
@@ -316,9 +317,13 @@ def _from_wire(annotation, value, path: str):
     if origin in (types.UnionType, typing.Union):
         return _from_wire_union(typing.get_args(annotation), value, path)
     if origin is tuple:
-        return tuple(
-            _from_wire(typing.get_args(annotation)[0], v, path) for v in _list(value, path)
-        )
+        if not isinstance(value, list):
+            raise ProtocolError(f"{path}: expected an array, got {type(value).__name__}")
+        return tuple(_from_wire(typing.get_args(annotation)[0], v, path) for v in value)
+    if origin is dict:  # of strings (a trace context)
+        if isinstance(value, dict) and all(type(x) is str for kv in value.items() for x in kv):
+            return value
+        raise ProtocolError(f"{path}: expected a map of strings")
     if isinstance(annotation, type) and dataclasses.is_dataclass(annotation):
         if not isinstance(value, dict):
             raise ProtocolError(f"{path}: expected a map, got {type(value).__name__}")
@@ -333,12 +338,6 @@ def _from_wire_union(options: tuple, value, path: str):
         raise ProtocolError(f"{path}: must not be null")
     (inner,) = [o for o in options if o is not type(None)]  # only `X | None` is used
     return _from_wire(inner, value, path)
-
-
-def _list(value, path: str) -> list:
-    if not isinstance(value, list):
-        raise ProtocolError(f"{path}: expected an array, got {type(value).__name__}")
-    return value
 
 
 def _scalar(annotation, value, path: str):

@@ -50,7 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
         "started by mlx.launch (MLX_RANK, MLX_HOSTFILE set)",
     )
     add_flags(tp, WorkerSection, ["tp_hosts", "tp_rank", "tp_port", "tp_timeout_s"])
-    add_flags(p, WorkerSection, ["watchdog_s", "log_level"])
+    add_flags(p, WorkerSection, ["watchdog_s", "log_level", "otlp_endpoint"])
     return p
 
 
@@ -155,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     server = WorkerLoop(
         engine, worker.router, worker_id, model.name, socket_setup(worker),
-        watchdog_s=worker.watchdog_s,
+        watchdog_s=worker.watchdog_s, otlp_endpoint=worker.otlp_endpoint,
     )  # fmt: skip
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: server.stop())

@@ -31,6 +31,7 @@ from shared.protocol import (
 from shared.sampling import InvalidRequest
 from worker.connection import RouterConnection
 from worker.engine.engine import Engine, EngineOverloaded
+from worker.tracing import WorkerTracing
 from worker.watchdog import LoopWatchdog
 
 log = logging.getLogger(__name__)
@@ -52,6 +53,7 @@ class WorkerLoop:
         group: GroupReport | None = None,
         on_idle: Callable[[], None] | None = None,
         watchdog_s: float = 0.0,
+        otlp_endpoint: str | None = None,
     ):
         """`group` and `on_idle`: for a tensor-parallel group's leader, the ranks it reports
         and what it runs between idle waits (the keepalive its followers expect);
@@ -72,6 +74,8 @@ class WorkerLoop:
         self._load = self._heartbeat()
         self.link = RouterConnection(endpoint, register, lambda: self._load, configure_socket)
         self.stopping = threading.Event()
+        # None unless an OTLP endpoint is configured (the setting or $OTEL_EXPORTER_OTLP_ENDPOINT)
+        self.tracing = engine.tracing = WorkerTracing.start(worker_id, otlp_endpoint)
 
     def serve_forever(self) -> int:
         """Run until Shutdown, stop(), or the router refuses us; the exit code."""
@@ -115,6 +119,8 @@ class WorkerLoop:
             self._generate(msg)
         elif isinstance(msg, Abort):
             self.engine.abort(msg.request_id, msg.index)
+            if self.tracing is not None:
+                self.tracing.aborted(msg.request_id, msg.index)
         elif isinstance(msg, Shutdown):
             log.info("shutdown requested by the router: %s", msg.reason or "no reason")
             self.stop()
@@ -129,9 +135,14 @@ class WorkerLoop:
         except (InvalidRequest, EngineOverloaded) as exc:
             usage = Usage(len(msg.token_ids), 0, 0)
             self.link.send(TokenDelta(msg.request_id, (), "error", usage, error=str(exc)))
+        else:
+            if self.tracing is not None:
+                self.tracing.queued(msg)
 
     def _step(self) -> None:
         for delta in self.engine.step():
+            if self.tracing is not None:
+                self.tracing.delta(delta)
             self.link.send(delta)
         events = self.engine.drain_kv_events()
         if events:

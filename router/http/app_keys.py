@@ -27,3 +27,4 @@ LINK = web.AppKey("link", WorkerSocket)  # the ZeroMQ socket the workers connect
 API_KEYS = web.AppKey("api_keys", ApiKeys)
 RESPONSES = web.AppKey("responses", ResponseStore)  # /v1/responses kept for later turns
 BUDGETS = web.AppKey("budgets", KeyBudgets)  # requests and tokens per minute per key
+TRACER = web.AppKey("tracer", object)  # an OpenTelemetry Tracer; None: tracing off

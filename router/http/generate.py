@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import sys
 import time
 from dataclasses import replace
 from typing import TYPE_CHECKING
@@ -23,6 +24,7 @@ from router.http import app_keys, sse
 from router.http.access_log import note
 from router.http.body import json_object_body
 from router.http.security import charge_tokens
+from router.metrics.tracing import RequestTrace
 from router.routing.dispatcher import Job, NoWorkerAvailable, Overloaded
 from router.text.pieces import TextOptions, batch_pieces, usage_of_all
 
@@ -33,23 +35,27 @@ if TYPE_CHECKING:
 
 async def generate(request: web.Request, api: Api) -> web.StreamResponse:
     app = request.app
+    trace = RequestTrace.start(app[app_keys.TRACER], request.path, request.headers)  # None: off
     body = await json_object_body(request)
     served = app[app_keys.MODELS].for_request(body)
     max_tokens_cap = app[app_keys.CONFIG].max_tokens_cap
     req = await parse_off_loop(app, api.parse, body, served.tokenizer, served.id, max_tokens_cap)
     request_id = api.new_id()
     note(request, request_id=request_id, model=served.id, stream=req.stream)
+    if trace is not None:
+        trace.describe(request_id, served.id, req.stream)
     jobs: list[Job] = []
     try:
         # several prompts (completions): one job each, possibly on different workers
         for k, prompt_ids in enumerate(req.batch):
             one = replace(req, prompt_ids=prompt_ids)
-            jobs.append(start_job(served, f"{request_id}-{k}", one))
+            jobs.append(start_job(served, f"{request_id}-{k}", one, trace))
         if not req.batch:
-            jobs.append(start_job(served, request_id, req))
+            jobs.append(start_job(served, request_id, req, trace))
         reply = api.reply(req, request_id, served.tokenizer)
         options = TextOptions(req.include_stop_str, req.skip_special_tokens)
         items = batch_pieces(jobs, req.n, served.tokenizer, served.dispatcher, req.stop, options)
+        items = items if trace is None else trace.watch(items)
         async with contextlib.aclosing(items):
             if req.stream:
                 return await _stream(request, served, jobs, reply, items)
@@ -57,6 +63,8 @@ async def generate(request: web.Request, api: Api) -> web.StreamResponse:
     finally:
         for job in jobs:
             served.dispatcher.cancel(job)  # no-op when finished; aborts on disconnect/error
+        if trace is not None:
+            trace.end(sum(job.completion_tokens for job in jobs), sys.exc_info()[1])
 
 
 async def parse_off_loop(app: web.Application, parse, *args):
@@ -68,10 +76,12 @@ async def parse_off_loop(app: web.Application, parse, *args):
     return await asyncio.get_running_loop().run_in_executor(pool, parse, *args)
 
 
-def start_job(served: ServedModel, request_id: str, req: GenerationRequest) -> Job:
+def start_job(
+    served: ServedModel, request_id: str, req: GenerationRequest, trace: RequestTrace | None = None
+) -> Job:
     try:
         return served.dispatcher.start(
-            request_id, req.prompt_ids, req.sampling, req.n, cache_key=req.cache_key
+            request_id, req.prompt_ids, req.sampling, req.n, cache_key=req.cache_key, trace=trace
         )
     except Overloaded:
         raise overloaded() from None

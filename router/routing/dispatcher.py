@@ -24,6 +24,7 @@ from shared.protocol import Abort, Generate, Message, TokenDelta, Usage
 if TYPE_CHECKING:
     from router.cluster.registry import WorkerRegistry, WorkerState
     from router.metrics.router_metrics import ModelMetrics
+    from router.metrics.tracing import RequestTrace
     from router.routing.prefix_index import PrefixIndex
     from shared.sampling import SamplingParams
 
@@ -56,6 +57,7 @@ class Job:
     sent_at: float = field(default_factory=time.perf_counter)
     last_token_at: float | None = None  # when tokens last arrived (None: none yet)
     cache_key: str | None = None  # prompt_cache_key: prefer the worker that served it last
+    trace: RequestTrace | None = None  # its spans, when tracing is on
 
     @property
     def wire_id(self) -> str:
@@ -116,12 +118,13 @@ class Dispatcher:
         sampling: SamplingParams,
         n: int = 1,
         cache_key: str | None = None,
+        trace: RequestTrace | None = None,
     ) -> Job:
         """Route a new job and send it; Overloaded or NoWorkerAvailable if it cannot be.
         With n > 1 the handler reads each choice from `job.choices`."""
         if len(self._jobs) >= self._max_pending:
             raise Overloaded
-        job = Job(request_id, tuple(prompt_ids), sampling, n=n, cache_key=cache_key)
+        job = Job(request_id, tuple(prompt_ids), sampling, n=n, cache_key=cache_key, trace=trace)
         if n > 1:
             job.choices = [
                 Job(request_id, job.prompt_ids, sampling, parent=job, index=i) for i in range(n)
@@ -243,6 +246,8 @@ class Dispatcher:
         self._jobs[job.wire_id] = job
         worker.inflight.add(job.wire_id)
         self._metrics.routed_to(worker.worker_id, matched * worker.block_size)
+        if job.trace is not None:
+            msg = job.trace.routed(msg, worker.worker_id, matched, self._policy.name)
         self._send(worker.identity, msg)
 
     def _choose(
@@ -306,6 +311,8 @@ class Dispatcher:
 
     def _untrack(self, job: Job) -> WorkerState | None:
         self._jobs.pop(job.wire_id, None)
+        if job.trace is not None:
+            job.trace.unrouted(job.wire_id)
         worker = self._registry.get(job.worker_id) if job.worker_id else None
         if worker is not None:
             worker.inflight.discard(job.wire_id)

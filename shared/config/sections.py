@@ -137,6 +137,13 @@ class RouterSection:
         boolean(),
         "log each HTTP request as one JSON line (request id, model, status, tokens, timing)",
     )
+    otlp_endpoint: str | None = spec(
+        None,
+        string(optional=True),
+        "export OpenTelemetry spans of each request to this OTLP/HTTP collector, e.g. "
+        "http://127.0.0.1:4318 (default: $OTEL_EXPORTER_OTLP_ENDPOINT; unset: no tracing)",
+        metavar="URL",
+    )
     tool_call_parser: str | None = spec(
         None,
         string(TOOL_CALL_PARSERS, optional=True),
@@ -267,6 +274,13 @@ class WorkerSection:
         string(LOG_LEVELS, parse=str.upper),
         "DEBUG, INFO, WARNING, ERROR",
         show_choices=False,
+    )
+    otlp_endpoint: str | None = spec(
+        None,
+        string(optional=True),
+        "export OpenTelemetry spans (queue, prefill chunks, decode) to this OTLP/HTTP "
+        "collector (default: $OTEL_EXPORTER_OTLP_ENDPOINT; unset: no tracing)",
+        metavar="URL",
     )
     curve_secret_key: Path | None = spec(
         None, path(), "this worker's CURVE secret key file (mlx-fleet-keys)"

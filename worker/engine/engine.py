@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from shared.protocol import TokenDelta, WorkerPhases
     from shared.sampling import SamplingParams
     from worker.runner.sampler import TokenLogprobs
+    from worker.tracing import WorkerTracing
 
 log = logging.getLogger(__name__)
 
@@ -110,6 +111,7 @@ class Engine:
         self._pending_failures: list[TokenDelta] = []
         self._last_resolved = 0.0
         self._steps = 0
+        self.tracing: WorkerTracing | None = None  # spans of prefill chunks (worker/tracing.py)
 
     @classmethod
     def create(
@@ -288,6 +290,8 @@ class Engine:
             self.stats_.record_prefill(elapsed, sum(c.num_tokens for c in plan.prefill))
         if times is not None:
             self.stats_.record_layer_times(times)
+        if self.tracing is not None and plan.prefill:
+            self.tracing.prefill(plan.prefill, start, elapsed)
         for seq, n in plan.prefill:
             self.scheduler.computed(seq, n)
         self.outputs.record_prompt(scored)

@@ -123,7 +123,14 @@ def serve_group_rank(worker, model_id: str, model_dir: Path, config: EngineConfi
         model, config, group, context_length(model_dir), worker.tp_timeout_s, grammars
     )
     server = WorkerLoop(
-        engine, worker.router, worker_id, model_id, configure_socket, ranks, leader.keepalive
+        engine,
+        worker.router,
+        worker_id,
+        model_id,
+        configure_socket,
+        ranks,
+        leader.keepalive,
+        otlp_endpoint=worker.otlp_endpoint,
     )
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: server.stop())
