@@ -1,0 +1,166 @@
+"""The [router] section: every router setting declared once (see shared/config/sections.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from shared.config.choices import (
+    DEFAULT_ZMQ_ADDRESS,
+    LOG_LEVELS,
+    POLICY_NAMES,
+    TOOL_CALL_PARSERS,
+)
+from shared.config.fields import (
+    NO_FLAG,
+    boolean,
+    endpoint,
+    integer,
+    number,
+    path,
+    size,
+    spec,
+    string,
+    strings,
+)
+
+
+@dataclass(frozen=True)
+class RouterSection:
+    host: str = spec("127.0.0.1", string(), "HTTP address to bind")
+    port: int = spec(8000, integer(1, 65535), "HTTP port")
+    zmq_bind: str = spec(
+        DEFAULT_ZMQ_ADDRESS, endpoint(), "ZeroMQ ROUTER address workers connect to"
+    )
+    policy: str = spec("cache_aware", string(POLICY_NAMES), "routing policy")
+    prefill_weight: float = spec(
+        0.1, number(0.0), "cache_aware: cost of one uncached prompt block, in queued requests"
+    )
+    balance_abs_threshold: int = spec(
+        8, integer(0), "cache_aware: fall back to least-load when max - min load exceeds this..."
+    )
+    balance_rel_threshold: float = spec(
+        2.0, number(1.0), "...and max load exceeds this times the min load"
+    )
+    prefix_ttl_s: float = spec(
+        10.0,
+        number(0.0, low_open=True),
+        "seconds an optimistic prefix entry lives without a KV event",
+        flag="--prefix-ttl",
+    )
+    heartbeat_interval_s: float = spec(
+        1.0,
+        number(0.0, low_open=True),
+        "seconds between worker heartbeats (told to workers)",
+        flag="--heartbeat-interval",
+    )
+    heartbeat_timeout_s: float = spec(
+        5.0,
+        number(0.0, low_open=True),
+        "seconds of silence after which a worker is lost",
+        flag="--heartbeat-timeout",
+    )
+    wedged_after_s: float = spec(
+        30.0,
+        number(0.0, low_open=True),
+        "a worker with work whose step loop makes no progress this long is taken out of "
+        "service (its requests move to other workers) until it does",
+        flag="--wedged-after",
+    )
+    max_pending_requests: int = spec(
+        1024,
+        integer(1),
+        "requests in flight in the router; more are refused with 429",
+        flag="--max-pending",
+    )
+    tokenizer_threads: int = spec(
+        0,
+        integer(0),
+        "threads that tokenize prompts off the event loop (0: on the loop; see "
+        "docs/benchmarks.md, fleet simulation)",
+    )
+    context_length: int | None = spec(
+        None,
+        integer(1, optional=True),
+        "override the model's context length (default: config.json)",
+    )
+    log_level: str = spec(
+        "INFO", string(LOG_LEVELS, parse=str.upper), "log level", show_choices=False
+    )
+    log_requests: bool = spec(
+        False,
+        boolean(),
+        "log each HTTP request as one JSON line (request id, model, status, tokens, timing)",
+    )
+    otlp_endpoint: str | None = spec(
+        None,
+        string(optional=True),
+        "export OpenTelemetry spans of each request to this OTLP/HTTP collector, e.g. "
+        "http://127.0.0.1:4318 (default: $OTEL_EXPORTER_OTLP_ENDPOINT; unset: no tracing)",
+        metavar="URL",
+    )
+    tool_call_parser: str | None = spec(
+        None,
+        string(TOOL_CALL_PARSERS, optional=True),
+        "the tool-call format the model writes (default: read from its chat template)",
+    )
+    chat_template: str | None = spec(
+        None,
+        string(optional=True),
+        "override the model's chat template: a Jinja file, or the template itself",
+        metavar="FILE_OR_TEXT",
+    )
+    # Security: API keys, limits, CURVE (see docs/deploy.md).
+    api_keys: tuple[str, ...] = spec((), strings(), "accepted API keys", flag=NO_FLAG, repr=False)
+    api_keys_file: Path | None = spec(
+        None,
+        path(),
+        "API keys clients must send as 'Authorization: Bearer KEY', one a line "
+        "(keys are never accepted on the command line: ps would show them)",
+        metavar="FILE",
+    )
+    max_body_bytes: int = spec(
+        8 * 2**20, size(optional=False), "larger request bodies are refused with 413"
+    )
+    max_tokens_cap: int | None = spec(
+        None, integer(1, optional=True), "clamp every request's max_tokens to this"
+    )
+    responses_store_size: int = spec(
+        512,
+        integer(0),
+        "/v1/responses replies kept in memory for previous_response_id and GET (0: none)",
+    )
+    responses_store_ttl_s: float = spec(
+        3600.0,
+        number(0.0, low_open=True),
+        "seconds a stored /v1/responses reply is kept",
+        flag="--responses-store-ttl",
+    )
+    per_key_concurrency: int | None = spec(
+        None, integer(1, optional=True), "requests in flight per API key; more get 429"
+    )
+    key_rpm: int | None = spec(
+        None,
+        integer(1, optional=True),
+        "requests per minute per API key (a key's line in the keys file may set its own: "
+        "KEY rpm=N); more get 429 with Retry-After",
+    )
+    key_tpm: int | None = spec(
+        None,
+        integer(1, optional=True),
+        "prompt + completion tokens per minute per API key (KEY tpm=N in the keys file); "
+        "over it, requests get 429 with Retry-After",
+    )
+    curve_secret_key: Path | None = spec(
+        None, path(), "the router's CURVE secret key file", metavar="FILE"
+    )
+    curve_authorized_keys: Path | None = spec(
+        None,
+        path(),
+        "folder of the public keys of the workers allowed to connect",
+        metavar="DIR",
+    )
+
+    @property
+    def curve_enabled(self) -> bool:
+        return self.curve_secret_key is not None
