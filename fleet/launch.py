@@ -32,7 +32,7 @@ from shared.parent_watch import ENV as PARENT_ENV
 
 # [worker] settings launch-cluster passes on to every worker it starts, when typed
 WORKER_FLAGS = ("kv_memory", "block_size", "kv_disk", "kv_disk_dir", "speculative")
-WORKER_FLAGS += ("attention_backend", "max_running", "prefill_chunk")
+WORKER_FLAGS += ("attention_backend", "max_running", "prefill_chunk", "kv_bits", "kv_group_size")
 
 
 def build_parser() -> argparse.ArgumentParser:

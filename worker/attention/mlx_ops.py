@@ -85,7 +85,7 @@ def gather_attention(
             block_tables, context_lengths, k_pool.shape[1], queries.shape[2],
             max_context=max_context, block_size=block_size,
         )  # fmt: skip
-    keys, values = _gather_rows(k_pool, inputs.rows), _gather_rows(v_pool, inputs.rows)
+    keys, values = gather_rows(k_pool, inputs.rows), gather_rows(v_pool, inputs.rows)
     q = queries_by_kv_head(queries, k_pool.shape[1], scale)
     scores = apply_mask(q @ keys.swapaxes(-1, -2), inputs.visible, queries.shape[2])
     row_max = scores.max(axis=-1, keepdims=True)
@@ -163,7 +163,11 @@ def context_slot_table(block_tables: mx.array, num_tokens: int, block_size: int)
     return block_tables[:, positions // block_size] * block_size + positions % block_size
 
 
-def _gather_rows(pool: mx.array, rows: mx.array) -> mx.array:
+def gather_rows(pool: mx.array, rows: mx.array) -> mx.array:
+    """Rows of `pool` viewed as `(slots * Hkv, D)`; a quantized pool (`worker.kv.quant`,
+    known by its `rows`) dequantizes what it gathers."""
+    if hasattr(pool, "rows"):
+        return pool.rows(rows)
     return pool.reshape(-1, pool.shape[-1])[rows]
 
 
@@ -182,9 +186,9 @@ def gather_by_kv_head(pool: mx.array, slots: mx.array) -> mx.array:
     itself. (`take(pool.swapaxes(0, 1), slots, axis=1)` returns a transposed view of a
     slot-major gather, and every matmul over it starts with a hidden copy.)
     """
-    num_kv_heads, head_dim = pool.shape[1:]
+    num_kv_heads = pool.shape[1]
     heads = mx.arange(num_kv_heads, dtype=mx.int32)[:, None, None]
-    return pool.reshape(-1, head_dim)[slots[None] * num_kv_heads + heads]
+    return gather_rows(pool, slots[None] * num_kv_heads + heads)
 
 
 def queries_by_kv_head(queries: mx.array, num_kv_heads: int, scale: float) -> mx.array:

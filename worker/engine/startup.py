@@ -57,7 +57,15 @@ def num_kv_blocks(config: EngineConfig, shape: ModelShape) -> int:
         shape.num_kv_heads,
         shape.head_dim,
         shape.kv_dtype,
+        **kv_quantization(config),
     )
+
+
+def kv_quantization(config: EngineConfig) -> dict:
+    """The pool's K/V quantization (`kv_bits`, `kv_group_size`) as configured: none at 16."""
+    if config.kv_bits is None or config.kv_bits >= 16:
+        return {}
+    return {"kv_bits": config.kv_bits, "kv_group_size": config.kv_group_size}
 
 
 def open_disk_tier(
