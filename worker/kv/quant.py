@@ -7,7 +7,9 @@ It is a tuple of its three arrays (so `mx.eval` and the step outputs take it as 
 plain pool), and it answers `shape`, `dtype` and `itemsize` as the plain `(slots, Hkv, D)`
 pool it stands for would (`itemsize`: of a value as gathered, dequantized), so the attention
 code that plans with them is unchanged. Writes quantize (`pool[slots] = x`);
-`rows(index)` gathers rows of the pool viewed as `(slots * Hkv, D)` and dequantizes them.
+`gather(index)` gathers rows of the pool viewed as `(slots * Hkv, D)` still packed (the
+attention multiplies them with `mx.quantized_matmul`, faster here than dequantizing first:
+worker/attention/mlx_ops.py), `rows(index)` dequantizes them.
 """
 
 from __future__ import annotations
@@ -70,10 +72,14 @@ class QuantizedKV(NamedTuple):
         """The dequantized `(n, Hkv, D)` values at `slots`."""
         return self._dequantize(self.packed[slots], self.scales[slots], self.biases[slots])
 
+    def gather(self, rows: mx.array) -> list[mx.array]:
+        """Packed values, scales and biases of the rows of the pool viewed as
+        `(slots * Hkv, D)` at `rows` (any shape): what `mx.quantized_matmul` takes."""
+        return [a.reshape(-1, a.shape[-1])[rows] for a in self.arrays()]
+
     def rows(self, rows: mx.array) -> mx.array:
         """Rows of the pool viewed as `(slots * Hkv, D)` at `rows` (any shape), dequantized."""
-        flat = [a.reshape(-1, a.shape[-1])[rows] for a in self.arrays()]
-        return self._dequantize(*flat)
+        return self._dequantize(*self.gather(rows))
 
     def _dequantize(self, packed, scales, biases) -> mx.array:
         return mx.dequantize(
