@@ -99,7 +99,7 @@ class Engine:
         self.disk = self.kv_events.disk = open_disk_tier(self.config, model, self.pool, self.cache)
         self.scheduler = Scheduler(self.pool, self.cache, self.config, max_context, self.disk)
         self.backend, self.attention_report = select_backend(
-            self.config.attention_backend, shape, self.config.block_size, self.pool.kv_bits
+            self.config.attention_backend, shape, self.config.block_size, self.pool
         )
         self.runner = make_runner(model, self.pool, self.scratch_block, self.backend)
         self.outputs = OutputBuilder(self.scheduler)

@@ -114,10 +114,14 @@ def test_pool_accounts_quantized_bytes_and_copies_all_three_arrays_on_write():
 
 def test_metal_is_refused_and_auto_picks_mlx_with_quantized_kv():
     shape = ModelShape(2, HKV, D, mx.float32, 97, 4)
+    q8 = BlockPool(4, BS, num_layers=2, num_kv_heads=HKV, head_dim=D, dtype=mx.float32, kv_bits=8)
+    q4 = BlockPool(4, BS, num_layers=2, num_kv_heads=HKV, head_dim=D, dtype=mx.float32, kv_bits=4)
     with pytest.raises(BackendUnavailableError, match="kv-bits 8"):
-        select_backend("metal", shape, BS, kv_bits=8)
-    backend, report = select_backend("auto", shape, BS, kv_bits=4)
+        select_backend("metal", shape, BS, q8)
+    backend, report = select_backend("auto", shape, BS, q4)
     assert backend.name == "mlx" and "kv-bits 4" in report.self_test
+    # registered with the router, shown by /v1/cluster: 2 layers x K, V x 2 heads x 40 bytes
+    assert (report.kv_layout, report.kv_bytes_per_token) == ("q4g64", 2 * 2 * HKV * 40)
 
 
 def test_slot_ids_unchanged_for_quantized_writes():
@@ -127,3 +131,15 @@ def test_slot_ids_unchanged_for_quantized_writes():
     values = mx.random.normal((1, 4, HKV, D), key=mx.random.key(5))
     write_kv(k, v, slots, values, values)
     assert np.allclose(np.array(k.take(slots[0])), np.array(values[0]), atol=0.05)
+
+
+def test_the_router_shows_each_workers_kv_layout():
+    from router.cluster.registry import WorkerState
+    from shared.protocol import AttentionReport, Register, decode, encode
+
+    report = AttentionReport("mlx", "auto", "not run", kv_layout="q8g64", kv_bytes_per_token=720)
+    info = decode(encode(Register("w1", "m", BS, 10, "h", 1, attention=report)))
+    shown = WorkerState(info, b"w1", 0.0).to_json()
+    assert (shown["kv_layout"], shown["kv_bytes_per_token"]) == ("q8g64", 720)
+    plain = WorkerState(Register("w2", "m", BS, 10, "h", 1), b"w2", 0.0).to_json()
+    assert plain["kv_layout"] is None
