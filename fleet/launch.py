@@ -32,7 +32,7 @@ from shared.parent_watch import ENV as PARENT_ENV
 
 # [worker] settings launch-cluster passes on to every worker it starts, when typed
 WORKER_FLAGS = ("kv_memory", "block_size", "kv_disk", "kv_disk_dir", "speculative")
-WORKER_FLAGS += ("attention_backend", "max_running", "prefill_chunk")
+WORKER_FLAGS += ("attention_backend", "max_running", "prefill_chunk", "kv_bits", "kv_group_size")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -153,6 +153,8 @@ def tp_problem(model_dir: Path, tp: int, args, fleet) -> str | None:
         return None
     if args.kv_disk is not None or fleet.worker.kv_disk is not None:
         return "--kv-disk is not supported with --tp (tensor-parallel groups)"
+    if args.kv_bits not in (None, 16) or fleet.worker.kv_bits not in (None, 16):
+        return "--kv-bits is not supported with --tp (tensor-parallel groups)"
     from shared.tensor_parallel import GroupError, check_divides
 
     try:

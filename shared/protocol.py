@@ -7,8 +7,7 @@ a default, a wrong type, an unknown tag or bad msgpack raises ProtocolError, whi
 logs and drops. PROTOCOL_VERSION is checked once, at registration.
 
 Sockets: the router binds a ZeroMQ ROUTER socket; each worker connects one DEALER socket and
-sends single-frame messages. A worker sends Register first and waits for RegisterAck.
-"""
+sends single-frame messages; Register first, then it waits for RegisterAck."""
 
 from __future__ import annotations
 
@@ -23,8 +22,7 @@ import msgpack
 from shared.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 from shared.sampling import SamplingParams
 
-# 2: logit processing in SamplingParams, TokenDelta.top_logprobs; 3: prompt_logprobs (both),
-# SamplingParams.min_tokens. An older worker would ignore new fields silently: it is refused.
+# 2: logit processing, top_logprobs; 3: prompt_logprobs, min_tokens (older workers: refused)
 PROTOCOL_VERSION = 3
 MAX_FRAME_BYTES = 64 * 1024 * 1024
 
@@ -45,6 +43,8 @@ class AttentionReport:
     self_test: str = ""  # "passed", "failed: ...", "not run: ..."
     candidate_ms: float | None = None  # the Metal kernel on the self-test's decode shape
     reference_ms: float | None = None  # the MLX-ops backend on the same shape
+    kv_layout: str = ""  # what attention reads: "float32", "q8g64" (--kv-bits 8, groups of 64)
+    kv_bytes_per_token: int = 0  # K and V, all layers
 
 
 @dataclass(frozen=True, slots=True)

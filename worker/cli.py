@@ -19,6 +19,7 @@ from shared.parent_watch import SPAWNED_AT_ENV, watch_parent
 
 # [worker] settings past the KV budget and batch shape, in --help order
 ENGINE_FLAGS = ("attention_backend", "speculative", "kv_disk", "kv_disk_dir")
+ENGINE_FLAGS += ("kv_bits", "kv_group_size")
 ENGINE_FLAGS += ("curve_secret_key", "curve_server_key")
 
 
@@ -137,6 +138,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"cluster-worker: error: {exc}", file=sys.stderr)
         return 2
     if worker.tp_hosts or "MLX_HOSTFILE" in os.environ:  # one rank of a tensor-parallel group
+        if config.kv_bits not in (None, 16):  # its ranks' pools are not quantized (yet)
+            print("cluster-worker: error: --kv-bits is not supported with --tp", file=sys.stderr)
+            return 2
         from worker.tp.start import serve_group_rank
 
         return serve_group_rank(

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from shared.config.choices import SPECULATIVE_MODES
+from shared.config.choices import KV_BITS, SPECULATIVE_MODES
 from shared.config.sections import ModelSection, WorkerSection, default_of
 
 
@@ -42,6 +42,9 @@ class EngineConfig:
     # read back on a later hit; None: off. Its folder: None = DEFAULT_KV_DISK_DIR.
     kv_disk_bytes: int | None = _worker("kv_disk")
     kv_disk_dir: str | None = None
+    # K/V quantization of the pool: None or 16 = the compute dtype; 8 / 4 (worker/kv/quant.py)
+    kv_bits: int | None = _worker("kv_bits")
+    kv_group_size: int = _worker("kv_group_size")
     # queue decode step n+1 before reading step n's tokens (off: for measuring its gain)
     pipeline_decode: bool = True
 
@@ -61,5 +64,9 @@ class EngineConfig:
             raise ValueError("spec_tokens must be >= 1")
         if self.kv_disk_bytes is not None and self.kv_disk_bytes < 1:
             raise ValueError("kv_disk_bytes must be positive")
+        if self.kv_bits is not None and self.kv_bits not in KV_BITS:
+            raise ValueError(f"kv_bits must be one of {KV_BITS}, got {self.kv_bits}")
+        if self.kv_group_size not in (32, 64, 128):
+            raise ValueError(f"kv_group_size must be 32, 64 or 128, got {self.kv_group_size}")
         if not 0 < self.kv_memory_fraction < 1:
             raise ValueError("kv_memory_fraction must be in (0, 1)")

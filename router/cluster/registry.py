@@ -81,6 +81,8 @@ class WorkerState:
             "inflight": len(self.inflight),
             "running": hb.running if hb else None,
             "waiting": hb.waiting if hb else None,
+            "kv_layout": self.info.attention.kv_layout if self.info.attention else None,
+            "kv_bytes_per_token": getattr(self.info.attention, "kv_bytes_per_token", None),
             "kv_total_blocks": hb.total_blocks if hb else self.info.kv_capacity_blocks,
             "kv_free_blocks": hb.free_blocks if hb else None,
             "kv_cached_blocks": hb.cached_blocks if hb else None,

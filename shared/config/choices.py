@@ -15,6 +15,10 @@ TOOL_CALL_PARSERS = ("hermes", "llama3", "mistral")
 ATTENTION_BACKENDS = ("auto", "metal", "mlx")
 # worker/engine/speculative.py drafts for "ngram"; "off" drafts nothing
 SPECULATIVE_MODES = ("off", "ngram")
+# K/V bits of the paged pool: 16 = the compute dtype (unquantized), 8 / 4 = MLX's affine
+# format (worker/kv/quant.py); the group size is how many head-dim values share a scale and bias
+KV_BITS = (16, 8, 4)
+DEFAULT_KV_GROUP_SIZE = 64
 COMPUTE_DTYPES = ("auto", "float32", "float16", "bfloat16", "quantized")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 

@@ -18,8 +18,10 @@ from shared.config.choices import (
     DEFAULT_BLOCK_SIZE,
     DEFAULT_KV_DISK_DIR,
     DEFAULT_KV_FRACTION,
+    DEFAULT_KV_GROUP_SIZE,
     DEFAULT_MODEL_NAME,
     DEFAULT_ZMQ_ADDRESS,
+    KV_BITS,
     LOG_LEVELS,
     SPECULATIVE_MODES,
 )
@@ -124,6 +126,18 @@ class WorkerSection:
         "exit (code 75, for launch-cluster to restart it) when the step loop has been stuck "
         "this long (0: never)",
         flag="--watchdog",
+    )
+    kv_bits: int | None = spec(
+        None,
+        integer(4, 16, optional=True),
+        f"K/V bits in the KV pool, one of {', '.join(map(str, KV_BITS))}: 8 or 4 quantize "
+        "(2-4x the cached tokens per byte; MLX-ops attention only) (default: the compute dtype)",
+    )
+    kv_group_size: int | None = spec(
+        None,
+        integer(32, 128, optional=True),
+        "head-dim values sharing one scale and bias with --kv-bits 8/4: 32, 64 or 128",
+        unset=DEFAULT_KV_GROUP_SIZE,
     )
     log_level: str = spec(
         "INFO",

@@ -204,6 +204,7 @@ def write_kv(
     per step, eval per step: 4.1 / 4.2 / 4.2 ms per step for pools of 10k / 30k / 100k slots
     (flat: no copy); with a kept view 55 / 161 ms (~10 s at 100k), reading from the same pool
     59 / 102 ms (~3 s at 100k). Queuing the next step with `mx.async_eval` keeps it flat too.
+    A quantized pool (`--kv-bits`, `worker.kv.quant.QuantizedKV`) quantizes what it is given.
     """
     k_pool[slots] = keys.astype(k_pool.dtype)
     v_pool[slots] = values.astype(v_pool.dtype)

@@ -11,6 +11,7 @@ one that is missing, fails or gives wrong numbers stops the worker with the reas
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 from shared.config.choices import ATTENTION_BACKENDS
@@ -22,14 +23,30 @@ log = logging.getLogger(__name__)
 
 
 def select_backend(
-    requested: str, shape, block_size: int
+    requested: str, shape, block_size: int, pool=None
 ) -> tuple[AttentionBackend, AttentionReport]:
-    """The backend this worker's forwards use, and the report it registers with."""
+    """The backend this worker's forwards use, and the report it registers with (with the
+    `pool`'s KV layout and bytes per token). Quantized K/V (`pool.kv_bits` 8 or 4) are read by
+    MLX ops only: the Metal kernel has no quantized variant yet."""
+    backend, report = _select(requested, shape, block_size, getattr(pool, "kv_bits", None))
+    if pool is None:
+        return backend, report
+    kv = dict(kv_layout=pool.kv_layout, kv_bytes_per_token=pool.bytes_per_token)
+    return backend, dataclasses.replace(report, **kv)
+
+
+def _select(requested: str, shape, block_size: int, kv_bits: int | None):
     if requested not in ATTENTION_BACKENDS:
         known = ", ".join(ATTENTION_BACKENDS)
         raise ValueError(f"unknown paged-attention backend {requested!r}; known: {known}")
     if requested == "mlx":
         return BACKENDS["mlx"], AttentionReport("mlx", requested, "not run: mlx requested")
+    if kv_bits is not None and kv_bits < 16:
+        why = f"--kv-bits {kv_bits}: the Metal kernel does not read quantized K/V yet"
+        if requested == "metal":
+            raise BackendUnavailableError(f"--attention-backend metal: {why}; use mlx or auto")
+        log.info("paged attention: MLX ops (%s)", why)
+        return BACKENDS["mlx"], AttentionReport("mlx", requested, f"not run: {why}")
     missing = metal_kernel.metal_reason()
     if missing is not None:
         if requested == "metal":

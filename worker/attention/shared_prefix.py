@@ -10,7 +10,13 @@ from typing import NamedTuple
 
 import mlx.core as mx
 
-from worker.attention.mlx_ops import context_slot_table, queries_by_kv_head, queries_layout
+from worker.attention.mlx_ops import (
+    context_slot_table,
+    key_scores,
+    queries_by_kv_head,
+    queries_layout,
+    weighted_rows,
+)
 
 
 class SharedPrefixPlan(NamedTuple):
@@ -84,13 +90,12 @@ def shared_prefix_attention(
     num_kv_heads, head_dim = k_pool.shape[1:]
     q = queries_by_kv_head(queries, num_kv_heads, scale)  # (Hkv, B, g, D)
     per_kv = q.shape[2]
-    keys_flat, values_flat = k_pool.reshape(-1, head_dim), v_pool.reshape(-1, head_dim)
-    scores = (q @ keys_flat[plan.suffix_rows].swapaxes(-1, -2)).astype(mx.float32)
+    scores = key_scores(q, k_pool, plan.suffix_rows).astype(mx.float32)
     scores = mx.where(plan.suffix_visible[None, :, None, :], scores, -mx.inf)
     suffix_max = scores.max(axis=-1, keepdims=True)
     weights = mx.power(2.0, scores - suffix_max)
     suffix_sum = weights.sum(axis=-1, keepdims=True)
-    suffix_out = weights.astype(values_flat.dtype) @ values_flat[plan.suffix_rows]
+    suffix_out = weighted_rows(weights, v_pool, plan.suffix_rows)
     maxes, sums, outs = [], [], []
     for rows, prefix_rows in plan.prefixes:
         m = rows.shape[0]
@@ -100,12 +105,12 @@ def shared_prefix_attention(
             outs.append(mx.zeros((num_kv_heads, m, per_kv, head_dim), dtype=suffix_out.dtype))
             continue
         group_q = q[:, rows].reshape(num_kv_heads, m * per_kv, head_dim)
-        s = (group_q @ keys_flat[prefix_rows].swapaxes(-1, -2)).astype(mx.float32)
+        s = key_scores(group_q, k_pool, prefix_rows).astype(mx.float32)
         s_max = s.max(axis=-1, keepdims=True)
         w = mx.power(2.0, s - s_max)
         maxes.append(s_max.reshape(num_kv_heads, m, per_kv, 1))
         sums.append(w.sum(axis=-1, keepdims=True).reshape(num_kv_heads, m, per_kv, 1))
-        out = w.astype(values_flat.dtype) @ values_flat[prefix_rows]
+        out = weighted_rows(w, v_pool, prefix_rows)
         outs.append(out.reshape(num_kv_heads, m, per_kv, head_dim))
     prefix_max = mx.concatenate(maxes, axis=1)[:, plan.back]
     prefix_sum = mx.concatenate(sums, axis=1)[:, plan.back]

@@ -94,6 +94,7 @@ class Engine:
             num_kv_heads=shape.num_kv_heads,
             head_dim=shape.head_dim,
             dtype=shape.kv_dtype,
+            **startup.kv_quantization(self.config),
         )
         self.scratch_block = self.pool.allocate(1)[0]  # padding rows write here
         self.kv_events = KVEventLog(self.config.block_size)
@@ -101,7 +102,7 @@ class Engine:
         self.disk = self.kv_events.disk = open_disk_tier(self.config, model, self.pool, self.cache)
         self.scheduler = Scheduler(self.pool, self.cache, self.config, max_context, self.disk)
         self.backend, self.attention_report = select_backend(
-            self.config.attention_backend, shape, self.config.block_size
+            self.config.attention_backend, shape, self.config.block_size, self.pool
         )
         self.runner = make_runner(model, self.pool, self.scratch_block, self.backend)
         self.outputs = OutputBuilder(self.scheduler)

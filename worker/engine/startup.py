@@ -77,11 +77,18 @@ def size_memory(
     step = plan.step_tokens
     config = replace(config, step_token_budget=step, prefill_chunk=min(config.prefill_chunk, step))
     layout = (shape.num_layers, shape.num_kv_heads, shape.head_dim, shape.kv_dtype)
-    blocks = num_blocks_for_budget(plan.kv, config.block_size, *layout)
+    blocks = num_blocks_for_budget(plan.kv, config.block_size, *layout, **kv_quantization(config))
     if blocks < 2:  # the scratch block and one to serve with
         raise MemoryBudgetTooSmall(f"no room for the KV pool: {plan.describe()}")
     log.info("%s; %d KV blocks", plan.describe(), blocks)
     return config, blocks, plan
+
+
+def kv_quantization(config: EngineConfig) -> dict:
+    """The pool's K/V quantization (`kv_bits`, `kv_group_size`) as configured: none at 16."""
+    if config.kv_bits is None or config.kv_bits >= 16:
+        return {}
+    return {"kv_bits": config.kv_bits, "kv_group_size": config.kv_group_size}
 
 
 def open_disk_tier(

@@ -2,7 +2,8 @@
 
 Storage, per layer, K and V each: an `mx.array` of shape
 `(num_blocks * block_size, num_kv_heads, head_dim)`, a flat array of slots where
-slot = block_id * block_size + offset (see docs/architecture.md for why).
+slot = block_id * block_size + offset (see docs/architecture.md for why); with `kv_bits` 8 or 4
+a `QuantizedKV` of the same slots instead (packed values, scales, biases: worker/kv/quant.py).
 
 Every block is in exactly one state:
 - free: on the free list, ref count 0, not cached;
@@ -21,9 +22,10 @@ from typing import NamedTuple
 
 import mlx.core as mx
 
-from shared.config.choices import DEFAULT_BLOCK_SIZE
+from shared.config.choices import DEFAULT_BLOCK_SIZE, DEFAULT_KV_GROUP_SIZE
 from worker.kv.errors import IntegrityError, KVCacheError, OutOfBlocksError
 from worker.kv.memory import bytes_per_block, num_blocks_for_budget
+from worker.kv.quant import QuantizedKV, pool_arrays
 
 logger = logging.getLogger(__name__)
 
@@ -52,6 +54,8 @@ class BlockPool:
         num_kv_heads: int,
         head_dim: int,
         dtype: mx.Dtype = mx.float16,
+        kv_bits: int | None = None,
+        kv_group_size: int | None = None,
     ) -> None:
         # The shape is keyword-only: three ints in a row are too easy to swap.
         for name, value in (
@@ -69,28 +73,50 @@ class BlockPool:
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
         self.dtype = dtype
+        # None: unquantized, in `dtype` (the layout reported as 16 bits whatever the dtype)
+        self.kv_bits = kv_bits if kv_bits is not None and kv_bits < 16 else None
+        self.kv_group_size = (kv_group_size or DEFAULT_KV_GROUP_SIZE) if self.kv_bits else None
         shape = (num_blocks * block_size, num_kv_heads, head_dim)
-        self.k = [mx.zeros(shape, dtype=dtype) for _ in range(num_layers)]
-        self.v = [mx.zeros(shape, dtype=dtype) for _ in range(num_layers)]
+        if self.kv_bits is None:
+            self.k = [mx.zeros(shape, dtype=dtype) for _ in range(num_layers)]
+            self.v = [mx.zeros(shape, dtype=dtype) for _ in range(num_layers)]
+        else:
+            quant = dict(bits=self.kv_bits, group_size=self.kv_group_size, dtype=dtype)
+            self.k = [QuantizedKV.zeros(*shape, **quant) for _ in range(num_layers)]
+            self.v = [QuantizedKV.zeros(*shape, **quant) for _ in range(num_layers)]
         mx.eval(self.k, self.v)  # reserve the memory now, not at the first forward pass
         self._refs = [0] * num_blocks
         self._cached = [False] * num_blocks
         self._free = deque(range(num_blocks))  # oldest-freed first
         self._hold_listener: HoldListener | None = None
-        block_bytes = bytes_per_block(block_size, num_layers, num_kv_heads, head_dim, dtype)
+        self.bytes_per_block = bytes_per_block(
+            block_size, num_layers, num_kv_heads, head_dim, dtype, self.kv_bits, self.kv_group_size
+        )
         logger.info(
-            "KV block pool: %d blocks x %d tokens (%d layers, %d KV heads, head dim %d, %s), "
-            "%.1f MiB",
+            "KV block pool: %d blocks x %d tokens (%d layers, %d KV heads, head dim %d, %s, "
+            "%s), %.1f MiB",
             num_blocks,
             block_size,
             num_layers,
             num_kv_heads,
             head_dim,
             dtype,
-            num_blocks * block_bytes / 2**20,
+            self.kv_layout,
+            num_blocks * self.bytes_per_block / 2**20,
         )
 
     # ---- queries (none of these mutate) ----
+
+    @property
+    def kv_layout(self) -> str:
+        """How K/V are stored: "float16", or e.g. "q8g64" (8-bit values, groups of 64)."""
+        if self.kv_bits is None:
+            return str(self.dtype).rsplit(".", 1)[-1]
+        return f"q{self.kv_bits}g{self.kv_group_size}"
+
+    @property
+    def bytes_per_token(self) -> int:
+        return self.bytes_per_block // self.block_size
 
     @property
     def num_free(self) -> int:
@@ -205,8 +231,9 @@ class BlockPool:
         """Mutates: a block the caller may write to, standing in for its held `block_id`.
 
         The same id when the caller is its only user and the tree does not have it; otherwise a
-        new block with a copy of its K/V in every layer, and the caller's reference to the old
-        block is dropped (the tree's copy never changes).
+        new block with a copy of its K/V in every layer (quantized: packed values, scales and
+        biases), and the caller's reference to the old block is dropped (the tree's copy never
+        changes).
         """
         if not self.needs_copy(block_id):
             return block_id
@@ -215,11 +242,11 @@ class BlockPool:
         dst = slice(new_id * self.block_size, (new_id + 1) * self.block_size)
         # Read the source into arrays of their own first: a write whose value still reads the
         # same pool makes MLX copy the whole pool (seconds for a big one), see write_kv.
-        copies = [mx.array(pool[src]) for pool in (*self.k, *self.v)]
+        arrays = [a for pool in (*self.k, *self.v) for a in pool_arrays(pool)]
+        copies = [mx.array(a[src]) for a in arrays]
         mx.eval(copies)
-        for layer in range(self.num_layers):
-            self.k[layer][dst] = copies[layer]
-            self.v[layer][dst] = copies[self.num_layers + layer]
+        for array, copy in zip(arrays, copies, strict=True):
+            array[dst] = copy
         self.decref([block_id])
         return new_id
 

@@ -3,7 +3,9 @@
 One file per block, named by its chained block hash, under a folder per model fingerprint:
 `<root>/<fingerprint>/<hash:016x>.kv`. A file is a magic line, a JSON header (fingerprint,
 block hash, parent hash, the block's token ids, dtype, shape, payload size and CRC-32) and the
-payload: K then V of every layer, `(2, num_layers, block_size, num_kv_heads, head_dim)`.
+payload: K then V of every layer, `(2, num_layers, block_size, num_kv_heads, head_dim)`; of a
+quantized pool (`--kv-bits`), bytes `(2, num_layers, block_size, num_kv_heads, row_bytes)`, each
+row a head vector's packed values, scales and biases (worker/kv/disk_tier.py).
 Writes go through a background thread (write to a temporary name, then rename, so a crash
 leaves no half file under a real name); the store is bounded by bytes, least recently used
 files first. Reading checks the magic, header, fingerprint, size and checksum, and the token
@@ -20,7 +22,7 @@ import queue
 import threading
 import zlib
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -40,10 +42,16 @@ class BlockLayout:
     num_kv_heads: int
     head_dim: int
     dtype: str  # numpy dtype name of the payload ("float32", "float16", "uint16" for bf16)
+    # quantized K/V: e.g. "q8g64/float32" (bits, group size, scales' dtype), "" if not; then
+    # `dtype` is "uint8" and each head vector is a row of `row_bytes`. Not in the repr, so the
+    # fingerprints of unquantized layouts stay what they were (model_fingerprint adds it).
+    quant: str = field(default="", repr=False)
+    row_bytes: int = field(default=0, repr=False)
 
     @property
     def shape(self) -> tuple[int, ...]:
-        return (2, self.num_layers, self.block_size, self.num_kv_heads, self.head_dim)
+        last = self.row_bytes if self.quant else self.head_dim
+        return (2, self.num_layers, self.block_size, self.num_kv_heads, last)
 
     @property
     def nbytes(self) -> int:

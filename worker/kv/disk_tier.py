@@ -3,7 +3,9 @@
 Saving reads the evicted blocks' K/V off the pool once, at eviction (an `mx.eval`, which waits
 for a step in flight; eviction happens between steps, or while a pipelined step is queued),
 and hands host copies to the store's writer thread. Loading reads the files and writes their
-K/V into freshly allocated blocks with one scatter per layer, K and V.
+K/V into freshly allocated blocks with one scatter per layer, K and V. A quantized pool
+(`--kv-bits`) travels as its bytes: each head vector's packed values, scales and biases side by
+side in one row (2-4x smaller files), never dequantized on the way.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import numpy as np
 
 from shared.hashing import hash_blocks
 from worker.kv.disk_store import BlockLayout, DiskKVStore
+from worker.kv.quant import QuantizedKV, pool_arrays
 
 if TYPE_CHECKING:
     from worker.kv.block_pool import BlockPool
@@ -31,8 +34,12 @@ class DiskHit(NamedTuple):
 
 def block_layout(pool: BlockPool) -> BlockLayout:
     k = pool.k[0]
-    return BlockLayout(pool.num_layers, pool.block_size, k.shape[1], k.shape[2],
-                       _WIRE_DTYPES[k.dtype])  # fmt: skip
+    dims = (pool.num_layers, pool.block_size, k.shape[1], k.shape[2])
+    if not isinstance(k, QuantizedKV):
+        return BlockLayout(*dims, _WIRE_DTYPES[k.dtype])
+    row_bytes = sum(a.shape[-1] * a.itemsize for a in k.arrays())
+    quant = f"{pool.kv_layout}/{_WIRE_DTYPES[k.dtype]}"
+    return BlockLayout(*dims, "uint8", quant=quant, row_bytes=row_bytes)
 
 
 def model_fingerprint(model, layout: BlockLayout) -> str:
@@ -40,7 +47,7 @@ def model_fingerprint(model, layout: BlockLayout) -> str:
     each parameter's values; K/V saved under one fingerprint never load under another."""
     from mlx.utils import tree_flatten
 
-    digest = hashlib.sha256(repr(layout).encode())
+    digest = hashlib.sha256((repr(layout) + layout.quant).encode())
     for name, param in sorted(tree_flatten(model.parameters()), key=lambda item: item[0]):
         sample = param.reshape(-1)[:64]
         if sample.dtype == mx.bfloat16:
@@ -85,19 +92,19 @@ class DiskTier:
         slots = mx.array([b * bs + o for b in block_ids for o in range(bs)], dtype=mx.int32)
         stacked = np.stack([h.payload for h in hits], axis=2)  # (2, L, n, bs, H, D)
         data = mx.array(stacked)
-        if self.pool.k[0].dtype == mx.bfloat16:
+        if self.pool.k[0].dtype == mx.bfloat16 and self.pool.kv_bits is None:
             data = data.view(mx.bfloat16)
         data = data.reshape(2, self.pool.num_layers, len(block_ids) * bs, *data.shape[-2:])
         for layer in range(self.pool.num_layers):
-            self.pool.k[layer][slots] = data[0, layer]
-            self.pool.v[layer][slots] = data[1, layer]
+            for i, pool in enumerate((self.pool.k[layer], self.pool.v[layer])):
+                _store(pool, slots, data[i, layer])
         mx.eval(self.pool.k + self.pool.v)
         self.hit_tokens += len(block_ids) * bs
 
     def _read_blocks(self, block_ids: list[int]) -> list[np.ndarray]:
         bs = self.pool.block_size
         slots = mx.array([b * bs + o for b in block_ids for o in range(bs)], dtype=mx.int32)
-        parts = [pool[slots] for pool in (*self.pool.k, *self.pool.v)]
+        parts = [_row_bytes(pool, slots) for pool in (*self.pool.k, *self.pool.v)]
         stacked = mx.stack(parts).reshape(
             2, self.pool.num_layers, len(block_ids), bs, *parts[0].shape[-2:]
         )
@@ -105,3 +112,22 @@ class DiskTier:
             stacked = stacked.view(mx.uint16)
         host = np.array(stacked)  # evaluates: the copy no longer references the pool
         return [host[:, :, i] for i in range(len(block_ids))]
+
+
+def _row_bytes(pool, slots: mx.array) -> mx.array:
+    """A pool's `slots` as stored: the values, or a quantized pool's rows of bytes."""
+    if not isinstance(pool, QuantizedKV):
+        return pool[slots]
+    return mx.concatenate([a[slots].view(mx.uint8) for a in pool.arrays()], axis=-1)
+
+
+def _store(pool, slots: mx.array, data: mx.array) -> None:
+    """Write `data` (as `_row_bytes` gives it) into a pool's `slots`, in place."""
+    if not isinstance(pool, QuantizedKV):
+        pool[slots] = data
+        return
+    start = 0
+    for array in pool_arrays(pool):
+        width = array.shape[-1] * array.itemsize
+        array[slots] = data[..., start : start + width].view(array.dtype)
+        start += width

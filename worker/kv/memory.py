@@ -8,12 +8,22 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
+from worker.kv.quant import bytes_per_value
+
 
 def bytes_per_block(
-    block_size: int, num_layers: int, num_kv_heads: int, head_dim: int, dtype: mx.Dtype
+    block_size: int,
+    num_layers: int,
+    num_kv_heads: int,
+    head_dim: int,
+    dtype: mx.Dtype,
+    kv_bits: int | None = None,
+    kv_group_size: int | None = None,
 ) -> int:
-    """Bytes one block takes: K and V, in every layer."""
-    return 2 * num_layers * block_size * num_kv_heads * head_dim * dtype.size
+    """Bytes one block takes: K and V, in every layer; quantized (`kv_bits` 8 or 4), the
+    packed values plus each group's scale and bias in `dtype`."""
+    per_value = bytes_per_value(dtype, kv_bits, kv_group_size)
+    return round(2 * num_layers * block_size * num_kv_heads * head_dim * per_value)
 
 
 def num_blocks_for_budget(
@@ -23,11 +33,14 @@ def num_blocks_for_budget(
     num_kv_heads: int,
     head_dim: int,
     dtype: mx.Dtype,
+    kv_bits: int | None = None,
+    kv_group_size: int | None = None,
 ) -> int:
     """How many whole blocks fit in `budget_bytes` (may be 0)."""
     if budget_bytes < 0:
         raise ValueError(f"budget_bytes must be >= 0, got {budget_bytes}")
-    return budget_bytes // bytes_per_block(block_size, num_layers, num_kv_heads, head_dim, dtype)
+    shape = (block_size, num_layers, num_kv_heads, head_dim, dtype)
+    return budget_bytes // bytes_per_block(*shape, kv_bits, kv_group_size)
 
 
 def device_memory_bytes() -> int:
