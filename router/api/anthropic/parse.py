@@ -27,6 +27,7 @@ _ROLES = ("user", "assistant")
 MESSAGES_FIELDS = frozenset(
     {"model", "max_tokens", "messages", "system", "stop_sequences", "temperature", "top_p"}
     | {"top_k", "stream", "tools", "tool_choice", "chat_template_kwargs", "thinking", "metadata"}
+    | {"output_config", "context_management"}  # what Claude Code sends on every turn
 )
 
 
@@ -73,12 +74,33 @@ def check_messages_no_ops(body: dict) -> None:
     metadata = body.get("metadata")
     if metadata is not None and not isinstance(metadata, dict):
         raise bad_request("'metadata' must be an object", "metadata")
+    config = body.get("output_config")
+    if config is not None and (not isinstance(config, dict) or config.keys() - {"effort"}):
+        raise bad_request(
+            "'output_config' may only carry 'effort' (accepted, not adjustable)", "output_config"
+        )
+    edits = (
+        (body.get("context_management") or {}).get("edits")
+        if isinstance(body.get("context_management"), dict)
+        else None
+    )
+    if body.get("context_management") is not None and not (
+        isinstance(edits, list)
+        and all(
+            isinstance(e, dict) and str(e.get("type")).startswith("clear_thinking") for e in edits
+        )
+    ):
+        raise bad_request(
+            "'context_management' may only hold clear_thinking edits (earlier thinking is "
+            "rendered as the chat template says); clearing tool uses is not supported",
+            "context_management",
+        )
 
 
 def _check_thinking(body: dict) -> None:
     thinking = body.get("thinking")
     if thinking is not None and not (
-        isinstance(thinking, dict) and thinking.get("type") == "disabled"
+        isinstance(thinking, dict) and thinking.get("type") in ("disabled", "adaptive")
     ):
         raise bad_request(
             "'thinking' budgets are not supported; reasoning models think as their template "
