@@ -207,8 +207,16 @@ def _messages(messages) -> list[dict]:
     out = []
     for i, message in enumerate(messages):
         param = f"messages[{i}]"
+        if isinstance(message, dict) and message.get("role") == "system":
+            # a system message mid-conversation (Claude Code's mid-conversation-system beta):
+            # text only, rendered where it stands as the chat template renders system turns
+            text, _ = _text_of(message.get("content"), f"{param}.content", ("text",))
+            out.append({"role": "system", "content": text})
+            continue
         if not isinstance(message, dict) or message.get("role") not in _ROLES:
-            raise bad_request(f"{param} must be an object with role 'user' or 'assistant'", param)
+            raise bad_request(
+                f"{param} must be an object with role 'user', 'assistant' or 'system'", param
+            )
         out += _turn(message["role"], message.get("content"), param)
     return out
 
