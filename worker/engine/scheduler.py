@@ -325,8 +325,11 @@ class Scheduler:
         self.waiting.appendleft(seq)
 
     def cache_computed(self, seq: Sequence) -> None:
-        """Hand `seq`'s computed full blocks to the prefix cache (they stay held by `seq`)."""
-        full = seq.num_computed // self.block_size * self.block_size
+        """Hand `seq`'s computed full blocks to the prefix cache (they stay held by `seq`).
+        Only known tokens: with a decode step in flight, num_computed counts its input token,
+        which the host learns when the step resolves (a block short of it waits for release)."""
+        known = min(seq.num_computed, len(seq.tokens))
+        full = known // self.block_size * self.block_size
         if full > seq.inserted_tokens and self.config.enable_prefix_cache:
             self.cache.insert(seq.tokens[:full], seq.block_ids)
             seq.inserted_tokens = full

@@ -27,6 +27,7 @@ _ROLES = ("user", "assistant")
 MESSAGES_FIELDS = frozenset(
     {"model", "max_tokens", "messages", "system", "stop_sequences", "temperature", "top_p"}
     | {"top_k", "stream", "tools", "tool_choice", "chat_template_kwargs", "thinking", "metadata"}
+    | {"output_config", "context_management"}  # what Claude Code sends on every turn
 )
 
 
@@ -73,12 +74,33 @@ def check_messages_no_ops(body: dict) -> None:
     metadata = body.get("metadata")
     if metadata is not None and not isinstance(metadata, dict):
         raise bad_request("'metadata' must be an object", "metadata")
+    config = body.get("output_config")
+    if config is not None and (not isinstance(config, dict) or config.keys() - {"effort"}):
+        raise bad_request(
+            "'output_config' may only carry 'effort' (accepted, not adjustable)", "output_config"
+        )
+    edits = (
+        (body.get("context_management") or {}).get("edits")
+        if isinstance(body.get("context_management"), dict)
+        else None
+    )
+    if body.get("context_management") is not None and not (
+        isinstance(edits, list)
+        and all(
+            isinstance(e, dict) and str(e.get("type")).startswith("clear_thinking") for e in edits
+        )
+    ):
+        raise bad_request(
+            "'context_management' may only hold clear_thinking edits (earlier thinking is "
+            "rendered as the chat template says); clearing tool uses is not supported",
+            "context_management",
+        )
 
 
 def _check_thinking(body: dict) -> None:
     thinking = body.get("thinking")
     if thinking is not None and not (
-        isinstance(thinking, dict) and thinking.get("type") == "disabled"
+        isinstance(thinking, dict) and thinking.get("type") in ("disabled", "adaptive")
     ):
         raise bad_request(
             "'thinking' budgets are not supported; reasoning models think as their template "
@@ -185,8 +207,16 @@ def _messages(messages) -> list[dict]:
     out = []
     for i, message in enumerate(messages):
         param = f"messages[{i}]"
+        if isinstance(message, dict) and message.get("role") == "system":
+            # a system message mid-conversation (Claude Code's mid-conversation-system beta):
+            # text only, rendered where it stands as the chat template renders system turns
+            text, _ = _text_of(message.get("content"), f"{param}.content", ("text",))
+            out.append({"role": "system", "content": text})
+            continue
         if not isinstance(message, dict) or message.get("role") not in _ROLES:
-            raise bad_request(f"{param} must be an object with role 'user' or 'assistant'", param)
+            raise bad_request(
+                f"{param} must be an object with role 'user', 'assistant' or 'system'", param
+            )
         out += _turn(message["role"], message.get("content"), param)
     return out
 

@@ -103,7 +103,7 @@ class ResponsesReply:
         body = self._response(status, usage_json(usage, reasoning_tokens))
         context = self._req.context
         if context.store:
-            self._store.put(body, context.input_items, context.history)
+            self._store.put(body, context.input_items, context.history, self._req.cache_key)
         return body
 
     def _response(self, status: str, usage: dict | None = None, error=None) -> dict:

@@ -38,13 +38,14 @@ FIELDS: dict[str, Field] = {
     "metadata": HONOURED,  # echoed and stored
     "user": Field(no_op=str),
     "safety_identifier": Field(no_op=str),
-    "prompt_cache_key": Field(no_op=str),
+    "prompt_cache_key": HONOURED,  # a routing affinity key, as on chat
+    "client_metadata": Field(no_op=dict),  # Codex CLI's ids of its session and turn
     "service_tier": Field(no_op=str),
     "stream_options": Field(no_op=dict),
     "include": Field(
         refused="'include' asks for data this server does not produce (encrypted reasoning, "
         "logprobs, tool sources)",
-        harmless=lambda v: v == [],
+        harmless=lambda v: isinstance(v, list) and set(v) <= {"reasoning.encrypted_content"},
     ),
     "background": Field(
         refused="background mode is not supported: send the request without 'background' "
@@ -54,7 +55,7 @@ FIELDS: dict[str, Field] = {
     "reasoning": Field(
         refused="reasoning effort and summaries are not adjustable; reasoning models think as "
         "their template says",
-        harmless=lambda v: isinstance(v, dict) and all(x is None for x in v.values()),
+        harmless=lambda v: isinstance(v, dict) and _no_adjustment(v),
     ),
     "top_logprobs": Field(
         refused="logprobs are not returned by /v1/responses", harmless=lambda v: v == 0
@@ -67,6 +68,17 @@ FIELDS: dict[str, Field] = {
     "context_management": Field(refused="context management (compaction) is not supported"),
 }
 RESPONSES_FIELDS = frozenset(FIELDS)
+_SUMMARIES = (None, "auto", "concise", "detailed")
+
+
+def _no_adjustment(reasoning: dict) -> bool:
+    """`reasoning` asks for nothing we would change: no effort; a `summary` (Codex CLI sends
+    "auto") is accepted, and reasoning items carry the whole reasoning text instead."""
+    summary = reasoning.get("summary", reasoning.get("generate_summary"))
+    rest = (v for k, v in reasoning.items() if k not in ("summary", "generate_summary"))
+    return summary in _SUMMARIES and all(v is None for v in rest)
+
+
 _TYPE_NAMES = {str: "a string", dict: "an object"}
 
 

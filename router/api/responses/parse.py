@@ -4,6 +4,7 @@ what the reply echoes and stores (ResponsesRequest.context)."""
 from __future__ import annotations
 
 import json
+import uuid
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -55,7 +56,8 @@ def parse_responses(
     refuse_unknown_fields(body, RESPONSES_FIELDS, ENDPOINT)
     check_responses_fields(body)
     items = input_items(body.get("input"))
-    history = _history(body, store)
+    history, previous_key = _history(body, store)
+    keep = typed_field(body, "store", bool, True)
     instructions = typed_field(body, "instructions", str, None)
     system = [{"role": "system", "content": instructions}] if instructions else []
     tools = responses_tools(body)
@@ -80,24 +82,36 @@ def parse_responses(
         tool_family=prompt.tool_family,
         tool_grammar=required_call_schema(tools),
         starts_in_reasoning=prompt.starts_in_reasoning,
+        cache_key=_cache_key(body, previous_key, keep),
         context=ResponseContext(
             _echo(body, max_output, sampling) | {"parallel_tool_calls": parallel},
             items,
             tuple(kept[: max(0, len(kept) - len(items))]),
-            typed_field(body, "store", bool, True),
+            keep,
             parallel,
         ),
     )
 
 
-def _history(body: dict, store: ResponseStore) -> tuple[dict, ...]:
+def _history(body: dict, store: ResponseStore) -> tuple[tuple[dict, ...], str | None]:
+    """The items a continuation prepends, and the routing key its conversation was sent by."""
     previous = typed_field(body, "previous_response_id", str, None)
     if previous is None:
-        return ()
+        return (), None
     stored = store.get(previous)
     if stored is None:
         raise previous_not_found(previous)
-    return stored.context
+    return stored.context, stored.cache_key
+
+
+def _cache_key(body: dict, previous_key: str | None, keep: bool) -> str | None:
+    """The routing affinity key (router/routing/affinity.py): the request's prompt_cache_key,
+    else its conversation's (the turns of a `previous_response_id` chain go where the first
+    went, and find their prefix in that worker's cache), else a new one for a stored reply."""
+    key = typed_field(body, "prompt_cache_key", str, None) or previous_key
+    if key is None and keep:
+        key = f"conversation:{uuid.uuid4().hex}"
+    return key
 
 
 def _fit(

@@ -23,6 +23,7 @@ class StoredResponse:
     input_items: tuple[dict, ...]  # this request's own input items, with ids
     context: tuple[dict, ...]  # every item a continuation prepends: history, input, output
     stored_at: float
+    cache_key: str | None = None  # the routing key its conversation was sent by
 
 
 class ResponseStore:
@@ -38,10 +39,16 @@ class ResponseStore:
             self._expire()
             return len(self._items)
 
-    def put(self, response: dict, input_items: list[dict], history: tuple[dict, ...]) -> None:
+    def put(
+        self,
+        response: dict,
+        input_items: list[dict],
+        history: tuple[dict, ...],
+        cache_key: str | None = None,
+    ) -> None:
         """Keep `response` (evicting the oldest past the size limit); a size of 0 keeps none."""
         context = (*history, *input_items, *response["output"])
-        entry = StoredResponse(response, tuple(input_items), context, self._clock())
+        entry = StoredResponse(response, tuple(input_items), context, self._clock(), cache_key)
         with self._lock:
             self._items[response["id"]] = entry
             self._items.move_to_end(response["id"])

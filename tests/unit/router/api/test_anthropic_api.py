@@ -120,7 +120,14 @@ async def test_streaming_events(cluster, sdk):
         ({"messages": ASK}, 400),  # no max_tokens
         ({"messages": ASK, "max_tokens": "5"}, 400),
         ({"messages": [], "max_tokens": 5}, 400),
-        ({"messages": [{"role": "system", "content": "x"}], "max_tokens": 5}, 400),
+        ({"messages": [{"role": "tool", "content": "x"}], "max_tokens": 5}, 400),
+        (
+            {
+                "messages": [*ASK, {"role": "system", "content": [{"type": "image"}]}],
+                "max_tokens": 5,
+            },
+            400,
+        ),
         ({"messages": [{"role": "user", "content": [{"type": "image"}]}], "max_tokens": 5}, 400),
         ({"messages": ASK, "max_tokens": 5, "system": 5}, 400),
         ({"messages": ASK, "max_tokens": 5, "temperature": 1.5}, 400),
@@ -128,6 +135,16 @@ async def test_streaming_events(cluster, sdk):
         ({"messages": ASK, "max_tokens": 5, "tool_choice": {"type": "magic"}}, 400),
         ({"messages": ASK, "max_tokens": 5, "stop_sequences": "x"}, 400),
         ({"messages": ASK, "max_tokens": 5, "model": "claude-9"}, 404),
+        ({"messages": ASK, "max_tokens": 5, "thinking": {"type": "enabled"}}, 400),
+        ({"messages": ASK, "max_tokens": 5, "output_config": {"format": {}}}, 400),
+        (
+            {
+                "messages": ASK,
+                "max_tokens": 5,
+                "context_management": {"edits": [{"type": "clear_tool_uses_20250919"}]},
+            },
+            400,
+        ),
     ],
 )
 async def test_errors_have_the_anthropic_shape(cluster, body, status):
@@ -137,6 +154,17 @@ async def test_errors_have_the_anthropic_shape(cluster, body, status):
     assert error["type"] == "error"
     kind = "not_found_error" if status == 404 else "invalid_request_error"
     assert error["error"]["type"] == kind and error["error"]["message"]
+
+
+async def test_what_claude_code_sends_is_accepted(cluster):
+    """Claude Code's turn carries adaptive thinking, an effort and a clear_thinking edit."""
+    await cluster.add_worker("w1")
+    messages = [*ASK, {"role": "system", "content": [{"type": "text", "text": "Be brief."}]}]
+    body = {"model": MODEL, "messages": messages, "max_tokens": 2, "thinking": {"type": "adaptive"},
+            "output_config": {"effort": "high"},
+            "context_management": {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]}}  # fmt: skip
+    resp = await cluster.client.post("/v1/messages", json=body)
+    assert resp.status == 200, await resp.text()
 
 
 async def test_x_api_key_auth(make_cluster, sdk):

@@ -96,7 +96,9 @@ async def test_store_size_setting_reaches_the_router(make_cluster):
         ({"tools": [WEATHER], "tool_choice": {"type": "file_search"}}, "tool_choice"),
         ({"background": True}, "background"),
         ({"reasoning": {"effort": "high"}}, "reasoning"),
-        ({"include": ["reasoning.encrypted_content"]}, "include"),
+        ({"include": ["message.output_text.logprobs"]}, "include"),
+        ({"reasoning": {"summary": "auto", "effort": "low"}}, "reasoning"),
+        ({"client_metadata": "x"}, "client_metadata"),
         ({"conversation": "conv_1"}, "conversation"),
         ({"truncation": "sometimes"}, "truncation"),
         ({"text": {"format": {"type": "xml"}}}, "text.format"),
@@ -122,6 +124,9 @@ async def test_accepted_no_ops_answer(cluster):
     extra = {"user": "u1", "safety_identifier": "s", "prompt_cache_key": "k",
              "service_tier": "auto", "include": [], "background": False,
              "reasoning": {"effort": None}, "truncation": "disabled"}  # fmt: skip
+    # what Codex CLI sends on every turn
+    extra |= {"client_metadata": {"turn_id": "t1"}, "reasoning": {"summary": "auto"},
+              "include": ["reasoning.encrypted_content"]}  # fmt: skip
     resp = await cluster.client.post("/v1/responses", json={"model": MODEL, **body, **extra})
     assert resp.status == 200, await resp.text()
 

@@ -238,3 +238,24 @@ def test_n_out_of_range_is_refused():
     engine = make_engine(tiny_model("llama"), max_running=8)
     with pytest.raises(InvalidRequest, match=r"n must be an integer in \[1, 8\]"):
         engine.add_request("r", [1, 2, 3], SamplingParams(max_tokens=2), n=9)
+
+
+def test_a_finished_reply_s_blocks_serve_the_next_turn(model):
+    """The next turn of a conversation (prompt + reply + stop token + more) finds every full
+    block of the last turn's prompt and reply cached. With a decode step in flight, the
+    prompt's last partial block used to be inserted before its generated tokens were known
+    (a block short), and was never inserted whole: the next turn missed it."""
+    first = prompt(30, 4)  # block size 8: 3 full blocks and 6 tokens of a fourth
+    greedy = reference_greedy(model, first, 24)
+    # the reply ends at the first token (from the 3rd on) not seen before in it: the stop token
+    reply_tokens = next(k for k in range(2, 24) if greedy[k] not in greedy[:k])
+    stop = greedy[reply_tokens]
+    engine = make_engine(model)
+    engine.add_request("turn1", first, SamplingParams(max_tokens=12, stop_token_ids=(stop,)))
+    outputs, _ = collect(engine)
+    assert outputs["turn1"] == greedy[:reply_tokens]
+    # prompt, reply and stop token: 31+ tokens whose K/V is computed, so the 4th block is full
+    nxt = first + outputs["turn1"] + [stop] + prompt(9, 5)
+    engine.add_request("turn2", nxt, SamplingParams(max_tokens=1))
+    _, finals = collect(engine)
+    assert finals["turn2"].usage.cached_tokens >= 32
