@@ -1,7 +1,8 @@
 """`python scripts/fleet_sim.py`: the fleet simulator's experiments (scripts/fleetsim).
 
 Hit rate vs worker count (16/32/64) for each policy and the capacity bound, load imbalance,
-the two-worker KV-pressure configuration of issue 15 (24 and 16 tenants), and the router's
+the two-worker KV-pressure configuration of issue 15 (24 and 16 tenants), prompt_cache_key on
+conversations that share a key but not a prefix (2/4/8 workers, with and without keys), the router's
 own CPU per request with its overhead at offered rates. One JSON line per row on stdout and
 in --out; a plot of hit rate vs workers in --plot. A few minutes of one core with defaults.
 
@@ -35,7 +36,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--seeds", type=ints, default=[0, 1, 2], help="pressure-run seeds")
     p.add_argument("--as-run-seeds", type=int, default=20, help="seeds of the 72-request runs")
     p.add_argument("--overhead-rates", type=ints, default=[100, 1000, 3000], help="req/s")
-    p.add_argument("--skip", default="", help="comma-separated: fleet, pressure, overhead")
+    p.add_argument("--conversation-workers", type=ints, default=[2, 4, 8],
+                   help="fleet sizes of the prompt_cache_key runs")  # fmt: skip
+    p.add_argument("--skip", default="",
+                   help="comma-separated: fleet, pressure, conversations, overhead")  # fmt: skip
     p.add_argument("--out", type=Path, help="JSON lines file")
     p.add_argument("--plot", type=Path, help="PNG: hit rate vs workers")
     return p.parse_args(argv)
@@ -64,6 +68,13 @@ def main(argv: list[str] | None = None) -> int:
             for seed in range(args.as_run_seeds):
                 scenario = scenarios.pressure_as_run(tenants, seed)
                 emit(scenarios.run(scenario, ("cache_aware", "round_robin")))
+    if "conversations" not in skip:  # prompt_cache_key: the same traffic with and without
+        for closed in (False, True):
+            for key_per in ("tenant", "conversation"):
+                for workers in args.conversation_workers:
+                    scenario = scenarios.conversations(workers, 0, 300, key_per, closed)
+                    for keys in (False, True):
+                        emit(scenarios.run(scenario, ("cache_aware",), keys=keys))
     if "overhead" not in skip:
         emit(overhead.summarize(overhead.measure_service_times(), args.overhead_rates))
     if args.out:

@@ -118,7 +118,9 @@ class Fleet:
             self._started_at = self.now
         self._warmup_left -= 1
         sampling = SamplingParams(max_tokens=request.max_tokens)
-        self.dispatcher.start(f"r{next(self._order)}", request.token_ids, sampling)
+        self.dispatcher.start(
+            f"r{next(self._order)}", request.token_ids, sampling, cache_key=request.cache_key
+        )
 
     def _send(self, identity: bytes, msg: Message) -> None:
         """The dispatcher's socket: a Generate starts on the simulated worker."""

@@ -7,19 +7,21 @@
 - fleet: 16-64 workers, Zipf-distributed tenants with multi-turn sessions, open loop at a
   fixed rate per worker, accelerator-like speeds; the fleet's KV holds ~8 system prompts per
   worker, against 512 tenants.
+- conversations: 2-8 workers, tenants' conversations that share a prompt_cache_key but not a
+  prefix (workload.Conversations), run with and without the keys on the same traffic.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from router.routing.policy import CacheAwarePolicy, Policy, make_policy
 from scripts.fleetsim.bound import pooled_lru_hit_rate
 from scripts.fleetsim.fleet import Fleet, FleetShape
 from scripts.fleetsim.sim_worker import CostModel
-from scripts.fleetsim.workload import Traffic, TrafficShape
+from scripts.fleetsim.workload import Conversations, ConversationShape, Traffic, TrafficShape
 
 POLICIES = ("cache_aware", "cache_aware_no_partition", "round_robin", "least_load")
 
@@ -40,7 +42,7 @@ ACCELERATOR = CostModel(prefill_s_per_token=0.0002, decode_step_s=0.02, decode_s
 class Scenario:
     name: str
     fleet: FleetShape
-    traffic: TrafficShape
+    traffic: TrafficShape | ConversationShape
     requests: int
     warmup: int
     concurrency: int | None = None  # closed loop; None: open loop at rate_per_worker
@@ -80,10 +82,33 @@ def fleet(workers: int, seed: int = 0, requests_per_worker: int = 300) -> Scenar
     )  # fmt: skip
 
 
-def run(scenario: Scenario, policies=POLICIES) -> list[dict]:
-    """One row per policy and one for the capacity bound."""
+def conversations(
+    workers: int,
+    seed: int = 0,
+    requests_per_worker: int = 300,
+    key_per: str = "tenant",
+    closed: bool = False,
+) -> Scenario:
+    """Open loop at 4 req/s per worker, 6 tenants per worker (the KV about holds their live
+    conversations), or closed loop with 8 clients per worker and 16 tenants per worker (KV
+    pressure: the caches evict and the policy partitions)."""
+    return Scenario(
+        f"conversations-{'closed' if closed else 'open'}-key-per-{key_per}",
+        FleetShape(workers=workers, capacity_blocks=355, block_size=32, cost=ACCELERATOR),
+        ConversationShape(tenants=(16 if closed else 6) * workers, key_per=key_per),
+        requests=requests_per_worker * workers, warmup=requests_per_worker * workers // 3,
+        concurrency=8 * workers if closed else None, rate_per_worker=4.0, seed=seed,
+    )  # fmt: skip
+
+
+def run(scenario: Scenario, policies=POLICIES, keys: bool | None = None) -> list[dict]:
+    """One row per policy and one for the capacity bound; `keys=False` strips the requests'
+    prompt_cache_keys (the same traffic otherwise), and the rows say which."""
     rate = scenario.rate_per_worker * scenario.fleet.workers
-    requests = Traffic(scenario.traffic, scenario.seed).requests(scenario.requests, rate)
+    source = Conversations if isinstance(scenario.traffic, ConversationShape) else Traffic
+    requests = source(scenario.traffic, scenario.seed).requests(scenario.requests, rate)
+    if keys is False:
+        requests = [replace(r, cache_key=None) for r in requests]
     shape = scenario.fleet
     common = {
         "scenario": scenario.name,
@@ -91,6 +116,7 @@ def run(scenario: Scenario, policies=POLICIES) -> list[dict]:
         "seed": scenario.seed,
         "tenants": scenario.traffic.tenants,
         "requests": scenario.requests - scenario.warmup,
+        **({} if keys is None else {"keys": keys}),
     }
     rows = []
     for policy in policies:
