@@ -111,7 +111,7 @@ async def soak(args, url: str, service: Service, faults: Faults) -> dict:
         "requests": tally,
         "defects": defects,
         "faults": faults.results,
-        "processes": sampler.report(args.duration),
+        "processes": sampler.report(),
         "cluster": cluster.summary(),
     }
 

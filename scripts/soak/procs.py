@@ -98,10 +98,12 @@ class Sampler:
             if (res := resources(pid)) is not None:
                 self.series[(r, pid)].append((now, res))
 
-    def report(self, duration_s: float, warmup_fraction: float = 0.2) -> list[dict]:
-        warm = duration_s * warmup_fraction
+    def report(self, warmup_fraction: float = 0.2) -> list[dict]:
+        """Per process; the RSS slope over its samples after the first 20% of its own life
+        (a restarted worker's warm-up is its model loading)."""
         out = []
         for (r, pid), samples in sorted(self.series.items()):
+            warm = samples[0][0] + (samples[-1][0] - samples[0][0]) * warmup_fraction
             after = [(t, s["rss_mb"]) for t, s in samples if t >= warm]
             out.append(
                 {
