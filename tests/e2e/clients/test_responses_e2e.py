@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import time
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 
 import openai
 import pytest
@@ -89,3 +90,36 @@ def test_agents_sdk_runs_a_function_tool_to_a_final_output(url):
     result = agents.Runner.run_sync(agent, "What is the weather in Paris?", max_turns=2)
     assert len(calls) == 1
     assert result.final_output == f"Sunny in {calls[0]}"
+
+
+VERDICT = {
+    "type": "object",
+    "properties": {
+        "answer": {"type": "string", "enum": ["yes", "no"]},
+        "confidence": {"type": "integer", "minimum": 0, "maximum": 100},
+    },
+    "required": ["answer", "confidence"],
+    "additionalProperties": False,
+}
+
+
+def test_json_schema_text_format_gives_20_of_20_valid_objects(url):
+    """20 sampled replies (sent at once, so they batch) all parse and validate: the grammar,
+    not luck, makes them objects of the schema (whose every string is an enum and every number
+    bounded, so no draw can run past max_output_tokens)."""
+    import jsonschema
+
+    api = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=300)
+    fmt = {"type": "json_schema", "name": "verdict", "schema": VERDICT, "strict": True}
+
+    def ask(_):
+        return api.responses.create(
+            model=MODEL, input="Is Paris the capital of France? Answer as JSON.",
+            text={"format": fmt}, temperature=0.8, max_output_tokens=60,
+        )  # fmt: skip
+
+    with ThreadPoolExecutor(max_workers=20) as pool:
+        replies = list(pool.map(ask, range(20)))
+    for resp in replies:
+        assert resp.status == "completed", resp.output_text
+        jsonschema.validate(json.loads(resp.output_text), VERDICT)
