@@ -63,6 +63,10 @@ async def generate(request: web.Request, api: Api) -> web.StreamResponse:
     finally:
         for job in jobs:
             served.dispatcher.cancel(job)  # no-op when finished; aborts on disconnect/error
+        if jobs:  # what was generated is charged, however the request ended (a client that
+            # leaves before the end must not escape its key's tokens-per-minute budget)
+            usage = usage_of_all(jobs)
+            charge_tokens(request, usage.prompt_tokens, usage.completion_tokens)
         if trace is not None:
             trace.end(sum(job.completion_tokens for job in jobs), sys.exc_info()[1])
 
@@ -131,7 +135,6 @@ async def _stream(
 
 def _count_usage(request: web.Request, served: ServedModel, usage) -> None:
     served.metrics.usage(usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens)
-    charge_tokens(request, usage.prompt_tokens, usage.completion_tokens)
     note(
         request,
         prompt_tokens=usage.prompt_tokens,

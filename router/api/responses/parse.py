@@ -64,7 +64,7 @@ def parse_responses(
     max_output = typed_field(body, "max_output_tokens", int, None)
     if max_output is not None and max_output < 1:
         raise bad_request("'max_output_tokens' must be at least 1", "max_output_tokens")
-    room = min(max_output or 1, max_tokens_cap or max_output or 1)  # output the input leaves
+    room = output_room(max_output, max_tokens_cap, tokenizer.context_length)
     kept, prompt = _fit(body, system, [*history, *items], tools, tokenizer, room)
     max_tokens = completion_budget(
         len(prompt.token_ids), max_output, tokenizer.context_length, max_tokens_cap
@@ -112,6 +112,19 @@ def _cache_key(body: dict, previous_key: str | None, keep: bool) -> str | None:
     if key is None and keep:
         key = f"conversation:{uuid.uuid4().hex}"
     return key
+
+
+# With no max_output_tokens (and no cap), `truncation: "auto"` still leaves the reply this
+# much room: a quarter of the context, at most this many tokens.
+DEFAULT_OUTPUT_ROOM = 1024
+
+
+def output_room(max_output: int | None, cap: int | None, context_length: int) -> int:
+    """The output tokens `truncation: "auto"` keeps free: what was asked, within the cap."""
+    asked = [v for v in (max_output, cap) if v is not None]
+    if asked:
+        return min(asked)
+    return max(1, min(DEFAULT_OUTPUT_ROOM, context_length // 4))
 
 
 def _fit(

@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -171,13 +172,24 @@ def test_ctrl_c_or_sigterm_stops_every_process_it_started(model_dir, tmp_path, s
     argv += ["--launch-cmd", fake_launch(token_delay=0.05), "--out", str(tmp_path)]
     argv += ["--requests", "200", "--concurrency", "2", "--prefix-words", "20"]
     proc = subprocess.Popen(argv, cwd=ROOT, stderr=subprocess.PIPE, text=True)
+    said: list[str] = []
     try:
         for line in proc.stderr:  # wait until requests are being served
+            said.append(line)
             if "requests" in line:
                 break
+        # keep reading: a runner that blocks writing to a full pipe could not stop
+        reader = threading.Thread(target=lambda: said.extend(proc.stderr), daemon=True)
+        reader.start()
         assert len(processes_mentioning(str(model_dir))) >= 3  # launcher, router, 2 workers
         proc.send_signal(sig)
-        assert proc.wait(timeout=30) == 130
+        try:  # the runner stops its servers (SIGTERM, 15 s grace, SIGKILL), then exits
+            assert proc.wait(timeout=60) == 130
+        except subprocess.TimeoutExpired:
+            logs = "".join(p.read_text()[-1500:] for p in (tmp_path / "logs").glob("*.log"))
+            raise AssertionError(
+                f"still running 60 s after {sig!r}:\n{''.join(said)}\n{logs}"
+            ) from None
     finally:
         if proc.poll() is None:
             proc.kill()

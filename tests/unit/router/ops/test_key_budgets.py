@@ -151,3 +151,23 @@ async def test_a_key_over_its_tokens_gets_429_while_another_key_is_served(budget
     assert f'mlx_fleet_key_prompt_tokens_total{{key="{free_id}"}}' in metrics
     assert f'mlx_fleet_key_completion_tokens_total{{key="{budgeted_id}"}}' in metrics
     assert KEY not in metrics and OTHER_KEY not in metrics
+
+
+async def test_a_stream_left_before_its_end_is_still_charged(make_cluster):
+    """A client that drops a stream after its first chunk must not escape the budget: what was
+    generated (and the prompt) is charged when the request ends, however it ends."""
+    cluster = await make_cluster(api_keys=(KEY,), key_budgets={KEY: {"tpm": 100_000}})
+    await cluster.add_worker("w1", token_delay_s=0.05)
+    cluster.app[app_keys.BUDGETS].clock = Clock()
+    body = CHAT | {"stream": True, "max_tokens": 50}
+    response = await cluster.client.post("/v1/chat/completions", json=body, headers=bearer(KEY))
+    assert response.status == 200
+    await response.content.readline()  # the first event arrived: the reply is under way
+    response.close()  # the client leaves mid-stream
+
+    def remaining() -> int:
+        headers = cluster.app[app_keys.BUDGETS].headers(key_fingerprint(KEY))
+        return int(headers["x-ratelimit-remaining-tokens"])
+
+    await cluster.wait_until(lambda: remaining() < 100_000 - 1)
+    assert remaining() > 100_000 - 60  # the prompt and a few tokens, not a whole reply

@@ -144,3 +144,15 @@ async def test_truncation_auto_drops_the_oldest_items(make_cluster):
     assert resp.truncation == "auto" and resp.output_text == "ok"
     prompt = cluster.tokenizer.decode(worker.received[0].token_ids)
     assert "last question" in prompt and "word word" not in prompt
+
+
+def test_truncation_auto_without_max_output_tokens_leaves_the_reply_room():
+    """No max_output_tokens: the reply still gets a quarter of the context (at most 1024), not
+    the single token that squeezed an auto-truncated conversation's answer before."""
+    from router.api.responses.parse import output_room
+
+    assert output_room(None, None, 8192) == 1024
+    assert output_room(None, None, 120) == 30
+    assert output_room(20, None, 120) == 20
+    assert output_room(None, 50, 8192) == 50
+    assert output_room(200, 50, 8192) == 50
