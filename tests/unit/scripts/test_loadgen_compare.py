@@ -165,13 +165,21 @@ def test_a_configuration_that_fails_to_start_is_reported_and_the_next_one_runs(m
     )
 
 
+def default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_ctrl_c_or_sigterm_stops_every_process_it_started(model_dir, tmp_path, sig):
     argv = [sys.executable, "scripts/compare.py", "--configs", "ours-2", "--model", str(model_dir)]
     argv += ["--launch-cmd", fake_launch(token_delay=0.05), "--out", str(tmp_path)]
     argv += ["--requests", "200", "--concurrency", "2", "--prefix-words", "20"]
-    proc = subprocess.Popen(argv, cwd=ROOT, stderr=subprocess.PIPE, text=True)
+    # As from a terminal: a suite started in the background (CI, `cmd &`) runs with SIGINT
+    # ignored, which its children inherit and Python then keeps ignoring.
+    proc = subprocess.Popen(
+        argv, cwd=ROOT, stderr=subprocess.PIPE, text=True, preexec_fn=default_sigint
+    )
     said: list[str] = []
     try:
         for line in proc.stderr:  # wait until requests are being served
