@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from router.api.checks import completion_budget, refuse_unknown_fields
+from router.api.checks import completion_budget, refuse_unknown_fields, typed_field
 from router.api.request import GenerationRequest
 from router.chat.prompt import build_chat_prompt, template_kwargs
 from router.chat.tool_grammar import enforce_tool_choice, required_call_schema
@@ -43,7 +43,7 @@ def parse_messages_request(
     max_tokens = completion_budget(
         len(prompt.token_ids), max_tokens, tokenizer.context_length, max_tokens_cap
     )
-    stream = _typed(body, "stream", bool, False)
+    stream = typed_field(body, "stream", bool, False)
     return GenerationRequest(
         "chat",
         model_id,
@@ -109,27 +109,14 @@ def _check_thinking(body: dict) -> None:
         )
 
 
-def _typed(body: dict, name: str, kind: type, default):
-    value = body.get(name)
-    if value is None:
-        return default
-    if kind is float and type(value) in (int, float):
-        return float(value)
-    if type(value) is not kind:
-        raise bad_request(
-            f"'{name}' must be {kind.__name__ if kind is not float else 'a number'}", name
-        )
-    return value
-
-
 def _sampling(body: dict, max_tokens: int, stop_ids) -> SamplingParams:
-    temperature = _typed(body, "temperature", float, 1.0)
+    temperature = typed_field(body, "temperature", float, 1.0)
     if not 0.0 <= temperature <= 1.0:  # Anthropic's range
         raise bad_request(f"temperature must be in [0, 1], got {temperature}", "temperature")
     sampling = SamplingParams(
         temperature=temperature,
-        top_p=_typed(body, "top_p", float, 1.0),
-        top_k=_typed(body, "top_k", int, 0),
+        top_p=typed_field(body, "top_p", float, 1.0),
+        top_k=typed_field(body, "top_k", int, 0),
         max_tokens=max_tokens,
         stop_token_ids=tuple(stop_ids),
     )
