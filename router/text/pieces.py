@@ -8,6 +8,7 @@ hands each choice its own sub-job (`job.choices`): each choice becomes text on i
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -99,8 +100,10 @@ async def batch_pieces(
             await items.aclose()
             await queue.put((k, None))
 
-    async for item in _merged(queue, [pump(k, job) for k, job in enumerate(jobs)]):
-        yield item
+    merged = _merged(queue, [pump(k, job) for k, job in enumerate(jobs)])
+    async with contextlib.aclosing(merged):  # closing us cancels the pumps now, not at GC
+        async for item in merged:
+            yield item
 
 
 async def _merged(queue: asyncio.Queue, pumps: list) -> AsyncIterator[tuple[int, Piece]]:
@@ -145,8 +148,10 @@ async def choice_pieces(
         finally:
             await queue.put((choice.index, None))
 
-    async for item in _merged(queue, [pump(c) for c in job.choices]):
-        yield item
+    merged = _merged(queue, [pump(c) for c in job.choices])
+    async with contextlib.aclosing(merged):  # closing us cancels the pumps now, not at GC
+        async for item in merged:
+            yield item
 
 
 async def pieces(
