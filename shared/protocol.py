@@ -1,34 +1,24 @@
 """The router <-> worker wire protocol: typed messages in msgpack frames.
 
-One frame = msgpack array `[tag, body]`: `tag` an int from MESSAGE_TYPES, `body` a map of the
-message's fields by name. KV events inside KVEvents are `[event_tag, body]` (KV_EVENT_TYPES).
-Unknown body keys are ignored (a newer peer may add optional fields); a missing field without
-a default, a wrong type, an unknown tag or bad msgpack raises ProtocolError, which a receiver
-logs and drops. PROTOCOL_VERSION is checked once, at registration.
+Frames as shared/wire.py makes them: `[tag, body]`, `tag` from MESSAGE_TYPES; KV events inside
+KVEvents are `[event_tag, body]` (KV_EVENT_TYPES). A frame that is not a valid message raises
+ProtocolError, which a receiver logs and drops. PROTOCOL_VERSION is checked once, at registration.
 
 Sockets: the router binds a ZeroMQ ROUTER socket; each worker connects one DEALER socket and
 sends single-frame messages; Register first, then it waits for RegisterAck."""
 
 from __future__ import annotations
 
-import dataclasses
-import functools
-import types
-import typing
 from dataclasses import dataclass, field
-
-import msgpack
 
 from shared.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 from shared.sampling import SamplingParams
+from shared.wire import Codec
+from shared.wire import ProtocolError as ProtocolError  # raised by decode
 
 # 2: logit processing, top_logprobs; 3: prompt_logprobs, min_tokens (older workers: refused)
 PROTOCOL_VERSION = 3
 MAX_FRAME_BYTES = 64 * 1024 * 1024
-
-
-class ProtocolError(ValueError):
-    """A frame that is not a valid message of this protocol."""
 
 
 # ---------------------------------------------------------------- worker -> router
@@ -78,6 +68,11 @@ class Register:
     protocol_version: int = PROTOCOL_VERSION
     attention: AttentionReport | None = None
     group: GroupReport | None = None  # None: one process holds the whole model
+    # the fleet cache (issue 22): where peers fetch this worker's KV blocks ("": nowhere),
+    # and what it does: "both" (default), "prefill" (computes prompts' K/V for decode
+    # workers to pull) or "decode"
+    kv_endpoint: str = ""
+    role: str = "both"
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +97,15 @@ class WorkerPhases:
 
 
 @dataclass(frozen=True, slots=True)
+class LinkRate:
+    """What fetching KV blocks from one peer measured (a probe, then real transfers)."""
+
+    peer_id: str
+    bytes_per_s: float
+    latency_s: float = 0.0  # one small round trip
+
+
+@dataclass(frozen=True, slots=True)
 class Heartbeat:
     """Load and cache state, every `heartbeat_interval_s` (from RegisterAck)."""
 
@@ -118,6 +122,12 @@ class Heartbeat:
     evictable_blocks: int = 0  # cached blocks no running request holds
     evicted_blocks: int = 0  # cumulative blocks the prefix cache evicted
     loop_turns: int = 0  # engine loop turns so far: busy and not rising = stuck; 0 = unknown
+    # the fleet cache: measured link rates to peers, blocks pulled from them (cumulative),
+    # pulls that fell back to recompute, and the measured prefill rate (tokens/s; 0: unknown)
+    links: tuple[LinkRate, ...] = ()
+    pulled_blocks: int = 0
+    pull_failures: int = 0
+    prefill_tokens_per_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,11 +174,30 @@ class KVEvents:
 
 
 @dataclass(frozen=True, slots=True)
+class Peer:
+    """Another worker of the same model and KV layout, and where its KV blocks are fetched."""
+
+    worker_id: str
+    kv_endpoint: str
+
+
+@dataclass(frozen=True, slots=True)
 class RegisterAck:
     accepted: bool
     reason: str = ""  # why not, when not accepted
     protocol_version: int = PROTOCOL_VERSION
     heartbeat_interval_s: float = 1.0
+    peers: tuple[Peer, ...] = ()  # to probe the links to (LinkRate in heartbeats)
+
+
+@dataclass(frozen=True, slots=True)
+class PullHint:
+    """Fetch the prompt's first `num_blocks` full blocks (those not held here) from a peer
+    before computing them; on any failure, compute them."""
+
+    worker_id: str
+    kv_endpoint: str
+    num_blocks: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,6 +210,10 @@ class Generate:
     # choices from one prefill (the worker forks it), each with its index and finish delta
     n: int = 1
     trace_context: dict[str, str] | None = None  # W3C traceparent/tracestate (tracing on)
+    pull: PullHint | None = None  # the fleet cache: the prefix is held by a peer
+    # disaggregated prefill: compute and cache the prompt's full blocks, answer one delta
+    # (finish_reason "prefilled", no tokens) and keep them for the decode worker's pull
+    prefill_only: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -229,121 +262,6 @@ MESSAGE_TYPES: dict[int, type] = {
 }
 KV_EVENT_TYPES: dict[int, type] = {1: BlockStored, 2: BlockRemoved, 3: AllBlocksCleared}
 
-_MESSAGE_TAGS = {cls: tag for tag, cls in MESSAGE_TYPES.items()}
-_KV_EVENT_TAGS = {cls: tag for tag, cls in KV_EVENT_TYPES.items()}
-
-
-def encode(msg: Message) -> bytes:
-    """One message as a msgpack frame."""
-    tag = _MESSAGE_TAGS.get(type(msg))
-    if tag is None:
-        raise TypeError(f"not a protocol message: {type(msg).__name__}")
-    return msgpack.packb([tag, _fields_to_wire(msg)], use_bin_type=True)
-
-
-def decode(frame: bytes) -> Message:
-    """Parse one frame; ProtocolError on anything that is not a valid message."""
-    if len(frame) > MAX_FRAME_BYTES:
-        raise ProtocolError(f"frame of {len(frame)} bytes is over {MAX_FRAME_BYTES}")
-    try:
-        raw = msgpack.unpackb(frame, raw=False, strict_map_key=True)
-    except Exception as e:  # msgpack raises many types for garbage; all mean the same here
-        raise ProtocolError(f"bad msgpack: {e}") from None
-    cls, body = _tagged(raw, MESSAGE_TYPES, "message")
-    return _from_wire_fields(cls, body, cls.__name__)
-
-
-# ---------------------------------------------------------------- encoding
-
-
-def _fields_to_wire(obj) -> dict:
-    return {f.name: _to_wire(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
-
-
-_SCALARS = (int, float, str, bool, bytes, type(None))
-
-
-def _to_wire(value):
-    if type(value) in _SCALARS:
-        return value
-    if type(value) in _KV_EVENT_TAGS:
-        return [_KV_EVENT_TAGS[type(value)], _fields_to_wire(value)]
-    if dataclasses.is_dataclass(value):
-        return _fields_to_wire(value)
-    if isinstance(value, tuple | list):
-        # token ids (a Generate's bulk) as they are: walking them was 75% of routing CPU
-        if all(type(v) is int for v in value):
-            return value
-        return [_to_wire(v) for v in value]
-    return value
-
-
-# ---------------------------------------------------------------- decoding
-
-
-def _tagged(raw, table: dict[int, type], what: str) -> tuple[type, dict]:
-    if not (isinstance(raw, list) and len(raw) == 2):
-        raise ProtocolError(f"{what} must be a [tag, body] array")
-    tag, body = raw
-    if type(tag) is not int or tag not in table:
-        raise ProtocolError(f"unknown {what} tag {tag!r}")
-    if not isinstance(body, dict):
-        raise ProtocolError(f"{what} body must be a map")
-    return table[tag], body
-
-
-@functools.cache
-def _hints(cls: type) -> dict[str, typing.Any]:
-    return typing.get_type_hints(cls)
-
-
-def _from_wire_fields(cls: type, body: dict, path: str):
-    hints = _hints(cls)
-    kwargs = {}
-    for f in dataclasses.fields(cls):
-        if f.name in body:
-            kwargs[f.name] = _from_wire(hints[f.name], body[f.name], f"{path}.{f.name}")
-        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-            raise ProtocolError(f"{path}: missing field {f.name!r}")
-    return cls(**kwargs)
-
-
-def _from_wire(annotation, value, path: str):
-    """Check `value` against `annotation`, converting lists and maps to their Python types."""
-    if annotation is KVEvent:  # a tagged union, unlike the `X | None` unions
-        cls, body = _tagged(value, KV_EVENT_TYPES, f"{path} event")
-        return _from_wire_fields(cls, body, f"{path}.{cls.__name__}")
-    origin = typing.get_origin(annotation)
-    if origin in (types.UnionType, typing.Union):
-        return _from_wire_union(typing.get_args(annotation), value, path)
-    if origin is tuple:
-        if not isinstance(value, list):
-            raise ProtocolError(f"{path}: expected an array, got {type(value).__name__}")
-        return tuple(_from_wire(typing.get_args(annotation)[0], v, path) for v in value)
-    if origin is dict:  # of strings (a trace context)
-        if isinstance(value, dict) and all(type(x) is str for kv in value.items() for x in kv):
-            return value
-        raise ProtocolError(f"{path}: expected a map of strings")
-    if isinstance(annotation, type) and dataclasses.is_dataclass(annotation):
-        if not isinstance(value, dict):
-            raise ProtocolError(f"{path}: expected a map, got {type(value).__name__}")
-        return _from_wire_fields(annotation, value, path)
-    return _scalar(annotation, value, path)
-
-
-def _from_wire_union(options: tuple, value, path: str):
-    if value is None:
-        if type(None) in options:
-            return None
-        raise ProtocolError(f"{path}: must not be null")
-    (inner,) = [o for o in options if o is not type(None)]  # only `X | None` is used
-    return _from_wire(inner, value, path)
-
-
-def _scalar(annotation, value, path: str):
-    if annotation is float and type(value) in (int, float):
-        return float(value)
-    if annotation in (int, str, bool) and type(value) is annotation:
-        return value
-    expected = getattr(annotation, "__name__", str(annotation))
-    raise ProtocolError(f"{path}: expected {expected}, got {type(value).__name__}")
+_CODEC = Codec(MESSAGE_TYPES, {KVEvent: KV_EVENT_TYPES}, MAX_FRAME_BYTES)
+encode = _CODEC.encode  # one message as a msgpack frame
+decode = _CODEC.decode  # one frame as a message; ProtocolError on anything else
