@@ -62,6 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     each = p.add_argument_group("every worker", "passed on to each worker launch-cluster starts")
     add_flags(each, WorkerSection, WORKER_FLAGS, notes=notes)
+    notes = {"kv_events_publish": "KV events in vLLM's format: worker i binds this port + i"}
+    add_flags(each, WorkerSection, ["kv_events_publish"], notes=notes)
     p.add_argument("--threads", type=int, help="BLAS threads per worker (default: cores / workers)")
     p.add_argument("--startup-timeout", type=float, default=600, help="seconds to wait for workers")
     p.add_argument(
@@ -110,6 +112,7 @@ def commands(args, fleet, models: list[Served], zmq_port: int) -> tuple[list[str
         if name != "kv_disk_dir"  # each worker gets its own (disk_dir)
     }
     extra = [str(x) for flag, value in tunables.items() if value is not None for x in (flag, value)]
+    publish = args.kv_events_publish or fleet.worker.kv_events_publish
     if (
         args.kv_memory is None
         and fleet.worker.kv_memory is None
@@ -127,8 +130,20 @@ def commands(args, fleet, models: list[Served], zmq_port: int) -> tuple[list[str
                       "--model", str(m.model_dir), "--model-id", m.name,
                       "--worker-id", f"worker-{i}", *extra, *disk_dir(args, fleet, i)]
                 + extra_traces
+                + (["--kv-events-publish", offset_port(publish, i)] if publish else [])
             )  # fmt: skip
     return router, worker_cmds
+
+
+def offset_port(endpoint: str, offset: int) -> str:
+    """`tcp://host:5557` moved up by `offset` ports (worker i publishes its KV events on port
+    + i, as vLLM offsets by data-parallel rank); other transports get a suffix."""
+    if offset == 0:
+        return endpoint
+    if endpoint.startswith("tcp://") and endpoint.rsplit(":", 1)[-1].isdigit():
+        base, port = endpoint.rsplit(":", 1)
+        return f"{base}:{int(port) + offset}"
+    return f"{endpoint}_{offset}"
 
 
 def disk_dir(args, fleet, worker: int) -> list[str]:

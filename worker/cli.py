@@ -11,6 +11,8 @@ import socket
 import sys
 import time
 
+import zmq
+
 from shared.blas import openblas_active, reexec_with_openblas
 from shared.config.choices import DEFAULT_MODEL_NAME, MODEL_ID_ENV
 from shared.config.flags import add_flags
@@ -52,6 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_flags(tp, WorkerSection, ["tp_hosts", "tp_rank", "tp_port", "tp_timeout_s"])
     add_flags(p, WorkerSection, ["watchdog_s", "log_level", "otlp_endpoint"])
+    add_flags(p, WorkerSection, ["kv_events_publish", "kv_events_replay", "kv_events_topic"])
     return p
 
 
@@ -157,14 +160,31 @@ def main(argv: list[str] | None = None) -> int:
         worker_id, model.name, model_dir, time.perf_counter() - start, engine.pool.num_blocks - 1,
         config.block_size, "on" if openblas_active() else "off",
     )  # fmt: skip
+    try:
+        publisher = kv_publisher(worker)
+    except zmq.ZMQError as exc:
+        print(f"cluster-worker: error: --kv-events-publish: {exc}", file=sys.stderr)
+        return 2
     server = WorkerLoop(
         engine, worker.router, worker_id, model.name, socket_setup(worker),
         watchdog_s=worker.watchdog_s, otlp_endpoint=worker.otlp_endpoint,
+        kv_publisher=publisher,
     )  # fmt: skip
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: server.stop())
     watch_parent()  # started by launch-cluster: go when it goes (macOS has no PDEATHSIG)
     return server.serve_forever()
+
+
+def kv_publisher(worker):
+    """The vLLM-format KV event publisher, when --kv-events-publish is given."""
+    if not worker.kv_events_publish:
+        return None
+    from worker.kv_publish import VllmEventPublisher
+
+    return VllmEventPublisher(
+        worker.kv_events_publish, worker.kv_events_replay, worker.kv_events_topic
+    )
 
 
 if __name__ == "__main__":

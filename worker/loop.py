@@ -54,11 +54,13 @@ class WorkerLoop:
         on_idle: Callable[[], None] | None = None,
         watchdog_s: float = 0.0,
         otlp_endpoint: str | None = None,
+        kv_publisher=None,
     ):
         """`group` and `on_idle`: for a tensor-parallel group's leader, the ranks it reports
         and what it runs between idle waits (the keepalive its followers expect);
         `watchdog_s`: the process exits when the loop is stuck this long (0: never)."""
         self.engine, self.worker_id, self.on_idle = engine, worker_id, on_idle
+        self.kv_publisher = kv_publisher  # KV events in vLLM's format too (worker/kv_publish.py)
         register = Register(
             worker_id=worker_id,
             model_id=model_id,
@@ -93,6 +95,8 @@ class WorkerLoop:
         finally:
             self.watchdog.stop()
             self.link.stop()
+            if self.kv_publisher is not None:
+                self.kv_publisher.close()
         return 1 if self.link.refused else 0
 
     def stop(self) -> None:
@@ -147,6 +151,8 @@ class WorkerLoop:
         events = self.engine.drain_kv_events()
         if events:
             self.link.send(KVEvents(self.worker_id, tuple(events)))
+            if self.kv_publisher is not None:
+                self.kv_publisher.publish(events)
 
     def _heartbeat(self) -> Heartbeat:
         now = time.monotonic()

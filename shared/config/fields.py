@@ -171,9 +171,11 @@ def path(optional: bool = True) -> Check:
 ZMQ_ENDPOINT = re.compile(r"^(tcp://[^\s:]+:(\d+|\*)|ipc://\S+|inproc://\S+)$")
 
 
-def endpoint() -> Check:
+def endpoint(optional: bool = False) -> Check:
     @_parses(str)
     def check(value, _base):
+        if value is None and optional:
+            return None
         if not isinstance(value, str) or not ZMQ_ENDPOINT.match(value):
             raise Expected("a ZeroMQ address like tcp://HOST:PORT")
         return value

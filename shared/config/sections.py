@@ -152,6 +152,25 @@ class WorkerSection:
         "collector (default: $OTEL_EXPORTER_OTLP_ENDPOINT; unset: no tracing)",
         metavar="URL",
     )
+    kv_events_publish: str | None = spec(
+        None,
+        endpoint(optional=True),
+        "also publish KV events in vLLM's format on a ZeroMQ PUB socket bound here (e.g. "
+        "tcp://*:5557), for an external KV-aware router (Dynamo, llm-d, SGLang's gateway); "
+        "launch-cluster gives worker i the port + i (default: off)",
+        metavar="ADDR",
+    )
+    kv_events_replay: str | None = spec(
+        None,
+        endpoint(optional=True),
+        "with --kv-events-publish: a ROUTER socket bound here replays missed batches, as "
+        "vLLM's publisher does (default: off)",
+        metavar="ADDR",
+    )
+    kv_events_topic: str | None = spec(
+        None, string(optional=True), "ZeroMQ topic of the published KV events (default: none)",
+        metavar="TOPIC",
+    )  # fmt: skip
     curve_secret_key: Path | None = spec(
         None, path(), "this worker's CURVE secret key file (mlx-fleet-keys)"
     )
