@@ -104,6 +104,8 @@ async def soak(args, url: str, service: Service, faults: Faults) -> dict:
     await asyncio.gather(traffic.run(until), sample_loop(), fault_loop())
     tally = traffic.tally.to_json()
     defects = tally["by_outcome"].get("lost", 0) + tally["by_outcome"].get("hung", 0)
+    for fault in faults.results:  # the kv-fill burst's own requests count too
+        defects += sum(fault.get("outcomes", {}).get(o, 0) for o in ("lost", "hung"))
     return {
         "model": model,
         "duration_s": round(time.monotonic() - start, 1),

@@ -1,21 +1,30 @@
 """Faults the soak injects, and how long the cluster takes to recover from each: until every
 worker is healthy again (none of them a process we killed or stopped) and a probe request
-succeeds."""
+succeeds.
+
+kv-fill sends a burst of long prompts that share nothing, together about 1.5 times the
+cluster's KV pool, each asking for one token: the workers must preempt, queue or refuse (a
+clear error), never lose or hang one; recovery counts from the burst's last answer."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import os
+import random
 import signal
 import time
 
 import aiohttp
 
+from scripts.loadgen.workloads import paragraph
 from scripts.soak.procs import cluster_processes
 
-KINDS = ("worker-kill", "router-kill", "worker-stop")
+KINDS = ("worker-kill", "router-kill", "worker-stop", "kv-fill")
 RECOVERY_LIMIT_S = 180.0
+FILL_PROMPT_WORDS = 1500  # ~2k tokens: under the default model's context, costly to prefill
+FILL_MAX_REQUESTS = 16
+FILL_DEADLINE_S = 600.0  # a filler may wait long behind the others: slow is not a defect
 
 
 async def get_json(session: aiohttp.ClientSession, url: str) -> dict | None:
@@ -64,6 +73,9 @@ class Faults:
             state = await get_json(session, f"{self.url}/v1/cluster") or {"workers": []}
             pids = [w["pid"] for w in state["workers"] if w.get("healthy")]
             record = {"fault": kind, "at_s": round(at_s, 1)}
+            if kind == "kv-fill":
+                self.results.append(record | await self.fill(session, state))
+                return
             if kind == "router-kill":
                 procs = cluster_processes(self.launcher_pid)
                 victims = [pid for pid, r in procs.items() if r == "router"]
@@ -90,6 +102,38 @@ class Faults:
             record |= await self.recover(session, gone, start)
             self.router_down = False
             self.results.append(record)
+
+    async def fill(self, session, state: dict) -> dict:
+        """The kv-fill burst: its answers by outcome, then the recovery."""
+        healthy = [w for w in state["workers"] if w.get("healthy")]
+        pool_tokens = sum(w.get("kv_total_blocks", 0) * w["block_size"] for w in healthy)
+        count = max(2, min(FILL_MAX_REQUESTS, round(1.5 * pool_tokens / 2000)))
+        rng = random.Random(len(self.results))
+        bodies = [
+            {"model": self.model, "max_tokens": 1,
+             "messages": [{"role": "user", "content": paragraph(rng, FILL_PROMPT_WORDS)}]}
+            for _ in range(count)
+        ]  # fmt: skip
+        start = time.monotonic()
+        outcomes = await asyncio.gather(*(self.filler(session, b) for b in bodies))
+        record = {"requests": count, "pool_tokens": pool_tokens}
+        record["burst_s"] = round(time.monotonic() - start, 1)
+        record["outcomes"] = {o: outcomes.count(o) for o in sorted(set(outcomes))}
+        return record | await self.recover(session, set(), time.monotonic())
+
+    async def filler(self, session, body: dict) -> str:
+        url = f"{self.url}/v1/chat/completions"
+        try:
+            timeout = aiohttp.ClientTimeout(total=FILL_DEADLINE_S)
+            async with session.post(url, json=body, timeout=timeout) as resp:
+                answer = await resp.json(content_type=None)
+        except asyncio.TimeoutError:
+            return "hung"
+        except (aiohttp.ClientError, OSError, ValueError):
+            return "lost"
+        if resp.status == 200:
+            return "completed" if answer.get("choices") else "lost"
+        return "failed" if isinstance(answer.get("error"), dict) else "lost"
 
     async def recover(self, session, gone: set[int], start: float) -> dict:
         while (elapsed := time.monotonic() - start) < RECOVERY_LIMIT_S:
