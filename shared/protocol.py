@@ -122,6 +122,8 @@ class Heartbeat:
     evictable_blocks: int = 0  # cached blocks no running request holds
     evicted_blocks: int = 0  # cumulative blocks the prefix cache evicted
     loop_turns: int = 0  # engine loop turns so far: busy and not rising = stuck; 0 = unknown
+    kv_checks: int = 0  # KV pool and prefix cache integrity checks run while idle, since start
+    kv_check_failures: int = 0  # ...that found a broken invariant
     # the fleet cache: measured link rates to peers, blocks pulled from them (cumulative),
     # pulls that fell back to recompute, and the measured prefill rate (tokens/s; 0: unknown)
     links: tuple[LinkRate, ...] = ()

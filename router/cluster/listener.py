@@ -60,6 +60,8 @@ class Cluster:
             return
         worker.last_seen = self._clock()
         if isinstance(msg, TokenDelta):
+            if msg.finish_reason == "error":
+                worker.note_error(msg.error or "a request failed")
             self._model_of(worker).dispatcher.on_delta(worker, msg)
         elif isinstance(msg, Heartbeat):
             self._heartbeat(worker, msg)
@@ -125,6 +127,7 @@ class Cluster:
         replaced = self.registry.add(state)
         self._metrics.worker_registered(msg.worker_id)
         if replaced is not None:
+            state.errors.extend(replaced.errors)
             self._forget(replaced)
         log.info(
             "worker %s registered from %s pid %d: model %s (block size %d, %d blocks)",
@@ -164,6 +167,7 @@ class Cluster:
 
     def _lose(self, worker: WorkerState, why: str) -> None:
         log.warning("worker %s lost: %s", worker.worker_id, why)
+        worker.note_error(f"lost: {why}")
         self._metrics.worker_lost()
         self._forget(worker)
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import time
+from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -11,6 +13,7 @@ if TYPE_CHECKING:
     from shared.protocol import Heartbeat, Register
 
 EVICTION_RATE_SMOOTHING = 0.05
+RECENT_ERRORS = 5  # per worker, for the fleet page and /v1/cluster
 
 
 @dataclass(eq=False)
@@ -34,6 +37,9 @@ class WorkerState:
     # idle, and whether the router took it out of service for not moving while busy
     progress_at: float = 0.0
     wedged: bool = False
+    # the last few errors of its requests and of its process ("HH:MM:SS what"), kept across
+    # re-registrations of the same worker id
+    errors: deque = field(default_factory=lambda: deque(maxlen=RECENT_ERRORS))
 
     def __post_init__(self):
         self.model = self.model or self.info.model_id
@@ -48,6 +54,9 @@ class WorkerState:
         evicted = max(0, msg.evicted_blocks - previous)
         self.eviction_rate += EVICTION_RATE_SMOOTHING * (evicted - self.eviction_rate)
         self.heartbeat = msg
+
+    def note_error(self, what: str) -> None:
+        self.errors.append(f"{time.strftime('%H:%M:%S')} {what[:200]}")
 
     @property
     def worker_id(self) -> str:
@@ -87,6 +96,9 @@ class WorkerState:
             "kv_free_blocks": hb.free_blocks if hb else None,
             "kv_cached_blocks": hb.cached_blocks if hb else None,
             "cache_hit_tokens": hb.hit_tokens if hb else 0,
+            "kv_checks": hb.kv_checks if hb else 0,  # integrity checks of its KV, while idle
+            "kv_check_failures": hb.kv_check_failures if hb else 0,
+            "errors": list(self.errors),
             "requests_served": self.requests_served,
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,

@@ -104,6 +104,7 @@ async def soak(args, url: str, service: Service, faults: Faults) -> dict:
     await asyncio.gather(traffic.run(until), sample_loop(), fault_loop())
     tally = traffic.tally.to_json()
     defects = tally["by_outcome"].get("lost", 0) + tally["by_outcome"].get("hung", 0)
+    defects += cluster.summary()["kv_check_failures_max"]  # a broken pool is a defect too
     for fault in faults.results:  # the kv-fill burst's own requests count too
         defects += sum(fault.get("outcomes", {}).get(o, 0) for o in ("lost", "hung"))
     return {
@@ -149,6 +150,9 @@ class ClusterWatch:
                 "inflight": sum(w.get("inflight", 0) for w in workers),
                 "healthy": sum(bool(w.get("healthy")) for w in workers),
                 "kv_used_max": max(used, default=0.0),
+                # the workers' own integrity checks of pool and prefix cache (while idle)
+                "kv_checks": {w["id"]: w.get("kv_checks", 0) for w in workers},
+                "kv_check_failures": sum(w.get("kv_check_failures", 0) for w in workers),
             }
         )
 
@@ -162,8 +166,19 @@ class ClusterWatch:
             "inflight_max": max((x["inflight"] for x in s), default=None),
             "kv_used_fraction_max": round(max((x["kv_used_max"] for x in s), default=0), 3),
             "healthy_workers_min": min((x["healthy"] for x in s), default=None),
+            # a restarted worker counts from 0 again: the most each worker id reached
+            "kv_checks": _most_checks(s),
+            "kv_check_failures_max": max((x["kv_check_failures"] for x in s), default=0),
             "at_end": last,
         }
+
+
+def _most_checks(samples: list[dict]) -> dict[str, int]:
+    most: dict[str, int] = {}
+    for sample in samples:
+        for worker, checks in sample["kv_checks"].items():
+            most[worker] = max(most.get(worker, 0), checks)
+    return most
 
 
 def summary(report: dict) -> None:
@@ -177,6 +192,11 @@ def summary(report: dict) -> None:
             f"slope {p['rss_slope_mb_per_hour']} MB/h, fds<={p['open_files_max']}, "
             f"threads<={p['threads_max']}"
         )
+    c = report["cluster"]
+    lines.append(
+        f"  KV integrity: {sum(c['kv_checks'].values())} checks, "
+        f"{c['kv_check_failures_max']} failed"
+    )
     verdict = "FAIL" if report["defects"] else "ok"
     lines.append(f"soak: {verdict}: {report['defects']} lost or hung")
     print("\n".join(lines), file=sys.stderr)

@@ -28,7 +28,7 @@ from worker.engine.scheduler import Scheduler
 from worker.engine.sequence import Sequence, Status
 from worker.engine.speculative import accepted_prefix
 from worker.engine.startup import open_disk_tier
-from worker.engine.stats import EngineLoad, EngineStats, engine_stats
+from worker.engine.stats import EngineLoad, EngineStats, KVAudit, engine_stats
 from worker.kv.block_pool import BlockPool
 from worker.kv.memory import OUT_OF_MEMORY, clear_cache, is_out_of_memory
 from worker.kv.radix_cache import RadixCache
@@ -107,7 +107,7 @@ class Engine:
         self.runner = make_runner(model, self.pool, self.scratch_block, self.backend)
         self.outputs = OutputBuilder(self.scheduler)
         self.intake = RequestIntake(self.config, shape.vocab_size, max_context, self.pool, grammars)
-        self.stats_ = EngineStats()
+        self.stats_, self.kv_audit = EngineStats(), KVAudit(self.check_integrity)
         self._inflight: _InFlight | None = None  # a decode step queued, its tokens unread
         self._pending_failures: list[TokenDelta] = []
         self._last_resolved = 0.0
@@ -151,8 +151,9 @@ class Engine:
         return self.pool.num_blocks - 1
 
     def load(self) -> EngineLoad:
-        """Queue and KV figures for the heartbeat (cheap: counters only)."""
-        return EngineLoad.of(self.scheduler, self.pool, self.cache)
+        """Queue and KV figures for the heartbeat (counters; now and then, idle, the KV audit)."""
+        self.kv_audit.maybe(busy=self.has_work())
+        return EngineLoad.of(self.scheduler, self.pool, self.cache, self.kv_audit)
 
     def phases(self) -> WorkerPhases:
         """The phase metrics (percentiles over a window: not for every step)."""

@@ -4,6 +4,8 @@ and attention time, blocks and K/V bytes a decode tick reads)."""
 
 from __future__ import annotations
 
+import logging
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NamedTuple
@@ -15,6 +17,8 @@ if TYPE_CHECKING:
     from worker.kv.block_pool import BlockPool
     from worker.kv.disk_tier import DiskTier
     from worker.kv.radix_cache import RadixCache
+
+log = logging.getLogger(__name__)
 
 WINDOW = 2048  # recent steps kept for percentiles
 SPIKE_S = 0.2  # a decode tick longer than this is a spike (a user sees the stream stall)
@@ -120,6 +124,33 @@ def _mean(values) -> float:
     return sum(values) / len(values) if values else 0.0
 
 
+class KVAudit:
+    """The pool and prefix cache checked for consistency now and then while the engine is idle
+    (a walk of the tree: milliseconds for thousands of blocks), so a long run shows that its
+    KV bookkeeping held: counts in every heartbeat, the first failure in the log."""
+
+    EVERY_S = 10.0
+
+    def __init__(self, check, clock=time.monotonic):
+        self.check, self.clock = check, clock
+        self.checks = self.failures = 0
+        self.last_error = ""
+        self._at = clock()
+
+    def maybe(self, busy: bool) -> None:
+        if busy or self.clock() - self._at < self.EVERY_S:
+            return
+        self._at = self.clock()
+        self.checks += 1
+        try:
+            self.check()
+        except Exception as exc:  # any broken invariant: count it, say it, keep serving
+            self.failures += 1
+            if not self.last_error:
+                log.error("KV integrity check failed: %s", exc)
+            self.last_error = str(exc)
+
+
 class EngineLoad(NamedTuple):
     """Queue and KV figures, as the heartbeat carries them (`total_blocks` less scratch)."""
 
@@ -132,9 +163,13 @@ class EngineLoad(NamedTuple):
     prompt_tokens: int
     evictable_blocks: int
     evicted_blocks: int
+    kv_checks: int = 0
+    kv_check_failures: int = 0
 
     @classmethod
-    def of(cls, scheduler: Scheduler, pool: BlockPool, cache: RadixCache) -> EngineLoad:
+    def of(
+        cls, scheduler: Scheduler, pool: BlockPool, cache: RadixCache, audit: KVAudit | None = None
+    ) -> EngineLoad:
         return cls(
             running=len(scheduler.running),
             waiting=len(scheduler.waiting),
@@ -145,6 +180,8 @@ class EngineLoad(NamedTuple):
             prompt_tokens=cache.hit_tokens + cache.miss_tokens,
             evictable_blocks=cache.evictable_blocks,
             evicted_blocks=cache.evicted_blocks,
+            kv_checks=audit.checks if audit else 0,
+            kv_check_failures=audit.failures if audit else 0,
         )
 
 

@@ -43,3 +43,6 @@ def test_short_soak_loses_nothing_and_recovers(default_model_dir, tmp_path):
         assert {"rss_mb_last", "rss_slope_mb_per_hour", "open_files_max", "threads_max"} <= set(p)
     assert report["cluster"]["samples"] > 0
     assert {"pending_max", "inflight_max", "kv_used_fraction_max"} <= set(report["cluster"])
+    # the workers checked their pools' integrity while idle, and every check held
+    assert sum(report["cluster"]["kv_checks"].values()) > 0
+    assert report["cluster"]["kv_check_failures_max"] == 0

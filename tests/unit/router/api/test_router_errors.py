@@ -175,6 +175,10 @@ async def test_worker_error_before_any_token_is_a_500(make_cluster):
     assert error["message"] == "out of KV blocks" and error["type"] == "server_error"
     error = await post_error(cluster, "/v1/chat/completions", 500, json={**CHAT, "stream": True})
     assert error["message"] == "out of KV blocks"
+    # the worker's recent errors, for the fleet page: the last ones, with their time
+    (worker,) = (await (await cluster.client.get("/v1/cluster")).json())["workers"]
+    assert len(worker["errors"]) == 2 and worker["errors"][-1].endswith(" out of KV blocks")
+    assert worker["kv_check_failures"] == 0
 
 
 async def test_worker_error_mid_stream_is_an_error_event(make_cluster):

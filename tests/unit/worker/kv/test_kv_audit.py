@@ -1,0 +1,47 @@
+"""The engine's KV audit: integrity checks while idle, counted in the heartbeat's load."""
+
+from __future__ import annotations
+
+from tests.support.engine_fixtures import make_engine, tiny_model
+from worker.engine.stats import KVAudit
+
+
+class Clock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_audit_runs_only_when_idle_and_due_and_counts_failures():
+    clock, calls = Clock(), []
+
+    def check():
+        calls.append(clock.now)
+        if len(calls) == 2:
+            raise RuntimeError("free list disagrees")
+
+    audit = KVAudit(check, clock)
+    audit.maybe(busy=False)
+    assert calls == []  # not due yet
+    clock.now = KVAudit.EVERY_S
+    audit.maybe(busy=True)
+    assert calls == []  # busy: later
+    audit.maybe(busy=False)
+    clock.now += KVAudit.EVERY_S
+    audit.maybe(busy=False)
+    clock.now += KVAudit.EVERY_S
+    audit.maybe(busy=False)
+    assert (audit.checks, audit.failures, len(calls)) == (3, 1, 3)
+    assert audit.last_error == "free list disagrees"
+
+
+def test_engine_load_reports_real_checks_of_its_pool():
+    engine = make_engine(tiny_model("llama", seed=5))
+    engine.kv_audit.EVERY_S = 0.0
+    assert engine.load().kv_checks == 1
+    engine.pool._refs[1] = -1  # break an invariant: the next check must say so
+    load = engine.load()
+    assert (load.kv_checks, load.kv_check_failures) == (2, 1)
+    assert "negative ref counts" in engine.kv_audit.last_error
