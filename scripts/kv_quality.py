@@ -7,8 +7,14 @@ pool. Per K/V layout it reports, against the unquantized pool: top-1 agreement (
 next token at each position is the same) and the mean |logprob difference| of the text's own
 next tokens. One run; the bar is top-1 >= 99% at 8 bits.
 
+A second architecture is built tiny (`--models`, default both): "tiny-qwen3" (or "tiny-llama")
+is `tests.support.engine_fixtures.tiny_quantizable_model`, random weights, 2 layers, head dim
+64, a byte-level vocabulary (the text's first `--tiny-tokens` UTF-8 bytes are its tokens), so
+it needs no download and takes seconds. Its numbers say how K/V rounding moves another
+attention design (Qwen3's q/k norms) with no training to make its distributions peaked.
+
   PYTHONPATH=$PWD LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 \\
-      python scripts/kv_quality.py [--model M] [--layouts 8:64,4:64,4:32]
+      python scripts/kv_quality.py [--models default,tiny-qwen3] [--layouts 8:64,4:64,4:32]
 """
 
 from __future__ import annotations
@@ -51,19 +57,40 @@ def score(model, tokens: list[int], kv_bits: int | None, group: int) -> tuple[np
     return np.array(first.prompt_logprobs), np.array(top), np.array(margin)
 
 
-def main() -> None:
+def model_and_tokens(name: str, args) -> tuple[object, list[int]]:
+    """("default" or a model id: its tokenizer's tokens; "tiny-<arch>": UTF-8 bytes)."""
+    if name.startswith("tiny-"):
+        from tests.support.engine_fixtures import tiny_quantizable_model
+
+        model = tiny_quantizable_model(name.removeprefix("tiny-"), vocab_size=256)
+        return model, list(TEXT.read_bytes()[: args.tiny_tokens])
+    model, tokenizer = load_model(resolve_model(None if name == "default" else name))
+    return model, tokenizer.encode(TEXT.read_text())
+
+
+def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", help="default: the default model")
+    p.add_argument(
+        "--models",
+        default="default,tiny-qwen3",
+        help="default, a model id, tiny-qwen3 or tiny-llama, ... (default: %(default)s)",
+    )
     p.add_argument("--layouts", default="8:64,8:32,4:64,4:32", help="bits:group_size, ...")
-    args = p.parse_args()
-    model, tokenizer = load_model(resolve_model(args.model))
-    tokens = tokenizer.encode(TEXT.read_text())
+    p.add_argument("--tiny-tokens", type=int, default=4096, help="text bytes a tiny model scores")
+    args = p.parse_args(argv)
+    for name in args.models.split(","):
+        model, tokens = model_and_tokens(name, args)
+        print(f"## {name}")
+        report(model, tokens, args.layouts)
+
+
+def report(model, tokens: list[int], layouts: str) -> None:
     base_lp, base_top, margin = score(model, tokens, None, 64)
     clear = margin >= NEAR_TIE
     print(f"{len(tokens)} tokens; unquantized: mean logprob {base_lp.mean():.4f}; "
           f"{(~clear).sum()} positions whose top-2 are within {NEAR_TIE} nats")  # fmt: skip
     print("layout   top-1 agreement   (past near-ties)   mean |logprob diff|   mean logprob")
-    for layout in args.layouts.split(","):
+    for layout in layouts.split(","):
         bits, group = map(int, layout.split(":"))
         lp, top, _ = score(model, tokens, bits, group)
         same = top == base_top

@@ -36,6 +36,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--kv-heads", type=int, default=8, help="KV heads of the benchmark shape")
     p.add_argument("--head-dim", type=int, default=128, choices=[64, 128])
     p.add_argument("--repeats", type=int, default=5, help="timed runs per cell (median)")
+    p.add_argument(
+        "--kv-bits",
+        default="16,8,4",
+        help="K/V layouts to test and time: 16 (the dtype), 8, 4 (default: %(default)s)",
+    )
+    p.add_argument("--kv-group-size", type=int, default=64, choices=[32, 64, 128])
     p.add_argument("--compare-args", default="--configs ours-1,mlx_lm",
                    help="arguments for scripts/compare.py (default: %(default)s)")  # fmt: skip
     return p.parse_args(argv)
@@ -78,25 +84,47 @@ def machine_section() -> list[str]:
     return lines
 
 
+def kv_layouts(args) -> list[tuple[str, object]]:
+    """(label, quantizer or None) per --kv-bits entry: "float16", "q8g64", ..."""
+    from worker.kv.quant import QuantizedKV
+
+    def quantizer(bits):
+        def quantize(values):
+            out = QuantizedKV.zeros(*values.shape, bits=bits, group_size=args.kv_group_size,
+                                    dtype=values.dtype)  # fmt: skip
+            out[mx.arange(values.shape[0])] = values
+            return out
+
+        return quantize
+
+    import mlx.core as mx
+
+    bits = [int(b) for b in args.kv_bits.split(",")]
+    return [(args.dtype, None) if b >= 16 else (f"q{b}g{args.kv_group_size}", quantizer(b))
+            for b in bits]  # fmt: skip
+
+
 def self_test_section(args, dtype, shape) -> list[str]:
     from worker.attention import metal_kernel, selftest
 
-    lines = ["| block size | dtype | ok | kernel ms | MLX ops ms | max error | reason |",
-             "|---|---|---|---|---|---|---|"]  # fmt: skip
-    for block_size in FULL["block_sizes"]:
-        result = selftest.verify_metal_backend(
-            block_size=block_size, dtype=dtype, repeats=args.repeats, **shape
-        )
-        lines.append(
-            f"| {block_size} | {args.dtype} | {'yes' if result.ok else 'no'} | "
-            f"{_ms(result.candidate_ms)} | {_ms(result.reference_ms)} | "
-            f"{_err(result.max_error)} | {result.reason} |"
-        )
-    reason = metal_kernel.unavailable_reason()
-    lines.append("")
-    lines.append(f"backend \"auto\" picks: {'metal' if reason is None else 'mlx'}"
-                 + ("" if reason is None else f" ({reason})"))  # fmt: skip
-    return lines
+    lines = ["| KV | block size | dtype | ok | kernel ms | MLX ops ms | max error | reason |",
+             "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    picks = []
+    for label, quantize in kv_layouts(args):
+        for block_size in FULL["block_sizes"]:
+            result = selftest.verify_metal_backend(
+                block_size=block_size, dtype=dtype, repeats=args.repeats, quantize=quantize,
+                **shape,
+            )  # fmt: skip
+            lines.append(
+                f"| {label} | {block_size} | {args.dtype} | {'yes' if result.ok else 'no'} | "
+                f"{_ms(result.candidate_ms)} | {_ms(result.reference_ms)} | "
+                f"{_err(result.max_error)} | {result.reason} |"
+            )
+        reason = metal_kernel.unavailable_reason()
+        picks.append(f"backend \"auto\" picks ({label}): {'metal' if reason is None else 'mlx'}"
+                     + ("" if reason is None else f" ({reason})"))  # fmt: skip
+    return [*lines, "", *picks]
 
 
 def microbench_section(args, dtype, shape) -> list[str]:
@@ -107,23 +135,25 @@ def microbench_section(args, dtype, shape) -> list[str]:
     grid = QUICK if args.quick else FULL
     metal_missing = metal_kernel.metal_reason()
     kernel = AttentionBackend("metal", metal_kernel.paged_attention_metal, lambda: None)
-    lines = ["| batch | context | block size | Metal kernel ms | MLX ops ms | speedup |",
-             "|---|---|---|---|---|---|"]  # fmt: skip
-    for batch in grid["batches"]:
-        for context in grid["contexts"]:
-            for block_size in grid["block_sizes"]:
-                inputs = random_decode_batch(
-                    batch=batch, context=context, block_size=block_size, dtype=dtype, **shape
-                )
-                mlx_ms = median_ms(plan_call(BACKENDS["mlx"], inputs, block_size), args.repeats)
-                if metal_missing is not None:
-                    metal_cell, speedup = "unavailable", "-"
-                else:
-                    metal_cell, speedup = _time_kernel(kernel, inputs, block_size, args, mlx_ms)
-                lines.append(
-                    f"| {batch} | {context} | {block_size} | {metal_cell} | {mlx_ms:.3f} "
-                    f"| {speedup} |"
-                )
+    lines = ["| KV | batch | context | block size | Metal kernel ms | MLX ops ms | speedup |",
+             "|---|---|---|---|---|---|---|"]  # fmt: skip
+    cells = [(label, quantize, batch, context, block_size) for label, quantize in kv_layouts(args)
+             for batch in grid["batches"] for context in grid["contexts"]
+             for block_size in grid["block_sizes"]]  # fmt: skip
+    for label, quantize, batch, context, block_size in cells:
+        inputs = random_decode_batch(
+            batch=batch, context=context, block_size=block_size, dtype=dtype, quantize=quantize,
+            **shape,
+        )  # fmt: skip
+        mlx_ms = median_ms(plan_call(BACKENDS["mlx"], inputs, block_size), args.repeats)
+        if metal_missing is not None:
+            metal_cell, speedup = "unavailable", "-"
+        else:
+            metal_cell, speedup = _time_kernel(kernel, inputs, block_size, args, mlx_ms)
+        lines.append(
+            f"| {label} | {batch} | {context} | {block_size} | {metal_cell} | {mlx_ms:.3f} "
+            f"| {speedup} |"
+        )
     if metal_missing is not None:
         lines += ["", f"Metal kernel: unavailable ({metal_missing}); MLX ops ran on the CPU."]
     return lines

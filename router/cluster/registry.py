@@ -77,6 +77,13 @@ class WorkerState:
         reported = self.heartbeat.running + self.heartbeat.waiting if self.heartbeat else 0
         return max(reported, len(self.inflight))
 
+    @property
+    def kv_layout(self) -> str | None:
+        """How its KV blocks are stored ("float16", "q8g64"; None: not reported). Blocks of
+        one model are interchangeable only between workers of one layout and block size (a
+        peer to pull blocks from must match both)."""
+        return (self.info.attention.kv_layout or None) if self.info.attention else None
+
     def to_json(self) -> dict:
         hb = self.heartbeat
         return {
@@ -90,7 +97,7 @@ class WorkerState:
             "inflight": len(self.inflight),
             "running": hb.running if hb else None,
             "waiting": hb.waiting if hb else None,
-            "kv_layout": self.info.attention.kv_layout if self.info.attention else None,
+            "kv_layout": self.kv_layout,
             "kv_bytes_per_token": getattr(self.info.attention, "kv_bytes_per_token", None),
             "kv_total_blocks": hb.total_blocks if hb else self.info.kv_capacity_blocks,
             "kv_free_blocks": hb.free_blocks if hb else None,

@@ -179,3 +179,27 @@ def _attention(workers: list[WorkerState]) -> Iterator[Metric]:
                 timings.add_metric([w.worker_id, which], ms)
     yield info
     yield timings
+    yield from _kv_layout(workers)
+
+
+def _kv_layout(workers: list[WorkerState]) -> Iterator[Metric]:
+    """Each worker's K/V layout ("float16", "q8g64": --kv-bits 8 in groups of 64) and the
+    bytes one token's K and V take in its pool, all layers (from Register)."""
+    layout = GaugeMetricFamily(
+        "mlx_fleet_worker_kv_layout_info",
+        "the worker's KV-cache layout (value 1)",
+        labels=["worker", "kv_layout"],
+    )
+    per_token = GaugeMetricFamily(
+        "mlx_fleet_worker_kv_bytes_per_token",
+        "bytes one token's K and V take in the worker's pool, all layers",
+        labels=["worker"],
+    )
+    for w in workers:
+        a = w.info.attention
+        if a is None or not a.kv_layout:
+            continue
+        layout.add_metric([w.worker_id, a.kv_layout], 1)
+        per_token.add_metric([w.worker_id], a.kv_bytes_per_token)
+    yield layout
+    yield per_token

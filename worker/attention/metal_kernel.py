@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 import mlx.core as mx
 
+from worker.attention import metal_quant
 from worker.attention.metal_source import (
     INPUT_NAMES,
     KERNEL_BODY,
@@ -60,14 +61,20 @@ class _KernelCache:
     first use and caches it by name, so building the object once is all we keep."""
 
     def __init__(self):
-        self._kernels: dict[KernelFactory, Callable] = {}  # keyed by the factory itself
+        # keyed by the factory itself and whether the variant reads quantized K/V
+        self._kernels: dict[tuple[KernelFactory, bool], Callable] = {}
 
-    def get(self, factory: KernelFactory) -> Callable:
-        if factory not in self._kernels:
-            self._kernels[factory] = factory(
-                KERNEL_NAME, INPUT_NAMES, OUTPUT_NAMES, KERNEL_BODY, ensure_row_contiguous=True
+    def get(self, factory: KernelFactory, quantized: bool = False) -> Callable:
+        if (factory, quantized) not in self._kernels:
+            name, inputs, body = (
+                (metal_quant.KERNEL_NAME, metal_quant.INPUT_NAMES, metal_quant.KERNEL_BODY)
+                if quantized
+                else (KERNEL_NAME, INPUT_NAMES, KERNEL_BODY)
             )
-        return self._kernels[factory]
+            self._kernels[(factory, quantized)] = factory(
+                name, inputs, OUTPUT_NAMES, body, ensure_row_contiguous=True
+            )
+        return self._kernels[(factory, quantized)]
 
 
 _KERNELS = _KernelCache()
@@ -87,9 +94,11 @@ def paged_attention_metal(
 ) -> mx.array:
     """The kernel's entry point; same contract as the "mlx" strategies (`max_context` unused:
     each threadgroup reads its own sequence's length). Raises NotImplementedError on a shape
-    the kernel does not serve (see `metal_kernel_source.unsupported_reason`)."""
-    launch = make_launch(
+    the kernel does not serve (see `metal_source.unsupported_reason`). Quantized pools
+    (`--kv-bits`) go to the variant of `worker.attention.metal_quant`."""
+    quantized = metal_quant.is_quantized(k_pool)
+    launch = (metal_quant.make_launch if quantized else make_launch)(
         queries, k_pool, v_pool, block_tables, context_lengths, scale=scale, block_size=block_size
     )
-    kernel = _KERNELS.get(kernel_factory or mx.fast.metal_kernel)
+    kernel = _KERNELS.get(kernel_factory or mx.fast.metal_kernel, quantized)
     return kernel(**launch._asdict())[0]

@@ -14,6 +14,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 
+import mlx.core as mx
+
 from shared.config.choices import ATTENTION_BACKENDS
 from shared.protocol import AttentionReport
 from worker.attention import metal_kernel, selftest
@@ -26,41 +28,51 @@ def select_backend(
     requested: str, shape, block_size: int, pool=None
 ) -> tuple[AttentionBackend, AttentionReport]:
     """The backend this worker's forwards use, and the report it registers with (with the
-    `pool`'s KV layout and bytes per token). Quantized K/V (`pool.kv_bits` 8 or 4) are read by
-    MLX ops only: the Metal kernel has no quantized variant yet."""
-    backend, report = _select(requested, shape, block_size, getattr(pool, "kv_bits", None))
+    `pool`'s KV layout and bytes per token). Quantized K/V (`pool.kv_bits` 8 or 4): the
+    self-test and pre-warm run the kernel's quantized variant on pools of the same layout."""
+    backend, report = _select(requested, shape, block_size, _quantizer(pool))
     if pool is None:
         return backend, report
     kv = dict(kv_layout=pool.kv_layout, kv_bytes_per_token=pool.bytes_per_token)
     return backend, dataclasses.replace(report, **kv)
 
 
-def _select(requested: str, shape, block_size: int, kv_bits: int | None):
+def _quantizer(pool) -> selftest.Quantizer | None:
+    """Plain pool -> the same values in `pool`'s quantized layout, through the pool's own
+    quantized K/V type (`worker.kv.quant`, a sibling layer this one does not import)."""
+    if getattr(pool, "kv_bits", None) is None:
+        return None
+    layer_type, bits, group_size = type(pool.k[0]), pool.kv_bits, pool.kv_group_size
+
+    def quantize(values: mx.array):
+        out = layer_type.zeros(*values.shape, bits=bits, group_size=group_size, dtype=values.dtype)
+        out[mx.arange(values.shape[0])] = values
+        return out
+
+    return quantize
+
+
+def _select(requested: str, shape, block_size: int, quantize):
     if requested not in ATTENTION_BACKENDS:
         known = ", ".join(ATTENTION_BACKENDS)
         raise ValueError(f"unknown paged-attention backend {requested!r}; known: {known}")
     if requested == "mlx":
         return BACKENDS["mlx"], AttentionReport("mlx", requested, "not run: mlx requested")
-    if kv_bits is not None and kv_bits < 16:
-        why = f"--kv-bits {kv_bits}: the Metal kernel does not read quantized K/V yet"
-        if requested == "metal":
-            raise BackendUnavailableError(f"--attention-backend metal: {why}; use mlx or auto")
-        log.info("paged attention: MLX ops (%s)", why)
-        return BACKENDS["mlx"], AttentionReport("mlx", requested, f"not run: {why}")
     missing = metal_kernel.metal_reason()
     if missing is not None:
         if requested == "metal":
             raise BackendUnavailableError(f"--attention-backend metal: {missing}")
         log.info("paged attention: MLX ops (%s)", missing)
         return BACKENDS["mlx"], AttentionReport("mlx", requested, f"not run: {missing}")
-    return _self_tested(requested, shape, block_size)
+    return _self_tested(requested, shape, block_size, quantize)
 
 
-def _self_tested(requested: str, shape, block_size: int):
+def _self_tested(requested: str, shape, block_size: int, quantize):
     dims = dict(
         num_heads=shape.num_heads or shape.num_kv_heads,
         num_kv_heads=shape.num_kv_heads,
         head_dim=shape.head_dim,
+        quantize=quantize,
     )
     result = selftest.verify_metal_backend(block_size=block_size, dtype=shape.kv_dtype, **dims)
     slower_only = result.reason.startswith("slower")

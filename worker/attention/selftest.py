@@ -7,6 +7,8 @@ whether the candidate matches (per-dtype tolerance) and is faster. `verify_metal
 that for the Metal kernel and records the verdict, which `worker.attention.metal_kernel`'s
 `unavailable_reason` reports: "auto" picks the kernel only after it passed here. `prewarm`
 runs a candidate once per (block size, dtype) so no request pays a pipeline compile.
+With `quantize` (a worker with `--kv-bits`: plain pool -> the worker's quantized pool) the
+pools are quantized first, so the kernel's quantized variant is what is tested and warmed.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ from worker.attention.paged import BACKENDS, AttentionBackend, AttentionPlan
 # Max |candidate - reference| allowed; both sides compute in fp32 but round inputs/outputs to
 # the dtype, and the reference may also run its matmuls in the dtype.
 TOLERANCE = {mx.float32: 1e-4, mx.float16: 1e-2, mx.bfloat16: 6e-2}
+# A plain `(slots, Hkv, D)` pool -> the same values in the worker's quantized pool layout.
+Quantizer = Callable[[mx.array], object]
 
 
 class SelfTestResult(NamedTuple):
@@ -44,7 +48,7 @@ class DecodeBatch(NamedTuple):
 
 
 def random_decode_batch(
-    *, batch, context, block_size, dtype, num_heads, num_kv_heads, head_dim, seed=0
+    *, batch, context, block_size, dtype, num_heads, num_kv_heads, head_dim, seed=0, quantize=None
 ) -> DecodeBatch:
     """Decode rows (Lq 1) of lengths up to `context`, partial last blocks, shuffled tables."""
     rng = np.random.default_rng(seed)
@@ -54,6 +58,8 @@ def random_decode_batch(
     tables = rng.permutation(num_blocks).reshape(batch, blocks_per_row).astype(np.int32)
     shape = (num_blocks * block_size, num_kv_heads, head_dim)
     pools = [mx.array(rng.normal(size=shape).astype(np.float32)).astype(dtype) for _ in "kv"]
+    if quantize is not None:
+        pools = [quantize(pool) for pool in pools]
     queries = rng.normal(size=(batch, num_heads, 1, head_dim)).astype(np.float32)
     return DecodeBatch(mx.array(queries).astype(dtype), *pools, mx.array(tables), lengths)
 
@@ -88,12 +94,13 @@ def self_test(
     batch: int = 8,
     context: int = 512,
     repeats: int = 5,
+    quantize: Quantizer | None = None,
 ) -> SelfTestResult:
     """Does `candidate_run` match the MLX-ops reference on a random decode batch, and is it
     faster there? Never raises for the candidate's faults: they become `reason`."""
     inputs = random_decode_batch(
         batch=batch, context=context, block_size=block_size, dtype=dtype,
-        num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
+        num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim, quantize=quantize,
     )  # fmt: skip
     candidate = plan_call(
         AttentionBackend("candidate", candidate_run, lambda: None), inputs, block_size
@@ -147,6 +154,7 @@ def prewarm(
     num_heads: int,
     num_kv_heads: int,
     head_dim: int,
+    quantize: Quantizer | None = None,
 ) -> dict[tuple[int, str], str | None]:
     """Run the candidate on each pipeline variant per (block size, dtype), so each is compiled
     before a request needs it. Returns {(block_size, dtype name): None, or why it failed}."""
@@ -156,6 +164,7 @@ def prewarm(
             outcome[(block_size, str(dtype))] = _prewarm_one(
                 candidate_run, block_size, dtype,
                 num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
+                quantize=quantize,
             )  # fmt: skip
     return outcome
 

@@ -62,11 +62,11 @@ class EngineStats:
         self.decode_tokens += accepted  # tokens the step produced beyond one per sequence
 
     def record_decode_shape(self, seqs, pool, shape) -> None:
-        """Blocks and K/V bytes a decode tick over `seqs` reads (from host counters)."""
+        """Blocks and K/V bytes a decode tick over `seqs` reads (from host counters): the bytes
+        the pool holds per token, so with `--kv-bits` the packed values, scales and biases."""
         tokens = sum(s.num_computed + 1 for s in seqs)
         self.decode_blocks.append(sum(pool.blocks_for_tokens(s.num_computed + 1) for s in seqs))
-        per_token = 2 * shape.num_layers * shape.num_kv_heads * shape.head_dim
-        self.decode_kv_bytes.append(tokens * per_token * shape.kv_dtype.size)
+        self.decode_kv_bytes.append(tokens * pool.bytes_per_block / pool.block_size)
 
     def record_layer_times(self, times) -> None:
         """A profiled step's K/V write and attention seconds, summed over its layers."""

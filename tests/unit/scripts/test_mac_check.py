@@ -25,10 +25,15 @@ def test_quick_report_has_every_section_and_says_metal_is_missing():
     for field in ("- machine:", "- OS:", "- Python:", "- MLX:", "- Metal available:"):
         assert field in report
     if "- Metal available: no" in report:
-        assert report.count("| no | - | - | - | Metal is not available") == 3
-        assert 'backend "auto" picks: mlx' in report
-        rows = re.findall(r"^\| (\d+) \| (\d+) \| 16 \| unavailable \| ([\d.]+) \| - \|$",
+        # every block size for the dtype and the 8- and 4-bit layouts (the quantized kernel)
+        assert report.count("| no | - | - | - | Metal is not available") == 9
+        for kv in ("float16", "q8g64", "q4g64"):
+            assert f'backend "auto" picks ({kv}): mlx' in report
+            assert report.count(f"| {kv} | 16 | float16 | no |") == 1
+        rows = re.findall(r"^\| (\w+) \| (\d+) \| (\d+) \| 16 \| unavailable \| ([\d.]+) \| - \|$",
                           report, flags=re.MULTILINE)  # fmt: skip
-        assert [(b, c) for b, c, _ in rows] == [("1", "512"), ("8", "512")]
-        assert all(float(ms) > 0 for _, _, ms in rows)
+        assert [(kv, b, c) for kv, b, c, _ in rows] == [
+            (kv, b, "512") for kv in ("float16", "q8g64", "q4g64") for b in ("1", "8")
+        ]
+        assert all(float(ms) > 0 for *_, ms in rows)
     assert "skipped (--skip-engine)" in report and "skipped (--skip-cluster)" in report

@@ -112,14 +112,16 @@ def test_pool_accounts_quantized_bytes_and_copies_all_three_arrays_on_write():
     assert q8.check_integrity().free == 7
 
 
-def test_metal_is_refused_and_auto_picks_mlx_with_quantized_kv():
+def test_quantized_kv_reports_its_layout_and_goes_to_the_kernel_where_metal_is():
+    """--kv-bits no longer rules the Metal kernel out (its quantized variant is self-tested:
+    tests/unit/worker/attention/test_attention_select.py); here, without Metal, MLX ops."""
     shape = ModelShape(2, HKV, D, mx.float32, 97, 4)
-    q8 = BlockPool(4, BS, num_layers=2, num_kv_heads=HKV, head_dim=D, dtype=mx.float32, kv_bits=8)
     q4 = BlockPool(4, BS, num_layers=2, num_kv_heads=HKV, head_dim=D, dtype=mx.float32, kv_bits=4)
-    with pytest.raises(BackendUnavailableError, match="kv-bits 8"):
-        select_backend("metal", shape, BS, q8)
     backend, report = select_backend("auto", shape, BS, q4)
-    assert backend.name == "mlx" and "kv-bits 4" in report.self_test
+    if not mx.metal.is_available():
+        assert backend.name == "mlx" and "Metal is not available" in report.self_test
+        with pytest.raises(BackendUnavailableError, match="Metal is not available"):
+            select_backend("metal", shape, BS, q4)
     # registered with the router, shown by /v1/cluster: 2 layers x K, V x 2 heads x 40 bytes
     assert (report.kv_layout, report.kv_bytes_per_token) == ("q4g64", 2 * 2 * HKV * 40)
 
@@ -143,3 +145,21 @@ def test_the_router_shows_each_workers_kv_layout():
     assert (shown["kv_layout"], shown["kv_bytes_per_token"]) == ("q8g64", 720)
     plain = WorkerState(Register("w2", "m", BS, 10, "h", 1), b"w2", 0.0).to_json()
     assert plain["kv_layout"] is None
+
+
+def test_metrics_show_each_workers_kv_layout_and_bytes_per_token():
+    from router.cluster.registry import WorkerState
+    from router.metrics.router_metrics import Metrics
+    from shared.protocol import AttentionReport, Register
+
+    q8 = AttentionReport("mlx", "auto", "not run", kv_layout="q8g64", kv_bytes_per_token=720)
+    f32 = AttentionReport("mlx", "auto", "not run", kv_layout="float32", kv_bytes_per_token=2560)
+    workers = [WorkerState(Register(w, "m", BS, 10, "h", 1, attention=a), w.encode(), 0.0)
+               for w, a in (("w1", q8), ("w2", f32))]  # fmt: skip
+    workers.append(WorkerState(Register("w3", "m", BS, 10, "h", 1), b"w3", 0.0))  # older worker
+    text = Metrics().render(workers, pending=0)
+    assert 'mlx_fleet_worker_kv_layout_info{kv_layout="q8g64",worker="w1"} 1.0' in text
+    assert 'mlx_fleet_worker_kv_layout_info{kv_layout="float32",worker="w2"} 1.0' in text
+    assert 'mlx_fleet_worker_kv_bytes_per_token{worker="w1"} 720.0' in text
+    assert 'mlx_fleet_worker_kv_bytes_per_token{worker="w2"} 2560.0' in text
+    assert 'worker="w3"' not in text.split("mlx_fleet_worker_kv_layout_info")[-1]

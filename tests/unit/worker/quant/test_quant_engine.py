@@ -124,3 +124,19 @@ def test_the_pool_holds_quantized_arrays(bits):
     assert k.packed.dtype == mx.uint32 and k.packed.shape[-1] == 64 * bits // 32
     assert engine.attention_report.backend == "mlx"
     assert np.array(k.scales).dtype == np.float32
+
+
+def test_decode_kv_bytes_count_the_quantized_bytes_read():
+    """WorkerPhases.decode_kv_bytes_mean (the roofline's K/V bytes per tick) counts what the
+    pool holds: 8 bits in groups of 64 read 1 + 2 * 4 / 64 bytes a value, not float32's 4."""
+    model = tiny_quantizable_model("llama")
+    means = {}
+    for bits in (None, 8):
+        engine = make_engine(model, kv_bits=bits)
+        engine.add_request("a", prompt(10, 1), SamplingParams(max_tokens=4))
+        run_to_completion(engine)
+        means[bits] = engine.stats_.phases().decode_kv_bytes_mean
+    # three decode ticks reading 12, 13, 14 tokens (the one being written included)
+    per_token = 2 * 2 * 2 * 64  # K and V x 2 layers x 2 KV heads x head dim 64
+    assert means[None] == pytest.approx(13 * per_token * 4)
+    assert means[8] == pytest.approx(13 * per_token * (1 + 2 * 4 / 64))
