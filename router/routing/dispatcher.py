@@ -17,14 +17,14 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from router.routing.affinity import PrefixAffinity
-from router.routing.policy import Candidate, Policy
-from shared.hashing import hash_blocks
+from router.routing.choose import choose
 from shared.protocol import Abort, Generate, Message, TokenDelta, Usage
 
 if TYPE_CHECKING:
     from router.cluster.registry import WorkerRegistry, WorkerState
     from router.metrics.router_metrics import ModelMetrics
     from router.metrics.tracing import RequestTrace
+    from router.routing.policy import Policy
     from router.routing.prefix_index import PrefixIndex
     from shared.sampling import SamplingParams
 
@@ -95,8 +95,10 @@ class Dispatcher:
         max_pending: int,
         max_resubmits: int,
         model: str | None = None,
+        pulls: bool = True,
     ):
         self.model = model
+        self._pulls = pulls  # the fleet cache: workers may pull prefixes from peers
         self._registry = registry
         self._index = index
         self._policy = policy
@@ -239,43 +241,28 @@ class Dispatcher:
         if not workers:
             raise NoWorkerAvailable
         msg = job.continuation()
-        worker, hashes, matched = self._choose(msg.token_ids, workers, job.cache_key)
+        choice = choose(
+            self._policy,
+            self._index,
+            self._affinity,
+            msg.token_ids,
+            workers,
+            job.cache_key,
+            self._pulls,
+        )
+        worker, hashes, matched = choice.worker, choice.hashes, choice.matched
+        if choice.pull is not None:
+            msg = dataclasses.replace(msg, pull=choice.hint)
         self._index.add_optimistic(worker.worker_id, hashes)
         self._affinity.remember(hashes, worker.worker_id, job.cache_key)
         job.worker_id = worker.worker_id
         self._jobs[job.wire_id] = job
         worker.inflight.add(job.wire_id)
-        self._metrics.routed_to(worker.worker_id, matched * worker.block_size)
+        pulled = choice.pull.gained * worker.block_size if choice.pull else 0
+        self._metrics.routed_to(worker.worker_id, matched * worker.block_size, choice.kind, pulled)
         if job.trace is not None:
             msg = job.trace.routed(msg, worker.worker_id, matched, self._policy.name)
         self._send(worker.identity, msg)
-
-    def _choose(
-        self, token_ids: Sequence[int], workers: list[WorkerState], cache_key: str | None = None
-    ) -> tuple[WorkerState, list[int], int]:
-        """The chosen worker, the prompt's block hashes at its block size, its matched blocks."""
-        hashes = {size: hash_blocks(token_ids, size) for size in {w.block_size for w in workers}}
-        matched: dict[str, int] = {}
-        for size, size_hashes in hashes.items():
-            same_size = [w.worker_id for w in workers if w.block_size == size]
-            matched.update(self._index.match(size_hashes, same_size))
-        sticky = {self._affinity.lookup(h) for h in hashes.values()}
-        keyed = self._affinity.lookup_key(cache_key)
-        candidates = [
-            Candidate(
-                w.worker_id,
-                w.load,
-                matched[w.worker_id],
-                len(hashes[w.block_size]),
-                affinity=w.worker_id in sticky or w.worker_id == keyed,
-                eviction_rate=w.eviction_rate,
-                keyed=w.worker_id == keyed,
-            )
-            for w in workers
-        ]
-        chosen = self._policy.choose(candidates)
-        worker = next(w for w in workers if w.worker_id == chosen.worker_id)
-        return worker, hashes[worker.block_size], chosen.matched_blocks
 
     def _resubmit(self, job: Job) -> None:
         if job.choices and any(c.generated for c in job.choices):
