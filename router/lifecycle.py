@@ -82,6 +82,7 @@ async def cluster_ctx(app: web.Application) -> AsyncIterator[None]:
             config.max_resubmits,
             model=spec.served_id,
             pulls=config.kv_pulls,
+            prefill_timeout_s=config.prefill_timeout_s,
         )
         tokenizer = app[app_keys.TOKENIZERS][spec.served_id]
         return ServedModel(spec, tokenizer, index, dispatcher, model_metrics)
