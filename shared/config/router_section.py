@@ -45,7 +45,7 @@ class RouterSection:
     kv_pulls: bool = spec(
         True,
         boolean(),
-        "cache_aware: let a worker fetch a prompt's cached prefix from the worker holding it "
+        "let a worker fetch a prompt's cached prefix from the worker holding it (any policy) "
         "when the measured link beats recomputing it (false: always recompute)",
     )
     prefill_timeout_s: float = spec(
