@@ -44,7 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--config", help="fleet TOML file (deploy/fleet.example.toml); flags override it"
     )
-    add_flags(p, ClusterSection, ["workers", "tp"])
+    add_flags(p, ClusterSection, ["workers", "prefill_workers", "tp"])
     p.add_argument(
         "--model", action="append",
         help="model dir, .gguf, HF repo id; repeat it to serve several models, each by its own "
@@ -85,6 +85,7 @@ class Served:
     section: ModelSection
     model_dir: Path
     workers: int
+    roles: tuple[str, ...] = ()  # one per worker: both, prefill, decode (): all both
 
     @property
     def name(self) -> str:
@@ -123,13 +124,13 @@ def commands(args, fleet, models: list[Served], zmq_port: int) -> tuple[list[str
         extra += ["--kv-fraction", f"{min(0.9, DEFAULT_KV_FRACTION / processes):.4f}"]
     worker_cmds = []
     for m in models:
-        for _ in range(m.workers):
+        for role in m.roles or ("both",) * m.workers:
             i = len(worker_cmds)
             worker_cmds.append(
                 py + ["worker", *config, "--router", f"tcp://127.0.0.1:{zmq_port}",
                       "--model", str(m.model_dir), "--model-id", m.name,
                       "--worker-id", f"worker-{i}", *extra, *disk_dir(args, fleet, i)]
-                + extra_traces
+                + extra_traces + (["--role", role] if role != "both" else [])
                 + (["--kv-events-publish", offset_port(publish, i)] if publish else [])
             )  # fmt: skip
     return router, worker_cmds
@@ -144,6 +145,18 @@ def offset_port(endpoint: str, offset: int) -> str:
         base, port = endpoint.rsplit(":", 1)
         return f"{base}:{int(port) + offset}"
     return f"{endpoint}_{offset}"
+
+
+def worker_roles(args, fleet, workers: int) -> tuple[str, ...]:
+    """Each worker's role: [[workers]] entries, else --prefill-workers prefill workers and
+    `workers` decode workers, else `workers` that do both."""
+    if fleet.workers:
+        return tuple(g.role for g in fleet.workers for _ in range(g.count))
+    prefill = args.prefill_workers
+    prefill = fleet.cluster.prefill_workers if prefill is None else prefill
+    if prefill:
+        return ("prefill",) * prefill + ("decode",) * workers
+    return ("both",) * workers
 
 
 def disk_dir(args, fleet, worker: int) -> list[str]:
@@ -255,7 +268,8 @@ def served_models(args, fleet) -> list[Served] | str:
         workers = args.workers or m.workers or fleet.cluster.workers  # --workers wins
         if (problem := tp_problem(model_dir, fleet.cluster.tp, args, fleet)) is not None:
             return problem
-        models.append(Served(m, model_dir, workers))
+        roles = worker_roles(args, fleet, workers)
+        models.append(Served(m, model_dir, len(roles), roles))
     return models
 
 

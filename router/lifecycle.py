@@ -81,6 +81,8 @@ async def cluster_ctx(app: web.Application) -> AsyncIterator[None]:
             config.max_pending_requests,
             config.max_resubmits,
             model=spec.served_id,
+            pulls=config.kv_pulls,
+            prefill_timeout_s=config.prefill_timeout_s,
         )
         tokenizer = app[app_keys.TOKENIZERS][spec.served_id]
         return ServedModel(spec, tokenizer, index, dispatcher, model_metrics)

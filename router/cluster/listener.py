@@ -138,7 +138,10 @@ class Cluster:
             msg.block_size,
             msg.kv_capacity_blocks,
         )
-        ack = RegisterAck(accepted=True, heartbeat_interval_s=self._heartbeat_interval_s)
+        peers = self.registry.peers_of(state)
+        ack = RegisterAck(
+            accepted=True, heartbeat_interval_s=self._heartbeat_interval_s, peers=peers
+        )
         self._send(identity, ack)
 
     def _model_for(self, msg: Register) -> ServedModel | None:

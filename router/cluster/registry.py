@@ -9,6 +9,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from shared.protocol import LinkRate, Peer
+
 if TYPE_CHECKING:
     from shared.protocol import Heartbeat, Register
 
@@ -41,6 +43,9 @@ class WorkerState:
     # re-registrations of the same worker id
     errors: deque = field(default_factory=lambda: deque(maxlen=RECENT_ERRORS))
 
+    # the fleet cache: measured link rates to peers (by peer id, the latest heartbeat's)
+    links: dict[str, LinkRate] = field(default_factory=dict)
+
     def __post_init__(self):
         self.model = self.model or self.info.model_id
 
@@ -54,6 +59,48 @@ class WorkerState:
         evicted = max(0, msg.evicted_blocks - previous)
         self.eviction_rate += EVICTION_RATE_SMOOTHING * (evicted - self.eviction_rate)
         self.heartbeat = msg
+        self.links.update((link.peer_id, link) for link in msg.links)
+
+    # ------------------------------------------------------------ the fleet cache
+
+    @property
+    def kv_endpoint(self) -> str:
+        return self.info.kv_endpoint
+
+    @property
+    def role(self) -> str:
+        return self.info.role
+
+    @property
+    def kv_layout(self) -> str:
+        """How its KV blocks are stored ("float16", "q8g64"; "": not reported)."""
+        return self.info.attention.kv_layout if self.info.attention else ""
+
+    @property
+    def layout_key(self) -> tuple[str, int, str, int]:
+        """Workers with equal keys hold interchangeable KV blocks: same model, block size,
+        K/V layout (dtype, quantization) and tensor-parallel split."""
+        tp = self.info.group.size if self.info.group else 1
+        return (self.model, self.block_size, self.kv_layout, tp)
+
+    @property
+    def block_bytes(self) -> int:
+        """Bytes of one KV block (all layers, K and V); 0: the worker did not say."""
+        per_token = self.info.attention.kv_bytes_per_token if self.info.attention else 0
+        return per_token * self.block_size
+
+    @property
+    def prefill_tokens_per_s(self) -> float:
+        """Measured prefill rate; 0: not measured yet."""
+        return self.heartbeat.prefill_tokens_per_s if self.heartbeat else 0.0
+
+    @property
+    def pulled_blocks(self) -> int:
+        return self.heartbeat.pulled_blocks if self.heartbeat else 0
+
+    @property
+    def pull_failures(self) -> int:
+        return self.heartbeat.pull_failures if self.heartbeat else 0
 
     def note_error(self, what: str) -> None:
         self.errors.append(f"{time.strftime('%H:%M:%S')} {what[:200]}")
@@ -77,13 +124,6 @@ class WorkerState:
         reported = self.heartbeat.running + self.heartbeat.waiting if self.heartbeat else 0
         return max(reported, len(self.inflight))
 
-    @property
-    def kv_layout(self) -> str | None:
-        """How its KV blocks are stored ("float16", "q8g64"; None: not reported). Blocks of
-        one model are interchangeable only between workers of one layout and block size (a
-        peer to pull blocks from must match both)."""
-        return (self.info.attention.kv_layout or None) if self.info.attention else None
-
     def to_json(self) -> dict:
         hb = self.heartbeat
         return {
@@ -97,7 +137,7 @@ class WorkerState:
             "inflight": len(self.inflight),
             "running": hb.running if hb else None,
             "waiting": hb.waiting if hb else None,
-            "kv_layout": self.kv_layout,
+            "kv_layout": self.kv_layout or None,
             "kv_bytes_per_token": getattr(self.info.attention, "kv_bytes_per_token", None),
             "kv_total_blocks": hb.total_blocks if hb else self.info.kv_capacity_blocks,
             "kv_free_blocks": hb.free_blocks if hb else None,
@@ -113,6 +153,12 @@ class WorkerState:
             "attention": _as_json(self.info.attention),
             "tensor_parallel": _as_json(self.info.group),
             "phases": _as_json(hb.phases if hb else None),
+            "kv_endpoint": self.kv_endpoint,
+            "role": self.role,
+            "prefill_tokens_per_s": self.prefill_tokens_per_s,
+            "links": [dataclasses.asdict(link) for link in self.links.values()],
+            "pulled_blocks": self.pulled_blocks,
+            "pull_failures": self.pull_failures,
         }
 
 
@@ -141,6 +187,29 @@ class WorkerRegistry:
         return [
             w for w in self._by_id.values() if w.healthy and (model is None or w.model == model)
         ]
+
+    def peers_of(self, worker: WorkerState) -> tuple[Peer, ...]:
+        """The other healthy workers whose KV blocks `worker` can use (same layout key) and
+        that say where to fetch them: RegisterAck.peers."""
+        return tuple(
+            Peer(w.worker_id, w.kv_endpoint)
+            for w in self.healthy(worker.model)
+            if w is not worker and w.kv_endpoint and w.layout_key == worker.layout_key
+        )
+
+    def cache_summary(self) -> dict:
+        """The fleet's prefix-cache hit rate from the workers' counters, local hits apart from
+        blocks pulled from peers (the workers count a pulled block as pulled, not as a hit)."""
+        prompt = sum(w.heartbeat.prompt_tokens for w in self._by_id.values() if w.heartbeat)
+        local = sum(w.heartbeat.hit_tokens for w in self._by_id.values() if w.heartbeat)
+        pulled = sum(w.pulled_blocks * w.block_size for w in self._by_id.values())
+        return {
+            "prompt_tokens": prompt,
+            "local_hit_tokens": local,
+            "pulled_tokens": pulled,
+            "local_hit_rate": local / prompt if prompt else 0.0,
+            "hit_rate_with_pulls": (local + pulled) / prompt if prompt else 0.0,
+        }
 
     def wedged(self, now: float, after_s: float) -> list[WorkerState]:
         """Healthy workers with work whose engine loop has not moved for `after_s`."""

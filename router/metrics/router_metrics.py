@@ -47,6 +47,7 @@ class Metrics:
         self._pending = 0
         self._routed: Tally[str] = Tally()
         self._routed_hit_tokens: Tally[str] = Tally()
+        self._routed_pull_tokens: Tally[str] = Tally()
         self._request_families()
         self._fleet_series()
         self._models = {name: ModelMetrics(self, name) for name in self.model_names}
@@ -75,6 +76,8 @@ class Metrics:
         self.generation_tokens_family = counter("vllm:generation_tokens", "tokens generated")
         self.cache_queries_family = counter("vllm:prefix_cache_queries", "prompt tokens looked up in the prefix caches")
         self.cache_hits_family = counter("vllm:prefix_cache_hits", "prompt tokens found in the prefix caches")
+        self.decisions_family = counter("mlx_fleet_routing_decisions", "routing decisions by how the prompt's cached prefix is served: local_hit, pull (from a peer), recompute", ("model_name", "kind"))
+        self.pulled_tokens_family = counter("mlx_fleet_prefix_pulled_tokens", "prompt tokens routed to be pulled from a peer's cache (apart from vllm:prefix_cache_hits, the local hits)")
         self.success_family = counter("vllm:request_success", "finished requests", ("model_name", "finished_reason"))
         # The streaming handler observes this one: time until the first chunk is written.
         self.first_chunk_family = histogram("mlx_fleet_time_to_first_chunk_seconds", "streamed requests: time to the first chunk", TTFT_BUCKETS_S)
@@ -97,9 +100,10 @@ class Metrics:
         self._http.labels(endpoint, str(status)).inc()
         self._http_seconds.labels(endpoint).observe(seconds)
 
-    def routed_to(self, worker_id: str, predicted_hit_tokens: int) -> None:
+    def routed_to(self, worker_id: str, predicted_hit_tokens: int, pulled_tokens: int = 0) -> None:
         self._routed[worker_id] += 1
         self._routed_hit_tokens[worker_id] += predicted_hit_tokens
+        self._routed_pull_tokens[worker_id] += pulled_tokens
 
     def cached_tokens(self, count: int) -> None:
         self._cached_tokens.inc(count)
@@ -113,8 +117,9 @@ class Metrics:
     def worker_lost(self) -> None:
         self._workers_lost.inc()
 
-    def _routing(self, worker_id: str) -> tuple[int, int]:
-        return self._routed[worker_id], self._routed_hit_tokens[worker_id]
+    def _routing(self, worker_id: str) -> tuple[int, int, int]:
+        routed, pulled = self._routed[worker_id], self._routed_pull_tokens[worker_id]
+        return routed, self._routed_hit_tokens[worker_id], pulled
 
     # ------------------------------------------------------------ exposition
 
@@ -166,8 +171,18 @@ class ModelMetrics:
         self._fleet.success_family.labels(self.name, finish_reason).inc()
         self._e2e.observe(seconds)
 
-    def routed_to(self, worker_id: str, predicted_hit_tokens: int) -> None:
-        self._fleet.routed_to(worker_id, predicted_hit_tokens)
+    def routed_to(
+        self,
+        worker_id: str,
+        predicted_hit_tokens: int,
+        kind: str = "recompute",
+        pulled_tokens: int = 0,
+    ) -> None:
+        """A request went to `worker_id`, its prefix served as `kind` (local_hit, pull,
+        recompute): predicted tokens cached there, and tokens it pulls from a peer."""
+        self._fleet.routed_to(worker_id, predicted_hit_tokens, pulled_tokens)
+        self._fleet.decisions_family.labels(self.name, kind).inc()
+        self._fleet.pulled_tokens_family.labels(self.name).inc(pulled_tokens)
 
     def resubmitted(self) -> None:
         self._fleet.resubmitted()

@@ -57,6 +57,10 @@ WORKER_SERIES: tuple[Series, ...] = (
     Series("cached_tokens", "counter", "cached prompt tokens of requests this router sent there",
            lambda w: w.cached_tokens),
     Series("requests_served", "counter", "requests finished there", lambda w: w.requests_served),
+    Series("pulled_blocks", "counter", "KV blocks it pulled from peers", _hb("pulled_blocks")),
+    Series("pull_failures", "counter", "pulls that fell back to recompute", _hb("pull_failures")),
+    Series("prefill_tokens_per_s", "gauge", "its measured prefill rate (0: not yet)",
+           _hb("prefill_tokens_per_s")),
 )  # fmt: skip
 
 # WorkerPhases fields that only grow (the others are recent-window statistics).
@@ -91,11 +95,12 @@ class WorkerCollector(Collector):
         self,
         model_names: Iterable[str],
         workers: Callable[[], Iterable[WorkerState]],
-        routed: Callable[[str], tuple[int, int]],
+        routed: Callable[[str], tuple[int, int, int]],
     ):
         self._model_names = tuple(model_names)
         self._workers = workers
-        self._routed = routed  # worker id -> (requests routed, predicted hit tokens)
+        # worker id -> (requests routed, predicted hit tokens, tokens to pull from peers)
+        self._routed = routed
 
     def collect(self) -> Iterator[Metric]:
         workers = list(self._workers())
@@ -103,12 +108,15 @@ class WorkerCollector(Collector):
         for series in (*WORKER_SERIES, *self._routing_series(), *phase_series()):
             yield _family(series, workers)
         yield from _attention(workers)
+        yield _links(workers)
 
     def _routing_series(self) -> tuple[Series, ...]:
         return (
             Series("routed", "counter", "requests routed there", lambda w: self._routed(w.worker_id)[0]),
             Series("routed_hit_tokens", "counter", "prefix tokens predicted cached when routed",
                    lambda w: self._routed(w.worker_id)[1]),
+            Series("routed_pull_tokens", "counter", "prefix tokens routed to be pulled from a peer",
+                   lambda w: self._routed(w.worker_id)[2]),
         )  # fmt: skip
 
     def _cluster_gauges(self, workers: list[WorkerState]) -> Iterator[Metric]:
@@ -203,3 +211,16 @@ def _kv_layout(workers: list[WorkerState]) -> Iterator[Metric]:
         per_token.add_metric([w.worker_id], a.kv_bytes_per_token)
     yield layout
     yield per_token
+
+
+def _links(workers: list[WorkerState]) -> Metric:
+    """The link rates each worker measured fetching KV blocks from its peers."""
+    family = GaugeMetricFamily(
+        "mlx_fleet_worker_link_bytes_per_second",
+        "measured KV transfer rate from a peer (probe, then real transfers)",
+        labels=["worker", "peer"],
+    )
+    for w in workers:
+        for peer, rate in w.links.items():
+            family.add_metric([w.worker_id, peer], rate.bytes_per_s)
+    return family

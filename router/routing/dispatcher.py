@@ -1,30 +1,33 @@
 """Requests in flight: routing, token deltas back to their HTTP handlers, abort, fail-over.
 
-Each HTTP request is a Job. The job is sent to a worker under a wire id `<request_id>#<attempt>`;
+Each HTTP request is a Job (router.routing.job). The job is sent to a worker under a wire id `<request_id>#<attempt>`;
 when its worker is lost the job is re-sent elsewhere as prompt + tokens generated so far, with
 max_tokens reduced, under the next attempt's wire id (late deltas of the old attempt are then
-ignored). The handler reads the job's `events` queue and never sees the move.
+ignored). The handler reads the job's `events` queue and never sees the move. With
+disaggregated prefill (router.routing.disagg) a job's first leg goes to a prefill worker.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from router.routing import disagg
 from router.routing.affinity import PrefixAffinity
-from router.routing.policy import Candidate, Policy
-from shared.hashing import hash_blocks
-from shared.protocol import Abort, Generate, Message, TokenDelta, Usage
+from router.routing.choose import PULL, choose
+from router.routing.job import Job as Job  # the handlers import it from here
+from shared.protocol import Abort, Message, TokenDelta, Usage
 
 if TYPE_CHECKING:
     from router.cluster.registry import WorkerRegistry, WorkerState
     from router.metrics.router_metrics import ModelMetrics
     from router.metrics.tracing import RequestTrace
+    from router.routing.policy import Policy
     from router.routing.prefix_index import PrefixIndex
     from shared.sampling import SamplingParams
 
@@ -37,48 +40,6 @@ class NoWorkerAvailable(Exception):
 
 class Overloaded(Exception):
     """The router holds as many requests as it may."""
-
-
-@dataclass(eq=False)
-class Job:
-    request_id: str
-    prompt_ids: tuple[int, ...]
-    sampling: SamplingParams
-    events: asyncio.Queue[TokenDelta] = field(default_factory=asyncio.Queue)
-    generated: list[int] = field(default_factory=list)
-    worker_id: str | None = None
-    attempt: int = 0
-    cached_tokens: int = 0  # prompt tokens the serving worker found in its cache
-    finished: bool = False
-    n: int = 1  # choices, forked by the worker after one prefill
-    choices: list[Job] = field(default_factory=list)  # with n > 1: one sub-job per choice
-    parent: Job | None = None  # of a choice
-    index: int = 0  # of a choice
-    sent_at: float = field(default_factory=time.perf_counter)
-    last_token_at: float | None = None  # when tokens last arrived (None: none yet)
-    cache_key: str | None = None  # prompt_cache_key: prefer the worker that served it last
-    trace: RequestTrace | None = None  # its spans, when tracing is on
-
-    @property
-    def wire_id(self) -> str:
-        return f"{self.request_id}#{self.attempt}"
-
-    @property
-    def completion_tokens(self) -> int:
-        return sum(len(c.generated) for c in self.choices) if self.choices else len(self.generated)
-
-    @property
-    def tokens_left(self) -> int:
-        return self.sampling.max_tokens - len(self.generated)
-
-    def continuation(self) -> Generate:
-        """The Generate that carries on from where the job is (the whole job at first)."""
-        sampling = dataclasses.replace(
-            self.sampling,
-            max_tokens=self.tokens_left,
-            prior_output_tokens=len(self.generated),  # penalties and the grammar count them
-        )
-        return Generate(self.wire_id, self.prompt_ids + tuple(self.generated), sampling, self.n)
 
 
 class Dispatcher:
@@ -95,8 +56,12 @@ class Dispatcher:
         max_pending: int,
         max_resubmits: int,
         model: str | None = None,
+        pulls: bool = True,
+        prefill_timeout_s: float = 60.0,
     ):
         self.model = model
+        self._pulls = pulls  # the fleet cache: workers may pull prefixes from peers
+        self._prefill_timeout_s = prefill_timeout_s  # disaggregated prefill's first leg
         self._registry = registry
         self._index = index
         self._policy = policy
@@ -136,6 +101,13 @@ class Dispatcher:
         job = self._jobs.get(delta.request_id)
         if job is None or job.worker_id != worker.worker_id:
             return  # a late delta of an attempt that was aborted or moved
+        if job.prefilling:
+            if delta.finish_reason is not None:
+                ok = delta.finish_reason == disagg.PREFILLED
+                if not ok:
+                    log.warning("prefill of %s failed: %s", job.request_id, delta.error)
+                self._prefilled(job, worker if ok else None)
+            return
         self._time_tokens(job, len(delta.token_ids))
         if job.choices:
             self._on_choice_delta(worker, job, delta)
@@ -220,7 +192,10 @@ class Dispatcher:
         """Move every job of a lost worker elsewhere (it has already left the healthy set)."""
         for wire_id in list(worker.inflight):
             job = self._jobs.get(wire_id)
-            if job is not None:
+            if job is not None and job.prefilling:
+                self._send(worker.identity, Abort(wire_id))
+                self._prefilled(job, None)
+            elif job is not None:
                 self._untrack(job)
                 self._send(worker.identity, Abort(wire_id))  # in case it is only slow
                 self._resubmit(job)
@@ -238,44 +213,69 @@ class Dispatcher:
         workers = self._registry.healthy(self.model)
         if not workers:
             raise NoWorkerAvailable
+        target = disagg.prefill_target(workers, job)
+        if target is not None:
+            self._start_prefill(job, target)
+            return
         msg = job.continuation()
-        worker, hashes, matched = self._choose(msg.token_ids, workers, job.cache_key)
+        choice = choose(
+            self._policy,
+            self._index,
+            self._affinity,
+            msg.token_ids,
+            workers,
+            job.cache_key,
+            self._pulls,
+        )
+        worker, hashes, matched = choice.worker, choice.hashes, choice.matched
+        prefill = self._registry.get(job.handover.worker_id) if job.handover else None
+        hint = disagg.decode_hint(choice, job, prefill)
+        if hint is not None:
+            msg = dataclasses.replace(msg, pull=hint)
         self._index.add_optimistic(worker.worker_id, hashes)
         self._affinity.remember(hashes, worker.worker_id, job.cache_key)
         job.worker_id = worker.worker_id
         self._jobs[job.wire_id] = job
         worker.inflight.add(job.wire_id)
-        self._metrics.routed_to(worker.worker_id, matched * worker.block_size)
+        pulled = (hint.num_blocks - matched) * worker.block_size if hint else 0
+        kind = PULL if hint else choice.kind
+        self._metrics.routed_to(worker.worker_id, matched * worker.block_size, kind, pulled)
         if job.trace is not None:
             msg = job.trace.routed(msg, worker.worker_id, matched, self._policy.name)
         self._send(worker.identity, msg)
 
-    def _choose(
-        self, token_ids: Sequence[int], workers: list[WorkerState], cache_key: str | None = None
-    ) -> tuple[WorkerState, list[int], int]:
-        """The chosen worker, the prompt's block hashes at its block size, its matched blocks."""
-        hashes = {size: hash_blocks(token_ids, size) for size in {w.block_size for w in workers}}
-        matched: dict[str, int] = {}
-        for size, size_hashes in hashes.items():
-            same_size = [w.worker_id for w in workers if w.block_size == size]
-            matched.update(self._index.match(size_hashes, same_size))
-        sticky = {self._affinity.lookup(h) for h in hashes.values()}
-        keyed = self._affinity.lookup_key(cache_key)
-        candidates = [
-            Candidate(
-                w.worker_id,
-                w.load,
-                matched[w.worker_id],
-                len(hashes[w.block_size]),
-                affinity=w.worker_id in sticky or w.worker_id == keyed,
-                eviction_rate=w.eviction_rate,
-                keyed=w.worker_id == keyed,
-            )
-            for w in workers
-        ]
-        chosen = self._policy.choose(candidates)
-        worker = next(w for w in workers if w.worker_id == chosen.worker_id)
-        return worker, hashes[worker.block_size], chosen.matched_blocks
+    def _start_prefill(self, job: Job, worker: WorkerState) -> None:
+        job.prefilling = job.prefill_tried = True
+        job.worker_id = worker.worker_id
+        self._jobs[job.wire_id] = job
+        worker.inflight.add(job.wire_id)
+        msg = disagg.prefill_message(job)
+        if job.trace is not None:
+            msg = job.trace.routed(msg, worker.worker_id, 0, "prefill")
+        with contextlib.suppress(RuntimeError):  # no running loop (a simulation): no timeout
+            loop = asyncio.get_running_loop()
+            job.prefill_timer = loop.call_later(self._prefill_timeout_s, self._prefill_late, job)
+        self._send(worker.identity, msg)
+
+    def _prefill_late(self, job: Job) -> None:
+        worker = self._registry.get(job.worker_id) if job.worker_id else None
+        if job.prefilling and not job.finished and worker is not None:
+            log.warning("prefill of %s on %s timed out", job.request_id, worker.worker_id)
+            self._send(worker.identity, Abort(job.wire_id))
+            self._prefilled(job, None)
+
+    def _prefilled(self, job: Job, worker: WorkerState | None) -> None:
+        """The prefill leg ended (`worker`: the prefill worker that holds the prompt; None: it
+        failed): on to a decoder, which pulls the prompt or computes it."""
+        if job.prefill_timer is not None:
+            job.prefill_timer.cancel()
+        self._untrack(job)
+        job.prefilling = False
+        job.handover = disagg.handover_from(worker, job)
+        try:
+            self._route(job)
+        except NoWorkerAvailable:
+            self._fail(job, "no worker is available to decode this request")
 
     def _resubmit(self, job: Job) -> None:
         if job.choices and any(c.generated for c in job.choices):

@@ -1,6 +1,8 @@
 """Routing policies: pick one worker among healthy candidates for a request.
 
-cache_aware: cost = prefill_weight x uncached prompt blocks + load, lowest wins; the worker a
+cache_aware: cost = prefill_weight x uncached prompt blocks + load, lowest wins (a block the
+worker can pull from a peer counts the pull's share of recomputing it: router.routing.transfer,
+so an idle worker that pulls beats a busy holder); the worker a
 prefix was last sent to (`router.routing.affinity`) gets `affinity_share` of the prompt's blocks off
 its cost, which keeps tenants partitioned when the fleet's KV cannot hold them all; but when
 load is badly unbalanced (max - min > balance_abs_threshold and max > balance_rel_threshold x min,
@@ -35,6 +37,16 @@ class Candidate(NamedTuple):
     affinity: bool = False  # this prefix was last sent to this worker
     eviction_rate: float = 0.0  # blocks its cache evicts per heartbeat, smoothed
     keyed: bool = False  # the request's prompt_cache_key was last sent to this worker
+    # the fleet cache (router.routing.transfer): blocks beyond `matched_blocks` it can pull
+    # from their holder, each costing `pull_ratio` of recomputing it
+    pull_blocks: int = 0
+    pull_ratio: float = 1.0
+
+    @property
+    def uncached(self) -> float:
+        """Prompt blocks it would compute, a pulled block counting its share of one."""
+        pulled = self.pull_blocks * self.pull_ratio
+        return self.prompt_blocks - self.matched_blocks - self.pull_blocks + pulled
 
 
 class Policy(Protocol):
@@ -89,7 +101,7 @@ class CacheAwarePolicy:
         return ties[(self._turn - 1) % len(ties)]
 
     def cost(self, c: Candidate) -> float:
-        uncached = c.prompt_blocks - c.matched_blocks
+        uncached = c.uncached
         if c.affinity:
             uncached = max(0.0, uncached - self.affinity_share * c.prompt_blocks)
         return self.prefill_weight * uncached + c.load
@@ -164,8 +176,8 @@ class LeastLoadPolicy:
 
 
 def _least_loaded(candidates: Sequence[Candidate]) -> Candidate:
-    # Among equally loaded workers, prefer the one holding more of the prompt.
-    return min(candidates, key=lambda c: (c.load, -c.matched_blocks, c.worker_id))
+    # Among equally loaded workers, prefer the one holding (or cheaply pulling) more of it.
+    return min(candidates, key=lambda c: (c.load, c.uncached, c.worker_id))
 
 
 def make_policy(

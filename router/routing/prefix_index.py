@@ -60,11 +60,14 @@ class PrefixIndex:
 
     # ------------------------------------------------------------ queries (no mutation)
 
-    def match(self, block_hashes: Sequence[int], worker_ids: Iterable[str]) -> dict[str, int]:
-        """Leading blocks of `block_hashes` each of `worker_ids` holds (0 if none)."""
+    def match(
+        self, block_hashes: Sequence[int], worker_ids: Iterable[str], confirmed: bool = False
+    ) -> dict[str, int]:
+        """Leading blocks of `block_hashes` each of `worker_ids` holds (0 if none); with
+        `confirmed`, only blocks its KV events reported (what a peer can fetch from it)."""
         matched = dict.fromkeys(worker_ids, 0)
         still_matching = set(matched)
-        now = self._clock()
+        now = float("inf") if confirmed else self._clock()  # every optimistic entry expired
         for depth, block_hash in enumerate(block_hashes):
             still_matching &= self._workers_holding(block_hash, now)
             if not still_matching:

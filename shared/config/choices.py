@@ -20,6 +20,9 @@ SPECULATIVE_MODES = ("off", "ngram")
 KV_BITS = (16, 8, 4)
 DEFAULT_KV_GROUP_SIZE = 64
 COMPUTE_DTYPES = ("auto", "float32", "float16", "bfloat16", "quantized")
+# a worker's part in the fleet cache (issue 22): both (default) computes and decodes its
+# requests; prefill computes prompts' K/V for decode workers to pull; decode takes those
+WORKER_ROLES = ("both", "prefill", "decode")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
 DEFAULT_BLOCK_SIZE = 32  # tokens per KV block

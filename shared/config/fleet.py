@@ -39,6 +39,7 @@ from shared.config.sections import (
     ModelSection,
     RouterSection,
     Section,
+    WorkerGroup,
     WorkerSection,
 )
 
@@ -91,14 +92,16 @@ def load_config(path: str | os.PathLike) -> FleetConfig:
 def parse_config(data: Mapping[str, Any], base_dir: Path | None = None) -> FleetConfig:
     """A FleetConfig from already-parsed TOML; relative paths are taken from `base_dir`."""
     base_dir = base_dir or Path.cwd()
-    _reject_unknown("", data, [*SECTIONS, "models"])
+    _reject_unknown("", data, [*SECTIONS, "models", "workers"])
     sections = {}
     for name, cls in SECTIONS.items():
         table = data.get(name, {})
         if not isinstance(table, dict):
             raise ConfigError(f"[{name}]: expected a table of keys, got {describe(table)}")
         sections[name] = _section(name, cls, table, base_dir)
-    config = FleetConfig(**sections, models=_models(data, base_dir))
+    config = FleetConfig(
+        **sections, models=_models(data, base_dir), workers=_worker_groups(data, base_dir)
+    )
     _check_pairs(config.router, config.worker)
     return config
 
@@ -120,6 +123,14 @@ def _models(data: Mapping[str, Any], base_dir: Path) -> tuple[ModelSection, ...]
             "(set id to tell them apart)"
         )
     return models
+
+
+def _worker_groups(data: Mapping[str, Any], base_dir: Path) -> tuple[WorkerGroup, ...]:
+    """The [[workers]] array: launch-cluster's workers by role (role, count)."""
+    tables = data.get("workers", [])
+    if not isinstance(tables, list) or not all(isinstance(t, dict) for t in tables):
+        raise ConfigError(f"workers: expected [[workers]] tables, got {describe(tables)}")
+    return tuple(_section(f"workers[{i}]", WorkerGroup, t, base_dir) for i, t in enumerate(tables))
 
 
 def name_clash(models: Iterable[ModelSection]) -> tuple[str, int, int] | None:

@@ -42,6 +42,19 @@ class RouterSection:
     balance_rel_threshold: float = spec(
         2.0, number(1.0), "...and max load exceeds this times the min load"
     )
+    kv_pulls: bool = spec(
+        True,
+        boolean(),
+        "let a worker fetch a prompt's cached prefix from the worker holding it (any policy) "
+        "when the measured link beats recomputing it (false: always recompute)",
+    )
+    prefill_timeout_s: float = spec(
+        60.0,
+        number(0.0, low_open=True),
+        "disaggregated prefill: a prefill worker's answer not in this long, the decode "
+        "worker computes the prompt itself",
+        flag="--prefill-timeout",
+    )
     prefix_ttl_s: float = spec(
         10.0,
         number(0.0, low_open=True),

@@ -24,6 +24,7 @@ from shared.config.choices import (
     KV_BITS,
     LOG_LEVELS,
     SPECULATIVE_MODES,
+    WORKER_ROLES,
 )
 from shared.config.fields import (
     endpoint,
@@ -175,6 +176,12 @@ class WorkerSection:
         None, path(), "this worker's CURVE secret key file (mlx-fleet-keys)"
     )
     curve_server_key: Path | None = spec(None, path(), "the router's CURVE public key file")
+    role: str = spec(
+        "both",
+        string(WORKER_ROLES),
+        "both: prefill and decode its requests; prefill: compute prompts' K/V for decode "
+        "workers to pull (disaggregated prefill); decode: decode what a prefill worker computed",
+    )
     # Tensor-parallel group across machines (one rank per entry, rank 0 first); see deploy.md
     tp_hosts: tuple[str, ...] = spec(
         (),
@@ -209,6 +216,21 @@ class ClusterSection:
         "ranks per worker: each worker is one model replica sharded over K processes with "
         "tensor parallelism (mx.distributed ring); K must divide the model's heads",
     )
+    prefill_workers: int = spec(
+        0,
+        integer(0, 256),
+        "launch-cluster: worker processes per model that only prefill (role prefill); the "
+        "`workers` then decode (role decode); 0: every worker does both",
+    )
+
+
+@dataclass(frozen=True)
+class WorkerGroup:
+    """One [[workers]] entry: `count` workers of launch-cluster's, per model, of one role
+    (the entries replace [cluster] workers and prefill_workers)."""
+
+    role: str = spec("both", string(WORKER_ROLES), "these workers' role ([worker] role)")
+    count: int = spec(1, integer(1, 256), "how many")
 
 
 @dataclass(frozen=True)
@@ -218,6 +240,7 @@ class FleetConfig:
     worker: WorkerSection = dataclasses.field(default_factory=WorkerSection)
     cluster: ClusterSection = dataclasses.field(default_factory=ClusterSection)
     models: tuple[ModelSection, ...] = ()  # [[models]]: several models in one fleet
+    workers: tuple[WorkerGroup, ...] = ()  # [[workers]]: launch-cluster's workers by role
     source: Path | None = None  # the file it was read from
 
     @property

@@ -27,9 +27,11 @@ from shared.kv_events import BlockStored
 from shared.protocol import (
     PROTOCOL_VERSION,
     Abort,
+    AttentionReport,
     Generate,
     Heartbeat,
     KVEvents,
+    LinkRate,
     Message,
     Register,
     RegisterAck,
@@ -58,6 +60,15 @@ class FakeWorkerConfig:
     watch_handshake: bool = False  # set handshake_failed when the router refuses the connection
     model_id: str = "tiny"  # the model it says it serves (tests/conftest.py's)
     wedged: bool = False  # heartbeat, busy, but the loop counter never moves (a stuck step)
+    # the fleet cache: what it registers and reports (it moves no blocks itself)
+    kv_endpoint: str = ""
+    role: str = "both"
+    kv_layout: str = "float32"
+    kv_bytes_per_token: int = 0  # 0: registers no AttentionReport
+    links: tuple[LinkRate, ...] = ()
+    prefill_tokens_per_s: float = 0.0
+    pulled_blocks: int = 0
+    prefill_error: str | None = None  # answer prefill_only requests with this error
 
 
 @dataclass
@@ -137,6 +148,11 @@ class FakeWorker:
     async def _generate(self, msg: Generate) -> None:
         try:
             cached_tokens = await self._prefill(msg.token_ids)
+            if msg.prefill_only:
+                error = self.config.prefill_error
+                finish = "error" if error else "prefilled"
+                await self._send(TokenDelta(msg.request_id, (), finish, error=error))
+                return
             await asyncio.gather(*(self._decode(msg, cached_tokens, i) for i in range(msg.n)))
         finally:
             self._running.pop(msg.request_id, None)
@@ -211,11 +227,20 @@ class FakeWorker:
                     hit_tokens=self._hit_tokens,
                     prompt_tokens=self._prompt_tokens,
                     loop_turns=self._loop_turns,
+                    links=self.config.links,
+                    pulled_blocks=self.config.pulled_blocks,
+                    prefill_tokens_per_s=self.config.prefill_tokens_per_s,
                 )
             )
             await asyncio.sleep(interval_s)
 
     def _register_msg(self) -> Register:
+        c = self.config
+        attention = None
+        if c.kv_bytes_per_token:
+            attention = AttentionReport(
+                "mlx", "auto", kv_layout=c.kv_layout, kv_bytes_per_token=c.kv_bytes_per_token
+            )
         return Register(
             self.config.worker_id,
             self.config.model_id,
@@ -224,6 +249,9 @@ class FakeWorker:
             socket.gethostname(),
             os.getpid(),
             self.config.protocol_version,
+            attention=attention,
+            kv_endpoint=self.config.kv_endpoint,
+            role=self.config.role,
         )
 
     async def _send(self, msg: Message) -> None:

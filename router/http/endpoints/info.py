@@ -75,6 +75,7 @@ async def cluster(request: web.Request) -> web.Response:
             "policy": app[app_keys.CONFIG].policy,
             "pending_requests": _pending(app),
             "workers": workers,
+            "cache": cl.registry.cache_summary(),
         }
     )
 

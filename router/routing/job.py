@@ -1,0 +1,63 @@
+"""One HTTP request in flight, as the dispatcher (router.routing.dispatcher) tracks it."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from shared.protocol import Generate, PullHint, TokenDelta
+
+if TYPE_CHECKING:
+    from router.metrics.tracing import RequestTrace
+    from shared.sampling import SamplingParams
+
+
+@dataclass(eq=False)
+class Job:
+    request_id: str
+    prompt_ids: tuple[int, ...]
+    sampling: SamplingParams
+    events: asyncio.Queue[TokenDelta] = field(default_factory=asyncio.Queue)
+    generated: list[int] = field(default_factory=list)
+    worker_id: str | None = None
+    attempt: int = 0
+    cached_tokens: int = 0  # prompt tokens the serving worker found in its cache
+    finished: bool = False
+    n: int = 1  # choices, forked by the worker after one prefill
+    choices: list[Job] = field(default_factory=list)  # with n > 1: one sub-job per choice
+    parent: Job | None = None  # of a choice
+    index: int = 0  # of a choice
+    sent_at: float = field(default_factory=time.perf_counter)
+    last_token_at: float | None = None  # when tokens last arrived (None: none yet)
+    cache_key: str | None = None  # prompt_cache_key: prefer the worker that served it last
+    trace: RequestTrace | None = None  # its spans, when tracing is on
+    # disaggregated prefill (router.routing.disagg): its prefill worker is computing the
+    # prompt (`prefilling`), or it has been tried; the decode worker pulls from `handover`
+    prefilling: bool = False
+    prefill_tried: bool = False
+    handover: PullHint | None = None
+    prefill_timer: asyncio.TimerHandle | None = None
+
+    @property
+    def wire_id(self) -> str:
+        return f"{self.request_id}#{self.attempt}" + ("p" if self.prefilling else "")
+
+    @property
+    def completion_tokens(self) -> int:
+        return sum(len(c.generated) for c in self.choices) if self.choices else len(self.generated)
+
+    @property
+    def tokens_left(self) -> int:
+        return self.sampling.max_tokens - len(self.generated)
+
+    def continuation(self) -> Generate:
+        """The Generate that carries on from where the job is (the whole job at first)."""
+        sampling = dataclasses.replace(
+            self.sampling,
+            max_tokens=self.tokens_left,
+            prior_output_tokens=len(self.generated),  # penalties and the grammar count them
+        )
+        return Generate(self.wire_id, self.prompt_ids + tuple(self.generated), sampling, self.n)
