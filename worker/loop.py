@@ -31,6 +31,8 @@ from shared.protocol import (
 from shared.sampling import InvalidRequest
 from worker.connection import RouterConnection
 from worker.engine.engine import Engine, EngineOverloaded
+from worker.peer.channel import PeerChannel
+from worker.peer.node import PeerNode
 from worker.tracing import WorkerTracing
 from worker.watchdog import LoopWatchdog
 
@@ -38,6 +40,7 @@ log = logging.getLogger(__name__)
 
 IDLE_WAIT_S = 0.05
 PHASES_EVERY_S = 1.0  # phase percentiles sort a window: refreshed this often, not per step
+PREFILL_RATE_EWMA = 0.2  # weight of one prefill step in the measured prefill rate
 
 
 class WorkerLoop:
@@ -54,11 +57,15 @@ class WorkerLoop:
         on_idle: Callable[[], None] | None = None,
         watchdog_s: float = 0.0,
         otlp_endpoint: str | None = None,
+        peers: PeerChannel | None = None,
     ):
         """`group` and `on_idle`: for a tensor-parallel group's leader, the ranks it reports
         and what it runs between idle waits (the keepalive its followers expect);
-        `watchdog_s`: the process exits when the loop is stuck this long (0: never)."""
+        `watchdog_s`: the process exits when the loop is stuck this long (0: never);
+        `peers`: this worker's KV endpoint for peer block transfer (None: none)."""
         self.engine, self.worker_id, self.on_idle = engine, worker_id, on_idle
+        self.peer = PeerNode(engine, peers, self._wake) if peers is not None else None
+        self.prefill_rate = 0.0  # tokens/s, EWMA over steps that prefilled
         register = Register(
             worker_id=worker_id,
             model_id=model_id,
@@ -68,6 +75,7 @@ class WorkerLoop:
             pid=os.getpid(),
             attention=engine.attention_report,
             group=group,
+            kv_endpoint=self.peer.endpoint if self.peer is not None else "",
         )
         self._phases, self._phases_at = None, 0.0
         self.turns, self.watchdog = 0, LoopWatchdog(watchdog_s)  # loop progress (issue 24)
@@ -79,11 +87,16 @@ class WorkerLoop:
 
     def serve_forever(self) -> int:
         """Run until Shutdown, stop(), or the router refuses us; the exit code."""
+        if self.peer is not None:
+            self.peer.start()
         self.link.start()
         self.watchdog.start()
         try:
             while not self.stopping.is_set():
                 self._handle_inbound(block=not self.engine.has_work())
+                if self.peer is not None:
+                    for msg in self.peer.turn():
+                        self._generate(msg)
                 if self.engine.has_work():
                     self._step()
                 elif self.on_idle is not None:
@@ -93,10 +106,16 @@ class WorkerLoop:
         finally:
             self.watchdog.stop()
             self.link.stop()
+            if self.peer is not None:
+                self.peer.stop()
         return 1 if self.link.refused else 0
 
     def stop(self) -> None:
         self.stopping.set()
+
+    def _wake(self) -> None:
+        """Wakes the loop from its idle wait: a peer's fetch to serve, or a pull done."""
+        self.link.inbound.put(None)
 
     def _handle_inbound(self, block: bool) -> None:
         try:
@@ -115,17 +134,24 @@ class WorkerLoop:
                 return
 
     def _handle(self, msg: Message) -> None:
+        if msg is None:  # a wake-up (`_wake`)
+            return
         if isinstance(msg, Generate):
-            self._generate(msg)
+            if self.peer is None or not self.peer.park(msg):
+                self._generate(msg)
         elif isinstance(msg, Abort):
-            self.engine.abort(msg.request_id, msg.index)
+            if self.peer is None or msg.index is not None or not self.peer.abort(msg.request_id):
+                self.engine.abort(msg.request_id, msg.index)
             if self.tracing is not None:
                 self.tracing.aborted(msg.request_id, msg.index)
         elif isinstance(msg, Shutdown):
             log.info("shutdown requested by the router: %s", msg.reason or "no reason")
             self.stop()
-        elif isinstance(msg, RegisterAck):  # a refusal, passed on by the link
-            self.stop()
+        elif isinstance(msg, RegisterAck):  # a refusal, or the peers, passed on by the link
+            if not msg.accepted:
+                self.stop()
+            elif self.peer is not None:
+                self.peer.set_peers(msg.peers)
         else:
             log.warning("ignored an unexpected %s from the router", type(msg).__name__)
 
@@ -140,7 +166,14 @@ class WorkerLoop:
                 self.tracing.queued(msg)
 
     def _step(self) -> None:
-        for delta in self.engine.step():
+        prefilled, start = self.engine.stats_.prefill_tokens, time.perf_counter()
+        deltas = self.engine.step()
+        prefilled = self.engine.stats_.prefill_tokens - prefilled
+        if prefilled > 0:
+            rate = prefilled / max(time.perf_counter() - start, 1e-6)
+            old = self.prefill_rate or rate
+            self.prefill_rate = PREFILL_RATE_EWMA * rate + (1 - PREFILL_RATE_EWMA) * old
+        for delta in deltas:
             if self.tracing is not None:
                 self.tracing.delta(delta)
             self.link.send(delta)
@@ -153,6 +186,10 @@ class WorkerLoop:
         if now - self._phases_at >= PHASES_EVERY_S:
             self._phases, self._phases_at = self.engine.phases(), now
         load, self.turns = self.engine.load(), self.turns + 1
+        peer = self.peer
         return Heartbeat(
-            worker_id=self.worker_id, phases=self._phases, loop_turns=self.turns, **load._asdict()
-        )
+            worker_id=self.worker_id, phases=self._phases, loop_turns=self.turns,
+            links=peer.links.snapshot() if peer else (), prefill_tokens_per_s=self.prefill_rate,
+            pulled_blocks=peer.pulled_blocks if peer else 0,
+            pull_failures=peer.pull_failures if peer else 0, **load._asdict(),
+        )  # fmt: skip

@@ -171,11 +171,16 @@ def path(optional: bool = True) -> Check:
 ZMQ_ENDPOINT = re.compile(r"^(tcp://[^\s:]+:(\d+|\*)|ipc://\S+|inproc://\S+)$")
 
 
-def endpoint() -> Check:
+def endpoint(words: tuple[str, ...] = ()) -> Check:
+    """A ZeroMQ address, or one of `words` (e.g. "auto", "off")."""
+
     @_parses(str)
     def check(value, _base):
+        if value in words:
+            return value
         if not isinstance(value, str) or not ZMQ_ENDPOINT.match(value):
-            raise Expected("a ZeroMQ address like tcp://HOST:PORT")
+            also = "".join(f" or {w}" for w in words)
+            raise Expected(f"a ZeroMQ address like tcp://HOST:PORT{also}")
         return value
 
     return check
