@@ -20,7 +20,7 @@ from shared.parent_watch import SPAWNED_AT_ENV, watch_parent
 # [worker] settings past the KV budget and batch shape, in --help order
 ENGINE_FLAGS = ("attention_backend", "speculative", "kv_disk", "kv_disk_dir")
 ENGINE_FLAGS += ("kv_bits", "kv_group_size")
-ENGINE_FLAGS += ("curve_secret_key", "curve_server_key", "kv_peer_bind", "kv_peer_key")
+ENGINE_FLAGS += ("curve_secret_key", "curve_server_key", "kv_peer_bind", "kv_peer_key", "role")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -168,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     server = WorkerLoop(
         engine, worker.router, worker_id, model.name, socket_setup(worker),
         watchdog_s=worker.watchdog_s, otlp_endpoint=worker.otlp_endpoint,
-        peers=peer_channel(worker),
+        peers=peer_channel(worker), role=worker.role,
     )  # fmt: skip
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: server.stop())

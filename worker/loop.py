@@ -33,6 +33,7 @@ from worker.connection import RouterConnection
 from worker.engine.engine import Engine, EngineOverloaded
 from worker.peer.channel import PeerChannel
 from worker.peer.node import PeerNode
+from worker.peer.prefill import PrefillOnly
 from worker.tracing import WorkerTracing
 from worker.watchdog import LoopWatchdog
 
@@ -58,14 +59,17 @@ class WorkerLoop:
         watchdog_s: float = 0.0,
         otlp_endpoint: str | None = None,
         peers: PeerChannel | None = None,
+        role: str = "both",
     ):
         """`group` and `on_idle`: for a tensor-parallel group's leader, the ranks it reports
         and what it runs between idle waits (the keepalive its followers expect);
         `watchdog_s`: the process exits when the loop is stuck this long (0: never);
-        `peers`: this worker's KV endpoint for peer block transfer (None: none)."""
+        `peers`: this worker's KV endpoint for peer block transfer (None: none); `role`:
+        what it announces it does (shared/config/choices.py WORKER_ROLES)."""
         self.engine, self.worker_id, self.on_idle = engine, worker_id, on_idle
         self.peer = PeerNode(engine, peers, self._wake) if peers is not None else None
         self.prefill_rate = 0.0  # tokens/s, EWMA over steps that prefilled
+        self.prefill_only = PrefillOnly()  # disaggregated prefill requests in flight
         register = Register(
             worker_id=worker_id,
             model_id=model_id,
@@ -76,6 +80,7 @@ class WorkerLoop:
             attention=engine.attention_report,
             group=group,
             kv_endpoint=self.peer.endpoint if self.peer is not None else "",
+            role=role,
         )
         self._phases, self._phases_at = None, 0.0
         self.turns, self.watchdog = 0, LoopWatchdog(watchdog_s)  # loop progress (issue 24)
@@ -142,6 +147,8 @@ class WorkerLoop:
         elif isinstance(msg, Abort):
             if self.peer is None or msg.index is not None or not self.peer.abort(msg.request_id):
                 self.engine.abort(msg.request_id, msg.index)
+            if msg.index is None:
+                self.prefill_only.forget(msg.request_id)
             if self.tracing is not None:
                 self.tracing.aborted(msg.request_id, msg.index)
         elif isinstance(msg, Shutdown):
@@ -156,9 +163,13 @@ class WorkerLoop:
             log.warning("ignored an unexpected %s from the router", type(msg).__name__)
 
     def _generate(self, msg: Generate) -> None:
+        sampling, n = msg.sampling, msg.n
+        if msg.prefill_only:
+            sampling, n = self.prefill_only.start(msg.request_id), 1
         try:
-            self.engine.add_request(msg.request_id, list(msg.token_ids), msg.sampling, msg.n)
+            self.engine.add_request(msg.request_id, list(msg.token_ids), sampling, n)
         except (InvalidRequest, EngineOverloaded) as exc:
+            self.prefill_only.forget(msg.request_id)
             usage = Usage(len(msg.token_ids), 0, 0)
             self.link.send(TokenDelta(msg.request_id, (), "error", usage, error=str(exc)))
         else:
@@ -173,7 +184,7 @@ class WorkerLoop:
             rate = prefilled / max(time.perf_counter() - start, 1e-6)
             old = self.prefill_rate or rate
             self.prefill_rate = PREFILL_RATE_EWMA * rate + (1 - PREFILL_RATE_EWMA) * old
-        for delta in deltas:
+        for delta in filter(None, map(self.prefill_only.translate, deltas)):
             if self.tracing is not None:
                 self.tracing.delta(delta)
             self.link.send(delta)

@@ -24,6 +24,7 @@ from shared.config.choices import (
     KV_BITS,
     LOG_LEVELS,
     SPECULATIVE_MODES,
+    WORKER_ROLES,
 )
 from shared.config.fields import (
     endpoint,
@@ -162,6 +163,12 @@ class WorkerSection:
         endpoint(("auto", "off")),
         "where this worker serves its KV blocks to peers (port 0: a free one); auto: a "
         "loopback port when the router is on loopback, else off; off: none",
+    )
+    role: str = spec(
+        "both",
+        string(WORKER_ROLES),
+        "what the router asks of this worker: both (default), prefill (computes prompts' "
+        "K/V for decode workers to pull) or decode",
     )
     kv_peer_key: Path | None = spec(
         None,

@@ -9,7 +9,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 import zmq
@@ -17,18 +16,9 @@ import zmq
 from shared.kv_transfer import FetchBlocks
 from shared.kv_transfer import decode as kv_decode
 from shared.kv_transfer import encode as kv_encode
-from shared.protocol import (
-    Generate,
-    Heartbeat,
-    Peer,
-    PullHint,
-    Register,
-    RegisterAck,
-    TokenDelta,
-    decode,
-    encode,
-)  # fmt: skip
+from shared.protocol import Generate, Heartbeat, Peer, PullHint, RegisterAck
 from shared.sampling import SamplingParams
+from tests.support.kv_router import Router
 from tests.support.tp_group import save_tiny_model
 
 pytestmark = pytest.mark.slow
@@ -36,59 +26,6 @@ pytestmark = pytest.mark.slow
 BLOCK = 8
 PROMPT = tuple((5 * i + 2) % 97 for i in range(203))  # 25 full blocks and a tail
 GREEDY = SamplingParams(max_tokens=8, temperature=0.0)
-
-
-class Router:
-    """The router's ROUTER socket, as far as these workers need it."""
-
-    def __init__(self):
-        self.ctx = zmq.Context()
-        self.sock = self.ctx.socket(zmq.ROUTER)
-        self.sock.setsockopt(zmq.LINGER, 0)
-        self.endpoint = f"tcp://127.0.0.1:{self.sock.bind_to_random_port('tcp://127.0.0.1')}"
-        self.ids: dict[str, bytes] = {}
-        self.registers: dict[str, Register] = {}
-        self.beats: dict[str, Heartbeat] = {}
-        self.deltas: dict[str, list[TokenDelta]] = {}
-
-    def pump(self, until, timeout: float = 120.0):
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if (found := until()) is not None:
-                return found
-            if not self.sock.poll(100):
-                continue
-            identity, frame = self.sock.recv_multipart()
-            msg = decode(frame)
-            if isinstance(msg, Register):
-                self.ids[msg.worker_id], self.registers[msg.worker_id] = identity, msg
-                self.sock.send_multipart(
-                    [identity, encode(RegisterAck(True, heartbeat_interval_s=0.2))]
-                )
-            elif isinstance(msg, Heartbeat):
-                self.beats[msg.worker_id] = msg
-            elif isinstance(msg, TokenDelta):
-                self.deltas.setdefault(msg.request_id, []).append(msg)
-        raise TimeoutError("the workers did not get there")
-
-    def send(self, worker_id: str, msg) -> None:
-        self.sock.send_multipart([self.ids[worker_id], encode(msg)])
-
-    def run(self, worker_id: str, msg: Generate, timeout: float = 120.0) -> list[int]:
-        self.send(worker_id, msg)
-        done = self.pump(lambda: self._finished(msg.request_id), timeout)
-        assert done[-1].finish_reason in ("length", "stop"), done[-1]
-        return [t for d in done for t in d.token_ids]
-
-    def _finished(self, request_id: str):
-        deltas = self.deltas.get(request_id, [])
-        return deltas if deltas and deltas[-1].finish_reason else None
-
-    def idle_beat(self, worker_id: str) -> Heartbeat:
-        """A heartbeat sent after the worker went idle (fresh: its loop turned since)."""
-        start = time.monotonic()
-        self.pump(lambda: None if time.monotonic() - start < 0.6 else True)
-        return self.beats[worker_id]
 
 
 def start_worker(model_dir, router: Router, worker_id: str, log) -> subprocess.Popen:
