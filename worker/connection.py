@@ -138,5 +138,4 @@ class RouterConnection:
         if not self.registered.is_set():
             log.info("registered with the router at %s", self.endpoint)
         self.registered.set()
-        if ack.peers or self.registered.is_set():  # the peers to fetch KV blocks from
-            self.inbound.put(ack)
+        self.inbound.put(ack)  # its peers, to fetch KV blocks from (worker/peer)
