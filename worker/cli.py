@@ -22,7 +22,7 @@ from shared.parent_watch import SPAWNED_AT_ENV, watch_parent
 # [worker] settings past the KV budget and batch shape, in --help order
 ENGINE_FLAGS = ("attention_backend", "speculative", "kv_disk", "kv_disk_dir")
 ENGINE_FLAGS += ("kv_bits", "kv_group_size")
-ENGINE_FLAGS += ("curve_secret_key", "curve_server_key")
+ENGINE_FLAGS += ("curve_secret_key", "curve_server_key", "kv_peer_bind", "kv_peer_key", "role")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -90,6 +90,7 @@ def load_settings(parser: argparse.ArgumentParser, argv: list[str] | None):
     try:
         args, fleet = load_with_flags(parser, argv, renames)
         require_curve(fleet.worker.router, fleet.worker.curve_enabled, "--router")
+        peer_channel(fleet.worker)  # refuses a KV endpoint off loopback without a key
     except (ConfigError, CurveError) as exc:
         parser.error(str(exc))
     model = fleet.model
@@ -105,6 +106,13 @@ def socket_setup(worker):
     from shared.curve import configure_client
 
     return lambda sock: configure_client(sock, worker.curve_secret_key, worker.curve_server_key)
+
+
+def peer_channel(worker):
+    """The KV channel's settings for peer block transfer, or None when it is off."""
+    from worker.peer.channel import PeerChannel
+
+    return PeerChannel.from_settings(worker.kv_peer_bind, worker.kv_peer_key, worker.router)
 
 
 def log_since_spawn(log: logging.Logger) -> None:
@@ -169,6 +177,7 @@ def main(argv: list[str] | None = None) -> int:
         engine, worker.router, worker_id, model.name, socket_setup(worker),
         watchdog_s=worker.watchdog_s, otlp_endpoint=worker.otlp_endpoint,
         kv_publisher=publisher,
+        peers=peer_channel(worker), role=worker.role,
     )  # fmt: skip
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: server.stop())

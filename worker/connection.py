@@ -138,3 +138,4 @@ class RouterConnection:
         if not self.registered.is_set():
             log.info("registered with the router at %s", self.endpoint)
         self.registered.set()
+        self.inbound.put(ack)  # its peers, to fetch KV blocks from (worker/peer)

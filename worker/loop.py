@@ -31,6 +31,9 @@ from shared.protocol import (
 from shared.sampling import InvalidRequest
 from worker.connection import RouterConnection
 from worker.engine.engine import Engine, EngineOverloaded
+from worker.peer.channel import PeerChannel
+from worker.peer.node import PeerNode
+from worker.peer.prefill import PrefillOnly
 from worker.tracing import WorkerTracing
 from worker.watchdog import LoopWatchdog
 
@@ -38,6 +41,7 @@ log = logging.getLogger(__name__)
 
 IDLE_WAIT_S = 0.05
 PHASES_EVERY_S = 1.0  # phase percentiles sort a window: refreshed this often, not per step
+PREFILL_RATE_EWMA = 0.2  # weight of one prefill step in the measured prefill rate
 
 
 class WorkerLoop:
@@ -55,12 +59,19 @@ class WorkerLoop:
         watchdog_s: float = 0.0,
         otlp_endpoint: str | None = None,
         kv_publisher=None,
+        peers: PeerChannel | None = None,
+        role: str = "both",
     ):
         """`group` and `on_idle`: for a tensor-parallel group's leader, the ranks it reports
         and what it runs between idle waits (the keepalive its followers expect);
-        `watchdog_s`: the process exits when the loop is stuck this long (0: never)."""
+        `watchdog_s`: the process exits when the loop is stuck this long (0: never);
+        `peers`: this worker's KV endpoint for peer block transfer (None: none); `role`:
+        what it announces it does (shared/config/choices.py WORKER_ROLES)."""
         self.engine, self.worker_id, self.on_idle = engine, worker_id, on_idle
         self.kv_publisher = kv_publisher  # KV events in vLLM's format too (worker/kv_publish.py)
+        self.peer = PeerNode(engine, peers, self._wake) if peers is not None else None
+        self.prefill_rate = 0.0  # tokens/s, EWMA over steps that prefilled
+        self.prefill_only = PrefillOnly()  # disaggregated prefill requests in flight
         register = Register(
             worker_id=worker_id,
             model_id=model_id,
@@ -70,6 +81,8 @@ class WorkerLoop:
             pid=os.getpid(),
             attention=engine.attention_report,
             group=group,
+            kv_endpoint=self.peer.endpoint if self.peer is not None else "",
+            role=role,
         )
         self._phases, self._phases_at = None, 0.0
         self.turns, self.watchdog = 0, LoopWatchdog(watchdog_s)  # loop progress (issue 24)
@@ -81,11 +94,16 @@ class WorkerLoop:
 
     def serve_forever(self) -> int:
         """Run until Shutdown, stop(), or the router refuses us; the exit code."""
+        if self.peer is not None:
+            self.peer.start()
         self.link.start()
         self.watchdog.start()
         try:
             while not self.stopping.is_set():
                 self._handle_inbound(block=not self.engine.has_work())
+                if self.peer is not None:
+                    for msg in self.peer.turn():
+                        self._generate(msg)
                 if self.engine.has_work():
                     self._step()
                 elif self.on_idle is not None:
@@ -97,10 +115,16 @@ class WorkerLoop:
             self.link.stop()
             if self.kv_publisher is not None:
                 self.kv_publisher.close()
+            if self.peer is not None:
+                self.peer.stop()
         return 1 if self.link.refused else 0
 
     def stop(self) -> None:
         self.stopping.set()
+
+    def _wake(self) -> None:
+        """Wakes the loop from its idle wait: a peer's fetch to serve, or a pull done."""
+        self.link.inbound.put(None)
 
     def _handle_inbound(self, block: bool) -> None:
         try:
@@ -119,24 +143,37 @@ class WorkerLoop:
                 return
 
     def _handle(self, msg: Message) -> None:
+        if msg is None:  # a wake-up (`_wake`)
+            return
         if isinstance(msg, Generate):
-            self._generate(msg)
+            if self.peer is None or not self.peer.park(msg):
+                self._generate(msg)
         elif isinstance(msg, Abort):
-            self.engine.abort(msg.request_id, msg.index)
+            if self.peer is None or msg.index is not None or not self.peer.abort(msg.request_id):
+                self.engine.abort(msg.request_id, msg.index)
+            if msg.index is None:
+                self.prefill_only.forget(msg.request_id)
             if self.tracing is not None:
                 self.tracing.aborted(msg.request_id, msg.index)
         elif isinstance(msg, Shutdown):
             log.info("shutdown requested by the router: %s", msg.reason or "no reason")
             self.stop()
-        elif isinstance(msg, RegisterAck):  # a refusal, passed on by the link
-            self.stop()
+        elif isinstance(msg, RegisterAck):  # a refusal, or the peers, passed on by the link
+            if not msg.accepted:
+                self.stop()
+            elif self.peer is not None:
+                self.peer.set_peers(msg.peers)
         else:
             log.warning("ignored an unexpected %s from the router", type(msg).__name__)
 
     def _generate(self, msg: Generate) -> None:
+        sampling, n = msg.sampling, msg.n
+        if msg.prefill_only:
+            sampling, n = self.prefill_only.start(msg.request_id), 1
         try:
-            self.engine.add_request(msg.request_id, list(msg.token_ids), msg.sampling, msg.n)
+            self.engine.add_request(msg.request_id, list(msg.token_ids), sampling, n)
         except (InvalidRequest, EngineOverloaded) as exc:
+            self.prefill_only.forget(msg.request_id)
             usage = Usage(len(msg.token_ids), 0, 0)
             self.link.send(TokenDelta(msg.request_id, (), "error", usage, error=str(exc)))
         else:
@@ -144,7 +181,14 @@ class WorkerLoop:
                 self.tracing.queued(msg)
 
     def _step(self) -> None:
-        for delta in self.engine.step():
+        prefilled, start = self.engine.stats_.prefill_tokens, time.perf_counter()
+        deltas = self.engine.step()
+        prefilled = self.engine.stats_.prefill_tokens - prefilled
+        if prefilled > 0:
+            rate = prefilled / max(time.perf_counter() - start, 1e-6)
+            old = self.prefill_rate or rate
+            self.prefill_rate = PREFILL_RATE_EWMA * rate + (1 - PREFILL_RATE_EWMA) * old
+        for delta in filter(None, map(self.prefill_only.translate, deltas)):
             if self.tracing is not None:
                 self.tracing.delta(delta)
             self.link.send(delta)
@@ -159,6 +203,10 @@ class WorkerLoop:
         if now - self._phases_at >= PHASES_EVERY_S:
             self._phases, self._phases_at = self.engine.phases(), now
         load, self.turns = self.engine.load(), self.turns + 1
+        peer = self.peer
         return Heartbeat(
-            worker_id=self.worker_id, phases=self._phases, loop_turns=self.turns, **load._asdict()
-        )
+            worker_id=self.worker_id, phases=self._phases, loop_turns=self.turns,
+            links=peer.links.snapshot() if peer else (), prefill_tokens_per_s=self.prefill_rate,
+            pulled_blocks=peer.pulled_blocks if peer else 0,
+            pull_failures=peer.pull_failures if peer else 0, **load._asdict(),
+        )  # fmt: skip

@@ -199,16 +199,18 @@ class WorkerRegistry:
 
     def cache_summary(self) -> dict:
         """The fleet's prefix-cache hit rate from the workers' counters, local hits apart from
-        blocks pulled from peers (the workers count a pulled block as pulled, not as a hit)."""
+        blocks pulled from peers (a worker's hit_tokens count the pulled blocks too: the
+        request they were pulled for hits them once they are in)."""
         prompt = sum(w.heartbeat.prompt_tokens for w in self._by_id.values() if w.heartbeat)
-        local = sum(w.heartbeat.hit_tokens for w in self._by_id.values() if w.heartbeat)
+        hits = sum(w.heartbeat.hit_tokens for w in self._by_id.values() if w.heartbeat)
         pulled = sum(w.pulled_blocks * w.block_size for w in self._by_id.values())
+        local = max(0, hits - pulled)
         return {
             "prompt_tokens": prompt,
             "local_hit_tokens": local,
             "pulled_tokens": pulled,
             "local_hit_rate": local / prompt if prompt else 0.0,
-            "hit_rate_with_pulls": (local + pulled) / prompt if prompt else 0.0,
+            "hit_rate_with_pulls": hits / prompt if prompt else 0.0,
         }
 
     def wedged(self, now: float, after_s: float) -> list[WorkerState]:

@@ -15,6 +15,9 @@ TOOL_CALL_PARSERS = ("hermes", "llama3", "mistral")
 ATTENTION_BACKENDS = ("auto", "metal", "mlx")
 # worker/engine/speculative.py drafts for "ngram"; "off" drafts nothing
 SPECULATIVE_MODES = ("off", "ngram")
+# what a worker does in the fleet cache (issue 22): both, or only prefills for decode workers
+# to pull, or only decodes (Register.role)
+WORKER_ROLES = ("both", "prefill", "decode")
 # K/V bits of the paged pool: 16 = the compute dtype (unquantized), 8 / 4 = MLX's affine
 # format (worker/kv/quant.py); the group size is how many head-dim values share a scale and bias
 KV_BITS = (16, 8, 4)

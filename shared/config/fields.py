@@ -171,13 +171,18 @@ def path(optional: bool = True) -> Check:
 ZMQ_ENDPOINT = re.compile(r"^(tcp://[^\s:]+:(\d+|\*)|ipc://\S+|inproc://\S+)$")
 
 
-def endpoint(optional: bool = False) -> Check:
+def endpoint(words: tuple[str, ...] = (), optional: bool = False) -> Check:
+    """A ZeroMQ address, or one of `words` (e.g. "auto", "off"); None when `optional`."""
+
     @_parses(str)
     def check(value, _base):
         if value is None and optional:
             return None
+        if value in words:
+            return value
         if not isinstance(value, str) or not ZMQ_ENDPOINT.match(value):
-            raise Expected("a ZeroMQ address like tcp://HOST:PORT")
+            also = "".join(f" or {w}" for w in words)
+            raise Expected(f"a ZeroMQ address like tcp://HOST:PORT{also}")
         return value
 
     return check

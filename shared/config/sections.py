@@ -176,11 +176,24 @@ class WorkerSection:
         None, path(), "this worker's CURVE secret key file (mlx-fleet-keys)"
     )
     curve_server_key: Path | None = spec(None, path(), "the router's CURVE public key file")
+    # peer block transfer (issue 22): the KV endpoint other workers fetch blocks from
+    kv_peer_bind: str = spec(
+        "auto",
+        endpoint(("auto", "off")),
+        "where this worker serves its KV blocks to peers (port 0: a free one); auto: a "
+        "loopback port when the router is on loopback, else off; off: none",
+    )
     role: str = spec(
         "both",
         string(WORKER_ROLES),
         "both: prefill and decode its requests; prefill: compute prompts' K/V for decode "
         "workers to pull (disaggregated prefill); decode: decode what a prefill worker computed",
+    )
+    kv_peer_key: Path | None = spec(
+        None,
+        path(),
+        "CURVE secret key file shared by the fleet's workers for the KV channel (required "
+        "when --kv-peer-bind is not loopback)",
     )
     # Tensor-parallel group across machines (one rank per entry, rank 0 first); see deploy.md
     tp_hosts: tuple[str, ...] = spec(

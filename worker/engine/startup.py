@@ -24,8 +24,9 @@ from shared.sampling import SamplingParams
 from worker.attention import AttentionSinksUnsupported
 from worker.engine.sequence import Sequence
 from worker.engine.stats import EngineStats
+from worker.kv.block_io import block_layout, model_fingerprint
 from worker.kv.disk_store import DiskKVStore
-from worker.kv.disk_tier import DiskTier, block_layout, model_fingerprint
+from worker.kv.disk_tier import DiskTier
 from worker.kv.memory import (
     MemoryBudgetTooSmall,
     MemoryPlan,

@@ -102,18 +102,19 @@ class RadixCache:
 
     # ---- mutations ----
 
-    def match_prefix(self, token_ids: Sequence[int]) -> MatchResult:
+    def match_prefix(self, token_ids: Sequence[int], count: bool = True) -> MatchResult:
         """Mutates: the longest cached block-aligned prefix of `token_ids`.
 
         Splits the node the match ends inside, marks the path most recently used, and adds
-        to `hit_tokens` (matched) and `miss_tokens` (the rest): call it once per admission.
+        to `hit_tokens` (matched) and `miss_tokens` (the rest) unless not `count` (a peer's
+        fetch): call it once per admission.
         """
         tokens, limit = self._full_blocks(token_ids)
         path = self._walk(tokens, limit)
         block_ids = [block_id for node in path for block_id in node.block_ids]
         num_tokens = len(block_ids) * self.block_size
-        self.hit_tokens += num_tokens
-        self.miss_tokens += len(tokens) - num_tokens
+        self.hit_tokens += num_tokens if count else 0
+        self.miss_tokens += len(tokens) - num_tokens if count else 0
         return MatchResult(path[-1] if path else self.root, block_ids, num_tokens)
 
     def lock(self, node: RadixNode) -> None:

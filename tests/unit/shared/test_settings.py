@@ -41,9 +41,7 @@ def options(parser) -> dict[str, str]:
 
 # Which command takes a flag for which declared setting (file-only keys: none).
 ROUTER_TAKES = {f.name for f in dataclasses.fields(RouterSection)} - {"api_keys"}
-# role: declared by the router side of issue 22 (launch-cluster passes --role); the worker's
-# --role flag comes with the worker side of that issue, which then drops this exclusion
-WORKER_TAKES = {f.name for f in dataclasses.fields(WorkerSection)} - {"role"}
+WORKER_TAKES = {f.name for f in dataclasses.fields(WorkerSection)}
 LAUNCH_TAKES = {"router": {"host", "port", "policy"}, "cluster": {"workers", "tp"}}
 LAUNCH_TAKES["worker"] = set(launch.WORKER_FLAGS)
 

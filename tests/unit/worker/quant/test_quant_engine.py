@@ -11,7 +11,7 @@ import pytest
 from shared.sampling import SamplingParams
 from tests.support.engine_fixtures import VOCAB, make_engine, run_to_completion
 from tests.unit.worker.quant.conftest import tiny_quantizable_model
-from worker.kv.disk_tier import block_layout, model_fingerprint
+from worker.kv.block_io import block_layout, model_fingerprint
 
 GREEDY = SamplingParams(max_tokens=12)
 # the held prompts of tests/unit/worker/engine/test_engine.py (lengths and seeds)

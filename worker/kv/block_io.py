@@ -1,0 +1,97 @@
+"""Blocks of the KV pool as host bytes, and back: what the disk tier saves and loads and what
+peers fetch from one another (worker/peer), one code path for both.
+
+A block's payload is a numpy array (2, num_layers, block_size, num_kv_heads, row), K then V,
+as the pool stores it: the values (bfloat16 as its raw 16-bit words: numpy has none), or a
+quantized pool's (`--kv-bits`) rows of packed values, scales and biases side by side, never
+dequantized on the way. Reading evaluates (an `mx.eval`, which waits for a step in flight); the
+host copy no longer references the pool.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import TYPE_CHECKING
+
+import mlx.core as mx
+import numpy as np
+
+from worker.kv.disk_store import BlockLayout
+from worker.kv.quant import QuantizedKV, pool_arrays
+
+if TYPE_CHECKING:
+    from worker.kv.block_pool import BlockPool
+
+# numpy has no bfloat16: such pools travel as their raw 16-bit words
+_WIRE_DTYPES = {mx.float32: "float32", mx.float16: "float16", mx.bfloat16: "uint16"}
+
+
+def block_layout(pool: BlockPool) -> BlockLayout:
+    k = pool.k[0]
+    dims = (pool.num_layers, pool.block_size, k.shape[1], k.shape[2])
+    if not isinstance(k, QuantizedKV):
+        return BlockLayout(*dims, _WIRE_DTYPES[k.dtype])
+    row_bytes = sum(a.shape[-1] * a.itemsize for a in k.arrays())
+    quant = f"{pool.kv_layout}/{_WIRE_DTYPES[k.dtype]}"
+    return BlockLayout(*dims, "uint8", quant=quant, row_bytes=row_bytes)
+
+
+def model_fingerprint(model, layout: BlockLayout) -> str:
+    """Names the model and the KV layout: parameter names, shapes, dtypes and a sample of
+    each parameter's values; K/V saved under one fingerprint never load under another."""
+    from mlx.utils import tree_flatten
+
+    digest = hashlib.sha256((repr(layout) + layout.quant).encode())
+    for name, param in sorted(tree_flatten(model.parameters()), key=lambda item: item[0]):
+        sample = param.reshape(-1)[:64]
+        if sample.dtype == mx.bfloat16:
+            sample = sample.astype(mx.float32)
+        digest.update(f"{name}{param.shape}{param.dtype}".encode())
+        digest.update(np.array(sample).tobytes())
+    return digest.hexdigest()[:24]
+
+
+def read_blocks(pool: BlockPool, block_ids: list[int]) -> list[np.ndarray]:
+    """Host copies of the blocks' K/V, one payload per block."""
+    bs = pool.block_size
+    slots = mx.array([b * bs + o for b in block_ids for o in range(bs)], dtype=mx.int32)
+    parts = [_row_bytes(layer, slots) for layer in (*pool.k, *pool.v)]
+    stacked = mx.stack(parts).reshape(2, pool.num_layers, len(block_ids), bs, *parts[0].shape[-2:])
+    if stacked.dtype == mx.bfloat16:
+        stacked = stacked.view(mx.uint16)
+    host = np.array(stacked)  # evaluates: the copy no longer references the pool
+    return [host[:, :, i] for i in range(len(block_ids))]
+
+
+def write_blocks(pool: BlockPool, block_ids: list[int], payloads: list[np.ndarray]) -> None:
+    """Write the payloads into `block_ids` (allocated, held by the caller) with one scatter
+    per layer, K and V."""
+    bs = pool.block_size
+    slots = mx.array([b * bs + o for b in block_ids for o in range(bs)], dtype=mx.int32)
+    data = mx.array(np.stack(payloads, axis=2))  # (2, L, n, bs, H, D)
+    if pool.k[0].dtype == mx.bfloat16 and pool.kv_bits is None:
+        data = data.view(mx.bfloat16)
+    data = data.reshape(2, pool.num_layers, len(block_ids) * bs, *data.shape[-2:])
+    for layer in range(pool.num_layers):
+        for i, arrays in enumerate((pool.k[layer], pool.v[layer])):
+            _store(arrays, slots, data[i, layer])
+    mx.eval(pool.k + pool.v)
+
+
+def _row_bytes(pool, slots: mx.array) -> mx.array:
+    """A pool's `slots` as stored: the values, or a quantized pool's rows of bytes."""
+    if not isinstance(pool, QuantizedKV):
+        return pool[slots]
+    return mx.concatenate([a[slots].view(mx.uint8) for a in pool.arrays()], axis=-1)
+
+
+def _store(pool, slots: mx.array, data: mx.array) -> None:
+    """Write `data` (as `_row_bytes` gives it) into a pool's `slots`, in place."""
+    if not isinstance(pool, QuantizedKV):
+        pool[slots] = data
+        return
+    start = 0
+    for array in pool_arrays(pool):
+        width = array.shape[-1] * array.itemsize
+        array[slots] = data[..., start : start + width].view(array.dtype)
+        start += width
