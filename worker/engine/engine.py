@@ -239,7 +239,7 @@ class Engine:
             self._pending_failures += self._fail_step(plan.decode, exc)
             return
         for seq in plan.decode:
-            self.scheduler.computed(seq, 1)
+            self.scheduler.computed(seq, 1, in_flight=True)  # cached once read (`_resolve`)
         self.stats_.record_decode_shape(plan.decode, self.pool, self.shape)
         if times is not None:
             self.stats_.record_layer_times(times)
@@ -259,6 +259,8 @@ class Engine:
         except Exception as exc:
             live = [s for s in inflight.seqs if s.status is Status.RUNNING]
             return deltas + self._fail_step(live, exc)
+        for seq in inflight.seqs:  # its writes are done: its blocks may enter the cache
+            seq.num_in_flight -= 1
         # a pipelined step starts on the device when the previous one ends, not at its launch
         now = time.perf_counter()
         self.stats_.record_decode(
@@ -322,9 +324,7 @@ class Engine:
         else:
             log.exception("a step failed for %d sequences", len(seqs), exc_info=exc)
             why = f"the model step failed: {exc}"
-        seen = set()  # one error per request (n > 1: its choices end together)
-        live = [s for s in seqs if not (s.request_id in seen or seen.add(s.request_id))]
-        return [self.outputs.fail(s, why) for s in live if self.outputs.is_open(s.request_id)]
+        return self.outputs.fail_all(seqs, why)
 
     def _profile_sample(self) -> LayerTimes | None:
         """Every `PROFILE_EVERY`-th step is profiled layer by layer (write and attention

@@ -1,0 +1,91 @@
+"""A failed step leaves nothing it wrote in the prefix cache."""
+
+from __future__ import annotations
+
+import random
+
+import mlx.core as mx
+import pytest
+
+from shared.sampling import SamplingParams
+from tests.support.engine_fixtures import VOCAB, make_engine, reference_greedy, tiny_model
+from worker.runner.plan import StepKind
+
+GREEDY = SamplingParams(max_tokens=8)
+METAL_OOM = "[metal::malloc] Attempting to allocate 4294967296 bytes which is greater than the "
+METAL_OOM += "maximum allowed buffer size of 3221225472 bytes."
+
+
+def prompt(length: int, seed: int) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(VOCAB) for _ in range(length)]
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_model("llama")
+
+
+def drive(engine, outputs, errors, max_steps=500):
+    for _ in range(max_steps):
+        if not engine.has_work():
+            return
+        for delta in engine.step():
+            if delta.error:
+                errors[delta.request_id] = delta.error
+            outputs.setdefault(delta.request_id, []).extend(delta.token_ids)
+    raise AssertionError("engine did not finish")
+
+
+def spoil(pool, block_id):
+    """What a failed forward leaves in the block it was writing: garbage."""
+    rows = slice(block_id * pool.block_size, (block_id + 1) * pool.block_size)
+    for layer in range(pool.num_layers):
+        for kv in (pool.k, pool.v):
+            kv[layer][rows] = mx.full(kv[layer][rows].shape, 50.0, dtype=kv[layer].dtype)
+
+
+class FailingRead:
+    """A pipelined step's tokens whose read fails: its writes are garbage."""
+
+    def __init__(self, tokens, on_read):
+        self.tokens, self.on_read = tokens, on_read
+
+    def tolist(self):
+        self.on_read()
+        raise RuntimeError(METAL_OOM)
+
+
+def test_block_a_failed_pipelined_step_was_writing_is_not_cached(model, monkeypatch):
+    engine = make_engine(model)  # blocks of 8: position 15 completes the second one
+    assert engine.config.pipeline_decode and engine.block_size == 8
+    pa = prompt(13, 1)
+    engine.add_request("a", pa, GREEDY)
+    real, fired = engine.runner.run, []
+
+    def run(plan, device_tokens=None, *args):
+        if isinstance(device_tokens, FailingRead):
+            device_tokens = device_tokens.tokens
+        out = real(plan, device_tokens, *args)
+        seq = plan.decode[0] if plan.decode else None
+        if not fired and plan.kind is StepKind.DECODE and seq.num_computed == 15:
+            fired.append(seq.block_ids[1])  # this step writes the block's last row
+            return out._replace(
+                tokens=FailingRead(out.tokens, lambda: spoil(engine.pool, fired[0]))
+            )
+        return out
+
+    monkeypatch.setattr(engine.runner, "run", run)
+    outputs, errors = {}, {}
+    drive(engine, outputs, errors)
+    assert fired and set(errors) == {"a"}
+    written = pa + reference_greedy(model, pa, 3)  # 16 tokens: two full blocks
+    assert engine.cache.peek_prefix_length(written) == 8  # the second block is not cached
+    engine.check_integrity()
+    # a prompt that extends what `a` wrote computes it again, not from the garbage
+    pc = written + prompt(5, 2)
+    engine.add_request("c", pc, GREEDY)
+    outputs, errors = {}, {}
+    drive(engine, outputs, errors)
+    assert not errors and outputs["c"] == reference_greedy(model, pc, 8)
+    engine.check_integrity()
