@@ -29,6 +29,7 @@ from worker.engine.sequence import Sequence, Status
 from worker.engine.speculative import accepted_prefix
 from worker.engine.startup import open_disk_tier
 from worker.engine.stats import EngineLoad, EngineStats, engine_stats
+from worker.engine.step_kind import still_running
 from worker.kv.block_pool import BlockPool
 from worker.kv.memory import OUT_OF_MEMORY, clear_cache, is_out_of_memory
 from worker.kv.radix_cache import RadixCache
@@ -222,7 +223,7 @@ class Engine:
         if plan.kind is StepKind.DECODE and not any(s.draft for s in plan.decode):
             self._launch(plan, None)
             return deltas
-        for part in plan.split():
+        for part in map(still_running, plan.split()):
             if part.kind is not StepKind.IDLE:
                 deltas += self._execute(part)
         return deltas

@@ -1,4 +1,5 @@
-"""A failed step leaves nothing it wrote in the prefix cache."""
+"""A failed step leaves nothing it wrote in the prefix cache, and a failed first half of a
+SEPARATE step (decode, then prefill) does not run the second half on what it ended."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import pytest
 
 from shared.sampling import SamplingParams
 from tests.support.engine_fixtures import VOCAB, make_engine, reference_greedy, tiny_model
+from worker.engine.sequence import Status
 from worker.runner.plan import StepKind
 
 GREEDY = SamplingParams(max_tokens=8)
@@ -88,4 +90,37 @@ def test_block_a_failed_pipelined_step_was_writing_is_not_cached(model, monkeypa
     outputs, errors = {}, {}
     drive(engine, outputs, errors)
     assert not errors and outputs["c"] == reference_greedy(model, pc, 8)
+    engine.check_integrity()
+
+
+def test_failed_decode_half_of_a_separate_step_skips_what_it_ended(model, monkeypatch):
+    engine = make_engine(model, prefill_chunk=256, step_token_budget=512)
+    pa, pb = prompt(13, 3), prompt(150, 4)
+    engine.add_request("a", pa, GREEDY, n=2)
+    outputs, errors = {}, {}
+    for _ in range(4):
+        for delta in engine.step():
+            outputs.setdefault(delta.request_id, []).extend(delta.token_ids)
+    # choice 1 of `a` preempted: it prefills again, in the step where choice 0 decodes
+    (choice1,) = [s for s in engine.scheduler.sequences_of("a") if s.choice == 1]
+    engine.scheduler.preempt(choice1)
+    engine.add_request("b", pb, GREEDY)  # a long chunk: the step is SEPARATE
+    real, runs = engine.runner.run, []
+
+    def run(plan, *args, **kwargs):
+        runs.append((plan.kind, [s.request_id for s in plan.decode],
+                     [c.seq.request_id for c in plan.prefill]))  # fmt: skip
+        if len(runs) == 1:
+            assert plan.kind is StepKind.DECODE and not plan.prefill
+            raise RuntimeError(METAL_OOM)
+        assert all(c.seq.status is Status.RUNNING for c in plan.prefill)
+        return real(plan, *args, **kwargs)
+
+    monkeypatch.setattr(engine.runner, "run", run)
+    drive(engine, outputs, errors)
+    assert runs[1] == (StepKind.PREFILL, [], ["b"])  # a's choice 1 was ended with a
+    assert set(errors) == {"a"}
+    assert outputs["b"] == reference_greedy(model, pb, 8)
+    assert not engine.scheduler.has_work()
+    assert engine.pool.check_integrity().held == 1  # the scratch block only: nothing leaked
     engine.check_integrity()
