@@ -93,9 +93,20 @@ class Cluster:
             self._lose(worker, "unreachable")
 
     async def watch_heartbeats(self) -> None:
-        """Forever: declare silent workers lost; purge expired optimistic index entries."""
+        """Forever: declare silent workers lost; purge expired optimistic index entries.
+
+        A round that wakes more than a period late (this process got no CPU, or its loop was
+        blocked) checks nothing: the heartbeats that came meanwhile are still unread, and the
+        silence was the router's own, not the workers'. The next round checks, late or not."""
+        period = min(self._heartbeat_interval_s, self._heartbeat_timeout_s / 4)
+        skipped = False
         while True:
-            await asyncio.sleep(min(self._heartbeat_interval_s, self._heartbeat_timeout_s / 4))
+            slept_from = self._clock()
+            await asyncio.sleep(period)
+            if not skipped and self._clock() - slept_from > 2 * period:
+                skipped = True
+                continue
+            skipped = False
             for worker in self.registry.stale(self._clock(), self._heartbeat_timeout_s):
                 self._lose(worker, f"no heartbeat for {self._heartbeat_timeout_s:g}s")
             for worker in self.registry.wedged(self._clock(), self._wedged_after_s):

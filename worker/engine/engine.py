@@ -29,6 +29,7 @@ from worker.engine.sequence import Sequence, Status
 from worker.engine.speculative import accepted_prefix
 from worker.engine.startup import open_disk_tier
 from worker.engine.stats import EngineLoad, EngineStats, KVAudit, engine_stats
+from worker.engine.step_kind import still_running
 from worker.kv.block_pool import BlockPool
 from worker.kv.memory import OUT_OF_MEMORY, clear_cache, is_out_of_memory
 from worker.kv.radix_cache import RadixCache
@@ -123,8 +124,7 @@ class Engine:
         grammars: GrammarCompiler | None = None,
         make_runner: Callable[..., ModelRunner] = ModelRunner,
     ) -> Engine:
-        """An engine ready to serve: probed, assembled, checked and (unless
-        `config.warmup` is off) warmed up."""
+        """An engine ready to serve: probed, assembled, checked and warmed up (unless not)."""
         engine = cls(model, probe_shape(model), config, max_context, grammars, make_runner)
         startup.prepare(engine)
         return engine
@@ -223,7 +223,7 @@ class Engine:
         if plan.kind is StepKind.DECODE and not any(s.draft for s in plan.decode):
             self._launch(plan, None)
             return deltas
-        for part in plan.split():
+        for part in map(still_running, plan.split()):
             if part.kind is not StepKind.IDLE:
                 deltas += self._execute(part)
         return deltas
@@ -240,7 +240,7 @@ class Engine:
             self._pending_failures += self._fail_step(plan.decode, exc)
             return
         for seq in plan.decode:
-            self.scheduler.computed(seq, 1)
+            self.scheduler.computed(seq, 1, in_flight=True)  # cached once read (`_resolve`)
         self.stats_.record_decode_shape(plan.decode, self.pool, self.shape)
         if times is not None:
             self.stats_.record_layer_times(times)
@@ -260,6 +260,8 @@ class Engine:
         except Exception as exc:
             live = [s for s in inflight.seqs if s.status is Status.RUNNING]
             return deltas + self._fail_step(live, exc)
+        for seq in inflight.seqs:  # its writes are done: its blocks may enter the cache
+            seq.num_in_flight -= 1
         # a pipelined step starts on the device when the previous one ends, not at its launch
         now = time.perf_counter()
         self.stats_.record_decode(
@@ -323,9 +325,7 @@ class Engine:
         else:
             log.exception("a step failed for %d sequences", len(seqs), exc_info=exc)
             why = f"the model step failed: {exc}"
-        seen = set()  # one error per request (n > 1: its choices end together)
-        live = [s for s in seqs if not (s.request_id in seen or seen.add(s.request_id))]
-        return [self.outputs.fail(s, why) for s in live if self.outputs.is_open(s.request_id)]
+        return self.outputs.fail_all(seqs, why)
 
     def _profile_sample(self) -> LayerTimes | None:
         """Every `PROFILE_EVERY`-th step is profiled layer by layer (write and attention

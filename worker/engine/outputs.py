@@ -84,3 +84,10 @@ class OutputBuilder:
                 self.scheduler.drop(other)
         usage = Usage(seq.prompt_len, seq.num_output, seq.num_cached)
         return TokenDelta(seq.request_id, (), "error", usage, error=message, index=seq.choice)
+
+    def fail_all(self, seqs: list[Sequence], message: str) -> list[TokenDelta]:
+        """End the requests of `seqs` with an error: one delta per request still open (n > 1:
+        its choices end together)."""
+        seen: set[str] = set()
+        live = [s for s in seqs if not (s.request_id in seen or seen.add(s.request_id))]
+        return [self.fail(s, message) for s in live if self.is_open(s.request_id)]

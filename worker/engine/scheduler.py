@@ -124,10 +124,11 @@ class Scheduler:
 
     # ---- results -----------------------------------------------------------------------
 
-    def computed(self, seq: Sequence, num_tokens: int) -> None:
-        """Mutates: `num_tokens` more of `seq`'s tokens have their K/V in the pool (or will,
-        when the step that writes them is in flight); a finished prompt enters the cache."""
+    def computed(self, seq: Sequence, num_tokens: int, in_flight: bool = False) -> None:
+        """Mutates: `num_tokens` more of `seq`'s tokens have their K/V in the pool (or will:
+        `in_flight`, the step writing them is not read yet); a finished prompt enters the cache."""
         seq.num_computed += num_tokens
+        seq.num_in_flight += num_tokens if in_flight else 0
         if seq.num_computed >= seq.prompt_len and seq.inserted_tokens < seq.prompt_len:
             self.cache_computed(seq)  # let waiting requests share this prompt
 
@@ -326,9 +327,9 @@ class Scheduler:
 
     def cache_computed(self, seq: Sequence) -> None:
         """Hand `seq`'s computed full blocks to the prefix cache (they stay held by `seq`).
-        Only known tokens: with a decode step in flight, num_computed counts its input token,
-        which the host learns when the step resolves (a block short of it waits for release)."""
-        known = min(seq.num_computed, len(seq.tokens))
+        Only known tokens written for sure: not those of a step still in flight (its input
+        token may be unread, and it may fail, leaving garbage); a block short waits."""
+        known = min(seq.num_computed - seq.num_in_flight, len(seq.tokens))
         full = known // self.block_size * self.block_size
         if full > seq.inserted_tokens and self.config.enable_prefix_cache:
             self.cache.insert(seq.tokens[:full], seq.block_ids)

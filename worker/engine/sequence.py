@@ -30,6 +30,7 @@ class Sequence:
     status: Status = Status.WAITING
     block_ids: list[int] = field(default_factory=list)
     num_computed: int = 0  # tokens whose K/V are in the pool
+    num_in_flight: int = 0  # of those, tokens a launched step still writes (unread, may fail)
     num_cached: int = 0  # prompt tokens served from the prefix cache (first admission)
     lock_node: object | None = None  # radix node locked for this sequence
     inserted_tokens: int = 0  # tokens already handed to the radix cache

@@ -2,8 +2,9 @@
 
 The generation core is the chat endpoints' own (chat prompt, dispatcher, pieces, ChatReader);
 only the shapes differ: output items, and the named event stream response.created ...
-response.completed. An adapter is made per request with the router's ResponseStore, which
-`previous_response_id` reads and a finished reply with `store: true` is kept in.
+response.completed. An adapter is made per request with the router's ResponseStore as the
+request's API key sees it (`ScopedStore`), which `previous_response_id` reads and a finished
+reply with `store: true` is kept in.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from router.chat.output import ChatReader
 
 if TYPE_CHECKING:
     from router.api.adapter import ChoiceText, StreamEvent
-    from router.api.responses.store import ResponseStore
+    from router.api.responses.store import ScopedStore
     from router.errors import ApiError
     from router.text.pieces import Piece, UsageCount
     from router.text.tokenizer import ModelTokenizer
@@ -27,7 +28,7 @@ if TYPE_CHECKING:
 class ResponsesApi:
     endpoint = ENDPOINT
 
-    def __init__(self, store: ResponseStore):
+    def __init__(self, store: ScopedStore):
         self._store = store
 
     def parse(

@@ -21,7 +21,7 @@ from router.errors import bad_request
 from shared.sampling import InvalidRequest, SamplingParams
 
 if TYPE_CHECKING:
-    from router.api.responses.store import ResponseStore
+    from router.api.responses.store import ScopedStore
     from router.chat.prompt import ChatPrompt
     from router.chat.tools import ToolSet
     from router.text.tokenizer import ModelTokenizer
@@ -51,7 +51,7 @@ def parse_responses(
     tokenizer: ModelTokenizer,
     model_id: str,
     max_tokens_cap: int | None,
-    store: ResponseStore,
+    store: ScopedStore,
 ) -> ResponsesRequest:
     refuse_unknown_fields(body, RESPONSES_FIELDS, ENDPOINT)
     check_responses_fields(body)
@@ -93,7 +93,7 @@ def parse_responses(
     )
 
 
-def _history(body: dict, store: ResponseStore) -> tuple[tuple[dict, ...], str | None]:
+def _history(body: dict, store: ScopedStore) -> tuple[tuple[dict, ...], str | None]:
     """The items a continuation prepends, and the routing key its conversation was sent by."""
     previous = typed_field(body, "previous_response_id", str, None)
     if previous is None:

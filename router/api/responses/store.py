@@ -3,7 +3,9 @@
 
 Bounded by count (the oldest goes first) and by age; held in this process only, so a router
 restart forgets every stored response (docs/api.md). Parsing may run in the tokenize pool
-while the event loop stores replies: one lock guards the table.
+while the event loop stores replies: one lock guards the table. With API keys, each entry
+belongs to the key that stored it (its fingerprint): requests see the store through
+`scoped(owner)`, and another key's entries are as absent as unknown ones.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ class StoredResponse:
     context: tuple[dict, ...]  # every item a continuation prepends: history, input, output
     stored_at: float
     cache_key: str | None = None  # the routing key its conversation was sent by
+    owner: str | None = None  # the API key (fingerprint) that stored it; None: keys are off
 
 
 class ResponseStore:
@@ -45,25 +48,38 @@ class ResponseStore:
         input_items: list[dict],
         history: tuple[dict, ...],
         cache_key: str | None = None,
+        owner: str | None = None,
     ) -> None:
         """Keep `response` (evicting the oldest past the size limit); a size of 0 keeps none."""
         context = (*history, *input_items, *response["output"])
-        entry = StoredResponse(response, tuple(input_items), context, self._clock(), cache_key)
+        entry = StoredResponse(
+            response, tuple(input_items), context, self._clock(), cache_key, owner
+        )
         with self._lock:
             self._items[response["id"]] = entry
             self._items.move_to_end(response["id"])
             while len(self._items) > self._size:
                 self._items.popitem(last=False)
 
-    def get(self, response_id: str) -> StoredResponse | None:
+    def get(self, response_id: str, owner: str | None = None) -> StoredResponse | None:
+        """The entry `owner` stored under `response_id`, or None (another owner's too)."""
         with self._lock:
             self._expire()
-            return self._items.get(response_id)
+            stored = self._items.get(response_id)
+            return stored if stored is not None and stored.owner == owner else None
 
-    def delete(self, response_id: str) -> bool:
+    def delete(self, response_id: str, owner: str | None = None) -> bool:
         with self._lock:
             self._expire()
-            return self._items.pop(response_id, None) is not None
+            stored = self._items.get(response_id)
+            if stored is None or stored.owner != owner:
+                return False
+            del self._items[response_id]
+            return True
+
+    def scoped(self, owner: str | None) -> ScopedStore:
+        """The store as the API key `owner` sees it (None: keys are off, one shared store)."""
+        return ScopedStore(self, owner)
 
     def _expire(self) -> None:
         """Drop entries older than the age limit (they are in insertion order: oldest first)."""
@@ -73,6 +89,29 @@ class ResponseStore:
             if oldest.stored_at >= horizon:
                 return
             self._items.popitem(last=False)
+
+
+class ScopedStore:
+    """One API key's view of a `ResponseStore`: what it stores is its own, and it finds
+    (reads, deletes, continues) nothing else."""
+
+    def __init__(self, store: ResponseStore, owner: str | None):
+        self._store, self._owner = store, owner
+
+    def put(
+        self,
+        response: dict,
+        input_items: list[dict],
+        history: tuple[dict, ...],
+        cache_key: str | None = None,
+    ) -> None:
+        self._store.put(response, input_items, history, cache_key, self._owner)
+
+    def get(self, response_id: str) -> StoredResponse | None:
+        return self._store.get(response_id, self._owner)
+
+    def delete(self, response_id: str) -> bool:
+        return self._store.delete(response_id, self._owner)
 
 
 def not_found(response_id: str) -> ApiError:

@@ -44,10 +44,14 @@ class ItemStream:
             if not text.strip():  # the layout between calls, or before one
                 self._blank = text
                 return []
+        return self._text(e.kind, text)
+
+    def _text(self, kind: str, text: str) -> list[StreamEvent]:
+        """`text` of `kind` (content, reasoning) into its item, opened if need be."""
         out = []
-        if self._open is None or self._open[0] != e.kind:
+        if self._open is None or self._open[0] != kind:
             out += self.close("completed")
-            out += self._start(e.kind)
+            out += self._start(kind)
         kind, item_id, so_far = self._open
         self._open = (kind, item_id, so_far + text)
         delta = {"item_id": item_id, "output_index": len(self.output), "content_index": 0}
@@ -76,8 +80,11 @@ class ItemStream:
         ]
 
     def finish(self, status: str) -> list[StreamEvent]:
-        """The end of the reply: close what is open; an empty reply is one empty message."""
-        out = self.close(status)
+        """The end of the reply: close what is open; an empty reply is one empty message.
+        Whitespace held back is the reply's text unless a call came (then it was layout)."""
+        blank, self._blank = self._blank, ""
+        out = self._text("content", blank) if blank and not self._has_call() else []
+        out += self.close(status)
         if not self.output:
             out += self._start("content") + self.close(status)
         return out
@@ -95,7 +102,7 @@ class ItemStream:
         ]  # fmt: skip
 
     def _call(self, e: ReplyEvent) -> list[StreamEvent]:
-        if not self._parallel and any(i["type"] == "function_call" for i in self.output):
+        if not self._parallel and self._has_call():
             return []  # parallel_tool_calls: false keeps the first call only
         out = self.close("completed")
         self._blank = ""
@@ -111,6 +118,9 @@ class ItemStream:
                        where | {"arguments": arguments, "name": e.call.name}),
             *self._finish(call_item(item_id, e, "completed")),
         ]  # fmt: skip
+
+    def _has_call(self) -> bool:
+        return any(i["type"] == "function_call" for i in self.output)
 
     def _finish(self, item: dict) -> list[StreamEvent]:
         self.output.append(item)

@@ -8,7 +8,7 @@ from aiohttp import web
 from router.api.anthropic.adapter import MESSAGES
 from router.api.openai.adapter import CHAT, COMPLETIONS
 from router.api.responses.adapter import ResponsesApi
-from router.http import app_keys
+from router.http.endpoints.stored_responses import responses_of
 from router.http.generate import generate
 
 
@@ -27,5 +27,6 @@ async def messages(request: web.Request) -> web.StreamResponse:
 
 
 async def responses(request: web.Request) -> web.StreamResponse:
-    """OpenAI Responses, whole or as named events; kept in the router's store (store: true)."""
-    return await generate(request, ResponsesApi(request.app[app_keys.RESPONSES]))
+    """OpenAI Responses, whole or as named events; kept in the router's store (store: true),
+    as the request's API key's own."""
+    return await generate(request, ResponsesApi(responses_of(request)))

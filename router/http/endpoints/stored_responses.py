@@ -5,14 +5,20 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from router.api.responses.store import StoredResponse, input_items_page, not_found
+from router.api.responses.store import ScopedStore, StoredResponse, input_items_page, not_found
 from router.errors import bad_request
 from router.http import app_keys
+from router.http.security import KEY_ID
+
+
+def responses_of(request: web.Request) -> ScopedStore:
+    """The stored responses the request's API key may see: its own (all, without keys)."""
+    return request.app[app_keys.RESPONSES].scoped(request.get(KEY_ID))
 
 
 def _stored(request: web.Request) -> StoredResponse:
     response_id = request.match_info["id"]
-    stored = request.app[app_keys.RESPONSES].get(response_id)
+    stored = responses_of(request).get(response_id)
     if stored is None:
         raise not_found(response_id)
     return stored
@@ -24,7 +30,7 @@ async def get(request: web.Request) -> web.Response:
 
 async def delete(request: web.Request) -> web.Response:
     response_id = request.match_info["id"]
-    if not request.app[app_keys.RESPONSES].delete(response_id):
+    if not responses_of(request).delete(response_id):
         raise not_found(response_id)
     return web.json_response({"id": response_id, "object": "response.deleted", "deleted": True})
 

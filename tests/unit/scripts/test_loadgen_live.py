@@ -57,7 +57,7 @@ async def test_open_loop_sends_everything_and_reports_its_rate(make_cluster):
     _, url = await router_with_workers(make_cluster, 2, token_delay_s=0.002)
     report = await run_load(config(url, workload="multi_turn", rate=200.0, requests=12))
     assert report["mode"] == "open" and report["rate"] == 200.0 and "concurrency" not in report
-    assert (report["completed"], report["errors"]) == (12, 0)
+    assert (report["completed"], report["errors"]) == (12, 0), report["first_errors"]
 
 
 async def test_a_run_stops_starting_requests_after_its_time_limit(make_cluster):

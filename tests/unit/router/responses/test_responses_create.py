@@ -167,3 +167,19 @@ async def test_previous_response_id_over_three_turns(cluster):
         previous = resp.id
     assert "Hi, I am Ann." in prompts[2] and "Hello Ann." in prompts[2] and "Noted." in prompts[2]
     assert prompts[2].index("Hello Ann.") < prompts[2].index("My age is 30.")
+
+
+async def test_whitespace_only_reply_is_returned_as_generated(cluster):
+    body = {"input": "say nothing", "max_output_tokens": 20}
+    await scripted(cluster, body, " \n\n ")
+    api = cluster.openai()
+    resp = await api.responses.create(model=MODEL, **body)
+    assert resp.output_text == " \n\n "
+    (item,) = resp.output
+    assert item.type == "message" and item.content[0].text == " \n\n "
+    async with api.responses.stream(model=MODEL, **body) as stream:
+        events = [e async for e in stream]
+        final = await stream.get_final_response()
+    deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    (done,) = [e for e in events if e.type == "response.output_text.done"]
+    assert deltas == done.text == final.output_text == " \n\n "
