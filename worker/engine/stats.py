@@ -133,6 +133,10 @@ class EngineStats:
             preemptions=self.preemptions,
             spec_drafted=self.drafted,
             spec_accepted=self.draft_accepted,
+            folded_tokens=self.folded_tokens,
+            folded_forwards=self.folded_forwards,
+            prefill_forwards=self.prefill_forwards,
+            prefill_padding_tokens=self.prefill_padding,
         )
 
 
