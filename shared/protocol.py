@@ -94,6 +94,10 @@ class WorkerPhases:
     preemptions: int = 0
     spec_drafted: int = 0  # speculative draft tokens proposed, since start
     spec_accepted: int = 0  # ...and accepted by the target model
+    folded_tokens: int = 0  # prompt tokens folded into decode forwards (MIXED), since start
+    folded_forwards: int = 0
+    prefill_forwards: int = 0  # padded prefill forwards: a weight pass each
+    prefill_padding_tokens: int = 0  # token slots those computed beyond their prompt tokens
 
 
 @dataclass(frozen=True, slots=True)

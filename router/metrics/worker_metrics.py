@@ -66,7 +66,8 @@ WORKER_SERIES: tuple[Series, ...] = (
 # WorkerPhases fields that only grow (the others are recent-window statistics).
 PHASE_COUNTERS = frozenset(
     {"decode_spikes", "decode_spike_seconds", "decode_tokens", "prefill_tokens", "preemptions",
-     "spec_drafted", "spec_accepted"}
+     "spec_drafted", "spec_accepted", "folded_tokens", "folded_forwards", "prefill_forwards",
+     "prefill_padding_tokens"}
 )  # fmt: skip
 
 

@@ -31,14 +31,13 @@ class SharedPrefixPlan(NamedTuple):
 SHARED_PREFIX_MIN_SAVING = 1.5  # gathered keys, plain / shared-prefix, for the plan to pay
 
 
-def plan_shared_prefixes(
-    tables: list[list[int]], lengths: list[int], block_size: int, num_kv_heads: int
-) -> SharedPrefixPlan | None:
-    """Group one-query rows (decode rows, a MIXED step's one-token rows) by their first block;
-    a group's prefix is the whole blocks all its rows share and all their queries see (every
-    row keeps at least its own key after it). Each prefix is then gathered once for its group
-    instead of once per row. None when that would not cut the gathered keys by
-    `SHARED_PREFIX_MIN_SAVING` (no sharing: the tiled plan does better)."""
+def group_rows(
+    tables: list[list[int]], lengths: list[int], block_size: int
+) -> tuple[list[tuple[list[int], int]], list[int], int, int]:
+    """How `plan_shared_prefixes` groups one-query rows, from host ints only: (groups, starts,
+    plain, cascade). Groups are (rows, shared whole blocks); `starts[r]` where row r's own
+    keys begin; `plain` the keys a per-row gather reads, `cascade` the keys the shared-prefix
+    plan reads (each group's prefix once, then every row's suffix padded to the widest)."""
     by_first: dict[int, list[int]] = {}
     for row, blocks in enumerate(tables):
         by_first.setdefault(blocks[0] if lengths[row] > block_size else -1 - row, []).append(row)
@@ -48,16 +47,39 @@ def plan_shared_prefixes(
         if len(rows) > 1:
             first = tables[rows[0]]
             limit = min(lengths[r] - 1 for r in rows) // block_size  # keep each row's own key
-            while shared < limit and all(tables[r][shared] == first[shared] for r in rows):
+            distinct = {id(tables[r]): tables[r] for r in rows}.values()  # a sequence's rows
+            while shared < limit and all(t[shared] == first[shared] for t in distinct):
                 shared += 1
         groups.append((rows, shared))
         for r in rows:
             starts[r] = shared * block_size
-    suffix = [n - s for n, s in zip(lengths, starts, strict=True)]
-    plain = sum(lengths)
-    cascade = sum(shared * block_size for _, shared in groups) + len(lengths) * max(suffix)
+    widest = max((n - s for n, s in zip(lengths, starts, strict=True)), default=0)
+    cascade = sum(shared * block_size for _, shared in groups) + len(lengths) * widest
+    return groups, starts, sum(lengths), cascade
+
+
+def gathered_keys(tables: list[list[int]], lengths: list[int], block_size: int) -> int:
+    """Keys (per layer) that one-query rows over these block tables and context lengths
+    gather: the shared-prefix plan's when it pays (`plan_shared_prefixes`), else every row's
+    whole context. Host ints only: the scheduler prices folding prefill rows with it."""
+    if not lengths:
+        return 0
+    _, _, plain, cascade = group_rows(tables, lengths, block_size)
+    return plain if cascade * SHARED_PREFIX_MIN_SAVING > plain else cascade
+
+
+def plan_shared_prefixes(
+    tables: list[list[int]], lengths: list[int], block_size: int, num_kv_heads: int
+) -> SharedPrefixPlan | None:
+    """Group one-query rows (decode rows, a MIXED step's one-token rows) by their first block;
+    a group's prefix is the whole blocks all its rows share and all their queries see (every
+    row keeps at least its own key after it). Each prefix is then gathered once for its group
+    instead of once per row. None when that would not cut the gathered keys by
+    `SHARED_PREFIX_MIN_SAVING` (no sharing: the tiled plan does better)."""
+    groups, starts, plain, cascade = group_rows(tables, lengths, block_size)
     if cascade * SHARED_PREFIX_MIN_SAVING > plain:
         return None
+    suffix = [n - s for n, s in zip(lengths, starts, strict=True)]
     heads = mx.arange(num_kv_heads, dtype=mx.int32)
     width = max(suffix)
     # Each row's blocks from its prefix's end (a block boundary) on, padded with block 0 (its

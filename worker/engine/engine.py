@@ -291,7 +291,7 @@ class Engine:
             self.stats_.record_decode(elapsed, len(plan.decode))
             self.stats_.record_decode_shape(plan.decode, self.pool, self.shape)
         if plan.prefill:
-            self.stats_.record_prefill(elapsed, sum(c.num_tokens for c in plan.prefill))
+            self.stats_.record_prefill(elapsed, plan)
         if times is not None:
             self.stats_.record_layer_times(times)
         if self.tracing is not None and plan.prefill:

@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING
 
 from worker.engine.admission import fits_whole_prompt, shares_pending_prefill
 from worker.engine.sequence import Sequence, Status
-from worker.engine.speculative import draft_budget
-from worker.engine.step_kind import plan_kind
+from worker.engine.speculative import plan_drafts, would_draft
+from worker.engine.step_kind import REFERENCE_COSTS, ForwardCosts, plan_step
 from worker.kv.radix_cache import MatchResult, RadixCache
 from worker.runner.plan import PrefillChunk, StepKind, StepPlan
 
@@ -39,8 +39,9 @@ class Scheduler:
         config: EngineConfig,
         max_context: int,
         disk: DiskTier | None = None,
+        costs: ForwardCosts = REFERENCE_COSTS,
     ):
-        self.pool, self.cache, self.config = pool, cache, config
+        self.pool, self.cache, self.config, self.costs = pool, cache, config, costs
         self.max_context, self.disk = max_context, disk
         self.block_size = pool.block_size
         self.waiting: deque[Sequence] = deque()
@@ -73,7 +74,7 @@ class Scheduler:
         preempted: list[Sequence] = []
         self._fork_ready()
         decode = self._schedule_decode(preempted)
-        self._plan_drafts(decode)
+        plan_drafts(self, decode)
         budget = self.config.step_token_budget - sum(1 + len(s.draft) for s in decode)
         prefill = self._continue_prefills(budget, preempted)
         budget -= sum(c.num_tokens for c in prefill)
@@ -85,16 +86,17 @@ class Scheduler:
         # a later reservation may have preempted a sequence planned earlier in this step
         decode = [s for s in decode if s.status is Status.RUNNING]
         prefill = [c for c in prefill if c.seq.status is Status.RUNNING]
-        return StepPlan(plan_kind(decode, prefill), decode, prefill, preempted)
+        return plan_step(decode, prefill, preempted, self.costs, self.block_size)
 
     # ---- pipelined decode --------------------------------------------------------------
 
     def can_continue_decode(self, seqs: list[Sequence]) -> bool:
         """Whether the next step can be `seqs` (the batch whose step is in flight, its tokens
-        not yet read) decoding once more, safely: nothing to admit or prefill, none that the
+        not yet read) decoding once more, safely: nothing to admit (a waiting request that
+        could not be admitted now keeps the batch pipelined) or prefill, none that the
         in-flight token could end by length, and blocks for every next slot without
         preempting. Does not mutate."""
-        if self.waiting or len(self.running) != len(seqs):
+        if self._can_admit() or len(self.running) != len(seqs):
             return False
         for seq in seqs:
             if seq.status is not Status.RUNNING or seq.num_uncomputed != 0:
@@ -106,7 +108,7 @@ class Scheduler:
                 or len(seq.tokens) + 2 >= self.max_context
             ):
                 return False
-        if self._would_draft(seqs):
+        if would_draft(seqs, self.config, self.max_context):
             return False  # verifying drafts needs the tokens on the host: a planned step
         need = sum(self.blocks_needed(s, s.num_computed + 1) for s in seqs)
         return need <= self.pool.num_free + self.cache.evictable_blocks
@@ -204,6 +206,16 @@ class Scheduler:
         self.waiting.extendleft(reversed(deferred))
         return chunks
 
+    def _can_admit(self) -> bool:
+        """Whether the first waiting request could be admitted now (top-up: it then joins
+        the next step, folded into the decode forward where that pays). Does not mutate."""
+        if not self.waiting or len(self.running) >= self.config.max_running:
+            return False
+        seq = self.waiting[0]
+        cached = self.cache.peek_prefix_length(seq.tokens[:-1]) // self.block_size
+        room = self.pool.num_free + self.cache.evictable_blocks
+        return fits_whole_prompt(seq, cached, self.running, self.pool, room)
+
     def _extend_from_disk(self, prompt: list[int], match: MatchResult) -> MatchResult:
         """Mutates: the prompt's blocks after `match` that the disk tier holds, loaded into new
         blocks (held, like the match's) and put back in the prefix cache; the longer match."""
@@ -231,36 +243,6 @@ class Scheduler:
             seq.num_cached = match.num_tokens
         seq.status = Status.RUNNING
         self.running.append(seq)
-
-    # ---- speculative decoding ----------------------------------------------------------------
-
-    def _would_draft(self, seqs: list[Sequence]) -> bool:
-        if self.config.speculative == "off" or len(seqs) > self.config.spec_max_batch:
-            return False
-        return any(
-            s.drafting is not None
-            and s.drafting.propose(s.tokens, draft_budget(s, self.config, self.max_context))
-            for s in seqs
-        )
-
-    def _plan_drafts(self, decode: list[Sequence]) -> None:
-        """Mutates: this step's drafts of the decoding sequences, with blocks for them (only
-        from free or evictable blocks: a draft never preempts anyone)."""
-        speculate = self.config.speculative != "off" and len(decode) <= self.config.spec_max_batch
-        for seq in decode:
-            seq.draft = []
-            if seq.drafting is None:
-                continue
-            seq.drafting.tick()
-            if not speculate:
-                continue
-            draft = seq.drafting.propose(
-                seq.tokens, draft_budget(seq, self.config, self.max_context)
-            )
-            end = seq.num_computed + 1 + len(draft)
-            if draft and self.make_room(self.blocks_needed(seq, end)):
-                self.grow(seq, end)
-                seq.draft = draft
 
     # ---- n > 1: choices forked after one prefill ------------------------------------------
 

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from worker.config import EngineConfig
+    from worker.engine.scheduler import Scheduler
     from worker.engine.sequence import Sequence
 
 NGRAM_SIZES = (3, 2)  # longest first: a longer match predicts better
@@ -95,3 +96,33 @@ def draft_budget(seq: Sequence, config: EngineConfig, max_context: int) -> int:
         max_context - len(seq.tokens) - 2,
     )
     return max(0, min(config.spec_tokens, left))
+
+
+def would_draft(seqs: list[Sequence], config: EngineConfig, max_context: int) -> bool:
+    """Whether any of the decoding `seqs` would propose a draft next step."""
+    if config.speculative == "off" or len(seqs) > config.spec_max_batch:
+        return False
+    return any(
+        s.drafting is not None
+        and s.drafting.propose(s.tokens, draft_budget(s, config, max_context))
+        for s in seqs
+    )
+
+
+def plan_drafts(scheduler: Scheduler, decode: list[Sequence]) -> None:
+    """Mutates: this step's drafts of the decoding sequences, with blocks for them (only
+    from free or evictable blocks: a draft never preempts anyone)."""
+    config, max_context = scheduler.config, scheduler.max_context
+    speculate = config.speculative != "off" and len(decode) <= config.spec_max_batch
+    for seq in decode:
+        seq.draft = []
+        if seq.drafting is None:
+            continue
+        seq.drafting.tick()
+        if not speculate:
+            continue
+        draft = seq.drafting.propose(seq.tokens, draft_budget(seq, config, max_context))
+        end = seq.num_computed + 1 + len(draft)
+        if draft and scheduler.make_room(scheduler.blocks_needed(seq, end)):
+            scheduler.grow(seq, end)
+            seq.draft = draft

@@ -24,6 +24,7 @@ from shared.sampling import SamplingParams
 from worker.attention import AttentionSinksUnsupported
 from worker.engine.sequence import Sequence
 from worker.engine.stats import EngineStats
+from worker.engine.step_kind import forward_costs
 from worker.kv.block_io import block_layout, model_fingerprint
 from worker.kv.disk_store import DiskKVStore
 from worker.kv.disk_tier import DiskTier
@@ -115,6 +116,7 @@ def prepare(engine: Engine) -> None:
     to the budget first (when the engine sized itself from one)."""
     if engine.memory is not None:
         apply_limits(engine.memory.budget)
+    engine.scheduler.costs = forward_costs(engine.model, engine.pool)  # the fold rule's prices
     check_model(engine)
     if engine.config.warmup:
         warm_up(engine)

@@ -1,6 +1,7 @@
 """Per-step figures the engine keeps for `stats()`: step times, batch sizes, preemptions, and
 the phase metrics (decode tick percentiles and spikes, prefill chunk time, sampled K/V write
-and attention time, blocks and K/V bytes a decode tick reads)."""
+and attention time, blocks and K/V bytes a decode tick reads, prompt tokens folded into
+decode forwards and the padding of prefill forwards)."""
 
 from __future__ import annotations
 
@@ -11,12 +12,15 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NamedTuple
 
 from shared.protocol import WorkerPhases
+from worker.engine.step_kind import padding_tokens
+from worker.runner.plan import StepKind
 
 if TYPE_CHECKING:
     from worker.engine.scheduler import Scheduler
     from worker.kv.block_pool import BlockPool
     from worker.kv.disk_tier import DiskTier
     from worker.kv.radix_cache import RadixCache
+    from worker.runner.plan import StepPlan
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +42,10 @@ class EngineStats:
     prefill_times: deque = field(default_factory=lambda: deque(maxlen=WINDOW))
     decode_tokens: int = 0
     prefill_tokens: int = 0
+    folded_tokens: int = 0  # prompt tokens run as one-token rows (MIXED forwards)
+    folded_forwards: int = 0
+    prefill_forwards: int = 0  # padded prefill forwards (each a weight pass of its own)
+    prefill_padding: int = 0  # token slots those computed beyond their prompt tokens
     preemptions: int = 0
     drafted: int = 0  # speculative tokens proposed
     draft_accepted: int = 0
@@ -73,9 +81,17 @@ class EngineStats:
         self.layer_write_s.append(times.write_s)
         self.layer_attend_s.append(times.attend_s)
 
-    def record_prefill(self, seconds: float, tokens: int) -> None:
+    def record_prefill(self, seconds: float, plan: StepPlan) -> None:
+        """One forward with prompt tokens: a MIXED one (folded rows) or a padded PREFILL."""
+        tokens, slots = padding_tokens(plan)
         self.prefill_times.append(seconds)
         self.prefill_tokens += tokens
+        if plan.kind is StepKind.PREFILL:
+            self.prefill_forwards += 1
+            self.prefill_padding += slots - tokens
+        else:
+            self.folded_forwards += 1
+            self.folded_tokens += tokens
 
     def summary(self) -> dict:
         return {
@@ -96,6 +112,10 @@ class EngineStats:
             "attention_ms_p50": 1000 * percentile(self.layer_attend_s, 0.5),
             "decode_tokens": self.decode_tokens,
             "prefill_tokens": self.prefill_tokens,
+            "folded_tokens": self.folded_tokens,
+            "folded_forwards": self.folded_forwards,
+            "prefill_forwards": self.prefill_forwards,
+            "prefill_padding_tokens": self.prefill_padding,
             "preemptions": self.preemptions,
         }
 
@@ -117,6 +137,10 @@ class EngineStats:
             preemptions=self.preemptions,
             spec_drafted=self.drafted,
             spec_accepted=self.draft_accepted,
+            folded_tokens=self.folded_tokens,
+            folded_forwards=self.folded_forwards,
+            prefill_forwards=self.prefill_forwards,
+            prefill_padding_tokens=self.prefill_padding,
         )
 
 
