@@ -240,3 +240,20 @@ def test_tp_hosts_become_an_mlx_ring_hostfile(monkeypatch):
     ring = json.loads(Path(os.environ["MLX_HOSTFILE"]).read_text())
     assert ring == [["127.0.0.1:52100"], ["127.0.0.1:6001"]]  # names resolved: ring wants IPs
     Path(os.environ["MLX_HOSTFILE"]).unlink()
+
+
+def test_a_ranks_kv_fingerprint_names_its_shard_and_quantization():
+    """Blocks of rank 0 of 2 hold other KV heads than an unsharded worker's of the same
+    layout: its disk files and peer fetches must never be taken for theirs."""
+    from worker.kv.block_io import block_layout, model_fingerprint
+    from worker.kv.block_pool import BlockPool
+    from worker.tp.runner import shard
+
+    model = llama.Model(llama.ModelArgs.from_dict(TINY_TP_QUANT_ARGS))
+    dims = dict(num_layers=2, num_kv_heads=1, head_dim=32, dtype=mx.float32)
+    plain, quant = BlockPool(4, 8, **dims), BlockPool(4, 8, **dims, kv_bits=8, kv_group_size=32)
+    unsharded = {model_fingerprint(model, block_layout(p)) for p in (plain, quant)}
+    shard(model, mx.distributed.init())  # a group of one: the same weights, a shard tag
+    assert model.tp_shard == "rank 0 of 1"
+    sharded = {model_fingerprint(model, block_layout(p)) for p in (plain, quant)}
+    assert len(unsharded | sharded) == 4
