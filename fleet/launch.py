@@ -181,8 +181,6 @@ def tp_problem(model_dir: Path, tp: int, args, fleet) -> str | None:
         return None
     if args.kv_disk is not None or fleet.worker.kv_disk is not None:
         return "--kv-disk is not supported with --tp (tensor-parallel groups)"
-    if args.kv_bits not in (None, 16) or fleet.worker.kv_bits not in (None, 16):
-        return "--kv-bits is not supported with --tp (tensor-parallel groups)"
     from shared.tensor_parallel import GroupError, check_divides
 
     try:

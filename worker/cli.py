@@ -149,9 +149,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"cluster-worker: error: {exc}", file=sys.stderr)
         return 2
     if worker.tp_hosts or "MLX_HOSTFILE" in os.environ:  # one rank of a tensor-parallel group
-        if config.kv_bits not in (None, 16):  # its ranks' pools are not quantized (yet)
-            print("cluster-worker: error: --kv-bits is not supported with --tp", file=sys.stderr)
-            return 2
         from worker.tp.start import serve_group_rank
 
         return serve_group_rank(

@@ -38,6 +38,10 @@ TINY_TP_QWEN3_ARGS = {
 }  # fmt: skip
 
 
+# head vectors of 32 values: --kv-bits 8/4 quantize them in groups of 32 (TINY_TP_ARGS' 8 cannot)
+TINY_TP_QUANT_ARGS = {**TINY_TP_ARGS, "head_dim": 32}
+
+
 def save_tiny_model(directory: Path, seed: int = 0, args: dict = TINY_TP_ARGS) -> Path:
     """A random model (by default a llama with 4 query heads, 2 KV heads) with a tokenizer,
     loadable by mlx_lm.load."""

@@ -45,7 +45,11 @@ def main(model_dir: str, case_path: str, out_path: str) -> int:
     engine, leader = leader_engine(model, config, group, case["max_context"], timeout_s)
     outputs = run_phases(engine, case["phases"])
     engine.check_integrity()
-    Path(out_path).write_text(json.dumps({"outputs": outputs, "stats": engine.stats()}))
+    Path(out_path).write_text(
+        json.dumps(
+            {"outputs": outputs, "stats": engine.stats(), "kv_layout": engine.pool.kv_layout}
+        )
+    )
     idle_until = time.monotonic() + case.get("idle_s", 0)
     while time.monotonic() < idle_until:  # as a server between requests
         leader.keepalive()

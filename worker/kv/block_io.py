@@ -38,10 +38,13 @@ def block_layout(pool: BlockPool) -> BlockLayout:
 
 def model_fingerprint(model, layout: BlockLayout) -> str:
     """Names the model and the KV layout: parameter names, shapes, dtypes and a sample of
-    each parameter's values; K/V saved under one fingerprint never load under another."""
+    each parameter's values, the quantization, and a tensor-parallel rank's shard ("rank 1
+    of 2", set by worker.tp.runner.shard: its KV heads are its own); K/V saved under one
+    fingerprint never load under another."""
     from mlx.utils import tree_flatten
 
-    digest = hashlib.sha256((repr(layout) + layout.quant).encode())
+    shard = getattr(model, "tp_shard", "")  # absent: unsharded, the fingerprint as it was
+    digest = hashlib.sha256((repr(layout) + layout.quant + shard).encode())
     for name, param in sorted(tree_flatten(model.parameters()), key=lambda item: item[0]):
         sample = param.reshape(-1)[:64]
         if sample.dtype == mx.bfloat16:

@@ -238,8 +238,16 @@ class BlockPool:
         if not self.needs_copy(block_id):
             return block_id
         (new_id,) = self.allocate(1)
-        src = slice(block_id * self.block_size, (block_id + 1) * self.block_size)
-        dst = slice(new_id * self.block_size, (new_id + 1) * self.block_size)
+        self.copy_block(block_id, new_id)
+        self.decref([block_id])
+        return new_id
+
+    def copy_block(self, src_id: int, dst_id: int) -> None:
+        """Mutates the storage only (no books): block `src_id`'s K/V into `dst_id`, every
+        layer, as stored (quantized: packed values, scales and biases, never requantized).
+        A tensor-parallel follower makes the leader's copies on write with it."""
+        src = slice(src_id * self.block_size, (src_id + 1) * self.block_size)
+        dst = slice(dst_id * self.block_size, (dst_id + 1) * self.block_size)
         # Read the source into arrays of their own first: a write whose value still reads the
         # same pool makes MLX copy the whole pool (seconds for a big one), see write_kv.
         arrays = [a for pool in (*self.k, *self.v) for a in pool_arrays(pool)]
@@ -247,8 +255,6 @@ class BlockPool:
         mx.eval(copies)
         for array, copy in zip(arrays, copies, strict=True):
             array[dst] = copy
-        self.decref([block_id])
-        return new_id
 
     # ---- integrity ----
 

@@ -3,7 +3,9 @@
 Every rank loads the model and shards it with mlx-lm's `model.shard(group)` (attention heads
 and MLP columns split K ways; the all_sum after o_proj and down_proj is inside the forward).
 Every rank holds a BlockPool of its own KV heads (num_kv_heads / K) with the same number of
-blocks, so block ids and tables mean the same on all ranks. Only rank 0 (the leader) has the
+blocks and the same K/V layout (the leader sends both: `PoolPlan`), so block ids and tables
+mean the same on all ranks; quantized K/V (`--kv-bits`) is quantized per head vector, so a
+head's K/V is the same whichever rank holds it. Only rank 0 (the leader) has the
 scheduler, the radix cache and the router link; before each forward it broadcasts the rows
 of the forward (`StepWire`) and every rank runs that forward, in the same order. Rank 0 alone
 projects onto the vocabulary and samples.
@@ -40,6 +42,7 @@ from shared.tensor_parallel import GroupError, check_divides
 from worker.kv.block_pool import BlockPool
 from worker.runner.model_runner import LayerTimes, ModelRunner, Row, StepOutput
 from worker.runner.model_support import COVERED_ARCHITECTURES, model_type
+from worker.tp.pool_plan import PoolPlan
 
 if TYPE_CHECKING:
     from worker.runner.plan import StepPlan
@@ -104,6 +107,7 @@ def check_shardable(model: nn.Module, size: int) -> None:
 def shard(model: nn.Module, group: mx.distributed.Group) -> nn.Module:
     check_shardable(model, group.size())
     model.shard(group)
+    model.tp_shard = f"rank {group.rank()} of {group.size()}"  # in its KV fingerprint
     mx.eval(model.parameters())
     return model
 
@@ -235,7 +239,7 @@ class LeaderRunner:
         def make(model, pool: BlockPool, scratch_block: int, backend) -> LeaderRunner:
             wire = StepWire(group)
             try:
-                wire.send(Op.STEP, [pool.num_blocks, pool.block_size, scratch_block])
+                wire.send(Op.STEP, PoolPlan.of(pool, scratch_block).encode())
             except RuntimeError as exc:
                 group_lost("rank 0", exc)
             return cls(ModelRunner(model, pool, scratch_block, backend), wire, watchdog)
@@ -298,31 +302,6 @@ class LeaderRunner:
 # ---- the followers (ranks > 0) ----------------------------------------------------------
 
 
-def copy_block(pool: BlockPool, src: int, dst: int) -> None:
-    """A follower's half of a copy-on-write: block `src`'s K/V into `dst`, every layer."""
-    bs = pool.block_size
-    source, target = slice(src * bs, (src + 1) * bs), slice(dst * bs, (dst + 1) * bs)
-    copies = [mx.array(p[source]) for p in (*pool.k, *pool.v)]
-    mx.eval(copies)  # into arrays of their own first: see BlockPool.copy_on_write
-    for layer in range(pool.num_layers):
-        pool.k[layer][target] = copies[layer]
-        pool.v[layer][target] = copies[pool.num_layers + layer]
-
-
-def follower_runner(model: nn.Module, wire: StepWire, shape, backend) -> ModelRunner:
-    """The follower's pool (its KV heads, the leader's block count) and runner."""
-    _, (num_blocks, block_size, scratch_block), _ = wire.receive()
-    pool = BlockPool(
-        num_blocks,
-        block_size,
-        num_layers=shape.num_layers,
-        num_kv_heads=shape.num_kv_heads,
-        head_dim=shape.head_dim,
-        dtype=shape.kv_dtype,
-    )
-    return ModelRunner(model, pool, scratch_block, backend)
-
-
 def serve_follower(runner: ModelRunner, wire: StepWire, watchdog: Watchdog) -> int:
     """Run the leader's forwards until it says stop (0) or the group breaks (exits)."""
     rank = f"rank {wire.group.rank()}"
@@ -340,8 +319,8 @@ def serve_follower(runner: ModelRunner, wire: StepWire, watchdog: Watchdog) -> i
 
 
 def run_step(runner: ModelRunner, step: WireStep) -> None:
-    for src, dst in step.copies:
-        copy_block(runner.pool, src, dst)
+    for src, dst in step.copies:  # the leader's copy-on-write, on this rank's heads
+        runner.pool.copy_block(src, dst)
     hidden, _ = runner.forward(step.rows)
     pool = runner.pool
     # The leader evaluates the hidden states only when it samples: the same collectives here.

@@ -19,13 +19,15 @@ import mlx.nn as nn
 
 from worker.attention import select_backend
 from worker.engine.engine import Engine
+from worker.kv.memory import MemoryBudgetTooSmall
+from worker.runner.model_runner import ModelRunner
 from worker.runner.model_support import probe_shape
+from worker.tp.pool_plan import PoolPlan
 from worker.tp.runner import (
     GroupError,
     LeaderRunner,
     StepWire,
     Watchdog,
-    follower_runner,
     gather_ranks,
     group_lost,
     init_group,
@@ -75,9 +77,11 @@ def follow(
     watchdog = Watchdog(timeout_s, rank)
     try:
         shape = probe_shape(model)  # the leader's Engine runs this same forward first
-        backend, _ = select_backend(config.attention_backend, shape, config.block_size)
         wire = StepWire(group)
-        runner = follower_runner(model, wire, shape, backend)
+        plan = PoolPlan(*wire.receive()[1])  # sent as the leader's Engine makes its runner
+        pool = plan.pool(shape)  # this rank's KV heads, the leader's blocks and K/V layout
+        backend, _ = select_backend(config.attention_backend, shape, config.block_size, pool)
+        runner = ModelRunner(model, pool, plan.scratch_block, backend)
     except RuntimeError as exc:  # the leader failed to start: its sockets closed
         group_lost(rank, exc)
     return serve_follower(runner, wire, watchdog)
@@ -119,9 +123,13 @@ def serve_group_rank(worker, model_id: str, model_dir: Path, config: EngineConfi
     # the vocabulary from the config: a probe forward here would run collectives the other
     # ranks are not running
     grammars = GrammarCompiler.from_hf_tokenizer(tokenizer, model.args.vocab_size)
-    engine, leader = leader_engine(
-        model, config, group, context_length(model_dir), worker.tp_timeout_s, grammars
-    )
+    try:  # a layout the model cannot take (--kv-group-size), no room: the followers exit too
+        engine, leader = leader_engine(
+            model, config, group, context_length(model_dir), worker.tp_timeout_s, grammars
+        )
+    except (ValueError, MemoryBudgetTooSmall) as exc:
+        print(f"cluster-worker: error: {exc}", file=sys.stderr)
+        return 2
     server = WorkerLoop(
         engine,
         worker.router,

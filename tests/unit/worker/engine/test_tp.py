@@ -20,6 +20,7 @@ from shared.tensor_parallel import GroupError, check_divides
 from tests.support.engine_fixtures import reference_greedy, run_to_completion, tiny_model
 from tests.support.tp_group import (
     TINY_TP_ARGS,
+    TINY_TP_QUANT_ARGS,
     TINY_TP_QWEN3_ARGS,
     rank_logs,
     run_group_case,
@@ -124,8 +125,21 @@ def test_tp2_qwen3_group_greedy_equals_unsharded_engine(tmp_path):
 def test_tp2_group_with_speculative_decoding_equals_unsharded_engine(tiny_tp_model, tmp_path):
     """Decode rows carrying n-gram drafts (several tokens, K/V rolled back when rejected)."""
     case = {**CASE, "config": {**CASE["config"], "speculative": "ngram"}}
-    stats = check_group_equals_unsharded(tiny_tp_model, tmp_path, case, preempts=False)
-    assert stats["spec_drafted"] > 0
+    got = check_group_equals_unsharded(tiny_tp_model, tmp_path, case, preempts=False)
+    assert got["stats"]["spec_drafted"] > 0
+
+
+@pytest.mark.slow
+def test_tp2_group_with_8_bit_kv_equals_the_unsharded_8_bit_engine(tmp_path):
+    """Each rank quantizes its own KV heads, per head vector in groups of 32: the same values
+    as the one-process pool, so the same greedy tokens through chunked prefill, cache hits,
+    a fork's copy-on-write (made on the follower's quantized pool too) and preemption."""
+    model_dir = save_tiny_model(tmp_path / "quant", args=TINY_TP_QUANT_ARGS)
+    config = {**CASE["config"], "kv_bits": 8, "kv_group_size": 32}
+    got = check_group_equals_unsharded(model_dir, tmp_path, {**CASE, "config": config})
+    assert got["kv_layout"] == "q8g32"
+    follower_log = (tmp_path / "rank1.log").read_text()  # the pool the leader told it to build
+    assert "KV heads, head dim 32, mlx.core.float32, q8g32)" in follower_log, follower_log[-2000:]
 
 
 def check_group_equals_unsharded(model_dir, tmp_path, case=CASE, preempts=True):
@@ -136,7 +150,7 @@ def check_group_equals_unsharded(model_dir, tmp_path, case=CASE, preempts=True):
     assert got["outputs"] == expected
     assert got["stats"]["cache_hit_tokens"] == expected_stats["cache_hit_tokens"]
     assert got["stats"]["preemptions"] == expected_stats["preemptions"]
-    return got["stats"]
+    return got
 
 
 IDLE_CASE = {
@@ -226,3 +240,20 @@ def test_tp_hosts_become_an_mlx_ring_hostfile(monkeypatch):
     ring = json.loads(Path(os.environ["MLX_HOSTFILE"]).read_text())
     assert ring == [["127.0.0.1:52100"], ["127.0.0.1:6001"]]  # names resolved: ring wants IPs
     Path(os.environ["MLX_HOSTFILE"]).unlink()
+
+
+def test_a_ranks_kv_fingerprint_names_its_shard_and_quantization():
+    """Blocks of rank 0 of 2 hold other KV heads than an unsharded worker's of the same
+    layout: its disk files and peer fetches must never be taken for theirs."""
+    from worker.kv.block_io import block_layout, model_fingerprint
+    from worker.kv.block_pool import BlockPool
+    from worker.tp.runner import shard
+
+    model = llama.Model(llama.ModelArgs.from_dict(TINY_TP_QUANT_ARGS))
+    dims = dict(num_layers=2, num_kv_heads=1, head_dim=32, dtype=mx.float32)
+    plain, quant = BlockPool(4, 8, **dims), BlockPool(4, 8, **dims, kv_bits=8, kv_group_size=32)
+    unsharded = {model_fingerprint(model, block_layout(p)) for p in (plain, quant)}
+    shard(model, mx.distributed.init())  # a group of one: the same weights, a shard tag
+    assert model.tp_shard == "rank 0 of 1"
+    sharded = {model_fingerprint(model, block_layout(p)) for p in (plain, quant)}
+    assert len(unsharded | sharded) == 4
