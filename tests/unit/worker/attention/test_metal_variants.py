@@ -163,3 +163,32 @@ def test_a_wrong_merge_is_caught(monkeypatch):
     monkeypatch.setattr(metal_variants, "combine",
                         lambda p, dtype: right(p._replace(max=p.max * 0), dtype))  # fmt: skip
     assert run(plan, *batch, block_size=16) > 1e-3
+
+
+def test_start_up_self_test_of_the_variants_records_verdicts(monkeypatch):
+    """`verify_metal_variants` on the emulator (small shapes): both variants match the
+    reference; the timing verdict (emulator speed means nothing) is either way, and a
+    forward uses a variant exactly when its verdict is recorded as passed."""
+    from functools import partial
+
+    from worker.attention import metal_kernel, selftest
+
+    monkeypatch.setattr(metal_kernel, "metal_reason", lambda: None)
+    emulated = partial(metal_kernel.paged_attention_metal, kernel_factory=EmulatedKernel)
+    monkeypatch.setattr(metal_kernel, "paged_attention_metal", emulated)
+    monkeypatch.setitem(selftest.VARIANT_BATCHES, "split",
+                        lambda **kw: selftest.random_decode_batch(batch=1, context=600, **kw))  # fmt: skip
+    monkeypatch.setitem(
+        selftest.VARIANT_BATCHES, "grouped",
+        lambda **kw: selftest.shared_prefix_batch(rows=4, tenants=2, prefix=64, own=20, **kw),
+    )  # fmt: skip
+    monkeypatch.setattr(metal_plan, "VERDICTS", metal_plan._VariantVerdicts())
+    results = selftest.verify_metal_variants(
+        block_size=8, dtype=mx.float16, num_heads=4, num_kv_heads=1, head_dim=64, repeats=1
+    )
+    assert set(results) == {"split", "grouped"}
+    for variant, result in results.items():
+        assert result.max_error is not None and result.max_error <= selftest.TOLERANCE[mx.float16]
+        assert result.reason.startswith("matches" if result.ok else "slower"), result.reason
+        assert "the plain kernel" in result.reason
+        assert metal_plan.VERDICTS.enabled(variant) is result.ok
