@@ -124,7 +124,32 @@ def self_test_section(args, dtype, shape) -> list[str]:
         reason = metal_kernel.unavailable_reason()
         picks.append(f"backend \"auto\" picks ({label}): {'metal' if reason is None else 'mlx'}"
                      + ("" if reason is None else f" ({reason})"))  # fmt: skip
-    return [*lines, "", *picks]
+    return [*lines, "", *picks, "", *variants_table(args, dtype, shape)]
+
+
+def variants_table(args, dtype, shape) -> list[str]:
+    """Split-K and prefix-grouped, each self-tested on the shape it is for (split: one
+    4096-token row; grouped: 8 rows of 2 tenants sharing 1024 tokens) and timed against the
+    plain kernel: a worker uses a variant only where its row says yes."""
+    from worker.attention import selftest
+
+    lines = ["Kernel variants (each against MLX ops for correctness, timed against the plain "
+             "kernel on its own shape):", "",
+             "| KV | block size | variant | ok | variant ms | plain kernel ms | max error | reason |",
+             "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for label, quantize in kv_layouts(args):
+        for block_size in FULL["block_sizes"]:
+            results = selftest.verify_metal_variants(
+                block_size=block_size, dtype=dtype, repeats=args.repeats, quantize=quantize,
+                **shape,
+            )  # fmt: skip
+            for variant, result in results.items():
+                lines.append(
+                    f"| {label} | {block_size} | {variant} | {'yes' if result.ok else 'no'} | "
+                    f"{_ms(result.candidate_ms)} | {_ms(result.reference_ms)} | "
+                    f"{_err(result.max_error)} | {result.reason} |"
+                )
+    return lines
 
 
 def microbench_section(args, dtype, shape) -> list[str]:

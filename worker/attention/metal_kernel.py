@@ -15,7 +15,8 @@ from collections.abc import Callable
 
 import mlx.core as mx
 
-from worker.attention import metal_quant
+from worker.attention import metal_quant, metal_variants
+from worker.attention.metal_plan import MetalPlan
 from worker.attention.metal_source import (
     INPUT_NAMES,
     KERNEL_BODY,
@@ -57,24 +58,29 @@ def unavailable_reason() -> str | None:
 
 
 class _KernelCache:
-    """One kernel object per factory: MLX compiles a pipeline per template instantiation on
-    first use and caches it by name, so building the object once is all we keep."""
+    """One kernel object per factory and body: MLX compiles a pipeline per template
+    instantiation on first use and caches it by name, so building the object once is all we
+    keep."""
 
     def __init__(self):
-        # keyed by the factory itself and whether the variant reads quantized K/V
-        self._kernels: dict[tuple[KernelFactory, bool], Callable] = {}
+        # keyed by the factory, whether the body reads quantized K/V, and whether it writes
+        # partial softmax states (`metal_variants`)
+        self._kernels: dict[tuple[KernelFactory, bool, bool], Callable] = {}
 
-    def get(self, factory: KernelFactory, quantized: bool = False) -> Callable:
-        if (factory, quantized) not in self._kernels:
-            name, inputs, body = (
-                (metal_quant.KERNEL_NAME, metal_quant.INPUT_NAMES, metal_quant.KERNEL_BODY)
-                if quantized
-                else (KERNEL_NAME, INPUT_NAMES, KERNEL_BODY)
-            )
-            self._kernels[(factory, quantized)] = factory(
-                name, inputs, OUTPUT_NAMES, body, ensure_row_contiguous=True
-            )
-        return self._kernels[(factory, quantized)]
+    def get(self, factory: KernelFactory, quantized: bool = False, partial: bool = False):
+        key = (factory, quantized, partial)
+        if key not in self._kernels:
+            if partial:
+                name, inputs, outputs, body = metal_variants.kernel_spec(quantized)
+            elif quantized:
+                name, inputs, outputs, body = (
+                    metal_quant.KERNEL_NAME, metal_quant.INPUT_NAMES, OUTPUT_NAMES,
+                    metal_quant.KERNEL_BODY,
+                )  # fmt: skip
+            else:
+                name, inputs, outputs, body = KERNEL_NAME, INPUT_NAMES, OUTPUT_NAMES, KERNEL_BODY
+            self._kernels[key] = factory(name, inputs, outputs, body, ensure_row_contiguous=True)
+        return self._kernels[key]
 
 
 _KERNELS = _KernelCache()
@@ -91,14 +97,30 @@ def paged_attention_metal(
     block_size: int,
     max_context: int,
     kernel_factory: KernelFactory | None = None,
+    metal_plan: MetalPlan | None = None,
 ) -> mx.array:
     """The kernel's entry point; same contract as the "mlx" strategies (`max_context` unused:
     each threadgroup reads its own sequence's length). Raises NotImplementedError on a shape
     the kernel does not serve (see `metal_source.unsupported_reason`). Quantized pools
-    (`--kv-bits`) go to the variant of `worker.attention.metal_quant`."""
+    (`--kv-bits`) go to the variant of `worker.attention.metal_quant`; `metal_plan` (the
+    backend's per-forward preparation, `metal_plan.plan_forward`) picks split-K or
+    prefix-grouped (`worker.attention.metal_variants`), else the plain kernel runs."""
     quantized = metal_quant.is_quantized(k_pool)
+    factory = kernel_factory or mx.fast.metal_kernel
+    common = dict(scale=scale, block_size=block_size)
+    if metal_plan is not None and metal_plan.variant == "split":
+        kernel = _KERNELS.get(factory, quantized, partial=True)
+        return metal_variants.split_k(
+            kernel, queries, k_pool, v_pool, block_tables, context_lengths,
+            parts=metal_plan.parts, part_blocks=metal_plan.part_blocks, **common,
+        )  # fmt: skip
+    if metal_plan is not None and metal_plan.variant == "grouped":
+        kernel = _KERNELS.get(factory, quantized, partial=True)
+        return metal_variants.prefix_grouped(
+            kernel, queries, k_pool, v_pool, plan=metal_plan.grouped, **common
+        )
     launch = (metal_quant.make_launch if quantized else make_launch)(
-        queries, k_pool, v_pool, block_tables, context_lengths, scale=scale, block_size=block_size
+        queries, k_pool, v_pool, block_tables, context_lengths, **common
     )
-    kernel = _KERNELS.get(kernel_factory or mx.fast.metal_kernel, quantized)
+    kernel = _KERNELS.get(factory, quantized)
     return kernel(**launch._asdict())[0]

@@ -22,8 +22,8 @@ Layout: one threadgroup per (KV head, sequence, query row), NUM_SIMDGROUPS x 32 
   launch drops to fewer simdgroups where a shape would not fit in 32 KiB.
 - The grid is B x num_kv_heads x Lq threadgroups: at decode (Lq 1) with batch 8 and 8 KV heads
   that is 64 threadgroups, enough for the 10-40 cores of an M-series GPU. Small batches with
-  long contexts would leave cores idle; a split-K variant (partitions per sequence, then a
-  reduce, as vLLM's v2 kernel does) would fix that and is not written yet.
+  long contexts would leave cores idle: the split-K variant (`metal_variants`: partitions
+  per sequence, then a log-sum-exp merge, as vLLM's v2 kernel does) fixes that.
 - Lq > 1 (folded prefill rows) costs nothing extra: query row i of a sequence of length L
   sees keys 0 .. L - Lq + i, and is its own threadgroup.
 """

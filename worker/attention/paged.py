@@ -21,7 +21,7 @@ from typing import NamedTuple
 import mlx.core as mx
 
 from shared.config.choices import ATTENTION_BACKENDS
-from worker.attention import metal_kernel
+from worker.attention import metal_kernel, metal_plan
 from worker.attention.tiles import prepare_tiles, tiled_attention
 
 
@@ -69,7 +69,10 @@ class AttentionBackend(NamedTuple):
 
 BACKENDS: dict[str, AttentionBackend] = {
     "metal": AttentionBackend(
-        "metal", metal_kernel.paged_attention_metal, metal_kernel.unavailable_reason
+        "metal",
+        metal_kernel.paged_attention_metal,
+        metal_kernel.unavailable_reason,
+        metal_plan.prepare,
     ),
     "mlx": AttentionBackend("mlx", tiled_attention, lambda: None, _prepare_tiles),
 }

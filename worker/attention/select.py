@@ -4,7 +4,9 @@
 only where Metal is available and its self-test on this machine passes
 (`worker.attention.selftest`): it must match the reference on random inputs and be faster on a
 representative decode shape; then every pipeline the worker will use is compiled up front
-(`prewarm`), so no request pays for it. Otherwise MLX ops, and the report says why.
+(`prewarm`), so no request pays for it. Otherwise MLX ops, and the report says why. With the
+kernel chosen, its split-K and prefix-grouped variants are self-tested too, each on the shape
+it is for, and kept only where they match and beat the plain kernel (`metal_plan.VERDICTS`).
 `--attention-backend metal` insists on the kernel: a kernel that is only slower is used, but
 one that is missing, fails or gives wrong numbers stops the worker with the reason.
 """
@@ -81,12 +83,24 @@ def _self_tested(requested: str, shape, block_size: int, quantize):
         failed = [f"{key}: {why}" for key, why in warm.items() if why is not None]
         if not failed:
             log.info("paged attention: the Metal kernel (%s)", result.reason)
+            _self_test_variants(block_size, shape.kv_dtype, dims)
             return BACKENDS["metal"], _report("metal", requested, "passed", result)
         result = result._replace(ok=False, reason=f"pre-warm failed: {'; '.join(failed)}")
     if requested == "metal":
         raise BackendUnavailableError(f"--attention-backend metal: self-test {result.reason}")
     log.warning("paged attention: MLX ops; the Metal kernel's self-test: %s", result.reason)
     return BACKENDS["mlx"], _report("mlx", requested, f"failed: {result.reason}", result)
+
+
+def _self_test_variants(block_size: int, dtype, dims: dict) -> None:
+    """Split-K and prefix-grouped: each used only after it matched the reference and beat the
+    plain kernel on its own shape here (`selftest.verify_metal_variants`); else the plain
+    kernel serves those batches."""
+    for variant, result in selftest.verify_metal_variants(
+        block_size=block_size, dtype=dtype, **dims
+    ).items():
+        state = "on" if result.ok else "off"
+        log.info("paged attention: Metal %s variant %s (%s)", variant, state, result.reason)
 
 
 def _report(backend: str, requested: str, verdict: str, result) -> AttentionReport:

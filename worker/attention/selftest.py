@@ -21,7 +21,7 @@ from typing import NamedTuple
 import mlx.core as mx
 import numpy as np
 
-from worker.attention import metal_kernel
+from worker.attention import metal_kernel, metal_plan
 from worker.attention.paged import BACKENDS, AttentionBackend, AttentionPlan
 
 # Max |candidate - reference| allowed; both sides compute in fp32 but round inputs/outputs to
@@ -61,13 +61,43 @@ def random_decode_batch(
     if quantize is not None:
         pools = [quantize(pool) for pool in pools]
     queries = rng.normal(size=(batch, num_heads, 1, head_dim)).astype(np.float32)
-    return DecodeBatch(mx.array(queries).astype(dtype), *pools, mx.array(tables), lengths)
+    tables = mx.array(tables, dtype=mx.int32)
+    return DecodeBatch(mx.array(queries).astype(dtype), *pools, tables, lengths)
+
+
+def shared_prefix_batch(
+    *, rows, tenants, prefix, own, block_size, dtype, num_heads, num_kv_heads, head_dim,
+    seed=0, quantize=None,
+) -> DecodeBatch:  # fmt: skip
+    """Decode rows of `tenants` tenants: each tenant's rows share its `prefix` tokens (whole
+    blocks), then each row has up to `own` tokens of its own; shuffled block ids."""
+    rng = np.random.default_rng(seed)
+    shared, mine = -(-prefix // block_size), -(-own // block_size)
+    order = [int(b) for b in rng.permutation(tenants * shared + rows * mine)]
+    tables, lengths = [], []
+    for row in range(rows):
+        tenant = row % tenants
+        start = tenants * shared + row * mine
+        tables.append(
+            [*order[tenant * shared : (tenant + 1) * shared], *order[start : start + mine]]
+        )
+        lengths.append(shared * block_size + max(1, own - int(rng.integers(0, block_size))))
+    shape = (len(order) * block_size, num_kv_heads, head_dim)
+    pools = [mx.array(rng.normal(size=shape).astype(np.float32)).astype(dtype) for _ in "kv"]
+    if quantize is not None:
+        pools = [quantize(pool) for pool in pools]
+    queries = rng.normal(size=(rows, num_heads, 1, head_dim)).astype(np.float32)
+    tables = mx.array(tables, dtype=mx.int32)
+    return DecodeBatch(mx.array(queries).astype(dtype), *pools, tables, lengths)
 
 
 def plan_call(
     backend: AttentionBackend, batch: DecodeBatch, block_size: int
 ) -> Callable[[], mx.array]:
-    plan = AttentionPlan(backend, batch.block_tables, batch.lengths, block_size=block_size)
+    plan = AttentionPlan(
+        backend, batch.block_tables, batch.lengths, block_size=block_size,
+        host_tables=batch.block_tables.tolist(),
+    )  # fmt: skip
     scale = batch.queries.shape[-1] ** -0.5
     return lambda: plan(batch.queries, batch.k_pool, batch.v_pool, scale=scale)
 
@@ -95,15 +125,20 @@ def self_test(
     context: int = 512,
     repeats: int = 5,
     quantize: Quantizer | None = None,
+    inputs: DecodeBatch | None = None,
+    candidate_prepare: Callable[..., dict] | None = None,
+    baseline: AttentionBackend | None = None,
 ) -> SelfTestResult:
-    """Does `candidate_run` match the MLX-ops reference on a random decode batch, and is it
-    faster there? Never raises for the candidate's faults: they become `reason`."""
-    inputs = random_decode_batch(
+    """Does `candidate_run` match the MLX-ops reference on a random decode batch (or
+    `inputs`), and is it faster there than the reference (or `baseline`)? Never raises for
+    the candidate's faults: they become `reason`."""
+    inputs = inputs or random_decode_batch(
         batch=batch, context=context, block_size=block_size, dtype=dtype,
         num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim, quantize=quantize,
     )  # fmt: skip
+    extra = {} if candidate_prepare is None else {"prepare": candidate_prepare}
     candidate = plan_call(
-        AttentionBackend("candidate", candidate_run, lambda: None), inputs, block_size
+        AttentionBackend("candidate", candidate_run, lambda: None, **extra), inputs, block_size
     )
     reference = plan_call(BACKENDS["mlx"], inputs, block_size)
     want = reference()
@@ -117,8 +152,11 @@ def self_test(
         reason, error = mismatch
         return SelfTestResult(False, reason, None, None, error)
     error = _max_error(got, want)
+    if baseline is not None:
+        reference = plan_call(baseline, inputs, block_size)
     candidate_ms, reference_ms = median_ms(candidate, repeats), median_ms(reference, repeats)
-    timing = f"{candidate_ms:.3f} ms vs MLX ops {reference_ms:.3f} ms"
+    against = "MLX ops" if baseline is None else baseline.name
+    timing = f"{candidate_ms:.3f} ms vs {against} {reference_ms:.3f} ms"
     if candidate_ms >= reference_ms:
         return SelfTestResult(False, f"slower: {timing}", candidate_ms, reference_ms, error)
     return SelfTestResult(True, f"matches (max error {error:.2e}), faster: {timing}",
@@ -197,3 +235,41 @@ def verify_metal_backend(
         )  # fmt: skip
     metal_kernel.SELF_TEST.record(result.ok, result.reason)
     return result
+
+
+# The shape each variant is for: split-K a lone long row, prefix-grouped a multi-tenant decode.
+VARIANT_BATCHES = {
+    "split": lambda **kw: random_decode_batch(batch=1, context=4096, **kw),
+    "grouped": lambda **kw: shared_prefix_batch(rows=8, tenants=2, prefix=1024, own=48, **kw),
+}
+
+
+def forced(variant: str) -> Callable[..., dict]:
+    """A "metal" preparation that runs `variant` wherever it applies."""
+    return lambda **kw: {"metal_plan": metal_plan.plan_forward(only=variant, **kw)}
+
+
+def verify_metal_variants(
+    *, block_size: int, dtype, num_heads: int, num_kv_heads: int, head_dim: int, repeats=5,
+    quantize: Quantizer | None = None,
+) -> dict[str, SelfTestResult]:  # fmt: skip
+    """Self-test split-K and prefix-grouped on the shape each is for: each must match the
+    MLX-ops reference and beat the plain kernel there; record the verdicts (`metal_plan.
+    VERDICTS`), so a forward uses a variant only where it passed on this machine."""
+    plain = AttentionBackend("the plain kernel", metal_kernel.paged_attention_metal,
+                             lambda: None, forced("plain"))  # fmt: skip
+    results = {}
+    for variant, make in VARIANT_BATCHES.items():
+        missing = metal_kernel.metal_reason()
+        if missing is not None:
+            results[variant] = SelfTestResult(False, missing, None, None, None)
+        else:
+            inputs = make(block_size=block_size, dtype=dtype, num_heads=num_heads,
+                          num_kv_heads=num_kv_heads, head_dim=head_dim, quantize=quantize)  # fmt: skip
+            results[variant] = self_test(
+                metal_kernel.paged_attention_metal, block_size=block_size, dtype=dtype,
+                num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
+                repeats=repeats, inputs=inputs, candidate_prepare=forced(variant), baseline=plain,
+            )  # fmt: skip
+        metal_plan.VERDICTS.record(variant, results[variant].ok, results[variant].reason)
+    return results

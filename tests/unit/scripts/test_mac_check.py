@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 
@@ -26,7 +27,10 @@ def test_quick_report_has_every_section_and_says_metal_is_missing():
         assert field in report
     if "- Metal available: no" in report:
         # every block size for the dtype and the 8- and 4-bit layouts (the quantized kernel)
-        assert report.count("| no | - | - | - | Metal is not available") == 9
+        assert report.count("| no | - | - | - | Metal is not available") == 9 + 18
+        for kv in ("float16", "q8g64", "q4g64"):  # each variant's self-test row per layout
+            for variant in ("split", "grouped"):
+                assert report.count(f"| {kv} | 16 | {variant} | no | - | - | - | Metal is not") == 1
         for kv in ("float16", "q8g64", "q4g64"):
             assert f'backend "auto" picks ({kv}): mlx' in report
             assert report.count(f"| {kv} | 16 | float16 | no |") == 1
@@ -37,3 +41,34 @@ def test_quick_report_has_every_section_and_says_metal_is_missing():
         ]
         assert all(float(ms) > 0 for *_, ms in rows)
     assert "skipped (--skip-engine)" in report and "skipped (--skip-cluster)" in report
+
+
+def run_wrapper(root, env) -> subprocess.CompletedProcess:
+    return subprocess.run(["scripts/mac-check", "--quick"], cwd=root, env=env,
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+
+
+def test_a_fresh_checkout_without_venv_is_told_what_to_run(tmp_path):
+    """No .venv (and no PYTHON): exit 2 and the exact commands, never a traceback."""
+    (tmp_path / "scripts").mkdir()
+    shutil.copy(ROOT / "scripts" / "mac-check", tmp_path / "scripts" / "mac-check")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHON"}
+    result = run_wrapper(tmp_path, env)
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr + result.stdout
+    assert "this checkout is not set up (.venv/bin/python not found)" in result.stderr
+    assert "    scripts/setup " in result.stderr
+    assert "    scripts/mac-check --quick\n" in result.stderr
+    assert "    scripts/mac-check --setup --quick\n" in result.stderr
+
+
+def test_a_python_without_mlx_is_told_what_to_run(tmp_path):
+    """PYTHON that can't import MLX (as the old python3 fallback): exit 2, no traceback."""
+    python = tmp_path / "python"
+    python.write_text("#!/bin/sh\necho 'Traceback: ModuleNotFoundError: mlx' >&2\nexit 1\n")
+    python.chmod(0o755)
+    result = run_wrapper(ROOT, {**os.environ, "PYTHON": str(python)})
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr + result.stdout
+    assert f"mac-check: {python} cannot import MLX (mlx.core)." in result.stderr
+    assert "    scripts/setup " in result.stderr

@@ -45,7 +45,13 @@ def fake_metal(monkeypatch):
             return selftest.self_test(run, **shape, batch=2, context=40)
 
         monkeypatch.setattr(selftest, "verify_metal_backend", verify)
+        # the variants' own self-test (emulated in test_metal_variants): record who asked
+        monkeypatch.setattr(
+            selftest, "verify_metal_variants", lambda **kw: variants.append(kw) or {}
+        )
 
+    variants = []
+    install.variants = variants
     return install
 
 
@@ -74,6 +80,7 @@ def test_a_kernel_that_passes_is_used(fake_metal):
     assert engine.backend.name == "metal"
     assert engine.attention_report.self_test.startswith("passed")
     assert (engine.attention_report.candidate_ms, engine.attention_report.reference_ms) == (1, 2)
+    assert len(fake_metal.variants) == 1  # split-K and prefix-grouped were self-tested too
     serves_correctly(engine, model)
 
 
