@@ -43,6 +43,7 @@ def _prepare_tiles(
     block_tables,
     context_lengths,
     host_tables=None,
+    block_versions=None,
 ) -> dict:
     tiles = prepare_tiles(
         lengths,
@@ -53,6 +54,7 @@ def _prepare_tiles(
         block_tables=block_tables,
         context_lengths=context_lengths,
         host_tables=host_tables,
+        block_versions=block_versions,
     )
     return {"tiles": tiles}
 
@@ -110,10 +112,13 @@ class AttentionPlan:
         *,
         block_size: int,
         host_tables: list[list[int]] | None = None,
+        block_versions: list[int] | None = None,
     ):
         self.backend, self.block_tables, self.block_size = backend, block_tables, block_size
         self.lengths = lengths
         self.host_tables = host_tables  # each row's block ids, for plans that need them
+        # the pool's `BlockPool.versions`: lets a plan keep gathered K/V across forwards
+        self.block_versions = block_versions
         self.context_lengths = mx.array(lengths, dtype=mx.int32)
         self.max_context = max(lengths) if lengths else 0
         self._prepared: dict | None = None
@@ -132,6 +137,7 @@ class AttentionPlan:
                 block_tables=self.block_tables,
                 context_lengths=self.context_lengths,
                 host_tables=self.host_tables,
+                block_versions=self.block_versions,
             )
         return self.backend.run(
             queries,
