@@ -218,3 +218,28 @@ def test_kept_prefixes_stay_within_their_budget(monkeypatch):
         mx.eval(shared_prefix_attention(mx.zeros((4, HEADS, 1, DIM)), k, v, plan, scale=SCALE))
         assert cache.nbytes <= cache.budget
     assert len(cache.entries) == 3
+
+
+def test_engine_decodes_nested_tenants_from_kept_prefixes_and_matches_mlx_lm(fresh_cache):
+    from shared.sampling import SamplingParams
+    from tests.support.engine_fixtures import (
+        make_engine,
+        reference_greedy,
+        run_to_completion,
+        tiny_model,
+    )
+
+    model = tiny_model()
+    engine = make_engine(model)  # block size 8
+    rng = random.Random(5)
+    header = [rng.randrange(3, 90) for _ in range(24)]  # a preamble all tenants share
+    tenants = [header + [rng.randrange(3, 90) for _ in range(16)] for _ in range(2)]
+    prompts = {
+        f"r{i}": tenants[i % 2] + [rng.randrange(3, 90) for _ in range(2 + i)] for i in range(6)
+    }
+    for rid, p in prompts.items():
+        engine.add_request(rid, p, SamplingParams(max_tokens=10, temperature=0.0))
+    outputs = run_to_completion(engine)
+    for rid, p in prompts.items():
+        assert outputs[rid] == reference_greedy(model, p, 10), rid
+    assert fresh_cache.hits > fresh_cache.misses > 0  # decode ticks read kept prefixes
