@@ -13,7 +13,9 @@ is time / dense time (< 1: faster).
 
 shared: decode rows that share tenants' prefixes (G tenants x R rows, prefix and own-tail
 lengths), as a cache-aware worker's batch holds them: "tiled" against "shared_prefix" (each
-tenant's prefix gathered once for its rows), with dense SDPA as the reference.
+tenant's prefix gathered once for its rows; "shared_kept": with the gathered prefixes kept
+across calls, as a worker's decode ticks run it), checked against the plain gather. The last
+cases nest: all tenants share a header (an agent fleet's tool preamble), then diverge.
 
 scatter: a decode-like write loop, 30 layers, 32 new slots per layer per step, eval per step,
 for pools of 10k/30k/100k slots (x 3 KV heads x 64 dims, float32: up to 4.6 GB for K and V of
@@ -177,22 +179,31 @@ def attention_cases(rng: np.random.Generator) -> list[tuple[str, list[int], int]
     ]
 
 
-SHARED_CASES = (  # tenants, rows each, prefix tokens, longest own tail
-    (4, 3, 512, 80),
-    (2, 8, 512, 80),
-    (8, 2, 1408, 40),
-    (16, 2, 512, 40),
-    (32, 2, 256, 20),
+SHARED_CASES = (  # tenants, rows each, prefix tokens, longest own tail, header all share
+    (4, 3, 512, 80, 0),
+    (2, 8, 512, 80, 0),
+    (8, 2, 1408, 40, 0),
+    (16, 2, 512, 40, 0),
+    (32, 2, 256, 20, 0),
+    # nested: an agent fleet's common tool preamble, then each tenant's own prompt
+    (4, 3, 1024, 80, 512),
+    (8, 2, 1408, 40, 1024),
 )
 
 
-def bench_shared_prefix_case(tenants: int, rows_each: int, prefix: int, tail: int, args) -> dict:
+def bench_shared_prefix_case(
+    tenants: int, rows_each: int, prefix: int, tail: int, header: int, args
+) -> dict:
     rng = np.random.default_rng(args.seed)
     prefix_blocks = prefix // BLOCK_SIZE
     tails = [int(n) for n in rng.integers(tail // 2, tail + 1, tenants * rows_each)]
     num_blocks = tenants * prefix_blocks + sum(math.ceil(n / BLOCK_SIZE) for n in tails) + 1
     ids = iter(int(i) for i in rng.permutation(np.arange(1, num_blocks)))
-    shared = [[next(ids) for _ in range(prefix_blocks)] for _ in range(tenants)]
+    header_ids = [next(ids) for _ in range(header // BLOCK_SIZE)]
+    shared = [
+        header_ids + [next(ids) for _ in range(prefix_blocks - len(header_ids))]
+        for _ in range(tenants)
+    ]
     tables = [
         shared[r // rows_each] + [next(ids) for _ in range(math.ceil(n / BLOCK_SIZE))]
         for r, n in enumerate(tails)
@@ -210,6 +221,8 @@ def bench_shared_prefix_case(tenants: int, rows_each: int, prefix: int, tail: in
     tiles = prepare_tiles(lengths, 1, NUM_HEADS, k_pool, BLOCK_SIZE,
                           block_tables=block_tables, context_lengths=context_lengths)  # fmt: skip
     plan = plan_shared_prefixes(tables, lengths, BLOCK_SIZE, NUM_KV_HEADS)
+    # as a worker runs it: block versions given, so the prefixes' K/V are kept across calls
+    kept = plan_shared_prefixes(tables, lengths, BLOCK_SIZE, NUM_KV_HEADS, [1] * num_blocks)
     runs = {
         "tiled": partial(
             tiled_attention,
@@ -224,6 +237,9 @@ def bench_shared_prefix_case(tenants: int, rows_each: int, prefix: int, tail: in
         "shared_prefix": partial(
             shared_prefix_attention, queries, k_pool, v_pool, plan, scale=scale
         ),  # fmt: skip
+        "shared_kept": partial(
+            shared_prefix_attention, queries, k_pool, v_pool, kept, scale=scale
+        ),  # fmt: skip
     }
     reference = gather_attention(queries, k_pool, v_pool, block_tables, context_lengths, **common)
     for label, run in runs.items():
@@ -237,8 +253,11 @@ def bench_shared_prefix_case(tenants: int, rows_each: int, prefix: int, tail: in
         "rows_each": rows_each,
         "prefix": prefix,
         "tail_max": tail,
+        "header": header,
+        "groups": len(plan.depths),
         **{f"{label}_ms": round(ms, 3) for label, ms in times.items()},
         "shared_vs_tiled": round(times["shared_prefix"] / times["tiled"], 2),
+        "kept_vs_tiled": round(times["shared_kept"] / times["tiled"], 2),
     }
 
 

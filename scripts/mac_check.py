@@ -66,7 +66,7 @@ def chip() -> str:
 def machine_section() -> list[str]:
     import mlx.core as mx
 
-    from worker.attention import metal_kernel
+    from worker.attention.metal import kernel as metal_kernel
 
     metal = metal_kernel.metal_reason()
     lines = [
@@ -105,7 +105,8 @@ def kv_layouts(args) -> list[tuple[str, object]]:
 
 
 def self_test_section(args, dtype, shape) -> list[str]:
-    from worker.attention import metal_kernel, selftest
+    from worker.attention import selftest
+    from worker.attention.metal import kernel as metal_kernel
 
     lines = ["| KV | block size | dtype | ok | kernel ms | MLX ops ms | max error | reason |",
              "|---|---|---|---|---|---|---|---|"]  # fmt: skip
@@ -153,7 +154,7 @@ def variants_table(args, dtype, shape) -> list[str]:
 
 
 def microbench_section(args, dtype, shape) -> list[str]:
-    from worker.attention import metal_kernel
+    from worker.attention.metal import kernel as metal_kernel
     from worker.attention.paged import BACKENDS, AttentionBackend
     from worker.attention.selftest import median_ms, plan_call, random_decode_batch
 

@@ -4,7 +4,7 @@ Pools, per layer, K and V each: `(num_blocks * block_size, num_kv_heads, head_di
 `block_id * block_size + offset` (docs/architecture.md). Backends:
 
 - "mlx": MLX ops only, any device; the reference and the fallback (`worker.attention.mlx_ops`).
-- "metal": the Metal kernel, only where Metal is (`worker.attention.metal_kernel`).
+- "metal": the Metal kernel, only where Metal is (`worker.attention.metal.kernel`).
 - "auto": the first available of ("metal", "mlx").
 
 A forward builds one `AttentionPlan` from host ints (lengths, block tables) and every layer
@@ -21,7 +21,8 @@ from typing import NamedTuple
 import mlx.core as mx
 
 from shared.config.choices import ATTENTION_BACKENDS
-from worker.attention import metal_kernel, metal_plan
+from worker.attention.metal import kernel as metal_kernel
+from worker.attention.metal import plan as metal_plan
 from worker.attention.tiles import prepare_tiles, tiled_attention
 
 
@@ -43,6 +44,7 @@ def _prepare_tiles(
     block_tables,
     context_lengths,
     host_tables=None,
+    block_versions=None,
 ) -> dict:
     tiles = prepare_tiles(
         lengths,
@@ -53,6 +55,7 @@ def _prepare_tiles(
         block_tables=block_tables,
         context_lengths=context_lengths,
         host_tables=host_tables,
+        block_versions=block_versions,
     )
     return {"tiles": tiles}
 
@@ -113,10 +116,13 @@ class AttentionPlan:
         *,
         block_size: int,
         host_tables: list[list[int]] | None = None,
+        block_versions: list[int] | None = None,
     ):
         self.backend, self.block_tables, self.block_size = backend, block_tables, block_size
         self.lengths = lengths
         self.host_tables = host_tables  # each row's block ids, for plans that need them
+        # the pool's `BlockPool.versions`: lets a plan keep gathered K/V across forwards
+        self.block_versions = block_versions
         self.context_lengths = mx.array(lengths, dtype=mx.int32)
         self.max_context = max(lengths) if lengths else 0
         self._prepared: dict | None = None
@@ -135,6 +141,7 @@ class AttentionPlan:
                 block_tables=self.block_tables,
                 context_lengths=self.context_lengths,
                 host_tables=self.host_tables,
+                block_versions=self.block_versions,
             )
         return self.backend.run(
             queries,

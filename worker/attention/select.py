@@ -20,7 +20,8 @@ import mlx.core as mx
 
 from shared.config.choices import ATTENTION_BACKENDS
 from shared.protocol import AttentionReport
-from worker.attention import metal_kernel, selftest
+from worker.attention import selftest
+from worker.attention.metal import kernel as metal_kernel
 from worker.attention.paged import BACKENDS, AttentionBackend, BackendUnavailableError
 
 log = logging.getLogger(__name__)

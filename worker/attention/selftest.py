@@ -4,7 +4,7 @@ this machine before a worker uses it.
 `self_test` runs a candidate `run` (the `AttentionBackend.run` contract) and the "mlx" backend
 on the same random decode batch, through the same `AttentionPlan` a forward uses, and says
 whether the candidate matches (per-dtype tolerance) and is faster. `verify_metal_backend` does
-that for the Metal kernel and records the verdict, which `worker.attention.metal_kernel`'s
+that for the Metal kernel and records the verdict, which `worker.attention.metal.kernel`'s
 `unavailable_reason` reports: "auto" picks the kernel only after it passed here. `prewarm`
 runs a candidate once per (block size, dtype) so no request pays a pipeline compile.
 With `quantize` (a worker with `--kv-bits`: plain pool -> the worker's quantized pool) the
@@ -21,7 +21,8 @@ from typing import NamedTuple
 import mlx.core as mx
 import numpy as np
 
-from worker.attention import metal_kernel, metal_plan
+from worker.attention.metal import kernel as metal_kernel
+from worker.attention.metal import plan as metal_plan
 from worker.attention.paged import BACKENDS, AttentionBackend, AttentionPlan
 
 # Max |candidate - reference| allowed; both sides compute in fp32 but round inputs/outputs to

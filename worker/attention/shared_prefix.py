@@ -1,8 +1,13 @@
 """Shared-prefix attention for one-query rows: rows that share leading blocks (decode rows of
-one tenant, a MIXED step's one-token rows of one prompt) gather that prefix once per group and
-attend it in one matmul; each row's own keys after it are attended apart, and the two parts
-are merged exactly. 10 decode rows over 4 tenants' 512-token prefixes: 2.0 vs 3.3 ms per layer
-(`scripts/bench_attention.py --only shared`)."""
+one tenant, a MIXED step's one-token rows of one prompt) read that prefix once per group; each
+row's own keys after it are attended apart, and the two parts are merged exactly.
+
+Groups come from a trie over the rows' block ids (`prefix_kv.group_rows`: the deepest shared
+run, or a shallower one where that reads fewer blocks), and every group is attended in ONE
+batched op per layer: the groups' members padded to a common count and their prefixes to a
+common length (masked), so a layer costs the same ~50 MLX ops with 1 group as with 16. With
+the pool's block versions the gathered prefixes are kept across ticks (`prefix_kv.PrefixKV`),
+so a steady decode batch gathers only the rows' suffixes."""
 
 from __future__ import annotations
 
@@ -10,76 +15,79 @@ from typing import NamedTuple
 
 import mlx.core as mx
 
+from worker.attention import prefix_kv
 from worker.attention.mlx_ops import (
+    QUANTIZED_MATMUL_MAX_ROWS,
     context_slot_table,
     key_scores,
     queries_by_kv_head,
     queries_layout,
     weighted_rows,
 )
+from worker.attention.prefix_kv import group_rows
 
 
 class SharedPrefixPlan(NamedTuple):
     """One-query rows grouped by the leading blocks they share (`plan_shared_prefixes`)."""
 
-    prefixes: list[tuple[mx.array, mx.array]]  # per group: its rows (m,), prefix rows (Hkv, P)
-    back: mx.array  # undoes the grouping order of the rows
+    members: mx.array  # (G * M,) batch row in each group's member slot (padding: a member)
+    group_size: int  # M, members per group after padding
+    prefix_rows: mx.array  # (Hkv, G, P) pool rows of each group's prefix, padded
+    prefix_visible: mx.array | None  # (G, 1, P) bool; None: every prefix is P keys long
+    back: mx.array  # (B,) each row's member slot (a row in no group: any slot)
+    grouped: mx.array | None  # (1, B, 1, 1) bool: rows with a prefix; None: all of them
     suffix_rows: mx.array  # (Hkv, B, S) pool rows of each row's keys after its prefix
     suffix_visible: mx.array  # (B, S) bool: which of them are real
+    depths: list[int]  # each group's prefix, in blocks
+    kept: tuple | None = None  # (key, blocks): the prefixes' K/V kept across ticks
 
 
 SHARED_PREFIX_MIN_SAVING = 1.5  # gathered keys, plain / shared-prefix, for the plan to pay
 
 
-def group_rows(
-    tables: list[list[int]], lengths: list[int], block_size: int
-) -> tuple[list[tuple[list[int], int]], list[int], int, int]:
-    """How `plan_shared_prefixes` groups one-query rows, from host ints only: (groups, starts,
-    plain, cascade). Groups are (rows, shared whole blocks); `starts[r]` where row r's own
-    keys begin; `plain` the keys a per-row gather reads, `cascade` the keys the shared-prefix
-    plan reads (each group's prefix once, then every row's suffix padded to the widest)."""
-    by_first: dict[int, list[int]] = {}
-    for row, blocks in enumerate(tables):
-        by_first.setdefault(blocks[0] if lengths[row] > block_size else -1 - row, []).append(row)
-    groups, starts = [], [0] * len(tables)
-    for rows in by_first.values():
-        shared = 0
-        if len(rows) > 1:
-            first = tables[rows[0]]
-            limit = min(lengths[r] - 1 for r in rows) // block_size  # keep each row's own key
-            distinct = {id(tables[r]): tables[r] for r in rows}.values()  # a sequence's rows
-            while shared < limit and all(t[shared] == first[shared] for t in distinct):
-                shared += 1
-        groups.append((rows, shared))
+def _cascade(
+    groups: list[tuple[list[int], int]], lengths: list[int], block_size: int
+) -> tuple[list[int], int]:
+    """Where each row's own keys begin, and the keys the shared-prefix plan reads: each
+    group's prefix once, then every row's suffix padded to the widest."""
+    starts = [0] * len(lengths)
+    for rows, depth in groups:
         for r in rows:
-            starts[r] = shared * block_size
+            starts[r] = depth * block_size
     widest = max((n - s for n, s in zip(lengths, starts, strict=True)), default=0)
-    cascade = sum(shared * block_size for _, shared in groups) + len(lengths) * widest
-    return groups, starts, sum(lengths), cascade
+    return starts, sum(depth * block_size for _, depth in groups) + len(lengths) * widest
 
 
 def gathered_keys(tables: list[list[int]], lengths: list[int], block_size: int) -> int:
     """Keys (per layer) that one-query rows over these block tables and context lengths
     gather: the shared-prefix plan's when it pays (`plan_shared_prefixes`), else every row's
-    whole context. Host ints only: the scheduler prices folding prefill rows with it."""
+    whole context. Host ints only: the scheduler prices folding prefill rows with it (kept
+    prefixes, read from the last tick's gather, are priced as gathered: conservative)."""
     if not lengths:
         return 0
-    _, _, plain, cascade = group_rows(tables, lengths, block_size)
-    return plain if cascade * SHARED_PREFIX_MIN_SAVING > plain else cascade
+    groups = group_rows(tables, lengths, block_size)
+    _, cascade = _cascade(groups, lengths, block_size)
+    plain = sum(lengths)
+    return plain if not groups or cascade * SHARED_PREFIX_MIN_SAVING > plain else cascade
 
 
 def plan_shared_prefixes(
-    tables: list[list[int]], lengths: list[int], block_size: int, num_kv_heads: int
+    tables: list[list[int]],
+    lengths: list[int],
+    block_size: int,
+    num_kv_heads: int,
+    versions: list[int] | None = None,
 ) -> SharedPrefixPlan | None:
-    """Group one-query rows (decode rows, a MIXED step's one-token rows) by their first block;
-    a group's prefix is the whole blocks all its rows share and all their queries see (every
-    row keeps at least its own key after it). Each prefix is then gathered once for its group
-    instead of once per row. None when that would not cut the gathered keys by
-    `SHARED_PREFIX_MIN_SAVING` (no sharing: the tiled plan does better)."""
-    groups, starts, plain, cascade = group_rows(tables, lengths, block_size)
-    if cascade * SHARED_PREFIX_MIN_SAVING > plain:
+    """Group one-query rows (decode rows, a MIXED step's one-token rows) by the whole blocks
+    they share (`group_rows`); each group's prefix is then read once for its rows. None when
+    that would not cut the gathered keys by `SHARED_PREFIX_MIN_SAVING` (the tiled plan does
+    better). `versions` (`BlockPool.versions`): keep the prefixes' K/V across ticks."""
+    groups = group_rows(tables, lengths, block_size)
+    starts, cascade = _cascade(groups, lengths, block_size)
+    if not groups or cascade * SHARED_PREFIX_MIN_SAVING > sum(lengths):
         return None
     suffix = [n - s for n, s in zip(lengths, starts, strict=True)]
+    groups.sort(key=lambda g: tables[g[0][0]][: g[1]])  # the same order tick after tick
     heads = mx.arange(num_kv_heads, dtype=mx.int32)
     width = max(suffix)
     # Each row's blocks from its prefix's end (a block boundary) on, padded with block 0 (its
@@ -88,27 +96,44 @@ def plan_shared_prefixes(
     tail_blocks = -(-width // block_size)
     tails = [t[:tail_blocks] + [0] * (tail_blocks - len(t)) for t in tails]
     suffix_slots = context_slot_table(mx.array(tails, dtype=mx.int32), width, block_size)
-    prefixes = []
-    for rows, shared in groups:
-        prefix = mx.array([tables[rows[0]][:shared]], dtype=mx.int32).reshape(1, shared)
-        slots = context_slot_table(prefix, shared * block_size, block_size)  # (1, P)
-        prefixes.append((mx.array(rows, dtype=mx.int32), slots * num_kv_heads + heads[:, None]))
-    order = [r for rows, _ in groups for r in rows]
+    size, depths = max(len(rows) for rows, _ in groups), [d for _, d in groups]
+    members, back = [], [0] * len(tables)
+    for g, (rows, _) in enumerate(groups):
+        for j, r in enumerate(rows):
+            back[r] = g * size + j
+        members += rows + [rows[0]] * (size - len(rows))
+    deepest = max(depths)
+    prefixes = [tables[rows[0]][:d] for rows, d in groups]
+    padded = [p + [p[0]] * (deepest - len(p)) for p in prefixes]
+    slots = context_slot_table(mx.array(padded, dtype=mx.int32), deepest * block_size, block_size)
+    visible = None
+    if min(depths) < deepest:
+        keys = mx.arange(deepest * block_size, dtype=mx.int32)
+        visible = (keys[None] < mx.array(depths, dtype=mx.int32)[:, None] * block_size)[:, None]
+    kept = None
+    if versions is not None:
+        key = tuple(tuple((b, versions[b]) for b in p) for p in prefixes)
+        kept = (key, frozenset(b for p in prefixes for b in p))
     return SharedPrefixPlan(
-        prefixes,
-        mx.array(sorted(range(len(order)), key=order.__getitem__), dtype=mx.int32),
+        mx.array(members, dtype=mx.int32),
+        size,
+        slots[None] * num_kv_heads + heads[:, None, None],
+        visible,
+        mx.array(back, dtype=mx.int32),
+        None if min(starts) > 0 else mx.array([s > 0 for s in starts])[None, :, None, None],
         suffix_slots[None] * num_kv_heads + heads[:, None, None],
         mx.arange(width)[None] < mx.array(suffix, dtype=mx.int32)[:, None],
+        depths,
+        kept,
     )
 
 
 def shared_prefix_attention(
     queries: mx.array, k_pool: mx.array, v_pool: mx.array, plan: SharedPrefixPlan, *, scale: float
 ) -> mx.array:
-    """One-query rows over their context in two parts merged exactly (online softmax): each
-    group's shared prefix, gathered once and attended by all the group's queries in one
-    matmul, and each row's own keys after it. A group without a prefix (one row, or nothing
-    shared) has an empty prefix part."""
+    """One-query rows over their context in two parts merged exactly (online softmax): every
+    group's shared prefix, attended by all its members' queries in one batched matmul over all
+    groups, and each row's own keys after it. A row in no group has an empty prefix part."""
     num_kv_heads, head_dim = k_pool.shape[1:]
     q = queries_by_kv_head(queries, num_kv_heads, scale)  # (Hkv, B, g, D)
     per_kv = q.shape[2]
@@ -118,26 +143,62 @@ def shared_prefix_attention(
     weights = mx.power(2.0, scores - suffix_max)
     suffix_sum = weights.sum(axis=-1, keepdims=True)
     suffix_out = weighted_rows(weights, v_pool, plan.suffix_rows)
-    maxes, sums, outs = [], [], []
-    for rows, prefix_rows in plan.prefixes:
-        m = rows.shape[0]
-        if prefix_rows.shape[1] == 0:  # nothing shared: the suffix is the whole context
-            maxes.append(mx.full((num_kv_heads, m, per_kv, 1), -mx.inf, dtype=mx.float32))
-            sums.append(mx.zeros((num_kv_heads, m, per_kv, 1), dtype=mx.float32))
-            outs.append(mx.zeros((num_kv_heads, m, per_kv, head_dim), dtype=suffix_out.dtype))
-            continue
-        group_q = q[:, rows].reshape(num_kv_heads, m * per_kv, head_dim)
-        s = key_scores(group_q, k_pool, prefix_rows).astype(mx.float32)
-        s_max = s.max(axis=-1, keepdims=True)
-        w = mx.power(2.0, s - s_max)
-        maxes.append(s_max.reshape(num_kv_heads, m, per_kv, 1))
-        sums.append(w.sum(axis=-1, keepdims=True).reshape(num_kv_heads, m, per_kv, 1))
-        out = weighted_rows(w, v_pool, prefix_rows)
-        outs.append(out.reshape(num_kv_heads, m, per_kv, head_dim))
-    prefix_max = mx.concatenate(maxes, axis=1)[:, plan.back]
-    prefix_sum = mx.concatenate(sums, axis=1)[:, plan.back]
-    prefix_out = mx.concatenate(outs, axis=1)[:, plan.back]
+    # every group's prefix at once: (Hkv, G, M * g, D) queries over (Hkv, G, P, D) keys
+    groups, size = plan.prefix_rows.shape[1], plan.group_size
+    group_q = q[:, plan.members].reshape(num_kv_heads, groups, size * per_kv, head_dim)
+    s = _prefix_scores(group_q, k_pool, _prefix_kv(k_pool, plan)).astype(mx.float32)
+    if plan.prefix_visible is not None:
+        s = mx.where(plan.prefix_visible, s, -mx.inf)
+    s_max = s.max(axis=-1, keepdims=True)  # finite: a prefix holds at least one block
+    w = mx.power(2.0, s - s_max)
+    out = _prefix_values(w, v_pool, _prefix_kv(v_pool, plan))
+
+    def by_row(x: mx.array) -> mx.array:  # member slots -> batch rows
+        return x.reshape(num_kv_heads, groups * size, per_kv, x.shape[-1])[:, plan.back]
+
+    prefix_max, prefix_sum = by_row(s_max), by_row(w.sum(axis=-1, keepdims=True))
+    prefix_out = by_row(out)
+    if plan.grouped is not None:
+        prefix_max = mx.where(plan.grouped, prefix_max, -mx.inf)
     top = mx.maximum(prefix_max, suffix_max)  # finite: every row has its own key
     a, b = mx.power(2.0, prefix_max - top), mx.power(2.0, suffix_max - top)
     out = (prefix_out * a + suffix_out * b) / (prefix_sum * a + suffix_sum * b)
     return queries_layout(out, queries)
+
+
+def _prefix_kv(pool, plan: SharedPrefixPlan):
+    """The groups' prefix rows of `pool` (packed, for a quantized pool), kept across ticks
+    when the plan has block versions."""
+    if plan.kept is not None:
+        return prefix_kv.PREFIX_KV.get(*plan.kept, pool, plan.prefix_rows)
+    if hasattr(pool, "gather"):
+        return tuple(pool.gather(plan.prefix_rows))
+    return pool.reshape(-1, pool.shape[-1])[plan.prefix_rows]
+
+
+def _dequantized(pool, packed: tuple) -> mx.array:
+    return mx.dequantize(*packed, group_size=pool.group_size, bits=pool.bits).astype(pool.dtype)
+
+
+def _prefix_scores(q: mx.array, k_pool, keys) -> mx.array:
+    """As `mlx_ops.key_scores`, over prefix keys already gathered."""
+    if isinstance(keys, tuple):
+        if q.shape[-2] <= QUANTIZED_MATMUL_MAX_ROWS:
+            return mx.quantized_matmul(
+                q, *keys, transpose=True, group_size=k_pool.group_size, bits=k_pool.bits
+            )
+        keys = _dequantized(k_pool, keys)
+    return q @ keys.swapaxes(-1, -2)
+
+
+def _prefix_values(weights: mx.array, v_pool, values) -> mx.array:
+    """As `mlx_ops.weighted_rows`, over prefix values already gathered."""
+    weights = weights.astype(v_pool.dtype)
+    if isinstance(values, tuple):
+        if weights.shape[-2] <= QUANTIZED_MATMUL_MAX_ROWS:
+            return mx.quantized_matmul(
+                weights, *values, transpose=False,
+                group_size=v_pool.group_size, bits=v_pool.bits,
+            )  # fmt: skip
+        values = _dequantized(v_pool, values)
+    return weights @ values

@@ -15,6 +15,7 @@ The pool only keeps the books; the radix tree decides what is cached and when to
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Sequence
@@ -32,6 +33,9 @@ logger = logging.getLogger(__name__)
 # Called with cached blocks whose ref count crossed 0: held=True when they became held,
 # held=False when they became cached-only. The radix tree listens to keep eviction exact.
 HoldListener = Callable[[list[int], bool], None]
+
+# Allocation numbers, unique in the process (across pools): see `BlockPool.versions`.
+_ALLOCATIONS = itertools.count(1)
 
 
 class PoolUsage(NamedTuple):
@@ -89,6 +93,10 @@ class BlockPool:
         self._cached = [False] * num_blocks
         self._free = deque(range(num_blocks))  # oldest-freed first
         self._hold_listener: HoldListener | None = None
+        # Per block, the number of its latest allocation: (id, version) names one content of a
+        # block once it is full (a held block's whole blocks never change; a freed one is
+        # allocated anew before anything writes it), so attention may keep what it gathered.
+        self.versions = [0] * num_blocks
         self.bytes_per_block = bytes_per_block(
             block_size, num_layers, num_kv_heads, head_dim, dtype, self.kv_bits, self.kv_group_size
         )
@@ -176,6 +184,7 @@ class BlockPool:
         block_ids = [self._free.popleft() for _ in range(num)]
         for block_id in block_ids:
             self._refs[block_id] = 1
+            self.versions[block_id] = next(_ALLOCATIONS)
         return block_ids
 
     def incref(self, block_ids: Iterable[int]) -> None:

@@ -255,6 +255,7 @@ class ModelRunner:
             layout.context_lengths,
             block_size=self.pool.block_size,
             host_tables=[r.block_ids for r in rows],
+            block_versions=self.pool.versions,
         )
         caches = [
             PagedLayerCache(self.pool, i, layout, attention, times)

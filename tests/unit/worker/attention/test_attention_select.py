@@ -14,7 +14,8 @@ from tests.support.engine_fixtures import (
     run_to_completion,
     tiny_model,
 )
-from worker.attention import metal_kernel, select, selftest
+from worker.attention import select, selftest
+from worker.attention.metal import kernel as metal_kernel
 from worker.attention.paged import BACKENDS, AttentionBackend, BackendUnavailableError
 from worker.attention.selftest import SelfTestResult
 from worker.attention.tiles import tiled_attention
@@ -112,7 +113,7 @@ def test_a_quantized_kv_worker_self_tests_and_uses_the_quantized_kernel(fake_met
 
     from tests.support.metal_emulator import EmulatedKernel, require_compiler
     from tests.unit.worker.quant.conftest import tiny_quantizable_model
-    from worker.attention.metal_kernel import paged_attention_metal
+    from worker.attention.metal.kernel import paged_attention_metal
 
     require_compiler()
     emulated = functools.partial(paged_attention_metal, kernel_factory=EmulatedKernel)

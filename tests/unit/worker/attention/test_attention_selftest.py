@@ -12,7 +12,8 @@ import time
 import mlx.core as mx
 import pytest
 
-from worker.attention import metal_kernel, selftest
+from worker.attention import selftest
+from worker.attention.metal import kernel as metal_kernel
 from worker.attention.mlx_ops import gather_attention
 from worker.attention.paged import resolve_backend
 from worker.attention.selftest import SelfTestResult, prewarm, random_decode_batch, self_test
@@ -149,7 +150,7 @@ def test_prewarm_shapes_cover_every_pipeline_a_worker_meets():
     """MLX names (and compiles) a pipeline per input kind: the prewarm shapes must hit every
     name that any batch size and context of one (block size, dtype) can produce."""
     from tests.support.metal_emulator.signature import kernel_name
-    from worker.attention.metal_source import KERNEL_NAME, make_launch
+    from worker.attention.metal.source import KERNEL_NAME, make_launch
 
     def name(batch, blocks, block_size=16):
         inputs = random_decode_batch(

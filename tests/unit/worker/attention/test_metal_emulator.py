@@ -181,8 +181,8 @@ needs_mlx_source = pytest.mark.skipif(
 
 @needs_mlx_source
 def test_emulator_compiles_exactly_what_mlx_generates():
-    import worker.attention.metal_source as ks
-    from worker.attention.metal_kernel import paged_attention_metal
+    import worker.attention.metal.source as ks
+    from worker.attention.metal.kernel import paged_attention_metal
 
     kernels = []
 

@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.support.metal_emulator import EmulatedKernel, require_compiler
-from worker.attention.metal_kernel import paged_attention_metal
+from worker.attention.metal.kernel import paged_attention_metal
 from worker.attention.mlx_ops import gather_attention
 
 require_compiler()
@@ -110,7 +110,7 @@ def test_long_partial_context_every_dtype(dtype):
 
 def test_a_wrong_kernel_is_caught():
     """The comparison can fail: the same launch with an off-by-one visible length differs."""
-    import worker.attention.metal_source as source
+    import worker.attention.metal.source as source
 
     broken = source.KERNEL_BODY.replace("+ int(q_row) + 1;", "+ int(q_row);")
     assert broken != source.KERNEL_BODY
@@ -145,7 +145,7 @@ def test_unsupported_shapes_say_why():
 def test_every_supported_shape_fits_apple_limits():
     """Threadgroup memory <= 32 KiB and threads <= 1024 for every served (GQA, head dim,
     block size); the emulator cannot feel either limit, so it is checked here."""
-    from worker.attention.metal_source import pick_num_simdgroups, threadgroup_bytes
+    from worker.attention.metal.source import pick_num_simdgroups, threadgroup_bytes
 
     for group in range(1, 17):
         for head_dim in (64, 128):

@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 
 from tests.support.metal_emulator import EmulatedKernel, require_compiler
 from tests.unit.worker.attention.test_metal_kernel import DTYPES, TOLERANCE, make_batch
-from worker.attention import metal_quant
-from worker.attention.metal_kernel import paged_attention_metal
+from worker.attention.metal import quant as metal_quant
+from worker.attention.metal.kernel import paged_attention_metal
 from worker.attention.mlx_ops import gather_attention
 from worker.attention.tiles import tiled_attention
 from worker.kv.quant import QuantizedKV
@@ -132,7 +132,7 @@ def test_a_wrong_unpacking_is_caught():
 
 def test_the_variant_is_the_kernel_with_two_loads_swapped():
     """Anything else in the body (softmax, merge, causality) is the verified unquantized code."""
-    from worker.attention import metal_source
+    from worker.attention.metal import source as metal_source
 
     body = metal_quant.KERNEL_BODY
     assert "k_pool" not in body and "v_pool" not in body

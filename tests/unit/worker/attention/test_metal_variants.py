@@ -1,4 +1,4 @@
-"""The Metal kernel's split-K and prefix-grouped variants (`worker.attention.metal_variants`),
+"""The Metal kernel's split-K and prefix-grouped variants (`worker.attention.metal.variants`),
 run through the SIMT emulator, against the MLX-ops reference (`gather_attention`) in float32
 on the very values the kernel reads; same tolerances as the plain kernel's tests (the
 variants add one fp32 log-sum-exp merge, far below the output rounding). Covered: block sizes
@@ -15,8 +15,9 @@ import pytest
 from tests.support.metal_emulator import EmulatedKernel, require_compiler
 from tests.unit.worker.attention.test_metal_kernel import DTYPES, TOLERANCE, make_batch
 from tests.unit.worker.attention.test_metal_kernel_quant import dequantized_f32, quantize
-from worker.attention import metal_plan, metal_variants
-from worker.attention.metal_kernel import paged_attention_metal
+from worker.attention.metal import plan as metal_plan
+from worker.attention.metal import variants as metal_variants
+from worker.attention.metal.kernel import paged_attention_metal
 from worker.attention.mlx_ops import gather_attention
 
 require_compiler()
@@ -171,7 +172,8 @@ def test_start_up_self_test_of_the_variants_records_verdicts(monkeypatch):
     forward uses a variant exactly when its verdict is recorded as passed."""
     from functools import partial
 
-    from worker.attention import metal_kernel, selftest
+    from worker.attention import selftest
+    from worker.attention.metal import kernel as metal_kernel
 
     monkeypatch.setattr(metal_kernel, "metal_reason", lambda: None)
     emulated = partial(metal_kernel.paged_attention_metal, kernel_factory=EmulatedKernel)

@@ -74,7 +74,7 @@ def test_every_strategy_reads_a_quantized_pool_as_its_dequantized_values(bits):
     common = dict(scale=0.125, block_size=BS, max_context=max(lengths))
     q = mx.random.normal((4, 4, 1, D), key=mx.random.key(9))
     plan = plan_shared_prefixes(host, lengths, BS, HKV)
-    assert plan is not None and plan.prefixes[0][1].shape[1] == 4 * BS
+    assert plan is not None and plan.depths == [4] and plan.prefix_rows.shape[2] == 4 * BS
     tiles = prepare_tiles(lengths, 1, 4, k, BS, block_tables=tables, context_lengths=lens,
                           host_tables=host)  # fmt: skip
     assert tiles.shared is not None

@@ -1,5 +1,5 @@
 """Two variants of the Metal paged-attention kernel, built on one "partial" body: split-K over
-long contexts and prefix-grouped decode. Both are exact; `worker.attention.metal_plan`
+long contexts and prefix-grouped decode. Both are exact; `worker.attention.metal.plan`
 decides per forward which (if any) a batch takes.
 
 The partial body is `metal_source.KERNEL_BODY` with three edits (each must apply exactly once,
@@ -32,7 +32,8 @@ from typing import NamedTuple
 
 import mlx.core as mx
 
-from worker.attention import metal_quant, metal_source
+from worker.attention.metal import quant as metal_quant
+from worker.attention.metal import source as metal_source
 
 KERNEL_NAME = "paged_attention_partial"
 INPUT_NAMES = [*metal_source.INPUT_NAMES, "split"]

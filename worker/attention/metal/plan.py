@@ -18,8 +18,8 @@ from typing import NamedTuple
 
 import mlx.core as mx
 
-from worker.attention import metal_source
-from worker.attention.metal_variants import MAX_GROUPED_QUERIES, GroupedPlan
+from worker.attention.metal import source as metal_source
+from worker.attention.metal.variants import MAX_GROUPED_QUERIES, GroupedPlan
 
 VARIANTS = ("plain", "split", "grouped")
 TARGET_THREADGROUPS = 128

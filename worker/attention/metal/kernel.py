@@ -1,4 +1,4 @@
-"""The Metal paged-attention backend: the kernel of `worker.attention.metal_source` through
+"""The Metal paged-attention backend: the kernel of `worker.attention.metal.source` through
 `mx.fast.metal_kernel`.
 
 Where it is verified: on Linux, tests compile the exact kernel body with the SIMT emulator
@@ -15,9 +15,10 @@ from collections.abc import Callable
 
 import mlx.core as mx
 
-from worker.attention import metal_quant, metal_variants
-from worker.attention.metal_plan import MetalPlan
-from worker.attention.metal_source import (
+from worker.attention.metal import quant as metal_quant
+from worker.attention.metal import variants as metal_variants
+from worker.attention.metal.plan import MetalPlan
+from worker.attention.metal.source import (
     INPUT_NAMES,
     KERNEL_BODY,
     KERNEL_NAME,
@@ -102,9 +103,9 @@ def paged_attention_metal(
     """The kernel's entry point; same contract as the "mlx" strategies (`max_context` unused:
     each threadgroup reads its own sequence's length). Raises NotImplementedError on a shape
     the kernel does not serve (see `metal_source.unsupported_reason`). Quantized pools
-    (`--kv-bits`) go to the variant of `worker.attention.metal_quant`; `metal_plan` (the
+    (`--kv-bits`) go to the variant of `worker.attention.metal.quant`; `metal_plan` (the
     backend's per-forward preparation, `metal_plan.plan_forward`) picks split-K or
-    prefix-grouped (`worker.attention.metal_variants`), else the plain kernel runs."""
+    prefix-grouped (`worker.attention.metal.variants`), else the plain kernel runs."""
     quantized = metal_quant.is_quantized(k_pool)
     factory = kernel_factory or mx.fast.metal_kernel
     common = dict(scale=scale, block_size=block_size)

@@ -1,5 +1,5 @@
 """The Metal paged-attention kernel's quantized variant (`--kv-bits 8|4`): the same kernel
-(`worker.attention.metal_source`), reading K/V blocks in MLX's affine format and dequantizing
+(`worker.attention.metal.source`), reading K/V blocks in MLX's affine format and dequantizing
 in registers.
 
 A quantized pool (`worker.kv.quant.QuantizedKV`, known here by its `packed` array) is three
@@ -22,7 +22,7 @@ biases instead of D * itemsize: 2-3.6x less at 8 bits, 3.6-6.4x less at 4 bits (
 
 from __future__ import annotations
 
-from worker.attention import metal_source
+from worker.attention.metal import source as metal_source
 
 KERNEL_NAME = "paged_attention_decode_quantized"
 INPUT_NAMES = [
