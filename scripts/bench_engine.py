@@ -95,7 +95,7 @@ def bench_batches(model, tokenizer, args) -> None:
         )  # fmt: skip
         spec_time, spec_out, spec_stats = run_engine(
             model, tokenizer, prompts, args.max_tokens, max_running=max(batch, 1),
-            speculative="ngram", spec_max_batch=max(batch, 1),
+            speculative="ngram",
         )  # fmt: skip
         spec_tps = sum(map(len, spec_out)) / spec_time
         mlx_tps = sum(map(len, mlx_out)) / mlx_time

@@ -34,10 +34,9 @@ class EngineConfig:
     max_waiting: int = 4096  # bounded queue: add_request refuses beyond it
     warmup: bool = True
     # speculative decoding: "ngram" (prompt lookup) drafts up to spec_tokens tokens for greedy
-    # sequences while the decode batch has at most spec_max_batch of them; "off"
+    # sequences, per row where it pays (worker/engine/speculative.py); "off"
     speculative: str = _worker("speculative")
     spec_tokens: int = 4
-    spec_max_batch: int = 8
     # KV tier on disk: blocks evicted from the prefix cache are kept in files (bounded) and
     # read back on a later hit; None: off. Its folder: None = DEFAULT_KV_DISK_DIR.
     kv_disk_bytes: int | None = _worker("kv_disk")

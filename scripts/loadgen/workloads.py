@@ -11,6 +11,9 @@ about 1.1 tokens (measured), so `prefix_words=900` is about 1000 prompt tokens.
 - few_shot: one shared block of example question/answer turns, then a new question.
 - control: the same shape as multi_tenant but every system prompt is different (no sharing
   beyond the chat template's own fixed header).
+- code_edit: an agent's coding tasks: `tenants` tool preambles, each shared by many requests
+  to edit a file given in full ("rename X to Y, return the whole file"); the answer repeats
+  the prompt's code, so prompt-lookup drafts (`--speculative ngram`) are accepted.
 """
 
 from __future__ import annotations
@@ -148,13 +151,56 @@ def control(n: int, seed: int, shape: Shape) -> list[Prompt]:
     return prompts
 
 
+def code_file(rng: random.Random, n_lines: int) -> tuple[str, list[str]]:
+    """A small Python file of word-named functions, about `n_lines` lines; and its names."""
+    lines: list[str] = []
+    names: list[str] = []
+    while len(lines) < n_lines:
+        fn, a, b, c = (rng.choice(WORDS) for _ in range(4))
+        names += [a, b]
+        lines += [
+            f"def {fn}_{c}({a}, {b}):",
+            f"    {c} = {a} + {b} * {len(lines) + 1}",
+            f"    return {c} - {a}",
+            "",
+        ]
+    return "\n".join(lines), names
+
+
+def code_edit(n: int, seed: int, shape: Shape) -> list[Prompt]:
+    rng = random.Random(seed)
+    tools = [
+        f"You are coding agent {t}. Tools: read_file, write_file, run_tests. "
+        + paragraph(rng, shape.prefix_words)
+        for t in range(shape.tenants)
+    ]
+    prompts = []
+    for _ in range(n):
+        tenant = rng.randrange(shape.tenants)
+        code, names = code_file(rng, 2 * shape.answer_words // 5)
+        old = rng.choice(names)
+        task = (
+            f"Rename the variable `{old}` to `{old}_value` in this file and return the "
+            f"whole file, unchanged otherwise:\n```python\n{code}\n```"
+        )
+        messages = [{"role": "system", "content": tools[tenant]}, {"role": "user", "content": task}]
+        prompts.append(Prompt(messages, f"agent-{tenant}"))
+    return prompts
+
+
 WORKLOADS: dict[str, Callable[[int, int, Shape], list[Prompt]]] = {
     "multi_tenant": multi_tenant,
     "multi_turn": multi_turn,
     "few_shot": few_shot,
     "control": control,
+    "code_edit": code_edit,
 }
-ALIASES = {"chat": "multi_tenant", "conversation": "multi_turn", "fewshot": "few_shot"}
+ALIASES = {
+    "chat": "multi_tenant",
+    "conversation": "multi_turn",
+    "fewshot": "few_shot",
+    "code": "code_edit",
+}
 
 
 def build(name: str, n: int, seed: int, shape: Shape | None = None) -> list[Prompt]:

@@ -108,7 +108,7 @@ class Scheduler:
                 or len(seq.tokens) + 2 >= self.max_context
             ):
                 return False
-        if would_draft(seqs, self.config, self.max_context):
+        if would_draft(self, seqs):
             return False  # verifying drafts needs the tokens on the host: a planned step
         need = sum(self.blocks_needed(s, s.num_computed + 1) for s in seqs)
         return need <= self.pool.num_free + self.cache.evictable_blocks

@@ -265,9 +265,10 @@ class ModelRunner:
         return self.model.model(tokens, cache=caches), layout
 
     def plan_rows(self, plan: StepPlan, on_device: bool) -> tuple[list[Row], Points]:
-        """The rows of `plan` and where they sample. A decode row carries its last token and
-        its drafts (each position samples: the drafts are verified); in a MIXED plan every
-        token is its own one-token row."""
+        """The rows of `plan` and where they sample. A decode row is its last token; its
+        drafts are one-token rows after it (each samples: the drafts are verified), so the
+        decode rows stay one-query rows (shared-prefix attention) and nothing is padded; in
+        a MIXED plan every prefill token is its own one-token row too."""
         rows: list[Row] = []
         points = Points([], [], [], [])
 
@@ -282,11 +283,8 @@ class ModelRunner:
         for s in plan.decode:
             start = s.num_computed
             toks = [0] if on_device else [s.tokens[start], *s.draft]
-            if flat:
-                for i, tok in enumerate(toks):
-                    add(Row([tok], start + i, s.block_ids), s, [0])
-            else:
-                add(Row(toks, start, s.block_ids), s, list(range(len(toks))))
+            for i, tok in enumerate(toks):
+                add(Row([tok], start + i, s.block_ids), s, [0])
         for s, n in plan.prefill:
             start = s.num_computed
             samples = start + n == len(s.tokens)  # the prompt's last token: sample the next

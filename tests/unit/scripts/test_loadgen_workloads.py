@@ -88,3 +88,17 @@ def test_control_prompts_share_no_prefix_but_have_the_multi_tenant_length():
     tenant = build("multi_tenant", 1, 0, SMALL)[0]
     size = len(tenant.messages[0]["content"].split())
     assert all(abs(len(p.messages[0]["content"].split()) - size) <= 5 for p in prompts)
+
+
+def test_code_edit_tasks_share_a_tool_preamble_and_give_a_whole_file_to_repeat():
+    prompts = build("code", 12, 0, SMALL)
+    assert prompts == build("code_edit", 12, 0, SMALL)
+    assert {p.group for p in prompts} <= {f"agent-{t}" for t in range(SMALL.tenants)}
+    for a, b in itertools.combinations(prompts, 2):
+        assert (a.messages[0] == b.messages[0]) == (a.group == b.group)
+    for p in prompts:
+        task = p.messages[1]["content"]
+        code = task.split("```python\n")[1].split("\n```")[0]
+        old = task.split("`")[1]
+        assert code.startswith("def ") and old in code  # a file, and the name to rename in it
+    assert len({p.messages[1]["content"] for p in prompts}) == len(prompts)
