@@ -132,7 +132,9 @@ async def run_load(config: LoadConfig, progress: Progress | None = None) -> dict
 
         async def send(prompt: Prompt) -> RequestResult:
             nonlocal done
-            result = await stream_chat(session, base, prompt.messages, params)
+            own = prompt.max_tokens is not None and prompt.max_tokens != params.max_tokens
+            use = dataclasses.replace(params, max_tokens=prompt.max_tokens) if own else params
+            result = await stream_chat(session, base, prompt.messages, use)
             done += 1
             if progress is not None:
                 progress(done, len(prompts))

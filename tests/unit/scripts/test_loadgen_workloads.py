@@ -88,3 +88,17 @@ def test_control_prompts_share_no_prefix_but_have_the_multi_tenant_length():
     tenant = build("multi_tenant", 1, 0, SMALL)[0]
     size = len(tenant.messages[0]["content"].split())
     assert all(abs(len(p.messages[0]["content"].split()) - size) <= 5 for p in prompts)
+
+
+def test_cold_mix_interleaves_unique_long_prompts_with_short_decodes():
+    from scripts.loadgen.workloads import COLD_MIX_LONG_OUTPUT, Shape, build
+
+    prompts = build("cold_mix", 12, 0, Shape(prefix_words=1600, long_every=4))
+    long = [p for p in prompts if p.group.startswith("cold-")]
+    assert [prompts.index(p) for p in long] == [3, 7, 11]
+    assert {p.max_tokens for p in long} == {COLD_MIX_LONG_OUTPUT}
+    assert len({p.messages[0]["content"][:40] for p in long}) == 3  # unique from the start
+    assert all(len(p.messages[0]["content"].split()) > 1600 for p in long)
+    short = [p for p in prompts if p not in long]
+    assert all(p.max_tokens is None and len(p.messages[0]["content"].split()) < 30 for p in short)
+    assert build("cold_mix", 12, 0, Shape(prefix_words=1600)) == prompts  # seeded
