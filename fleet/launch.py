@@ -55,7 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--zmq-port", type=int, help="router's ZeroMQ port on 127.0.0.1 (default: a free one)"
     )
-    add_flags(p, RouterSection, ["policy", "log_requests", "otlp_endpoint"])
+    add_flags(p, RouterSection, ["policy", "log_requests", "otlp_endpoint", "kv_pulls"])
     notes = {"kv_memory": "KV budget per worker, e.g. 2GiB (default: 25% of memory / workers)"}
     notes["kv_disk_dir"] = "disk tier folder; each worker uses its own subfolder " + (
         f"(default {DEFAULT_KV_DISK_DIR})"
@@ -100,6 +100,8 @@ def commands(args, fleet, models: list[Served], zmq_port: int) -> tuple[list[str
                    "--zmq-bind", f"tcp://127.0.0.1:{zmq_port}", "--policy", r.policy]  # fmt: skip
     if r.log_requests:
         router.append("--log-requests")
+    if not r.kv_pulls:  # the file's or --kv-pulls false: the router is told either way
+        router += ["--kv-pulls", "false"]
     # traces: --otlp-endpoint (or [router]'s, unless [worker] names its own) goes to all
     router += ["--otlp-endpoint", r.otlp_endpoint] if r.otlp_endpoint else []
     traces = args.otlp_endpoint or (None if fleet.worker.otlp_endpoint else r.otlp_endpoint)

@@ -31,6 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from shared.config.choices import DEFAULT_KV_GROUP_SIZE  # noqa: E402
 
 # ------------------------------------------------------------ the model's arithmetic
 
@@ -41,7 +42,7 @@ class ModelCost:
 
     layer_params: int  # attention + MLP weights of all layers (norms included)
     head_params: int  # the output projection (the embedding when tied: read on every forward)
-    kv_bytes_per_token: int  # K and V of one token, all layers, at `bytes_per_value`
+    kv_bytes_per_token: float  # K and V of one token, all layers, at `bytes_per_value`
     bytes_per_weight: float
 
     @property
@@ -58,9 +59,13 @@ class ModelCost:
         return 2 * self.params  # a multiply and an add per weight (attention scores aside)
 
 
-def model_cost(config: dict, bytes_per_weight: float = 4.0, bytes_per_value: int = 4) -> ModelCost:
+def model_cost(
+    config: dict, bytes_per_weight: float = 4.0, bytes_per_value: float = 4.0
+) -> ModelCost:
     """`bytes_per_weight` 4: float32, what the CPU backend computes in; 2 for float16 on a GPU,
-    ~0.56 for 4-bit weights with group-32 scales and biases."""
+    ~0.56 for 4-bit weights with group-32 scales and biases. `bytes_per_value`: one K or V
+    value in the pool (4: float32; with --kv-bits, the packed bits plus the group's scale and
+    bias: worker.kv.quant.bytes_per_value)."""
     hidden = config["hidden_size"]
     heads = config["num_attention_heads"]
     kv_heads = config.get("num_key_value_heads", heads)
@@ -158,6 +163,7 @@ def bound(load: Load, cost: ModelCost, machine: Machine) -> dict:
     total = ticks * tick_floor + prefill_floor
     return {
         "decode_ticks": round(ticks, 1),
+        "kv_mb_per_tick": round(load.kv_bytes_per_tick / 1e6, 2),  # the pool's real bytes
         "tick_floor_ms": round(tick_floor * 1e3, 2),
         "tick_bound_by": "bandwidth" if by_bandwidth >= by_flops else "flops",
         "tick_floor_at_stream_rate_ms": round(tick_bytes / (machine.stream_gb_s * 1e9) * 1e3, 2),
@@ -168,10 +174,16 @@ def bound(load: Load, cost: ModelCost, machine: Machine) -> dict:
     }
 
 
+def decoding_phases(report: dict) -> list[dict]:
+    """The phase metrics of the workers that decoded in the run (not a prefill worker's)."""
+    phases = [p for p in (report.get("worker_phases") or {}).values() if p]
+    return [p for p in phases if p.get("decode_batch_mean")]
+
+
 def load_of_report(report: dict, cost: ModelCost) -> Load:
     """The load a loadgen report describes; decode batch and K/V per tick from its workers'
     phase metrics (mean over workers), else the run's concurrency and no K/V."""
-    phases = [p for p in (report.get("worker_phases") or {}).values() if p]
+    phases = decoding_phases(report)
     batch = statistics.mean(p["decode_batch_mean"] for p in phases) if phases else None
     kv = statistics.mean(p["decode_kv_bytes_mean"] for p in phases) if phases else 0.0
     return Load(
@@ -186,7 +198,7 @@ def load_of_report(report: dict, cost: ModelCost) -> Load:
 
 def achieved(report: dict, limits: dict) -> dict:
     """The run's own figures beside the bound: the fraction of it reached, per tick and overall."""
-    phases = [p for p in (report.get("worker_phases") or {}).values() if p]
+    phases = decoding_phases(report)
     tick_p50 = statistics.mean(p["decode_tick_p50_ms"] for p in phases) if phases else None
     rate = report.get("requests_per_s")
     bound_rate = limits["bound_requests_per_s"]
@@ -209,6 +221,18 @@ def read_reports(path: Path) -> list[dict]:
     return data if isinstance(data, list) else [data]
 
 
+def kv_value_bytes(args) -> float:
+    """Bytes of one pooled K or V value: the CPU's float32, or as the pool packs --kv-bits
+    (a report's K/V per tick needs none of this: the workers measure it in the pool's bytes)."""
+    if args.kv_bits is None:
+        return 4.0
+    import mlx.core as mx
+
+    from worker.kv.quant import bytes_per_value
+
+    return bytes_per_value(mx.float32, args.kv_bits, args.kv_group_size)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", help="model directory or .gguf (default: the default model)")
@@ -224,6 +248,10 @@ def main(argv: list[str] | None = None) -> int:
     described.add_argument("--prompt-tokens", type=int, default=560, help="per request")
     described.add_argument("--output-tokens", type=int, default=32, help="per request")
     described.add_argument("--cached-fraction", type=float, default=0.0)
+    described.add_argument("--kv-bits", type=int, choices=(4, 8, 16), help="quantized KV pool")
+    described.add_argument(
+        "--kv-group-size", type=int, default=DEFAULT_KV_GROUP_SIZE, help="with --kv-bits"
+    )
     args = parser.parse_args(argv)
     from shared.blas import reexec_with_openblas
 
@@ -234,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
     from shared.models.store import read_config, resolve_model
 
     config = read_config(resolve_model(args.model))
-    cost = model_cost(config, args.bytes_per_weight)
+    cost = model_cost(config, args.bytes_per_weight, kv_value_bytes(args))
     machine = measure_machine(args.repeats)
     print(json.dumps({"machine": asdict(machine) | {"bandwidth_gb_s": machine.bandwidth_gb_s}}))
     model = asdict(cost) | {"weight_mb": round(cost.weight_bytes / 1e6, 1)}

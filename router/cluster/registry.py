@@ -200,10 +200,12 @@ class WorkerRegistry:
     def cache_summary(self) -> dict:
         """The fleet's prefix-cache hit rate from the workers' counters, local hits apart from
         blocks pulled from peers (a worker's hit_tokens count the pulled blocks too: the
-        request they were pulled for hits them once they are in)."""
-        prompt = sum(w.heartbeat.prompt_tokens for w in self._by_id.values() if w.heartbeat)
-        hits = sum(w.heartbeat.hit_tokens for w in self._by_id.values() if w.heartbeat)
-        pulled = sum(w.pulled_blocks * w.block_size for w in self._by_id.values())
+        request they were pulled for hits them once they are in). Over the workers that decode:
+        a prefill worker's prompt is also its decoder's, which counts it (pulled), once."""
+        decoders = [w for w in self._by_id.values() if w.role != "prefill"]
+        prompt = sum(w.heartbeat.prompt_tokens for w in decoders if w.heartbeat)
+        hits = sum(w.heartbeat.hit_tokens for w in decoders if w.heartbeat)
+        pulled = sum(w.pulled_blocks * w.block_size for w in decoders)
         local = max(0, hits - pulled)
         return {
             "prompt_tokens": prompt,

@@ -42,11 +42,21 @@ def add_load_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--turns", type=int, default=s.turns, help="multi_turn: turns per conversation")
     p.add_argument("--shots", type=int, default=s.shots, help="few_shot: example pairs")
+    p.add_argument(
+        "--long-every",
+        type=int,
+        default=s.long_every,
+        help="cold_mix: one long cold prompt (--prefix-words words) in this many requests",
+    )
 
 
 def load_config(args: argparse.Namespace, url: str, model: str | None) -> LoadConfig:
     shape = Shape(
-        tenants=args.tenants, prefix_words=args.prefix_words, turns=args.turns, shots=args.shots
+        tenants=args.tenants,
+        prefix_words=args.prefix_words,
+        turns=args.turns,
+        shots=args.shots,
+        long_every=args.long_every,
     )
     return LoadConfig(
         url=url,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import aiohttp
 
@@ -57,6 +57,7 @@ class RequestResult:
     cached_tokens: int | None = None  # usage.prompt_tokens_details.cached_tokens
     error: str | None = None
     text: str = ""
+    chunk_times: list[float] = field(default_factory=list)  # arrival of each content chunk
 
     @property
     def ok(self) -> bool:
@@ -82,6 +83,13 @@ class RequestResult:
         if self.first_token is None or self.output_tokens < 2:
             return None
         return (self.end - self.first_token) / (self.output_tokens - 1)
+
+    @property
+    def tbt(self) -> list[float]:
+        """Times between consecutive content chunks (one token each from a server that streams
+        token by token), in seconds: what a reader sees as stalls."""
+        times = self.chunk_times
+        return [b - a for a, b in zip(times, times[1:], strict=False)]
 
 
 @dataclass(frozen=True)
@@ -163,6 +171,7 @@ def apply_chunk(chunk: dict, result: RequestResult, now: float) -> None:
             if result.first_token is None:
                 result.first_token = now
             result.content_deltas += 1
+            result.chunk_times.append(now)
             result.text += content
     usage = chunk.get("usage")
     if usage:

@@ -1,5 +1,5 @@
-"""The configurations the comparison runner knows: ours with N workers and a routing policy,
-and the peers a Mac user could pick instead on the same model: mlx_lm.server, and vllm-mlx
+"""The configurations the comparison runner knows: ours with N workers and a routing policy
+(with or without KV pulls between workers, disaggregated prefill, quantized KV), and the peers a Mac user could pick instead on the same model: mlx_lm.server, and vllm-mlx
 (continuous batching + prefix cache) where `scripts/setup-vllm-mlx` installed it."""
 
 from __future__ import annotations
@@ -20,9 +20,14 @@ DEFAULT_CONFIGS = (
     "ours-2-least_load",
     "mlx_lm",
 )
-# ours-N[-POLICY][-spec]: N workers, a routing policy, speculative decoding (ngram drafts) on
+# ours-N[-both][-POLICY][-nopull][-kvB][-spec]: N workers (doing both prefill and decode:
+# "-both" only names that), a routing policy, the router's KV pulls off, B-bit KV (8, 4),
+# speculative decoding (ngram drafts) on. ours-disagg[...]: 1 prefill worker + 1 decode worker.
+KV_BITS = ("8", "4", "16")
 OURS = re.compile(
-    rf"ours-(?P<workers>[1-9][0-9]*)(?:-(?P<policy>{'|'.join(POLICIES)}))?(?P<spec>-spec)?"
+    r"ours-(?:(?P<workers>[1-9][0-9]*)(?:-both)?|(?P<disagg>disagg))"
+    rf"(?:-(?P<policy>{'|'.join(POLICIES)}))?(?P<nopull>-nopull)?"
+    rf"(?:-kv(?P<kv_bits>{'|'.join(KV_BITS)}))?(?P<spec>-spec)?"
 )
 MLX_LM_MODEL_NAME = "default_model"  # mlx_lm.server: the --model it was started with
 PEERS = ("mlx_lm", "vllm_mlx")
@@ -48,9 +53,10 @@ def parse_configs(text: str) -> list[str]:
         if name in PEERS or (match and (match["policy"] or "cache_aware") in POLICIES):
             continue
         raise ValueError(
-            f"unknown configuration {name!r}: use ours-N (N workers, cache_aware), "
-            f"ours-N-POLICY with POLICY one of {', '.join(POLICIES)}, either with -spec "
-            "(speculative decoding on), mlx_lm or vllm_mlx"
+            f"unknown configuration {name!r}: use ours-N (N workers, cache_aware) or "
+            "ours-disagg (1 prefill + 1 decode worker), then optionally -POLICY (one of "
+            f"{', '.join(POLICIES)}), -nopull (router's KV pulls off), -kv8 or -kv4 "
+            "(quantized KV), -spec (speculative decoding on), in that order; mlx_lm or vllm_mlx"
         )
     if not names:
         raise ValueError("no configuration given")
@@ -78,9 +84,18 @@ def service_spec(
                 "--host", "127.0.0.1", "--port", str(port)]  # fmt: skip
         return ServiceSpec(name, argv, port, None, None, baseline_env or {})
     match = OURS.fullmatch(name)
-    workers, policy = int(match["workers"]), match["policy"] or "cache_aware"
-    argv = [*shlex.split(launch_cmd), "--workers", str(workers), "--policy", policy]
+    policy = match["policy"] or "cache_aware"
+    if match["disagg"]:
+        shape, workers = ["--prefill-workers", "1", "--workers", "1"], 2
+    else:
+        workers = int(match["workers"])
+        shape = ["--workers", str(workers)]
+    argv = [*shlex.split(launch_cmd), *shape, "--policy", policy]
     argv += ["--model", str(model_dir), "--host", "127.0.0.1", "--port", str(port)]
+    if match["nopull"]:
+        argv += ["--kv-pulls", "false"]
+    if match["kv_bits"]:
+        argv += ["--kv-bits", match["kv_bits"]]
     if match["spec"]:
         argv += ["--speculative", "ngram"]
     argv += shlex.split(extra_launch_args)

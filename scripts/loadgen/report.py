@@ -15,16 +15,34 @@ COLUMNS = (
     ("TTFT p99", lambda r: r.get("ttft_ms", {}).get("p99")),
     ("TPOT p50", lambda r: r.get("tpot_ms", {}).get("p50")),
     ("TPOT p95", lambda r: r.get("tpot_ms", {}).get("p95")),
+    ("TBT p95", lambda r: (r.get("tbt_ms") or {}).get("p95")),
     ("e2e p50", lambda r: r.get("e2e_ms", {}).get("p50")),
     ("e2e p95", lambda r: r.get("e2e_ms", {}).get("p95")),
     ("cache hit", lambda r: _percent(r.get("cache_hit_rate"))),
+    ("hit local", lambda r: _percent((r.get("fleet_cache") or {}).get("local_hit_rate"))),
+    ("hit +pulls", lambda r: _percent((r.get("fleet_cache") or {}).get("hit_rate_with_pulls"))),
+    ("pulled tok", lambda r: (r.get("fleet_cache") or {}).get("pulled_tokens")),
     ("per worker", lambda r: _per_worker(r.get("requests_per_worker"))),
+    ("tick p50", lambda r: _decoders_mean(r, "decode_tick_p50_ms")),
+    ("K/V MB/tick", lambda r: _mb(_decoders_mean(r, "decode_kv_bytes_mean"))),
     ("draft accept", lambda r: _percent((r.get("speculation") or {}).get("acceptance"))),
 )
 
 
 def _percent(rate: float | None) -> str | None:
     return None if rate is None else f"{rate:.0%}"
+
+
+def _decoders_mean(row: dict, key: str) -> float | None:
+    """Mean of a phase figure over the workers that decoded (a prefill worker has none), from
+    the workers' phases at the end of the run."""
+    phases = [p for p in (row.get("worker_phases") or {}).values() if p]
+    values = [p[key] for p in phases if p.get("decode_batch_mean") and p.get(key) is not None]
+    return sum(values) / len(values) if values else None
+
+
+def _mb(value: float | None) -> float | None:
+    return None if value is None else value / 1e6
 
 
 def _per_worker(counts: dict | None) -> str | None:

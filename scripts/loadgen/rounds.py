@@ -13,7 +13,10 @@ FIGURES: dict[str, Callable[[dict], float | None]] = {
     "requests_per_s": lambda r: r.get("requests_per_s"),
     "output_tokens_per_s": lambda r: r.get("output_tokens_per_s"),
     "ttft_p95_ms": lambda r: (r.get("ttft_ms") or {}).get("p95"),
+    "tbt_p95_ms": lambda r: (r.get("tbt_ms") or {}).get("p95"),
     "cache_hit_rate": lambda r: r.get("cache_hit_rate"),
+    "local_hit_rate": lambda r: (r.get("fleet_cache") or {}).get("local_hit_rate"),
+    "hit_rate_with_pulls": lambda r: (r.get("fleet_cache") or {}).get("hit_rate_with_pulls"),
     "fraction_of_bound": lambda r: (r.get("roofline") or {}).get("fraction_of_bound"),
 }
 PEERS = ("mlx_lm", "vllm_mlx")
@@ -64,13 +67,15 @@ def _add_peer_ratios(summary: list[dict]) -> None:
 
 def medians_table(summary: list[dict]) -> str:
     """Markdown: median [min-max] of each figure, and the ratios to the best peer."""
-    head = ["config", "workload", "runs", "req/s", "p95 TTFT ms", "hit rate", "of bound", "vs peer"]
+    head = ["config", "workload", "runs", "req/s", "p95 TTFT ms", "p95 TBT ms", "hit rate"]
+    head += ["hit local", "hit +pulls", "of bound", "vs peer"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for e in summary:
         ratio = e.get("vs_best_peer")
         vs = f"{ratio['requests_per_s']}x req/s ({ratio['peer']})" if ratio else ""
         cells = [e["config"], e["workload"], f"{e['runs'] - e['failed_runs']}/{e['runs']}"]
-        cells += [_spread(e.get(k)) for k in ("requests_per_s", "ttft_p95_ms", "cache_hit_rate")]
+        figures = ("requests_per_s", "ttft_p95_ms", "tbt_p95_ms", "cache_hit_rate")
+        cells += [_spread(e.get(k)) for k in (*figures, "local_hit_rate", "hit_rate_with_pulls")]
         cells += [_spread(e.get("fraction_of_bound")), vs]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"

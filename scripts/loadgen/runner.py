@@ -14,11 +14,18 @@ from dataclasses import dataclass, field
 import aiohttp
 
 from scripts.loadgen.client import ChatParams, RequestResult, stream_chat
-from scripts.loadgen.stats import requests_per_worker, speculation, summarize
+from scripts.loadgen.stats import (
+    fleet_cache,
+    pulled_blocks_per_worker,
+    requests_per_worker,
+    speculation,
+    summarize,
+)
 from scripts.loadgen.workloads import Prompt, Shape, build
 
 Send = Callable[[Prompt], Awaitable[RequestResult]]
 Progress = Callable[[int, int], None]  # (requests done, requests planned)
+HEARTBEAT_WAIT_S = 2.5  # > two heartbeats (1 s by default): the last requests' counters are in
 
 
 @dataclass(frozen=True)
@@ -125,7 +132,9 @@ async def run_load(config: LoadConfig, progress: Progress | None = None) -> dict
 
         async def send(prompt: Prompt) -> RequestResult:
             nonlocal done
-            result = await stream_chat(session, base, prompt.messages, params)
+            own = prompt.max_tokens is not None and prompt.max_tokens != params.max_tokens
+            use = dataclasses.replace(params, max_tokens=prompt.max_tokens) if own else params
+            result = await stream_chat(session, base, prompt.messages, use)
             done += 1
             if progress is not None:
                 progress(done, len(prompts))
@@ -140,6 +149,8 @@ async def run_load(config: LoadConfig, progress: Progress | None = None) -> dict
             arrivals = poisson_arrivals(len(prompts), config.rate, config.seed)
             results = await open_loop(send, prompts, arrivals, deadline)
         elapsed = (max((r.end for r in results), default=start)) - start
+        if before is not None:  # the workers' cache counters arrive by heartbeat
+            await asyncio.sleep(HEARTBEAT_WAIT_S)
         after = await get_json(session, f"{base}/v1/cluster")
     return build_report(config, model, results, elapsed, before, after)
 
@@ -167,6 +178,9 @@ def build_report(
         **summarize(results, elapsed_s),
         "policy": after.get("policy") if after else None,
         "requests_per_worker": requests_per_worker(before, after),
+        # prompt tokens hit locally vs pulled from a peer (the router's /v1/cluster `cache`)
+        "fleet_cache": fleet_cache(before, after),
+        "pulled_blocks_per_worker": pulled_blocks_per_worker(before, after),
         "speculation": speculation(before, after),
         # where each worker's step time went (recent window): the phase metrics, at the end
         "worker_phases": {w["id"]: w.get("phases") for w in (after or {}).get("workers", [])},

@@ -26,14 +26,18 @@ def _ms(value: float | None) -> float | None:
 
 
 def latency_summary(results: Sequence[RequestResult]) -> dict:
-    """TTFT, TPOT and end-to-end latency percentiles in milliseconds, over successful requests."""
+    """TTFT, TPOT, time between tokens (every gap between two content chunks of a request,
+    pooled over the requests) and end-to-end latency percentiles in milliseconds, over
+    successful requests."""
     ok = [r for r in results if r.ok]
     ttft = [r.ttft for r in ok if r.ttft is not None]
     tpot = [r.tpot for r in ok if r.tpot is not None]
     e2e = [r.e2e for r in ok]
+    tbt = [gap for r in ok for gap in r.tbt]
     return {
         "ttft_ms": {f"p{q}": _ms(percentile(ttft, q)) for q in (50, 95, 99)},
         "tpot_ms": {f"p{q}": _ms(percentile(tpot, q)) for q in (50, 95)},
+        "tbt_ms": {f"p{q}": _ms(percentile(tbt, q)) for q in (50, 95, 99)},
         "e2e_ms": {f"p{q}": _ms(percentile(e2e, q)) for q in (50, 95)},
     }
 
@@ -109,5 +113,35 @@ def requests_per_worker(before: dict | None, after: dict | None) -> dict[str, in
     served_before = {w["id"]: w.get("requests_served", 0) for w in before.get("workers", [])}
     return {
         w["id"]: w.get("requests_served", 0) - served_before.get(w["id"], 0)
+        for w in sorted(after.get("workers", []), key=lambda w: w["id"])
+    }
+
+
+def fleet_cache(before: dict | None, after: dict | None) -> dict | None:
+    """The fleet's prefix-cache use over the run, from the `cache` of two /v1/cluster
+    snapshots (the workers' counters): prompt tokens hit in the serving worker's own cache
+    apart from those pulled from a peer's; None without both or from a server without it."""
+    start, end = (before or {}).get("cache"), (after or {}).get("cache")
+    if not start or not end:
+        return None
+    prompt = end["prompt_tokens"] - start["prompt_tokens"]
+    local = end["local_hit_tokens"] - start["local_hit_tokens"]
+    pulled = end["pulled_tokens"] - start["pulled_tokens"]
+    return {
+        "prompt_tokens": prompt,
+        "local_hit_tokens": local,
+        "pulled_tokens": pulled,
+        "local_hit_rate": round(local / prompt, 4) if prompt > 0 else None,
+        "hit_rate_with_pulls": round((local + pulled) / prompt, 4) if prompt > 0 else None,
+    }
+
+
+def pulled_blocks_per_worker(before: dict | None, after: dict | None) -> dict[str, int] | None:
+    """KV blocks each worker pulled from peers between two /v1/cluster snapshots."""
+    if before is None or after is None:
+        return None
+    start = {w["id"]: w.get("pulled_blocks", 0) for w in before.get("workers", [])}
+    return {
+        w["id"]: w.get("pulled_blocks", 0) - start.get(w["id"], 0)
         for w in sorted(after.get("workers", []), key=lambda w: w["id"])
     }

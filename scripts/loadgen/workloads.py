@@ -9,6 +9,9 @@ about 1.1 tokens (measured), so `prefix_words=900` is about 1000 prompt tokens.
 - multi_turn: conversations that grow turn by turn; turn t repeats turns 1..t-1 (the
   assistant turns are fixed text, not model output, so a run is deterministic).
 - few_shot: one shared block of example question/answer turns, then a new question.
+- cold_mix: ongoing decodes (short questions, the run's --max-tokens) with every
+  `long_every`-th request a long cold prompt (a unique ~prefix_words document, 16 output
+  tokens): what disaggregated prefill is for (decodes stalled behind prefills).
 - control: the same shape as multi_tenant but every system prompt is different (no sharing
   beyond the chat template's own fixed header).
 - code_edit: an agent's coding tasks: `tenants` tool preambles, each shared by many requests
@@ -52,6 +55,7 @@ Messages = list[dict[str, str]]
 class Prompt:
     messages: Messages
     group: str  # what it shares a prefix with: a tenant, a conversation, the shot block
+    max_tokens: int | None = None  # None: the run's --max-tokens
 
 
 @dataclass(frozen=True)
@@ -64,6 +68,7 @@ class Shape:
     turns: int = 6  # multi_turn: turns per conversation
     answer_words: int = 40  # multi_turn, few_shot: length of each fixed assistant turn
     shots: int = 8  # few_shot: example question/answer pairs in the shared block
+    long_every: int = 4  # cold_mix: one long cold prompt in this many requests
 
 
 def sentence(rng: random.Random, n_words: int) -> str:
@@ -188,12 +193,35 @@ def code_edit(n: int, seed: int, shape: Shape) -> list[Prompt]:
     return prompts
 
 
+COLD_MIX_LONG_OUTPUT = 16  # cold_mix: a long prompt's output tokens (a summary's first line)
+
+
+def cold_mix(n: int, seed: int, shape: Shape) -> list[Prompt]:
+    rng = random.Random(seed)
+    prompts = []
+    for i in range(n):
+        if i % shape.long_every == shape.long_every - 1:
+            opening = " ".join(rng.choice(WORDS) for _ in range(3)).capitalize()
+            document = f"{opening}. " + paragraph(rng, shape.prefix_words)
+            messages = [{"role": "user", "content": f"Summarise this document. {document}"}]
+            prompts.append(Prompt(messages, f"cold-{i}", COLD_MIX_LONG_OUTPUT))
+        else:
+            opening = " ".join(rng.choice(WORDS) for _ in range(2))
+            messages = [
+                {"role": "user", "content": f"Tell a long story about {opening}. "
+                 + question(rng, shape.question_words)}
+            ]  # fmt: skip
+            prompts.append(Prompt(messages, f"decode-{i}"))
+    return prompts
+
+
 WORKLOADS: dict[str, Callable[[int, int, Shape], list[Prompt]]] = {
     "multi_tenant": multi_tenant,
     "multi_turn": multi_turn,
     "few_shot": few_shot,
     "control": control,
     "code_edit": code_edit,
+    "cold_mix": cold_mix,
 }
 ALIASES = {
     "chat": "multi_tenant",

@@ -43,3 +43,15 @@ def test_a_bad_role_is_refused():
         parse_config({"workers": [{"role": "sometimes"}]})
     with pytest.raises(ConfigError, match=r"worker\.role"):
         parse_config({"worker": {"role": "sometimes"}})
+
+
+def test_kv_pulls_off_reaches_the_router(tmp_path):
+    model = build_tiny_model(tmp_path / "m")
+
+    def router_of(argv: list[str]) -> list[str]:
+        args, fleet = load_with_flags(build_parser(), argv, {"router": {}, "cluster": {}})
+        return commands(args, fleet, served_models(args, fleet), 5999)[0]
+
+    assert "--kv-pulls" not in router_of(["--model", str(model)])
+    off = router_of(["--model", str(model), "--kv-pulls", "false"])
+    assert off[off.index("--kv-pulls") + 1] == "false"

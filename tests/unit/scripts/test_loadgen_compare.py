@@ -71,6 +71,27 @@ def test_spec_configurations_turn_speculative_decoding_on(tmp_path):
     assert "--speculative" not in plain.argv
 
 
+def test_fleet_cache_configurations(tmp_path):
+    names = "ours-2-cache_aware-nopull,ours-disagg,ours-2-both,ours-2-cache_aware-kv8,ours-disagg-nopull"
+    assert parse_configs(names) == names.split(",")
+    for bad in ("ours-disagg2", "ours-2-kv8-nopull", "ours-2-kv3", "ours-both"):
+        with pytest.raises(ValueError):
+            parse_configs(bad)
+
+    def argv(name: str) -> list[str]:
+        return service_spec(name, tmp_path / "a", tmp_path / "b", launch_cmd="lc").argv
+
+    nopull = argv("ours-2-cache_aware-nopull")
+    assert nopull[nopull.index("--kv-pulls") + 1] == "false"
+    assert "--kv-pulls" not in argv("ours-2-cache_aware")
+    disagg = service_spec("ours-disagg", tmp_path / "a", tmp_path / "b", launch_cmd="lc")
+    assert disagg.argv[1:5] == ["--prefill-workers", "1", "--workers", "1"]
+    assert disagg.expected_workers == 2  # /health counts the prefill worker too
+    assert argv("ours-2-both")[1:5] == ["--workers", "2", "--policy", "cache_aware"]
+    kv8 = argv("ours-2-round_robin-kv8")
+    assert kv8[kv8.index("--kv-bits") + 1] == "8"
+
+
 def test_draft_acceptance_is_read_from_the_workers_phase_counters():
     from scripts.loadgen.stats import speculation
 

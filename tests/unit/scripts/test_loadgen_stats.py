@@ -139,3 +139,30 @@ def test_poisson_arrivals_are_seeded_and_have_the_rate():
     assert counts.var() / counts.mean() == pytest.approx(1.0, abs=0.2)  # Poisson: var = mean
     with pytest.raises(ValueError):
         poisson_arrivals(3, 0.0, seed=0)
+
+
+def test_time_between_tokens_pools_every_gap_of_every_request():
+    fast = RequestResult(start=0.0, end=1.0, first_token=0.1, chunk_times=[0.1, 0.2, 0.3])
+    slow = RequestResult(start=0.0, end=3.0, first_token=0.5, chunk_times=[0.5, 2.5])
+    assert fast.tbt == pytest.approx([0.1, 0.1])
+    tbt = summarize([fast, slow], 3.0)["tbt_ms"]
+    assert tbt["p50"] == pytest.approx(100.0)
+    assert tbt["p99"] == pytest.approx(percentile([100.0, 100.0, 2000.0], 99))
+
+
+def test_fleet_cache_counts_pulled_tokens_apart_from_local_hits():
+    from scripts.loadgen.stats import fleet_cache, pulled_blocks_per_worker
+
+    def snapshot(prompt, local, pulled, blocks):
+        cache = {"prompt_tokens": prompt, "local_hit_tokens": local, "pulled_tokens": pulled}
+        workers = [{"id": w, "pulled_blocks": n} for w, n in blocks.items()]
+        return {"cache": cache, "workers": workers}
+
+    before = snapshot(100, 20, 0, {"w0": 0, "w1": 0})
+    after = snapshot(1100, 420, 300, {"w0": 0, "w1": 10})
+    assert fleet_cache(before, after) == {
+        "prompt_tokens": 1000, "local_hit_tokens": 400, "pulled_tokens": 300,
+        "local_hit_rate": 0.4, "hit_rate_with_pulls": 0.7,
+    }  # fmt: skip
+    assert pulled_blocks_per_worker(before, after) == {"w0": 0, "w1": 10}
+    assert fleet_cache({"workers": []}, after) is None  # a server without the fleet cache

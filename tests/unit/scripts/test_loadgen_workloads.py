@@ -102,3 +102,17 @@ def test_code_edit_tasks_share_a_tool_preamble_and_give_a_whole_file_to_repeat()
         old = task.split("`")[1]
         assert code.startswith("def ") and old in code  # a file, and the name to rename in it
     assert len({p.messages[1]["content"] for p in prompts}) == len(prompts)
+
+
+def test_cold_mix_interleaves_unique_long_prompts_with_short_decodes():
+    from scripts.loadgen.workloads import COLD_MIX_LONG_OUTPUT, Shape, build
+
+    prompts = build("cold_mix", 12, 0, Shape(prefix_words=1600, long_every=4))
+    long = [p for p in prompts if p.group.startswith("cold-")]
+    assert [prompts.index(p) for p in long] == [3, 7, 11]
+    assert {p.max_tokens for p in long} == {COLD_MIX_LONG_OUTPUT}
+    assert len({p.messages[0]["content"][:40] for p in long}) == 3  # unique from the start
+    assert all(len(p.messages[0]["content"].split()) > 1600 for p in long)
+    short = [p for p in prompts if p not in long]
+    assert all(p.max_tokens is None and len(p.messages[0]["content"].split()) < 30 for p in short)
+    assert build("cold_mix", 12, 0, Shape(prefix_words=1600)) == prompts  # seeded

@@ -49,3 +49,29 @@ def test_a_report_gives_its_load_from_the_workers_phase_metrics():
     }  # fmt: skip
     load = load_of_report(report, model_cost(SMOLLM2))
     assert (load.decode_batch, load.kv_bytes_per_tick, load.cached_tokens) == (9.5, 1e6, 20000)
+
+
+def test_a_prefill_worker_does_not_dilute_the_decoders_kv_per_tick():
+    report = {
+        "completed": 8, "prompt_tokens": 16000, "cached_tokens": 0, "output_tokens": 384,
+        "concurrency": 8, "requests_per_s": 0.5,
+        "worker_phases": {
+            "worker-0": {"decode_batch_mean": 0.0, "decode_kv_bytes_mean": 0.0},  # prefill
+            "worker-1": {"decode_batch_mean": 6.0, "decode_kv_bytes_mean": 4e7,
+                         "decode_tick_p50_ms": 150.0},
+        },
+    }  # fmt: skip
+    load = load_of_report(report, model_cost(SMOLLM2))
+    assert (load.decode_batch, load.kv_bytes_per_tick) == (6.0, 4e7)
+    assert bound(load, model_cost(SMOLLM2), Machine(20.0, 100.0, 8.0))["kv_mb_per_tick"] == 40.0
+
+
+def test_described_kv_bytes_follow_the_pools_quantized_layout():
+    import argparse
+
+    from scripts.roofline import kv_value_bytes
+
+    eight = kv_value_bytes(argparse.Namespace(kv_bits=8, kv_group_size=64))
+    assert eight == 1 + 2 * 4 / 64  # packed byte + the group's float32 scale and bias
+    assert kv_value_bytes(argparse.Namespace(kv_bits=None, kv_group_size=64)) == 4.0
+    assert model_cost(SMOLLM2, bytes_per_value=eight).kv_bytes_per_token == 30 * 2 * 3 * 64 * eight

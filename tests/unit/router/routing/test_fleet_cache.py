@@ -109,3 +109,16 @@ async def test_cluster_page_shows_the_fleet_cache(make_cluster):
         "local_hit_rate",
         "hit_rate_with_pulls",
     }
+
+
+async def test_a_prefill_workers_prompts_are_not_counted_twice(make_cluster):
+    cluster = await make_cluster()
+    await cluster.add_worker("d", **peer_options("d", pulled_blocks=5))
+    await cluster.add_worker("p", **peer_options("p", pulled_blocks=3), role="prefill")
+    registry = cluster.app[app_keys.CLUSTER].registry
+    await cluster.wait_until(
+        lambda: len(list(registry)) == 2 and all(w.heartbeat for w in registry)
+    )
+    assert {w.worker_id: w.role for w in registry} == {"d": "both", "p": "prefill"}
+    body = await (await cluster.client.get("/v1/cluster")).json()
+    assert body["cache"]["pulled_tokens"] == 5 * BLOCK  # the decoder's only
