@@ -33,7 +33,7 @@ log = logging.getLogger("router")
 # [router] settings with a flag, in --help order; the security ones get their own group.
 ROUTER_FLAGS = (
     "host", "port", "zmq_bind", "policy", "prefill_weight", "balance_abs_threshold",
-    "balance_rel_threshold", "kv_pulls", "prefill_timeout_s", "prefix_ttl_s", "heartbeat_interval_s", "heartbeat_timeout_s",
+    "balance_rel_threshold", "kv_pulls", "prefill_timeout_s", "prefill_min_tokens", "prefix_ttl_s", "heartbeat_interval_s", "heartbeat_timeout_s",
     "wedged_after_s", "max_pending_requests", "tokenizer_threads", "context_length", "tool_call_parser",
     "chat_template", "responses_store_size", "responses_store_ttl_s",
 )  # fmt: skip

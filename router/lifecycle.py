@@ -83,6 +83,7 @@ async def cluster_ctx(app: web.Application) -> AsyncIterator[None]:
             model=spec.served_id,
             pulls=config.kv_pulls,
             prefill_timeout_s=config.prefill_timeout_s,
+            prefill_min_tokens=config.prefill_min_tokens,
         )
         tokenizer = app[app_keys.TOKENIZERS][spec.served_id]
         return ServedModel(spec, tokenizer, index, dispatcher, model_metrics)

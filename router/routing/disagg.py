@@ -1,5 +1,8 @@
 """Disaggregated prefill and decode: a prefill worker computes the prompt, a decoder pulls it.
 
+A prompt with fewer than `prefill_min_tokens` uncached tokens skips the prefill leg: the
+decoder computes it in about one chunk, which stalls its batch less than a pull costs.
+
 When a model has workers of role "prefill" as well as workers that decode ("decode" or
 "both"), a new request goes first to the least loaded prefill worker as a `prefill_only`
 Generate; that worker caches the prompt's full blocks and answers one delta with
@@ -17,19 +20,24 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from shared.hashing import hash_blocks
 from shared.protocol import Generate, PullHint
 
 if TYPE_CHECKING:
     from router.cluster.registry import WorkerState
     from router.routing.choose import Choice
     from router.routing.job import Job
+    from router.routing.prefix_index import PrefixIndex
 
 PREFILLED = "prefilled"  # the finish_reason of a prefill_only request's one delta
 
 
-def prefill_target(workers: Sequence[WorkerState], job: Job) -> WorkerState | None:
+def prefill_target(
+    workers: Sequence[WorkerState], job: Job, index: PrefixIndex, min_tokens: int = 0
+) -> WorkerState | None:
     """The prefill worker to send a new job to first; None: route it as usual (no prefill
-    workers, or no decoders, or a job that already went through one or generated tokens)."""
+    workers, or no decoders, or a job that already went through one or generated tokens, or
+    fewer than `min_tokens` of its prompt are uncached on the decoder holding the most)."""
     if job.prefill_tried or job.generated:
         return None
     prefills = [w for w in workers if w.role == "prefill" and w.kv_endpoint]
@@ -38,6 +46,11 @@ def prefill_target(workers: Sequence[WorkerState], job: Job) -> WorkerState | No
     best = min(prefills, key=lambda w: (w.load, w.worker_id))
     if len(job.prompt_ids) < best.block_size:
         return None  # not one full block to hand over
+    if min_tokens > 0:
+        hashes = hash_blocks(job.prompt_ids, best.block_size)
+        held = index.match(hashes, [w.worker_id for w in workers if w.role != "prefill"])
+        if len(job.prompt_ids) - max(held.values(), default=0) * best.block_size < min_tokens:
+            return None  # a decoder computes it in about a chunk: no prefill leg
     return best
 
 

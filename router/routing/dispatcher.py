@@ -58,10 +58,12 @@ class Dispatcher:
         model: str | None = None,
         pulls: bool = True,
         prefill_timeout_s: float = 60.0,
+        prefill_min_tokens: int = 0,
     ):
         self.model = model
         self._pulls = pulls  # the fleet cache: workers may pull prefixes from peers
-        self._prefill_timeout_s = prefill_timeout_s  # disaggregated prefill's first leg
+        self._prefill_timeout_s = prefill_timeout_s  # disaggregated prefill's first leg...
+        self._prefill_min_tokens = prefill_min_tokens  # ...taken by prompts this uncached
         self._registry = registry
         self._index = index
         self._policy = policy
@@ -213,7 +215,7 @@ class Dispatcher:
         workers = self._registry.healthy(self.model)
         if not workers:
             raise NoWorkerAvailable
-        target = disagg.prefill_target(workers, job)
+        target = disagg.prefill_target(workers, job, self._index, self._prefill_min_tokens)
         if target is not None:
             self._start_prefill(job, target)
             return

@@ -55,6 +55,13 @@ class RouterSection:
         "worker computes the prompt itself",
         flag="--prefill-timeout",
     )
+    prefill_min_tokens: int = spec(
+        256,
+        integer(0),
+        "disaggregated prefill: a prompt with fewer uncached tokens than this (on the decode "
+        "worker holding most of it) goes straight to a decode worker, which computes it in "
+        "about one chunk: cheaper than a prefill leg and a pull",
+    )
     prefix_ttl_s: float = spec(
         10.0,
         number(0.0, low_open=True),

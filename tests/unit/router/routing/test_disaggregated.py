@@ -18,7 +18,7 @@ def role(name: str, **more) -> dict:
 
 
 async def test_prefill_worker_then_the_decoder_pulls_from_it(make_cluster):
-    cluster = await make_cluster()
+    cluster = await make_cluster(prefill_min_tokens=0)
     p = await cluster.add_worker("p", **role("prefill"))
     d = await cluster.add_worker("d", **role("decode"))
     api = cluster.openai()
@@ -34,7 +34,7 @@ async def test_prefill_worker_then_the_decoder_pulls_from_it(make_cluster):
 
 
 async def test_failed_prefill_the_decoder_recomputes(make_cluster):
-    cluster = await make_cluster()
+    cluster = await make_cluster(prefill_min_tokens=0)
     p = await cluster.add_worker("p", **role("prefill", prefill_error="out of memory"))
     d = await cluster.add_worker("d", **role("decode"))
     api = cluster.openai()
@@ -45,7 +45,7 @@ async def test_failed_prefill_the_decoder_recomputes(make_cluster):
 
 
 async def test_prefill_timeout_the_decoder_recomputes(make_cluster):
-    cluster = await make_cluster(prefill_timeout_s=0.3)
+    cluster = await make_cluster(prefill_timeout_s=0.3, prefill_min_tokens=0)
     p = await cluster.add_worker("p", **role("prefill", silent=True))
     d = await cluster.add_worker("d", **role("decode"))
     resp = await cluster.openai().completions.create(model=MODEL, prompt=PROMPT, max_tokens=2)
@@ -55,7 +55,7 @@ async def test_prefill_timeout_the_decoder_recomputes(make_cluster):
 
 
 async def test_prefill_worker_lost_the_decoder_recomputes(make_cluster):
-    cluster = await make_cluster()
+    cluster = await make_cluster(prefill_min_tokens=0)
     p = await cluster.add_worker("p", **role("prefill", silent=True))
     d = await cluster.add_worker("d", **role("decode"))
     pending = cluster.dispatcher.start("r1", PROMPT, _sampling(2))
@@ -66,7 +66,7 @@ async def test_prefill_worker_lost_the_decoder_recomputes(make_cluster):
 
 
 async def test_decoders_never_prefill_and_prefill_workers_never_decode(make_cluster):
-    cluster = await make_cluster()
+    cluster = await make_cluster(prefill_min_tokens=0)
     p = await cluster.add_worker("p", **role("prefill"))
     both = await cluster.add_worker("b", **role("both"))
     d = await cluster.add_worker("d", **role("decode"))
@@ -80,7 +80,7 @@ async def test_decoders_never_prefill_and_prefill_workers_never_decode(make_clus
 
 
 async def test_a_fleet_of_both_workers_never_prefills_apart(make_cluster):
-    cluster = await make_cluster()
+    cluster = await make_cluster(prefill_min_tokens=0)
     a = await cluster.add_worker("a", **role("both"))
     await cluster.openai().completions.create(model=MODEL, prompt=PROMPT, max_tokens=1)
     assert [(m.prefill_only, m.pull) for m in a.received] == [(False, None)]
@@ -90,3 +90,19 @@ def _sampling(max_tokens: int):
     from shared.sampling import SamplingParams
 
     return SamplingParams(max_tokens=max_tokens)
+
+
+async def test_a_short_prompt_skips_the_prefill_leg(make_cluster):
+    """The default prefill_min_tokens (256): a 42-token prompt goes straight to the decoder,
+    and so does one whose prefix the decoder holds, leaving fewer uncached tokens than that."""
+    cluster = await make_cluster()
+    p = await cluster.add_worker("p", **role("prefill"))
+    d = await cluster.add_worker("d", **role("decode"))
+    resp = await cluster.openai().completions.create(model=MODEL, prompt=PROMPT, max_tokens=2)
+    assert resp.choices[0].text == cluster.tokenizer.decode(expected(2))
+    assert p.received == [] and [m.pull for m in d.received] == [None]
+    cluster = await make_cluster(prefill_min_tokens=40)
+    p = await cluster.add_worker("p", **role("prefill"))
+    d = await cluster.add_worker("d", **role("decode"))
+    await cluster.openai().completions.create(model=MODEL, prompt=PROMPT, max_tokens=1)
+    assert len(p.received) == 1  # 42 uncached tokens: through the prefill worker
