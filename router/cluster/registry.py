@@ -42,6 +42,8 @@ class WorkerState:
     # the last few errors of its requests and of its process ("HH:MM:SS what"), kept across
     # re-registrations of the same worker id
     errors: deque = field(default_factory=lambda: deque(maxlen=RECENT_ERRORS))
+    # requests of ours that ended after its last heartbeat: that heartbeat still counts them
+    ended_since_heartbeat: int = 0
 
     # the fleet cache: measured link rates to peers (by peer id, the latest heartbeat's)
     links: dict[str, LinkRate] = field(default_factory=dict)
@@ -59,6 +61,7 @@ class WorkerState:
         evicted = max(0, msg.evicted_blocks - previous)
         self.eviction_rate += EVICTION_RATE_SMOOTHING * (evicted - self.eviction_rate)
         self.heartbeat = msg
+        self.ended_since_heartbeat = 0
         self.links.update((link.peer_id, link) for link in msg.links)
 
     # ------------------------------------------------------------ the fleet cache
@@ -119,10 +122,18 @@ class WorkerState:
 
         The router's own in-flight count is exact and current; the heartbeat is late but also
         sees requests of other routers. The larger of the two, rather than their sum, so that a
-        request is not counted twice.
+        request is not counted twice; the heartbeat less ours that ended since it was sent.
         """
         reported = self.heartbeat.running + self.heartbeat.waiting if self.heartbeat else 0
-        return max(reported, len(self.inflight))
+        return max(reported - self.ended_since_heartbeat, len(self.inflight))
+
+    def untrack(self, wire_id: str) -> None:
+        """One of our requests there ended (or moved): out of its in-flight set, and out of
+        what its last heartbeat reported (else an idle holder looks busy for a heartbeat and
+        loses its prefix's next request to a worker that must pull or recompute it)."""
+        if wire_id in self.inflight:
+            self.inflight.discard(wire_id)
+            self.ended_since_heartbeat += 1
 
     def to_json(self) -> dict:
         hb = self.heartbeat

@@ -317,7 +317,7 @@ class Dispatcher:
             job.trace.unrouted(job.wire_id)
         worker = self._registry.get(job.worker_id) if job.worker_id else None
         if worker is not None:
-            worker.inflight.discard(job.wire_id)
+            worker.untrack(job.wire_id)
         return worker
 
 

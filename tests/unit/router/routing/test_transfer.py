@@ -179,3 +179,19 @@ def test_peers_in_register_ack_are_same_model_and_layout_with_endpoint(other, pe
     assert registry.peers_of(a) == expected
     b.healthy = False
     assert registry.peers_of(a) == ()
+
+
+def test_an_idle_holder_whose_heartbeat_is_late_keeps_its_prefix():
+    """A request of ours ended after the holder's last heartbeat: that heartbeat still shows it
+    running, but the holder is idle, so its prefix's next request stays there (no pull)."""
+    index = PrefixIndex()
+    holder = make_worker("a", load=1)
+    other = make_worker("b", links=(LinkRate("a", FAST, 0.001),))  # a pull would be cheap
+    holding(index, holder, 20)
+    holder.inflight.add("r1")
+    assert holder.load == 1
+    holder.untrack("r1")  # its last delta came; the heartbeat saying "running 1" is older
+    assert holder.load == 0
+    assert route([holder, other], index).worker is holder
+    holder.on_heartbeat(Heartbeat("a", 0, 0, 1000, 1000, 0, 0))
+    assert (holder.load, holder.ended_since_heartbeat) == (0, 0)
