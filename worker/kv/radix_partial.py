@@ -123,9 +123,10 @@ class PartialTails:
     def drop_node(self, node: RadixNode) -> int:
         """Mutates: frees the tails after `node` (it leaves the tree); returns how many."""
         tails = self._by_node.pop(node, {})
+        unheld = sum(1 for b in tails.values() if self._pool.ref_count(b) == 0)
         for block_id in tails.values():
             self._drop(block_id)
-        return len(tails)
+        return unheld
 
     def clear(self) -> None:
         """Mutates: lets go of every tail (held ones stay with their holders)."""
