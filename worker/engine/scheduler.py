@@ -133,7 +133,10 @@ class Scheduler:
         seq.num_computed += num_tokens
         seq.num_in_flight += num_tokens if in_flight else 0
         if seq.num_computed >= seq.prompt_len and seq.inserted_tokens < seq.prompt_len:
-            self.cache_computed(seq)  # let waiting requests share this prompt
+            known = self.cache_computed(seq)  # let waiting requests share this prompt
+            tail = seq.block_ids[known // self.block_size] if known % self.block_size else None
+            if tail is not None and not self.cache.partials.is_live(tail):
+                self.cache.insert_tail(seq.tokens[:known], seq.block_ids, live=True)
 
     def append_token(self, seq: Sequence, token: int, logprob: float | None) -> str | None:
         """Mutates: `seq` sampled `token`; its finish reason ("stop", "length") if that ends
@@ -327,6 +330,7 @@ class Scheduler:
         return known if self.config.enable_prefix_cache and seq.inserted_tokens == full else 0
 
     def _release(self, seq: Sequence) -> None:
+        self.cache.partials.forget_live(seq.block_ids)  # (a tail from here on, maybe)
         if (known := self.cache_computed(seq)) % self.block_size:
             self.cache.insert_tail(seq.tokens[:known], seq.block_ids)  # kept for copying
         if seq.lock_node is not None:

@@ -48,8 +48,7 @@ class RadixCache:
         if block_size is not None and block_size != pool.block_size:
             raise ValueError(f"block_size {block_size} != the pool's {pool.block_size}")
         self.block_size = pool.block_size
-        self._pool = pool
-        self._on_event = on_event
+        self._pool, self._on_event = pool, on_event
         self.root = RadixNode(None, (), [], [])
         self._node_of_block: dict[int, RadixNode] = {}
         self._heap = LRUHeap()
@@ -69,7 +68,7 @@ class RadixCache:
 
     @property
     def cached_blocks(self) -> int:
-        return len(self._node_of_block)
+        return len(self._node_of_block)  # full blocks (what the router hears of); no tails
 
     @property
     def evictable_blocks(self) -> int:
@@ -149,15 +148,16 @@ class RadixCache:
             self._add_leaf(node, tokens[cached:limit], new_ids)
         return cached
 
-    def insert_tail(self, token_ids: Sequence[int], block_ids: Sequence[int]) -> bool:
-        """Mutates: keeps the partial last block of `token_ids` (held, not cached) after its
-        full blocks (cached already) for copy-on-write reuse; whether it was kept."""
+    def insert_tail(self, token_ids: Sequence[int], block_ids: list[int], live=False) -> bool:
+        """Mutates: keeps the partial last block of `token_ids` (held, not cached; `live`: its
+        running sequence keeps it) after its cached full blocks for copy-on-write reuse."""
         tokens, limit = self._full_blocks(token_ids)
         path = self._walk(tokens, limit)
         if limit == len(tokens) or sum(n.num_blocks for n in path) * self.block_size < limit:
             return False
         tail = tokens[limit:], block_ids[limit // self.block_size]
-        return self.partials.add(path[-1] if path else self.root, *tail)
+        add = self.partials.add_live if live else self.partials.add
+        return add(path[-1] if path else self.root, *tail)
 
     def evict(self, num_blocks: int) -> int:
         """Mutates: frees at least `num_blocks` blocks (unheld tails, then least recently used

@@ -6,6 +6,8 @@ template's tail) was computed again. Two kinds of block can serve those tokens:
 
 - a tail: a finished sequence's partial last block, kept (cached, never written again) under
   the node its full blocks end at, with the tokens it holds;
+- a live block: a running sequence's partial last block once its prompt is computed (it goes
+  on writing the slots after those tokens, never these; a copy takes what is there);
 - the first block of a child of that node: a full block whose leading tokens match.
 
 `match` finds the source with the longest common run; the admitting sequence holds it while it
@@ -43,6 +45,7 @@ class PartialTails:
         self._where: dict[int, tuple[RadixNode, tuple[int, ...]]] = {}
         self._lru: OrderedDict[int, None] = OrderedDict()  # least recently used first
         self._held = 0
+        self._live: dict[int, tuple[RadixNode, tuple[int, ...]]] = {}  # held by running seqs
         self.hit_tokens = 0  # prompt tokens served by copying a partial block
 
     # ---- queries (none of these mutate) ----
@@ -57,6 +60,9 @@ class PartialTails:
     def evictable_blocks(self) -> int:
         return len(self._where) - self._held
 
+    def is_live(self, block_id: int) -> bool:
+        return block_id in self._live
+
     def tails_of(self, node: RadixNode) -> dict[tuple[int, ...], int]:
         return dict(self._by_node.get(node, {}))
 
@@ -69,6 +75,7 @@ class PartialTails:
             return None
         candidates = [(key, b) for key, b in self._by_node.get(match.node, {}).items()]
         candidates += [(c.key[:bs], c.block_ids[0]) for c in match.node.children.values()]
+        candidates += [(key, b) for b, (node, key) in self._live.items() if node is match.node]
         best = None
         for key, block_id in candidates:
             n = _common(key, want)
@@ -109,6 +116,17 @@ class PartialTails:
         self._held += 1  # the caller holds it; the pool tells when it lets go
         return True
 
+    def add_live(self, node: RadixNode, tail: tuple[int, ...], block_id: int) -> bool:
+        """Mutates: offers a running sequence's partial block (it holds it; its first
+        `len(tail)` slots are computed and final) for copying until `forget_live`."""
+        self._live[block_id] = (node, tail)
+        return True
+
+    def forget_live(self, block_ids: list[int]) -> None:
+        """Mutates: their sequence lets go of these blocks (before the pool may reuse them)."""
+        for block_id in block_ids:
+            self._live.pop(block_id, None)
+
     def on_hold(self, block_ids: list[int], held: bool) -> None:
         """Mutates: the pool's news that tails became held (or cached-only)."""
         self._held += len(block_ids) if held else -len(block_ids)
@@ -130,6 +148,7 @@ class PartialTails:
 
     def clear(self) -> None:
         """Mutates: lets go of every tail (held ones stay with their holders)."""
+        self._live.clear()
         for block_id in list(self._where):
             self._drop(block_id)
 
@@ -159,6 +178,9 @@ class PartialTails:
                 raise IntegrityError(f"tail block {block_id} hangs off a removed node")
             if not 0 < len(tail) < bs or not self._pool.is_cached(block_id):
                 raise IntegrityError(f"tail block {block_id}: {len(tail)} tokens, not cached")
+        for block_id in self._live:  # (its node may be gone: a duplicate of the sequence's)
+            if self._pool.ref_count(block_id) < 1 or block_id in listed:
+                raise IntegrityError(f"live block {block_id} is not a running sequence's")
         held = sum(1 for b in listed if self._pool.ref_count(b) > 0)
         if held != self._held:
             raise IntegrityError(f"tails count {self._held} held blocks, the pool says {held}")

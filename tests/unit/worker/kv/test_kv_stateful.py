@@ -71,6 +71,7 @@ class KVMachine(RuleBasedStateMachine):
         self.extra_locks = []  # (node, prefix) locked by a bare match
         self.hits = self.misses = self.partial_hits = 0
         self.tails = {}  # (full-block prefix, tail tokens) -> block id
+        self.live = {}  # a running sequence's partial block -> (prefix, tail tokens)
         self.replayed = {}  # block hash -> token ids, from events only
         self.next_value = 1.0
 
@@ -89,11 +90,13 @@ class KVMachine(RuleBasedStateMachine):
         want, head = tuple(tokens[pos : pos + BS - 1]), tuple(tokens[:pos])
         keys = [t for (prefix, t) in self.tails if prefix == head]
         keys += [p[pos:] for p in self.cached if len(p) == pos + BS and p[:pos] == head]
+        keys += [t for p, t in self.live.values() if p == head]
         return max((common(key, want) for key in keys), default=0)
 
     def keep_tail(self, seq):
         """insert_tail after insert: the partial last block is kept unless a cached block
         already starts with its tokens, or another sequence shares it."""
+        self.forget(seq)  # a live block may become a tail
         full = len(seq.tokens) - len(seq.tokens) % BS
         prefix, tail = tuple(seq.tokens[:full]), tuple(seq.tokens[full:])
         block = seq.blocks[full // BS] if tail else None
@@ -116,6 +119,11 @@ class KVMachine(RuleBasedStateMachine):
                     del self.snapshots[self.tails.pop((p, t))]
             self.tails[(prefix, tail)] = block
             self.snapshots[block] = self.block_kv(block)
+
+    def forget(self, seq):
+        self.cache.partials.forget_live(seq.blocks)
+        for block in seq.blocks:
+            self.live.pop(block, None)
 
     def unheld_tails(self):
         refs = self.model_refs()
@@ -204,6 +212,9 @@ class KVMachine(RuleBasedStateMachine):
             del self.snapshots[self.tails.pop(key)]
         if gone:
             assert not self.unheld_tails(), "a full block went before an unheld tail"
+        for block, (prefix, _) in list(self.live.items()):  # its node is gone: unmatchable
+            if any(prefix[: len(p)] == p for p in gone):
+                del self.live[block]
         assert freed >= num_blocks or freed == expected_total
         ticks = [self.last_access[p] for p in gone]
         assert ticks == sorted(ticks), "evicted out of LRU order"
@@ -277,6 +288,7 @@ class KVMachine(RuleBasedStateMachine):
         return seq
 
     def drop(self, seq):
+        self.forget(seq)
         if seq.node is not None:
             self.cache.unlock(seq.node)
         self.pool.decref(seq.blocks)
@@ -304,6 +316,32 @@ class KVMachine(RuleBasedStateMachine):
         if keep_lock:
             self.cache.lock(result.node)
             self.extra_locks.append((result.node, prefix))
+
+    @precondition(lambda self: self.seqs)
+    @rule(index=seq_index)
+    def lend(self, index):
+        """A running sequence caches its full blocks and offers its partial last block for
+        copying (live, uncached), as a prompt's end does in the engine."""
+        seq = self.pick(index)
+        self.insert(seq)
+        full = len(seq.tokens) - len(seq.tokens) % BS
+        prefix, tail = tuple(seq.tokens[:full]), tuple(seq.tokens[full:])
+        if not tail or not all(p in self.cached for p in prefixes(seq.tokens)):
+            return
+        block = seq.blocks[full // BS]
+        if self.pool.is_cached(block):
+            return
+        assert self.cache.insert_tail(seq.tokens, seq.blocks, live=True)
+        self.clock += 1
+        self.touch(prefixes(seq.tokens))
+        self.live[block] = (prefix, tail)
+
+    @precondition(lambda self: self.live and len(self.seqs) < MAX_SEQS)
+    @rule(index=seq_index, cut=st.integers(1, BS - 1), rest=st.lists(st.integers(0, 3), max_size=4))
+    def admit_after_live(self, index, cut, rest):
+        """A prompt sharing a running sequence's partial block (the next user of a tenant)."""
+        prefix, tail = list(self.live.values())[index % len(self.live)]
+        self.admit_checked(list(prefix + tail[:cut]) + rest)
 
     @precondition(lambda self: self.extra_locks)
     @rule(index=seq_index)
@@ -391,6 +429,7 @@ class KVMachine(RuleBasedStateMachine):
         for block in self.tails.values():
             del self.snapshots[block]
         self.tails.clear()
+        self.live.clear()
 
     # ---- invariants ----
 

@@ -73,8 +73,9 @@ def test_the_router_hears_of_full_blocks_only(model):
     two_turns(engine, tokens(20, 1))
     stored = [e for e in engine.kv_events.drain() if isinstance(e, BlockStored)]
     assert stored and all(len(e.token_ids) == BS for e in stored)
-    assert len(stored) == engine.cache.cached_blocks  # nothing evicted: one event per block
     assert len(engine.cache.partials) >= 1  # the tails are beside the tree, not in it
+    # nothing evicted: one event per full block, none for a tail
+    assert len(stored) == engine.cache.cached_blocks
 
 
 def test_shared_system_prompt_copies_the_block_it_diverges_in(model):
@@ -122,3 +123,27 @@ def test_quantized_pool_copies_packed_values():
     cold = make_engine(qmodel, block_size=BS, kv_bits=8, kv_group_size=32)
     assert run(cold, "cold", turn2)[0] == reply2
     warm.check_integrity()
+
+
+def test_a_running_sequence_lends_its_partial_block(model):
+    """The second user arrives while the first still decodes: it copies the first's partial
+    last block (live, never cached: the first goes on writing its later slots)."""
+    engine = make_engine(model, block_size=BS)
+    system = tokens(34, 5)  # the first's prompt ends in its 5th block, 2 tokens after this
+    first, second = system + tokens(2, 6), system + tokens(9, 7)
+    engine.add_request("first", first, GREEDY)
+    outputs, usage = {}, {}
+    for step in range(200):
+        if step == 3:
+            assert engine.cache.partials.is_live(engine.scheduler.running[0].block_ids[-1])
+            engine.add_request("second", second, GREEDY)
+        for d in engine.step():
+            outputs.setdefault(d.request_id, []).extend(d.token_ids)
+            usage[d.request_id] = d.usage or usage.get(d.request_id)
+        if step > 3 and not engine.has_work():
+            break
+    assert outputs["first"] == reference_greedy(model, first, REPLY)
+    assert outputs["second"] == reference_greedy(model, second, REPLY)
+    assert usage["second"].cached_tokens == len(system)
+    assert engine.stats()["partial_hit_tokens"] == len(system) % BS
+    engine.check_integrity()
