@@ -20,6 +20,7 @@ from worker.engine.sequence import Sequence, Status
 from worker.engine.speculative import plan_drafts, would_draft
 from worker.engine.step_kind import REFERENCE_COSTS, ForwardCosts, plan_step
 from worker.kv.radix_cache import MatchResult, RadixCache
+from worker.kv.radix_partial import PartialHit
 from worker.runner.plan import PrefillChunk, StepKind, StepPlan
 
 if TYPE_CHECKING:
@@ -132,7 +133,10 @@ class Scheduler:
         seq.num_computed += num_tokens
         seq.num_in_flight += num_tokens if in_flight else 0
         if seq.num_computed >= seq.prompt_len and seq.inserted_tokens < seq.prompt_len:
-            self.cache_computed(seq)  # let waiting requests share this prompt
+            known = self.cache_computed(seq)  # let waiting requests share this prompt
+            tail = seq.block_ids[known // self.block_size] if known % self.block_size else None
+            if tail is not None and not self.cache.partials.is_live(tail):
+                self.cache.insert_tail(seq.tokens[:known], seq.block_ids, live=True)
 
     def append_token(self, seq: Sequence, token: int, logprob: float | None) -> str | None:
         """Mutates: `seq` sampled `token`; its finish reason ("stop", "length") if that ends
@@ -188,18 +192,22 @@ class Scheduler:
             # hold the match before making room, or the eviction could take it
             self.cache.lock(match.node)
             self.pool.incref(match.block_ids)
-            match = self._extend_from_disk(prompt, match)
-            left = len(seq.tokens) - match.num_tokens - (1 if seq.forks else 0)
+            extended = self._extend_from_disk(prompt, match)  # (a partial hit follows a node)
+            partial = self.cache.partials.match(prompt, match) if extended is match else None
+            match = extended
+            self.pool.incref([partial.block_id] if partial else [])  # held too, until copied
+            done = match.num_tokens + (partial.num_tokens if partial else 0)
+            left = len(seq.tokens) - done - (1 if seq.forks else 0)
             n = min(self.config.prefill_chunk, left, budget)
-            need = self.pool.blocks_for_tokens(match.num_tokens + n) - len(match.block_ids)
+            need = self.pool.blocks_for_tokens(done + n) - len(match.block_ids)
             room = self.pool.num_free + self.cache.evictable_blocks
             fits = fits_whole_prompt(seq, len(match.block_ids), self.running, self.pool, room)
             if not fits or not self.make_room(need):
                 self.cache.unlock(match.node)
-                self.pool.decref(match.block_ids)
+                self.pool.decref(match.block_ids + ([partial.block_id] if partial else []))
                 self.waiting.appendleft(seq)
                 break
-            self._start(seq, match, need)
+            self._start(seq, match, need, partial)
             if n > 0:  # 0: all but the last token cached, and forks pending
                 chunks.append(PrefillChunk(seq, n))
             budget -= n
@@ -233,14 +241,16 @@ class Scheduler:
         self.cache.insert(prompt[:num_tokens], block_ids)
         return MatchResult(match.node, block_ids, num_tokens)
 
-    def _start(self, seq: Sequence, match, need: int) -> None:
-        """Admit `seq` on its (already locked and held) prefix match plus `need` new blocks."""
+    def _start(self, seq: Sequence, match, need: int, partial: PartialHit | None) -> None:
+        """Admit `seq` on its (already locked and held) prefix match plus `need` new blocks,
+        the first a copy of the `partial` hit's block (held until copied) if any."""
         seq.lock_node = match.node
-        seq.block_ids = list(match.block_ids) + self.pool.allocate(need)
-        seq.num_computed = match.num_tokens
+        copied = [self.cache.partials.take(partial)] if partial else []
+        seq.block_ids = list(match.block_ids) + copied + self.pool.allocate(need - len(copied))
+        seq.num_computed = match.num_tokens + (partial.num_tokens if partial else 0)
         seq.inserted_tokens = match.num_tokens
         if seq.num_preemptions == 0:
-            seq.num_cached = match.num_tokens
+            seq.num_cached = seq.num_computed
         seq.status = Status.RUNNING
         self.running.append(seq)
 
@@ -307,18 +317,22 @@ class Scheduler:
         seq.num_preemptions += 1
         self.waiting.appendleft(seq)
 
-    def cache_computed(self, seq: Sequence) -> None:
+    def cache_computed(self, seq: Sequence) -> int:
         """Hand `seq`'s computed full blocks to the prefix cache (they stay held by `seq`).
         Only known tokens written for sure: not those of a step still in flight (its input
-        token may be unread, and it may fail, leaving garbage); a block short waits."""
+        token may be unread, and it may fail, leaving garbage); a block short waits. Returns
+        the known tokens when all their full blocks are in the cache (else 0)."""
         known = min(seq.num_computed - seq.num_in_flight, len(seq.tokens))
         full = known // self.block_size * self.block_size
         if full > seq.inserted_tokens and self.config.enable_prefix_cache:
             self.cache.insert(seq.tokens[:full], seq.block_ids)
             seq.inserted_tokens = full
+        return known if self.config.enable_prefix_cache and seq.inserted_tokens == full else 0
 
     def _release(self, seq: Sequence) -> None:
-        self.cache_computed(seq)
+        self.cache.partials.forget_live(seq.block_ids)  # (a tail from here on, maybe)
+        if (known := self.cache_computed(seq)) % self.block_size:
+            self.cache.insert_tail(seq.tokens[:known], seq.block_ids)  # kept for copying
         if seq.lock_node is not None:
             self.cache.unlock(seq.lock_node)
             seq.lock_node = None

@@ -229,5 +229,6 @@ def engine_stats(
         "disk_hit_tokens": disk.hit_tokens if disk else 0,
         "disk_blocks": len(disk.store.blocks()) if disk else 0,
         "cache_miss_tokens": cache.miss_tokens,
+        "partial_hit_tokens": cache.partials.hit_tokens,  # copied partial blocks (CoW)
         **steps.summary(),
     }

@@ -1,20 +1,17 @@
 """Radix prefix cache: a token tree whose nodes own the blocks of block-aligned prefixes.
 
-Only full blocks enter the tree. A sequence's partial last block stays private to it and is
-freed with it: its tokens are not a whole block, so no other prompt could share it.
+Full blocks only; a sequence's partial last block may be kept as a tail beside the tree
+(`insert_tail`, worker/kv/radix_partial.py), which later prompts copy, never share.
 
 How the engine is meant to use it:
 - admission: `peek_prefix_length` to plan (no mutation), then `match_prefix` once (counts
   hits/misses, splits, touches LRU), `lock(result.node)`, `pool.incref(result.block_ids)`,
-  allocate the rest;
-- finish: `insert(tokens, seq_blocks)`, `unlock(node)`, `pool.decref(seq_blocks)` (blocks the
-  tree already had are the caller's duplicates and go back to the free list);
-- out of blocks: `evict(n)`, which frees least recently used leaves that no lock or sequence
-  holds.
+  allocate the rest (`partials.match` and `partials.take` copy a partial block);
+- finish: `insert(tokens, seq_blocks)`, `insert_tail`, `unlock(node)`, `pool.decref(...)`
+- out of blocks: `evict(n)`: unheld tails first, then least recently used unlocked leaves.
 
-LRU uses a counter bumped once per match/insert, not wall time, so order is deterministic.
-The pool tells the tree (a hold listener) when cached blocks become held or cached-only, so
-`evictable_blocks` is exactly what `evict` can free.
+LRU: a counter bumped once per match/insert, not wall time (deterministic). The pool tells
+the tree when cached blocks become held or cached-only, so `evictable_blocks` is exact.
 """
 
 from __future__ import annotations
@@ -27,6 +24,7 @@ from shared.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEven
 from worker.kv.errors import KVCacheError
 from worker.kv.radix_integrity import TreeCounters, check_tree
 from worker.kv.radix_node import LRUHeap, RadixNode
+from worker.kv.radix_partial import PartialTails
 
 if TYPE_CHECKING:
     from worker.kv.block_pool import BlockPool
@@ -50,18 +48,15 @@ class RadixCache:
         if block_size is not None and block_size != pool.block_size:
             raise ValueError(f"block_size {block_size} != the pool's {pool.block_size}")
         self.block_size = pool.block_size
-        self._pool = pool
-        self._on_event = on_event
+        self._pool, self._on_event = pool, on_event
         self.root = RadixNode(None, (), [], [])
         self._node_of_block: dict[int, RadixNode] = {}
         self._heap = LRUHeap()
-        self._clock = 0
-        self._evictable_blocks = 0
-        self._num_locks = 0
-        self.hit_tokens = 0
-        self.miss_tokens = 0
+        self._clock = self._evictable_blocks = self._num_locks = 0
+        self.hit_tokens = self.miss_tokens = 0
         self.evicted_blocks = 0  # cumulative, for the heartbeat (the router's pressure signal)
         self._on_evict: Callable[..., None] | None = None
+        self.partials = PartialTails(pool)  # partial blocks kept for copy-on-write reuse
         pool.set_hold_listener(self._on_hold_change)
 
     def set_evict_listener(self, listener: Callable[..., None]) -> None:
@@ -73,20 +68,19 @@ class RadixCache:
 
     @property
     def cached_blocks(self) -> int:
-        return len(self._node_of_block)
+        return len(self._node_of_block)  # full blocks (what the router hears of); no tails
 
     @property
     def evictable_blocks(self) -> int:
-        """Blocks `evict` would free if asked for all: unlocked, unheld subtrees."""
-        return self._evictable_blocks
+        """Blocks `evict` would free if asked for all: unlocked, unheld subtrees and tails."""
+        return self._evictable_blocks + self.partials.evictable_blocks
 
     @property
     def num_locks(self) -> int:
         return self._num_locks
 
     def peek_prefix_length(self, token_ids: Sequence[int]) -> int:
-        """Tokens of the longest cached block-aligned prefix, without splitting, touching or
-        counting anything."""
+        """Tokens of the longest cached block-aligned prefix; splits, touches, counts nothing."""
         tokens, limit = self._full_blocks(token_ids)
         node, pos = self.root, 0
         while pos < limit:
@@ -154,12 +148,23 @@ class RadixCache:
             self._add_leaf(node, tokens[cached:limit], new_ids)
         return cached
 
+    def insert_tail(self, token_ids: Sequence[int], block_ids: list[int], live=False) -> bool:
+        """Mutates: keeps the partial last block of `token_ids` (held, not cached; `live`: its
+        running sequence keeps it) after its cached full blocks for copy-on-write reuse."""
+        tokens, limit = self._full_blocks(token_ids)
+        path = self._walk(tokens, limit)
+        if limit == len(tokens) or sum(n.num_blocks for n in path) * self.block_size < limit:
+            return False
+        tail = tokens[limit:], block_ids[limit // self.block_size]
+        add = self.partials.add_live if live else self.partials.add
+        return add(path[-1] if path else self.root, *tail)
+
     def evict(self, num_blocks: int) -> int:
-        """Mutates: frees at least `num_blocks` blocks, least recently used leaves first, or
-        all it can; returns how many were freed. Emits one BlockRemoved for the batch."""
+        """Mutates: frees at least `num_blocks` blocks (unheld tails, then least recently used
+        leaves) or all it can; returns how many. Emits one BlockRemoved for the batch."""
         if num_blocks < 0:
             raise ValueError(f"num_blocks must be >= 0, got {num_blocks}")
-        freed, removed_hashes = 0, []
+        freed, removed_hashes = self.partials.evict(num_blocks), []
         while freed < num_blocks:
             leaf = self._heap.pop_lru_evictable_leaf()
             if leaf is None:
@@ -178,6 +183,7 @@ class RadixCache:
         AllBlocksCleared. Raises if any node is locked. Hit/miss counters are kept."""
         if self._num_locks:
             raise KVCacheError(f"reset while {self._num_locks} lock(s) are held")
+        self.partials.clear()
         for node in self.root.walk():
             for block_id in node.block_ids:
                 self._pool.unset_cached(block_id)
@@ -193,7 +199,7 @@ class RadixCache:
     def check_integrity(self) -> None:
         """Raise IntegrityError unless the tree and its pool agree; no mutation."""
         claimed = TreeCounters(self._evictable_blocks, self._num_locks)
-        check_tree(self.root, self._pool, self._node_of_block, claimed)
+        check_tree(self.root, self._pool, self._node_of_block, claimed, self.partials)
 
     # ---- walking and shaping the tree ----
 
@@ -219,8 +225,7 @@ class RadixCache:
         return path
 
     def _common_blocks(self, node: RadixNode, tokens: tuple[int, ...], pos: int, limit: int) -> int:
-        """Leading full blocks of `node.key` equal to tokens[pos:limit] (>= 1: the child map
-        matched the first)."""
+        """Leading full blocks of `node.key` equal to tokens[pos:limit] (>= 1: the child map)."""
         bs = self.block_size
         end = min(len(node.key), limit - pos)
         if tokens[pos : pos + end] == node.key[:end]:
@@ -294,7 +299,7 @@ class RadixCache:
             del self._node_of_block[block_id]
             self._pool.unset_cached(block_id)
         self._queue_if_evictable_leaf(parent)  # eviction cascades up
-        return leaf.num_blocks
+        return leaf.num_blocks + self.partials.drop_node(leaf)
 
     # ---- evictability bookkeeping ----
 
@@ -308,7 +313,8 @@ class RadixCache:
 
     def _on_hold_change(self, block_ids: list[int], held: bool) -> None:
         """Mutates: the pool's news that cached blocks became held (or cached-only)."""
-        for block_id in block_ids:
+        self.partials.on_hold([b for b in block_ids if b in self.partials], held)
+        for block_id in (b for b in block_ids if b not in self.partials):
             node = self._node_of_block[block_id]
             was_subtree_held, was_evictable = node.subtree_held, node.evictable
             node.num_held += 1 if held else -1

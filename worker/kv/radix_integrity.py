@@ -13,6 +13,7 @@ from worker.kv.errors import IntegrityError
 if TYPE_CHECKING:
     from worker.kv.block_pool import BlockPool
     from worker.kv.radix_node import RadixNode
+    from worker.kv.radix_partial import PartialTails
 
 
 class TreeCounters(NamedTuple):
@@ -27,6 +28,7 @@ def check_tree(
     pool: BlockPool,
     node_of_block: dict[int, RadixNode],
     claimed: TreeCounters,
+    partials: PartialTails,
 ) -> None:
     """Raise IntegrityError naming the first broken invariant; no mutation."""
     pool.check_integrity()
@@ -41,7 +43,8 @@ def check_tree(
         _check_node(pool, node, node_of_block, seen)
         evictable += node.num_blocks if node.evictable else 0
         direct_locks += node.lock_ref - sum(c.lock_ref for c in node.children.values())
-    _check_totals(pool, node_of_block, seen, TreeCounters(evictable, direct_locks), claimed)
+    tails = partials.check(seen)
+    _check_totals(pool, node_of_block, seen, tails, TreeCounters(evictable, direct_locks), claimed)
 
 
 def _check_node(
@@ -99,12 +102,13 @@ def _check_totals(
     pool: BlockPool,
     node_of_block: dict[int, RadixNode],
     seen: set[int],
+    tails: set[int],
     found: TreeCounters,
     claimed: TreeCounters,
 ) -> None:
     if seen != set(node_of_block):
         raise IntegrityError("the block-to-node map disagrees with the tree")
-    pool_cached = {b for b in range(pool.num_blocks) if pool.is_cached(b)}
+    pool_cached = {b for b in range(pool.num_blocks) if pool.is_cached(b)} - tails
     if pool_cached != seen:
         raise IntegrityError(
             f"cached in the pool but not in the tree: {sorted(pool_cached - seen)}; "

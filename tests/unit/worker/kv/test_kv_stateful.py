@@ -1,9 +1,11 @@
 """Stateful property test: sequences driving the block pool and radix cache like an engine.
 
 A plain model keeps what should be true: the cached block-aligned prefixes (prefix -> block),
-each prefix's last access, each sequence's blocks and locks. After every step the pool and the
-tree must agree with it, and events replayed into a dict must give the tree's block hashes.
-Tiny vocabulary and block size so prefixes collide often.
+each prefix's last access, each sequence's blocks and locks, the partial tails kept after
+finished sequences. After every step the pool and the tree must agree with it, and events
+replayed into a dict must give the tree's block hashes (tails emit none). Admission copies the
+best partial block (a tail or a child's first block) into a fresh block: the cached one never
+changes. Tiny vocabulary and block size so prefixes collide often.
 """
 
 from collections import Counter
@@ -19,7 +21,7 @@ from shared.hashing import hash_block
 from shared.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
 from worker.kv import BlockPool, KVCacheError, RadixCache
 
-BS = 2
+BS = 3
 NUM_BLOCKS = 32
 MAX_SEQS = 5
 # A few shared stems plus a random tail: prompts share prefixes and diverge, like chats do.
@@ -38,6 +40,13 @@ class Seq:
     blocks: list[int]  # one reference each; the last block may be partial
     node: object | None  # the node this sequence locked, if any
     lock_prefix: tuple[int, ...] = ()
+
+
+def common(a, b):
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
 
 
 def prefixes(tokens):
@@ -60,7 +69,9 @@ class KVMachine(RuleBasedStateMachine):
         self.clock = 0
         self.seqs = []
         self.extra_locks = []  # (node, prefix) locked by a bare match
-        self.hits = self.misses = 0
+        self.hits = self.misses = self.partial_hits = 0
+        self.tails = {}  # (full-block prefix, tail tokens) -> block id
+        self.live = {}  # a running sequence's partial block -> (prefix, tail tokens)
         self.replayed = {}  # block hash -> token ids, from events only
         self.next_value = 1.0
 
@@ -73,6 +84,50 @@ class KVMachine(RuleBasedStateMachine):
                 break
             matched.append(prefix)
         return matched
+
+    def expected_partial(self, tokens, pos):
+        """The longest run any cached block offers after the matched `pos` tokens."""
+        want, head = tuple(tokens[pos : pos + BS - 1]), tuple(tokens[:pos])
+        keys = [t for (prefix, t) in self.tails if prefix == head]
+        keys += [p[pos:] for p in self.cached if len(p) == pos + BS and p[:pos] == head]
+        keys += [t for p, t in self.live.values() if p == head]
+        return max((common(key, want) for key in keys), default=0)
+
+    def keep_tail(self, seq):
+        """insert_tail after insert: the partial last block is kept unless a cached block
+        already starts with its tokens, or another sequence shares it."""
+        self.forget(seq)  # a live block may become a tail
+        full = len(seq.tokens) - len(seq.tokens) % BS
+        prefix, tail = tuple(seq.tokens[:full]), tuple(seq.tokens[full:])
+        block = seq.blocks[full // BS] if tail else None
+        keys = [t for (p, t) in self.tails if p == prefix]
+        keys += [p[full:] for p in self.cached if len(p) == full + BS and p[:full] == prefix]
+        expect = (
+            bool(tail)
+            and all(p in self.cached for p in prefixes(seq.tokens))
+            and self.model_refs()[block] == 1
+            and block not in {*self.cached.values(), *self.tails.values()}
+            and not any(key[: len(tail)] == tail for key in keys)
+        )
+        assert self.cache.insert_tail(seq.tokens, seq.blocks) == expect
+        self.clock += 1
+        self.touch([p for p in prefixes(seq.tokens) if p in self.cached])
+        if expect:
+            refs = self.model_refs()
+            for p, t in list(self.tails):
+                if p == prefix and tail[: len(t)] == t and refs[self.tails[(p, t)]] == 0:
+                    del self.snapshots[self.tails.pop((p, t))]
+            self.tails[(prefix, tail)] = block
+            self.snapshots[block] = self.block_kv(block)
+
+    def forget(self, seq):
+        self.cache.partials.forget_live(seq.blocks)
+        for block in seq.blocks:
+            self.live.pop(block, None)
+
+    def unheld_tails(self):
+        refs = self.model_refs()
+        return [b for b in self.tails.values() if refs[b] == 0]
 
     def model_refs(self):
         return Counter(block for seq in self.seqs for block in seq.blocks)
@@ -141,16 +196,25 @@ class KVMachine(RuleBasedStateMachine):
         return result, (expected[-1] if expected else ())
 
     def evict(self, num_blocks):
-        expected_total, _ = self.evictable_by_model()
+        expected_total = self.evictable_by_model()[0] + len(self.unheld_tails())
         assert self.cache.evictable_blocks == expected_total
         refs, locked = self.model_refs(), self.locked_prefixes()
         seen = len(self.events)
         freed = self.cache.evict(num_blocks)
         removed = [e for e in self.events[seen:] if isinstance(e, BlockRemoved)]
-        assert len(removed) == (1 if freed else 0)
         by_hash = {h: p for p, h in self.hashes.items()}
         gone = [by_hash[h] for e in removed for h in e.block_hashes]
-        assert len(gone) == freed
+        assert len(removed) == (1 if gone else 0)
+        gone_tails = [key for key, b in self.tails.items() if not self.pool.is_cached(b)]
+        assert len(gone) + len(gone_tails) == freed
+        for key in gone_tails:
+            assert refs[self.tails[key]] == 0, "evicted a held tail"
+            del self.snapshots[self.tails.pop(key)]
+        if gone:
+            assert not self.unheld_tails(), "a full block went before an unheld tail"
+        for block, (prefix, _) in list(self.live.items()):  # its node is gone: unmatchable
+            if any(prefix[: len(p)] == p for p in gone):
+                del self.live[block]
         assert freed >= num_blocks or freed == expected_total
         ticks = [self.last_access[p] for p in gone]
         assert ticks == sorted(ticks), "evicted out of LRU order"
@@ -196,10 +260,27 @@ class KVMachine(RuleBasedStateMachine):
         self.pool.incref(result.block_ids)
         seq = Seq(list(tokens), list(result.block_ids), result.node, lock_prefix)
         self.seqs.append(seq)  # before evicting: its lock and hit must be protected
+        hit = self.cache.partials.match(tokens, result)
+        assert (hit.num_tokens if hit else 0) == self.expected_partial(tokens, result.num_tokens)
+        if hit:  # held while making room, like the match
+            self.pool.incref([hit.block_id])
+            self.seqs.append(source := Seq([], [hit.block_id], None))
         need = self.pool.blocks_for_tokens(len(tokens)) - len(result.block_ids)
         if not self.make_room(need):
             self.drop(seq)
+            if hit:
+                self.drop(source)
             return None
+        start = len(seq.blocks) * BS
+        if hit:
+            before = self.block_kv(hit.block_id)
+            self.seqs.remove(source)
+            seq.blocks.append(self.cache.partials.take(hit))
+            self.partial_hits += hit.num_tokens
+            for got, want in zip(self.block_kv(seq.blocks[-1]), before, strict=True):
+                np.testing.assert_array_equal(got, want)
+            self.write(seq.blocks[-1], range(hit.num_tokens, min(BS, len(tokens) - start)))
+            need -= 1
         for block in self.pool.allocate(need):
             start = len(seq.blocks) * BS
             self.write(block, range(min(BS, len(tokens) - start)))
@@ -207,6 +288,7 @@ class KVMachine(RuleBasedStateMachine):
         return seq
 
     def drop(self, seq):
+        self.forget(seq)
         if seq.node is not None:
             self.cache.unlock(seq.node)
         self.pool.decref(seq.blocks)
@@ -218,12 +300,14 @@ class KVMachine(RuleBasedStateMachine):
         self.admit_checked(tokens)
 
     @precondition(lambda self: len(self.seqs) < MAX_SEQS)
-    @rule(tokens=token_lists)
-    def whole_request(self, tokens):
+    @rule(tokens=token_lists, tail=st.booleans())
+    def whole_request(self, tokens, tail):
         """Admit, run and finish a request in one step: leaves unheld leaves to evict."""
         seq = self.admit_checked(tokens)
         if seq is not None:
             self.insert(seq)
+            if tail:
+                self.keep_tail(seq)
             self.drop(seq)
 
     @rule(tokens=token_lists, keep_lock=st.booleans())
@@ -232,6 +316,32 @@ class KVMachine(RuleBasedStateMachine):
         if keep_lock:
             self.cache.lock(result.node)
             self.extra_locks.append((result.node, prefix))
+
+    @precondition(lambda self: self.seqs)
+    @rule(index=seq_index)
+    def lend(self, index):
+        """A running sequence caches its full blocks and offers its partial last block for
+        copying (live, uncached), as a prompt's end does in the engine."""
+        seq = self.pick(index)
+        self.insert(seq)
+        full = len(seq.tokens) - len(seq.tokens) % BS
+        prefix, tail = tuple(seq.tokens[:full]), tuple(seq.tokens[full:])
+        if not tail or not all(p in self.cached for p in prefixes(seq.tokens)):
+            return
+        block = seq.blocks[full // BS]
+        if self.pool.is_cached(block):
+            return
+        assert self.cache.insert_tail(seq.tokens, seq.blocks, live=True)
+        self.clock += 1
+        self.touch(prefixes(seq.tokens))
+        self.live[block] = (prefix, tail)
+
+    @precondition(lambda self: self.live and len(self.seqs) < MAX_SEQS)
+    @rule(index=seq_index, cut=st.integers(1, BS - 1), rest=st.lists(st.integers(0, 3), max_size=4))
+    def admit_after_live(self, index, cut, rest):
+        """A prompt sharing a running sequence's partial block (the next user of a tenant)."""
+        prefix, tail = list(self.live.values())[index % len(self.live)]
+        self.admit_checked(list(prefix + tail[:cut]) + rest)
 
     @precondition(lambda self: self.extra_locks)
     @rule(index=seq_index)
@@ -245,11 +355,13 @@ class KVMachine(RuleBasedStateMachine):
         self.insert(self.pick(index))
 
     @precondition(lambda self: self.seqs)
-    @rule(index=seq_index, insert_first=st.booleans())
-    def finish(self, index, insert_first):
+    @rule(index=seq_index, insert_first=st.booleans(), tail=st.booleans())
+    def finish(self, index, insert_first, tail):
         seq = self.pick(index)
         if insert_first:
             self.insert(seq)
+            if tail:
+                self.keep_tail(seq)
         self.drop(seq)
 
     @precondition(lambda self: self.seqs and len(self.seqs) < MAX_SEQS)
@@ -314,6 +426,10 @@ class KVMachine(RuleBasedStateMachine):
         self.cache.reset()
         for prefix in list(self.cached):
             self.uncache(prefix)
+        for block in self.tails.values():
+            del self.snapshots[block]
+        self.tails.clear()
+        self.live.clear()
 
     # ---- invariants ----
 
@@ -324,7 +440,7 @@ class KVMachine(RuleBasedStateMachine):
     @invariant()
     def blocks_are_where_the_model_says(self):
         refs = self.model_refs()
-        cached_blocks = set(self.cached.values())
+        cached_blocks = set(self.cached.values()) | set(self.tails.values())
         for block in range(NUM_BLOCKS):
             assert self.pool.ref_count(block) == refs[block]
             assert self.pool.is_cached(block) == (block in cached_blocks)
@@ -343,8 +459,20 @@ class KVMachine(RuleBasedStateMachine):
 
     @invariant()
     def evictable_count_is_exact(self):
-        assert self.cache.evictable_blocks == self.evictable_by_model()[0]
+        tails = len(self.unheld_tails())
+        assert self.cache.evictable_blocks == self.evictable_by_model()[0] + tails
         assert self.cache.cached_blocks == len(self.cached)
+
+    @invariant()
+    def tails_are_the_model(self):
+        for (prefix, tail), block in self.tails.items():
+            assert not prefix or prefix in self.cached, "a tail outlived its prefix"
+            node = self.cache.root
+            if prefix:
+                node = next(n for n, blocks in self.tree_nodes() if blocks[-1] == prefix)
+            assert self.cache.partials.tails_of(node).get(tail) == block
+        assert len(self.cache.partials) == len(self.tails)
+        assert self.cache.partials.hit_tokens == self.partial_hits
 
     @invariant()
     def counters_match(self):

@@ -61,7 +61,8 @@ def test_prefill_worker_then_decode_worker_pull(model, fleet):
     assert done.finish_reason == "prefilled" and done.token_ids == ()
     assert done.usage.prompt_tokens == len(PROMPT) and done.usage.completion_tokens == 0
     beat = router.idle_beat("p")
-    assert beat.cached_blocks == 5 and beat.evictable_blocks == 5 and beat.running == 0
+    # 5 full blocks; the prompt's partial last block is kept as a tail (evictable, not pulled)
+    assert beat.cached_blocks == 5 and beat.evictable_blocks == 6 and beat.running == 0
     assert beat.prefill_tokens_per_s > 0
     hint = PullHint("p", router.registers["p"].kv_endpoint, 5)
     out = router.run("d", Generate("dec", PROMPT, GREEDY, pull=hint), timeout=30)
