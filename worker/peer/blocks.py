@@ -70,7 +70,8 @@ class PeerBlocks:
         if tuple(hashes) != req.block_hashes[: len(hashes)]:
             return _error(reply, "block hashes differ from this worker's")
         payloads = read_blocks(self.pool, match.block_ids[start:held])
-        blocks = tuple(np.ascontiguousarray(p).tobytes() for p in payloads)
+        # byte views of the host copy: they go out as frames of their own, zero-copy
+        blocks = tuple(memoryview(np.ascontiguousarray(p)).cast("B") for p in payloads)
         self.served_blocks += len(blocks)
         return FetchReply(
             req.request_id, self.fingerprint, self.layout_text, tuple(hashes), blocks,

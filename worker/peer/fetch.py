@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 import zmq
 
-from shared.kv_transfer import Probe, ProbeReply, decode, encode
+from shared.kv_transfer import Probe, ProbeReply, decode, encode, with_block_frames
 from shared.protocol import LinkRate
 
 PROBE_BYTES = 4 * 1024 * 1024
@@ -40,7 +40,8 @@ def ask(
         sock.send(encode(msg))
         if not sock.poll(int(timeout_s * 1000), zmq.POLLIN):
             raise PeerUnreachable(f"no reply from {endpoint} in {timeout_s:.1f}s")
-        return decode(sock.recv(copy=False).buffer)
+        head, *blocks = sock.recv_multipart(copy=False)
+        return with_block_frames(decode(head.buffer), [frame.buffer for frame in blocks])
     finally:
         sock.close(linger=0)
 

@@ -25,6 +25,7 @@ from shared.kv_transfer import (
     ProtocolError,
     decode,
     encode,
+    reply_frames,
 )
 
 log = logging.getLogger(__name__)
@@ -125,7 +126,8 @@ class PeerServer:
             except queue.Empty:
                 return
             try:
-                self._sock.send_multipart([identity, encode(reply)], copy=False)
+                frames = reply_frames(reply) if isinstance(reply, FetchReply) else [encode(reply)]
+                self._sock.send_multipart([identity, *frames], copy=False)
             except zmq.ZMQError as exc:  # the asker is gone
                 log.info("a peer's reply was not sent: %s", exc)
 

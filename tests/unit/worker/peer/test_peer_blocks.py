@@ -10,7 +10,15 @@ import zmq
 
 from shared.hashing import hash_blocks
 from shared.kv_events import BlockStored
-from shared.kv_transfer import FetchBlocks, FetchReply, Probe, ProbeReply, decode, encode
+from shared.kv_transfer import (
+    FetchBlocks,
+    FetchReply,
+    Probe,
+    ProbeReply,
+    decode,
+    encode,
+    with_block_frames,
+)
 from shared.protocol import Generate, Peer, PullHint
 from shared.sampling import SamplingParams
 from tests.support.engine_fixtures import (
@@ -190,9 +198,9 @@ def _served(ctx, holder_node, req) -> FetchReply:
     deadline = time.monotonic() + 5
     while not sock.poll(10) and time.monotonic() < deadline:
         holder_node.turn()
-    reply = decode(sock.recv())
+    head, *blocks = sock.recv_multipart()  # the message, then one frame per block
     sock.close(linger=0)
-    return reply
+    return with_block_frames(decode(head), blocks)
 
 
 def test_corrupt_blocks_are_dropped(model, pair):
@@ -253,3 +261,16 @@ def test_quantized_pools_travel_as_their_bytes():
     finally:
         holder_node.stop()
         puller_node.stop()
+
+
+def test_block_frames_belong_to_a_fetch_reply_only():
+    from shared.kv_transfer import ProtocolError, reply_frames
+
+    reply = FetchReply("r", "fp", "layout", (1, 2), (b"ab", b"cd"), "crc32:0")
+    head, *blocks = reply_frames(reply)
+    assert decode(head).blocks == () and blocks == [b"ab", b"cd"]
+    assert with_block_frames(decode(head), blocks) == reply
+    with pytest.raises(ProtocolError):
+        with_block_frames(reply, [b"ef"])  # blocks both inside and after
+    with pytest.raises(ProtocolError):
+        with_block_frames(ProbeReply("p"), [b"ef"])
