@@ -76,7 +76,11 @@ def test_disaggregated_cluster_answers_what_one_worker_answers(tiny, tmp_path):
         wait_workers(url, 1)
         expected = greedy(client(url), question)
     logs = tmp_path / "disagg"
-    args = [*common, "--prefill-workers", "1", "--workers", "1"]
+    # every prompt through the prefill worker, however short (the default skips those with
+    # fewer than 256 uncached tokens: a decoder computes them in about one chunk)
+    config = tmp_path / "fleet.toml"
+    config.write_text("[router]\nprefill_min_tokens = 0\n")
+    args = [*common, "--config", str(config), "--prefill-workers", "1", "--workers", "1"]
     with launch_cluster(args, logs, **PIPED) as (url, _):
         state = wait_workers(url, 2)
         roles = {w["id"]: w["role"] for w in state["workers"]}
