@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import random
 
 import mlx.core as mx
 from mlx_lm.generate import generate_step
@@ -95,5 +96,27 @@ def run_to_completion(engine: Engine, max_steps: int = 10_000) -> dict[str, list
             return outputs
         for delta in engine.step():
             assert delta.error is None, delta.error
+            outputs.setdefault(delta.request_id, []).extend(delta.token_ids)
+    raise AssertionError("engine did not finish")
+
+
+# what MLX raises on Metal when one allocation is over the device's limit
+METAL_OOM = "[metal::malloc] Attempting to allocate 4294967296 bytes which is greater than the "
+METAL_OOM += "maximum allowed buffer size of 3221225472 bytes."
+
+
+def random_prompt(length: int, seed: int) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(VOCAB) for _ in range(length)]
+
+
+def drive(engine: Engine, outputs: dict, errors: dict, max_steps: int = 500) -> None:
+    """Step until idle, collecting each request's tokens and its error, if it ends in one."""
+    for _ in range(max_steps):
+        if not engine.has_work():
+            return
+        for delta in engine.step():
+            if delta.error:
+                errors[delta.request_id] = delta.error
             outputs.setdefault(delta.request_id, []).extend(delta.token_ids)
     raise AssertionError("engine did not finish")

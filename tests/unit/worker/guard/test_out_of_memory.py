@@ -3,13 +3,18 @@ others complete with mlx-lm's greedy output, the pool stays intact, the next req
 
 from __future__ import annotations
 
-import random
-
 import pytest
 
 import worker.engine.engine as engine_module
 from shared.sampling import SamplingParams
-from tests.support.engine_fixtures import VOCAB, make_engine, reference_greedy, tiny_model
+from tests.support.engine_fixtures import (
+    METAL_OOM,
+    drive,
+    make_engine,
+    reference_greedy,
+    tiny_model,
+)
+from tests.support.engine_fixtures import random_prompt as prompt
 from worker.kv.memory import (
     OUT_OF_MEMORY,
     MemoryBudgetTooSmall,
@@ -19,29 +24,11 @@ from worker.kv.memory import (
 from worker.runner.plan import StepKind
 
 GREEDY = SamplingParams(max_tokens=8)
-METAL_OOM = "[metal::malloc] Attempting to allocate 4294967296 bytes which is greater than the "
-METAL_OOM += "maximum allowed buffer size of 3221225472 bytes."
-
-
-def prompt(length: int, seed: int) -> list[int]:
-    rng = random.Random(seed)
-    return [rng.randrange(VOCAB) for _ in range(length)]
 
 
 @pytest.fixture(scope="module")
 def model():
     return tiny_model("llama")
-
-
-def drive(engine, outputs, errors, max_steps=500):
-    for _ in range(max_steps):
-        if not engine.has_work():
-            return
-        for delta in engine.step():
-            if delta.error:
-                errors[delta.request_id] = delta.error
-            outputs.setdefault(delta.request_id, []).extend(delta.token_ids)
-    raise AssertionError("engine did not finish")
 
 
 def check_next_requests_run(engine, model):
