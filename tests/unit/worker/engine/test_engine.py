@@ -2,26 +2,19 @@
 
 from __future__ import annotations
 
-import random
-
 import pytest
 
 from shared.sampling import SamplingParams
 from tests.support.engine_fixtures import (
     ARCHS,
-    VOCAB,
     make_engine,
     reference_greedy,
     run_to_completion,
     tiny_model,
 )
+from tests.support.engine_fixtures import random_prompt as prompt
 
 GREEDY = SamplingParams(max_tokens=12)
-
-
-def prompt(length: int, seed: int) -> list[int]:
-    rng = random.Random(seed)
-    return [rng.randrange(VOCAB) for _ in range(length)]
 
 
 @pytest.fixture(scope="module", params=list(ARCHS))

@@ -5,28 +5,21 @@ only."""
 
 from __future__ import annotations
 
-import random
-
 import pytest
 
 from shared.kv_events import BlockStored
 from shared.sampling import SamplingParams
 from tests.support.engine_fixtures import (
-    VOCAB,
     make_engine,
     reference_greedy,
     tiny_model,
     tiny_quantizable_model,
 )
+from tests.support.engine_fixtures import random_prompt as tokens
 
 BS = 8
 REPLY = 12
 GREEDY = SamplingParams(max_tokens=REPLY)
-
-
-def tokens(length: int, seed: int) -> list[int]:
-    rng = random.Random(seed)
-    return [rng.randrange(VOCAB) for _ in range(length)]
 
 
 def run(engine, request_id: str, prompt: list[int]):

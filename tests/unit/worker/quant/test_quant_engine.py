@@ -2,25 +2,19 @@
 
 from __future__ import annotations
 
-import random
-
 import mlx.core as mx
 import numpy as np
 import pytest
 
 from shared.sampling import SamplingParams
-from tests.support.engine_fixtures import VOCAB, make_engine, run_to_completion
+from tests.support.engine_fixtures import make_engine, run_to_completion
+from tests.support.engine_fixtures import random_prompt as prompt
 from tests.unit.worker.quant.conftest import tiny_quantizable_model
 from worker.kv.block_io import block_layout, model_fingerprint
 
 GREEDY = SamplingParams(max_tokens=12)
 # the held prompts of tests/unit/worker/engine/test_engine.py (lengths and seeds)
 HELD = {f"r{i}": n for i, n in enumerate([3, 8, 9, 17, 30, 41, 64, 5])}
-
-
-def prompt(length: int, seed: int) -> list[int]:
-    rng = random.Random(seed)
-    return [rng.randrange(VOCAB) for _ in range(length)]
 
 
 def outputs(model, **config) -> dict[str, list[int]]:

@@ -5,26 +5,19 @@ waiting request cannot be admitted, and takes it in as soon as it can."""
 
 from __future__ import annotations
 
-import random
-
 import pytest
 
 from shared.sampling import SamplingParams
 from tests.support.engine_fixtures import (
-    VOCAB,
     make_engine,
     reference_greedy,
     run_to_completion,
     tiny_model,
 )
+from tests.support.engine_fixtures import random_prompt as tokens
 from worker.runner.plan import StepKind
 
 GREEDY = SamplingParams(max_tokens=12)
-
-
-def tokens(length: int, seed: int) -> list[int]:
-    rng = random.Random(seed)
-    return [rng.randrange(VOCAB) for _ in range(length)]
 
 
 @pytest.fixture(scope="module", params=["llama", "qwen3"])
