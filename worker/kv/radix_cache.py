@@ -7,8 +7,8 @@ How the engine is meant to use it:
 - admission: `peek_prefix_length` to plan (no mutation), then `match_prefix` once (counts
   hits/misses, splits, touches LRU), `lock(result.node)`, `pool.incref(result.block_ids)`,
   allocate the rest (`partials.match` and `partials.take` copy a partial block);
-- finish: `insert(tokens, seq_blocks)`, `insert_tail`, `unlock(node)`, `pool.decref(...)`
-- out of blocks: `evict(n)`: unheld tails first, then least recently used unlocked leaves.
+- finish: `insert(tokens, seq_blocks)`, `insert_tail`, `unlock(node)`, `pool.decref(...)`;
+  out of blocks: `evict(n)`: unheld tails first, then least recently used unlocked leaves.
 
 LRU: a counter bumped once per match/insert, not wall time (deterministic). The pool tells
 the tree when cached blocks become held or cached-only, so `evictable_blocks` is exact.
@@ -53,8 +53,7 @@ class RadixCache:
         self._node_of_block: dict[int, RadixNode] = {}
         self._heap = LRUHeap()
         self._clock = self._evictable_blocks = self._num_locks = 0
-        self.hit_tokens = self.miss_tokens = 0
-        self.evicted_blocks = 0  # cumulative, for the heartbeat (the router's pressure signal)
+        self.hit_tokens = self.miss_tokens = self.evicted_blocks = 0  # evicted: cumulative
         self._on_evict: Callable[..., None] | None = None
         self.partials = PartialTails(pool)  # partial blocks kept for copy-on-write reuse
         pool.set_hold_listener(self._on_hold_change)
@@ -281,6 +280,7 @@ class RadixCache:
         leaf.last_access = self._clock
         leaf.num_held = len(block_ids)
         parent.children[key[:bs]] = leaf
+        self.partials.forget_live(block_ids)  # a live block that filled up: a child serves it
         for block_id in block_ids:
             self._pool.set_cached(block_id)
             self._node_of_block[block_id] = leaf

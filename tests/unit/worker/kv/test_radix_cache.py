@@ -296,3 +296,17 @@ def test_check_integrity_catches_a_stray_cached_block(cache, pool):
     pool.set_cached(block)
     with pytest.raises(IntegrityError, match="not in the tree"):
         cache.check_integrity()
+
+
+def test_a_live_block_that_fills_up_leaves_the_live_set(cache, pool):
+    """A running sequence offers its partial block (live), decodes until it is full and caches
+    it; its copy-on-write rewrite then lets go of the block, which must no longer be live."""
+    (block,) = pool.allocate(1)
+    assert cache.insert_tail([5], [block], live=True)
+    assert cache.partials.is_live(block)
+    cache.insert([5, 6], [block])  # the block filled up and joined the tree
+    assert not cache.partials.is_live(block)
+    new = pool.copy_on_write(block)  # a rewrite of its last slot: the cached one stays put
+    assert new != block and pool.ref_count(block) == 0
+    cache.check_integrity()
+    pool.decref([new])
