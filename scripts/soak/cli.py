@@ -31,6 +31,11 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     p.add_argument("--fault-every", type=float, help="seconds between faults (duration / 5)")
     p.add_argument("--stop-seconds", type=float, default=30, help="SIGSTOP length (30)")
+    p.add_argument(
+        "--fault-worker", metavar="ID",
+        help="worker faults strike this worker only (e.g. worker-0), so the others live the "
+        "whole run and show the memory slope beyond warm-up (default: the first healthy one)",
+    )  # fmt: skip
     p.add_argument("--sample-every", type=float, default=5, help="sampling period, s (5)")
     p.add_argument("--deadline", type=float, default=90, help="per-request deadline, s (90)")
     p.add_argument("--max-tokens", type=int, default=24, help="max_tokens per request (24)")
@@ -62,6 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         startup = asyncio.run(service.wait_healthy(600))
         faults = Faults(spec.url, "", service.proc.pid, args.workers, args.stop_seconds)
+        faults.target = args.fault_worker
         report = asyncio.run(soak(args, spec.url, service, faults))
         report["startup_s"] = round(startup, 1)
         report["log_dir"] = str(log_dir)

@@ -60,6 +60,7 @@ class Faults:
         self.workers, self.stop_s = workers, stop_s
         self.router_down = False  # a router kill is under way (until recovered)
         self.stopped: set[int] = set()  # SIGSTOPped pids: SIGCONT on every path
+        self.target: str | None = None  # the worker id worker faults strike (None: any)
         self.results: list[dict] = []
 
     def resume_all(self) -> None:
@@ -71,7 +72,8 @@ class Faults:
     async def inject(self, kind: str, at_s: float) -> None:
         async with aiohttp.ClientSession() as session:
             state = await get_json(session, f"{self.url}/v1/cluster") or {"workers": []}
-            pids = [w["pid"] for w in state["workers"] if w.get("healthy")]
+            healthy = [w for w in state["workers"] if w.get("healthy")]
+            pids = [w["pid"] for w in healthy if self.target in (None, w.get("id"))]
             record = {"fault": kind, "at_s": round(at_s, 1)}
             if kind == "kv-fill":
                 self.results.append(record | await self.fill(session, state))
