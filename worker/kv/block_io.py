@@ -32,7 +32,7 @@ def block_layout(pool: BlockPool) -> BlockLayout:
     if not isinstance(k, QuantizedKV):
         return BlockLayout(*dims, _WIRE_DTYPES[k.dtype])
     row_bytes = sum(a.shape[-1] * a.itemsize for a in k.arrays())
-    quant = f"{pool.kv_layout}/{_WIRE_DTYPES[k.dtype]}"
+    quant = f"{pool.kv_layout}/{_WIRE_DTYPES[k.dtype]}/rotated-k"  # (quant.rotate)
     return BlockLayout(*dims, "uint8", quant=quant, row_bytes=row_bytes)
 
 

@@ -87,6 +87,17 @@ class QuantizedKV(NamedTuple):
         ).astype(self.dtype)
 
 
+def rotate(x: mx.array) -> mx.array:
+    """The rotation quantized K is stored in: an orthonormal Hadamard transform of each head
+    vector (its own inverse), so q.k = rotate(q).rotate(k). A trained model's keys carry a
+    few outlier channels that set each group's scale and drown the others in rounding; rotated,
+    every channel holds a share of them. The runner rotates keys before they are written and
+    queries before they attend (V as is), so every attention path and kernel is unchanged.
+    Measured (scripts/kv_quality.py, the default model, 8 bits, group 64): top-1 agreement
+    98.38% stored as is, 99.16% rotated; rotating V too gained 0.04 points."""
+    return mx.hadamard_transform(x)
+
+
 def check_layout(head_dim: int, bits: int, group_size: int) -> None:
     """Raise ValueError naming the flag unless MLX can quantize head vectors this way."""
     if bits not in (8, 4):
@@ -96,6 +107,9 @@ def check_layout(head_dim: int, bits: int, group_size: int) -> None:
             f"--kv-group-size {group_size}: must be 32, 64 or 128 and divide the model's "
             f"head_dim ({head_dim})"
         )
+    odd = head_dim // (head_dim & -head_dim)
+    if odd not in (1, 3, 5, 7):  # what mx.hadamard_transform (`rotate`) takes
+        raise ValueError(f"--kv-bits: head_dim {head_dim} has no Hadamard rotation in MLX")
 
 
 def pool_arrays(pool) -> list[mx.array]:

@@ -24,6 +24,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from worker.attention import AttentionBackend, AttentionPlan, install_attention_hook, write_kv
+from worker.kv.quant import rotate
 from worker.runner.plan import StepKind, StepPlan
 from worker.runner.sampler import PromptLogprobs, TokenLogprobs, prompt_logprobs, sample
 
@@ -122,13 +123,14 @@ class PagedLayerCache:
         self.writes += 1
         B, H, L, D = keys.shape
         k, v = self.pool.k, self.pool.v
+        stored = rotate(keys) if self.pool.kv_bits else keys  # (worker/kv/quant.py)
 
         def write():
             write_kv(
                 k[self.layer],
                 v[self.layer],
                 self.layout.write_slots,
-                keys.swapaxes(1, 2).reshape(B * L, H, D),
+                stored.swapaxes(1, 2).reshape(B * L, H, D),
                 values.swapaxes(1, 2).reshape(B * L, H, D),
             )
             return [k[self.layer], v[self.layer]]
@@ -147,6 +149,7 @@ class PagedLayerCache:
     def attend(self, queries: mx.array, scale: float) -> mx.array:
         self.attends += 1
         k, v = self.pool.k[self.layer], self.pool.v[self.layer]
+        queries = rotate(queries) if self.pool.kv_bits else queries  # as the stored keys
         if self.times is None:
             return self.attention(queries, k, v, scale=scale)
         return self.times.timed(

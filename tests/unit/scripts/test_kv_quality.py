@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import re
 
+import pytest
+
 from scripts.kv_quality import main
 
 
@@ -15,3 +17,13 @@ def test_tiny_qwen3_reports_each_layout(capsys):
     assert set(rows) == {"q8g64", "q4g32"}
     assert float(rows["q8g64"]) >= 99.0  # the issue's bar at 8 bits
     assert float(rows["q4g32"]) <= float(rows["q8g64"])
+
+
+@pytest.mark.slow
+def test_the_default_model_keeps_99_percent_top1_at_8_bits(capsys):
+    """The issue's bar on the real model and the shipped text (~4.4k tokens): 8-bit K/V, groups
+    of 64, agrees with unquantized K/V on the next token at >= 99% of positions (99.16% when
+    measured; 98.38% before keys were stored rotated, worker.kv.quant.rotate)."""
+    main(["--models", "default", "--layouts", "8:64"])
+    rows = dict(re.findall(r"^(q\dg\d+)\s+([\d.]+)%", capsys.readouterr().out, flags=re.M))
+    assert float(rows["q8g64"]) >= 99.0
