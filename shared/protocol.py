@@ -98,6 +98,10 @@ class WorkerPhases:
     folded_forwards: int = 0
     prefill_forwards: int = 0  # padded prefill forwards: a weight pass each
     prefill_padding_tokens: int = 0  # token slots those computed beyond their prompt tokens
+    # memory MLX accounts for (the rest of the process's RSS is the host's: Python, libraries)
+    mlx_active_mb: float = 0.0  # arrays alive: weights, the KV pool, the kept prefixes below
+    mlx_cache_mb: float = 0.0  # freed buffers MLX keeps for reuse
+    prefix_kv_mb: float = 0.0  # gathered prefix K/V kept across ticks (a bounded cache)
 
 
 @dataclass(frozen=True, slots=True)

@@ -98,8 +98,8 @@ async def soak(args, url: str, service: Service, faults: Faults) -> dict:
 
     async def sample_loop():
         while time.monotonic() < until:
-            sampler.sample()
             await cluster.sample()
+            sampler.sample(cluster.memory)
             await asyncio.sleep(args.sample_every)
 
     async def fault_loop():
@@ -125,6 +125,9 @@ async def soak(args, url: str, service: Service, faults: Faults) -> dict:
     }
 
 
+MLX_MEMORY = ("mlx_active_mb", "mlx_cache_mb", "prefix_kv_mb")  # the workers' WorkerPhases
+
+
 def kinds_of(args) -> list[str]:
     return [k for k in args.faults.split(",") if k]
 
@@ -137,6 +140,7 @@ class ClusterWatch:
         self.url = url
         self.samples: list[dict] = []
         self.unreachable = 0
+        self.memory: dict[int, dict] = {}  # worker pid -> what its MLX held, last reported
 
     async def sample(self) -> None:
         async with aiohttp.ClientSession() as session:
@@ -145,6 +149,11 @@ class ClusterWatch:
             self.unreachable += 1
             return
         workers = state.get("workers", [])
+        self.memory = {
+            w["pid"]: {k: w["phases"][k] for k in MLX_MEMORY if k in w["phases"]}
+            for w in workers
+            if w.get("pid") and w.get("phases") and "mlx_active_mb" in w["phases"]
+        }
         used = [
             1 - w["kv_free_blocks"] / w["kv_total_blocks"]
             for w in workers
@@ -198,6 +207,13 @@ def summary(report: dict) -> None:
             f"slope {p['rss_slope_mb_per_hour']} MB/h, fds<={p['open_files_max']}, "
             f"threads<={p['threads_max']}"
         )
+        if "host_mb_last" in p:
+            lines.append(
+                f"    MLX {p['mlx_active_mb_last']} MB active + {p['mlx_cache_mb_last']} "
+                f"cached (kept prefixes <= {p['prefix_kv_mb_max']}); the rest (host) "
+                f"{p['host_mb_first']}->{p['host_mb_last']} MB, slope "
+                f"{p['host_slope_mb_per_hour']} MB/h"
+            )
     c = report["cluster"]
     lines.append(
         f"  KV integrity: {sum(c['kv_checks'].values())} checks, "

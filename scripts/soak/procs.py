@@ -92,11 +92,13 @@ class Sampler:
         self.series: dict[tuple[str, int], list[tuple[float, dict]]] = defaultdict(list)
         self.start = time.monotonic()
 
-    def sample(self) -> None:
+    def sample(self, memory: dict[int, dict] | None = None) -> None:
+        """`memory`: per worker pid, what its MLX holds (ClusterWatch.memory), kept with its
+        RSS so that the report can tell the host's share of the RSS from MLX's."""
         now = time.monotonic() - self.start
         for pid, r in cluster_processes(self.launcher_pid).items():
             if (res := resources(pid)) is not None:
-                self.series[(r, pid)].append((now, res))
+                self.series[(r, pid)].append((now, res | (memory or {}).get(pid, {})))
 
     def report(self, warmup_fraction: float = 0.2) -> list[dict]:
         """Per process; the RSS slope over its samples after the first 20% of its own life
@@ -117,9 +119,40 @@ class Sampler:
                     "rss_slope_mb_per_hour": slope_per_hour(after),
                     "open_files_max": _max(samples, "open_files"),
                     "threads_max": _max(samples, "threads"),
+                    "rss_mb_each_minute": _each_minute(samples),
                 }
+                | _mlx_share(samples, warm)
             )
         return out
+
+
+def _each_minute(samples) -> list[float]:
+    """The RSS at the first sample of each minute of the process's life (a plateau or a
+    climb reads off it at a glance)."""
+    out, minute = [], None
+    for t, s in samples:
+        if minute is None or t >= minute + 60:
+            out.append(round(s["rss_mb"]))
+            minute = t
+    return out
+
+
+def _mlx_share(samples, warm: float) -> dict:
+    """For a worker: the last of what its MLX held, and the slope of the rest of its RSS (the
+    host's: Python, libraries) after warm-up; {} when the router never reported it."""
+    known = [(t, s) for t, s in samples if "mlx_active_mb" in s]
+    if not known:
+        return {}
+    last = known[-1][1]
+    host = [(t, s["rss_mb"] - s["mlx_active_mb"] - s["mlx_cache_mb"]) for t, s in known]
+    return {
+        "mlx_active_mb_last": last["mlx_active_mb"],
+        "mlx_cache_mb_last": last["mlx_cache_mb"],
+        "prefix_kv_mb_max": max(s["prefix_kv_mb"] for _, s in known),
+        "host_mb_first": round(host[0][1], 1),
+        "host_mb_last": round(host[-1][1], 1),
+        "host_slope_mb_per_hour": slope_per_hour([(t, v) for t, v in host if t >= warm]),
+    }
 
 
 def _max(samples, key):

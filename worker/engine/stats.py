@@ -11,7 +11,10 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NamedTuple
 
+import mlx.core as mx
+
 from shared.protocol import WorkerPhases
+from worker.attention.prefix_kv import PREFIX_KV
 from worker.engine.step_kind import padding_tokens
 from worker.runner.plan import StepKind
 
@@ -119,9 +122,10 @@ class EngineStats:
             "preemptions": self.preemptions,
         }
 
-    def phases(self) -> WorkerPhases:
-        """The figures the worker reports in its heartbeats."""
+    def phases(self, memory: dict[str, float] | None = None) -> WorkerPhases:
+        """The figures the worker reports in its heartbeats (`memory`: `memory_mb()`'s)."""
         return WorkerPhases(
+            **(memory or {}),
             decode_tick_p50_ms=1000 * percentile(self.decode_times, 0.5),
             decode_tick_p95_ms=1000 * percentile(self.decode_times, 0.95),
             decode_spikes=self.spikes,
@@ -142,6 +146,17 @@ class EngineStats:
             prefill_forwards=self.prefill_forwards,
             prefill_padding_tokens=self.prefill_padding,
         )
+
+
+def memory_mb() -> dict[str, float]:
+    """What MLX holds, in MB: arrays alive, its buffer cache, and of the arrays the kept prefix
+    K/V (worker/attention/prefix_kv.py), as WorkerPhases fields."""
+    mb = 1 << 20
+    return {
+        "mlx_active_mb": round(mx.get_active_memory() / mb, 1),
+        "mlx_cache_mb": round(mx.get_cache_memory() / mb, 1),
+        "prefix_kv_mb": round(PREFIX_KV.nbytes / mb, 1),
+    }
 
 
 def _mean(values) -> float:

@@ -41,6 +41,12 @@ def test_short_soak_loses_nothing_and_recovers(default_model_dir, tmp_path):
     assert roles == {"launcher", "router", "worker"}
     for p in report["processes"]:
         assert {"rss_mb_last", "rss_slope_mb_per_hour", "open_files_max", "threads_max"} <= set(p)
+        assert p["rss_mb_each_minute"][0] > 0
+    # the workers' heartbeats say what MLX holds (weights and pool: most of the RSS)
+    measured = [p for p in report["processes"] if "host_mb_last" in p]
+    assert measured and all(p["role"] == "worker" for p in measured)
+    for p in measured:
+        assert 0 < p["mlx_active_mb_last"] < p["rss_mb_max"], p
     assert report["cluster"]["samples"] > 0
     assert {"pending_max", "inflight_max", "kv_used_fraction_max"} <= set(report["cluster"])
     # the workers checked their pools' integrity while idle, and every check held

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from tests.support.engine_fixtures import make_engine, tiny_model
+import pytest
+
+from shared.sampling import SamplingParams
+from tests.support.engine_fixtures import make_engine, run_to_completion, tiny_model
 from worker.engine.stats import KVAudit
 
 
@@ -45,3 +48,21 @@ def test_engine_load_reports_real_checks_of_its_pool():
     load = engine.load()
     assert (load.kv_checks, load.kv_check_failures) == (2, 1)
     assert "negative ref counts" in engine.kv_audit.last_error
+
+
+def test_phases_say_what_mlx_holds_beside_the_pool():
+    """For a long run's memory reading (scripts/soak): MLX's live arrays hold at least the
+    weights and the pool; its buffer cache and the kept prefixes are reported apart."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+
+    model = tiny_model("llama")
+    engine = make_engine(model)
+    engine.add_request("a", list(range(20)), SamplingParams(max_tokens=3))
+    run_to_completion(engine)
+    phases = engine.phases()
+    weights = sum(p.nbytes for _, p in tree_flatten(model.parameters()))
+    pool = sum(a.nbytes for a in engine.pool.k + engine.pool.v)
+    assert phases.mlx_active_mb >= (weights + pool) / 2**20 - 0.1
+    assert phases.mlx_active_mb == pytest.approx(mx.get_active_memory() / 2**20, abs=0.1)
+    assert phases.mlx_cache_mb >= 0 and phases.prefix_kv_mb >= 0
