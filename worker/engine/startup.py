@@ -22,6 +22,7 @@ from mlx.utils import tree_flatten
 from shared.config.choices import DEFAULT_KV_DISK_DIR
 from shared.sampling import SamplingParams
 from worker.attention import AttentionSinksUnsupported
+from worker.attention.prefix_kv import PREFIX_KV, PREFIX_KV_BYTES
 from worker.engine.sequence import Sequence
 from worker.engine.stats import EngineStats
 from worker.engine.step_kind import forward_costs
@@ -74,8 +75,9 @@ def size_memory(
         shape.vocab_size, shape.num_heads or shape.num_kv_heads, shape.head_dim
     )
     plan = plan_memory(
-        budget, weights, kv_wanted, per_token, config.step_token_budget, config.block_size
-    )
+        budget, weights, kv_wanted, per_token, config.step_token_budget, config.block_size,
+        kept_max=PREFIX_KV_BYTES,
+    )  # fmt: skip
     step = plan.step_tokens
     config = replace(config, step_token_budget=step, prefill_chunk=min(config.prefill_chunk, step))
     layout = (shape.num_layers, shape.num_kv_heads, shape.head_dim, shape.kv_dtype)
@@ -116,6 +118,7 @@ def prepare(engine: Engine) -> None:
     to the budget first (when the engine sized itself from one)."""
     if engine.memory is not None:
         apply_limits(engine.memory.budget)
+        PREFIX_KV.budget = engine.memory.kept_prefixes  # (within the budget, or none)
     engine.scheduler.costs = forward_costs(engine.model, engine.pool)  # the fold rule's prices
     check_model(engine)
     if engine.config.warmup:

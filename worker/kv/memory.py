@@ -78,18 +78,20 @@ class MemoryPlan:
     kv: int  # the KV pool's share
     activations: int  # one step of `step_tokens` tokens, estimated
     step_tokens: int  # the step token budget (and the largest prefill chunk) it fits
+    kept_prefixes: int = 0  # attention's gathered prefix K/V kept across ticks, at most
 
     def describe(self) -> str:
         gib = 2**30
         return (
             f"memory budget {self.budget / gib:.2f} GiB: weights {self.weights / gib:.2f}, "
             f"KV pool {self.kv / gib:.2f}, activations of a {self.step_tokens}-token step "
-            f"{self.activations / gib:.2f} (estimated), free {self.free / gib:.2f}"
+            f"{self.activations / gib:.2f} (estimated), kept prefixes "
+            f"{self.kept_prefixes / gib:.2f}, free {self.free / gib:.2f}"
         )
 
     @property
     def free(self) -> int:
-        return self.budget - self.weights - self.kv - self.activations
+        return self.budget - self.weights - self.kv - self.activations - self.kept_prefixes
 
 
 def default_budget_bytes() -> int:
@@ -110,11 +112,18 @@ def activation_bytes_per_token(vocab_size: int, num_heads: int, head_dim: int) -
 
 
 def plan_memory(
-    budget: int, weights: int, kv_wanted: int, per_token: int, step_tokens: int, block_size: int
+    budget: int,
+    weights: int,
+    kv_wanted: int,
+    per_token: int,
+    step_tokens: int,
+    block_size: int,
+    kept_max: int = 0,
 ) -> MemoryPlan:
     """Split `budget`: weights first; then the activations of a step, at most
     ACTIVATION_SHARE of the rest (a smaller step, in whole blocks, when the configured one
-    does not fit); the KV pool gets the rest, up to `kv_wanted`."""
+    does not fit); the KV pool gets the rest, up to `kv_wanted`; the kept prefix K/V what is
+    left then, up to `kept_max` (none when the pool takes it all)."""
     left = budget - weights
     if left < per_token * block_size:
         raise MemoryBudgetTooSmall(
@@ -125,7 +134,8 @@ def plan_memory(
     step_tokens = max(block_size, min(step_tokens, fits))
     activations = per_token * step_tokens
     kv = max(0, min(kv_wanted, left - activations))
-    return MemoryPlan(budget, weights, kv, activations, step_tokens)
+    kept = max(0, min(kept_max, left - activations - kv))
+    return MemoryPlan(budget, weights, kv, activations, step_tokens, kept)
 
 
 def apply_limits(budget: int) -> None:

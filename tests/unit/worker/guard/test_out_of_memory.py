@@ -122,6 +122,18 @@ def test_memory_plan_splits_the_budget_and_shrinks_the_step():
         plan_memory(3 * gib, 4 * gib, gib, per_token=1 << 20, step_tokens=1024, block_size=16)
 
 
+def test_kept_prefixes_get_what_the_pool_leaves_within_the_budget():
+    gib, mib = 2**30, 2**20
+    room = plan_memory(8 * gib, 4 * gib, 2 * gib, mib, 1024, 16, kept_max=256 * mib)
+    assert room.kept_prefixes == 256 * mib and room.free == 8 * gib - 7 * gib - 256 * mib
+    # 1 GiB after the weights, a quarter for a step, 700 MiB asked for the pool: 68 MiB left
+    tight = plan_memory(5 * gib, 4 * gib, 700 * mib, mib, 1024, 16, kept_max=256 * mib)
+    assert tight.kept_prefixes == 68 * mib and tight.free == 0
+    assert "kept prefixes 0.07" in tight.describe()
+    full = plan_memory(5 * gib, 4 * gib, 2 * gib, mib, 1024, 16, kept_max=256 * mib)
+    assert full.kept_prefixes == 0  # the pool took all there was
+
+
 def test_engine_sizes_itself_from_the_budget(model, monkeypatch):
     from worker.config import EngineConfig
     from worker.engine import startup
@@ -129,12 +141,14 @@ def test_engine_sizes_itself_from_the_budget(model, monkeypatch):
 
     limits = []  # not MLX's own: a 64 MiB limit would stall the rest of this process
     monkeypatch.setattr(startup, "apply_limits", limits.append)
+    monkeypatch.setattr(startup.PREFIX_KV, "budget", startup.PREFIX_KV.budget)  # restored
 
     config = EngineConfig(block_size=8, memory_budget_bytes=64 << 20, warmup=False)
     engine = Engine.create(model, config, max_context=512)
     plan = engine.memory
     assert plan is not None and plan.budget == 64 << 20
-    assert plan.weights + plan.kv + plan.activations <= plan.budget
+    assert plan.weights + plan.kv + plan.activations + plan.kept_prefixes <= plan.budget
+    assert startup.PREFIX_KV.budget == plan.kept_prefixes  # the kept K/V stays within it
     assert engine.config.prefill_chunk <= engine.config.step_token_budget == plan.step_tokens
     assert limits == [64 << 20]
     with pytest.raises(MemoryBudgetTooSmall):
