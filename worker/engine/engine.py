@@ -28,7 +28,7 @@ from worker.engine.scheduler import Scheduler
 from worker.engine.sequence import Sequence, Status
 from worker.engine.speculative import accepted_prefix
 from worker.engine.startup import open_disk_tier
-from worker.engine.stats import EngineLoad, EngineStats, KVAudit, engine_stats, memory_mb
+from worker.engine.stats import EngineLoad, EngineStats, KVAudit, engine_stats
 from worker.engine.step_kind import still_running
 from worker.kv.block_pool import BlockPool
 from worker.kv.memory import OUT_OF_MEMORY, clear_cache, is_out_of_memory
@@ -157,7 +157,7 @@ class Engine:
 
     def phases(self) -> WorkerPhases:
         """The phase metrics (percentiles over a window: not for every step) and memory."""
-        return self.stats_.phases(memory_mb())
+        return self.stats_.phases()
 
     # ---- requests ----------------------------------------------------------------------
 

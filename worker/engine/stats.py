@@ -122,10 +122,10 @@ class EngineStats:
             "preemptions": self.preemptions,
         }
 
-    def phases(self, memory: dict[str, float] | None = None) -> WorkerPhases:
-        """The figures the worker reports in its heartbeats (`memory`: `memory_mb()`'s)."""
+    def phases(self) -> WorkerPhases:
+        """The figures the worker reports in its heartbeats, what MLX holds included."""
         return WorkerPhases(
-            **(memory or {}),
+            **memory_mb(),
             decode_tick_p50_ms=1000 * percentile(self.decode_times, 0.5),
             decode_tick_p95_ms=1000 * percentile(self.decode_times, 0.95),
             decode_spikes=self.spikes,
