@@ -66,8 +66,9 @@ def main(argv: list[str] | None = None) -> int:
     faults = None
     try:
         startup = asyncio.run(service.wait_healthy(600))
-        faults = Faults(spec.url, "", service.proc.pid, args.workers, args.stop_seconds)
-        faults.target = args.fault_worker
+        faults = Faults(
+            spec.url, "", service.proc.pid, args.workers, args.stop_seconds, args.fault_worker
+        )
         report = asyncio.run(soak(args, spec.url, service, faults))
         report["startup_s"] = round(startup, 1)
         report["log_dir"] = str(log_dir)

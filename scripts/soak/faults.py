@@ -55,12 +55,20 @@ def alive(pid: int) -> bool:
 
 
 class Faults:
-    def __init__(self, url: str, model: str, launcher_pid: int, workers: int, stop_s: float):
+    def __init__(
+        self,
+        url: str,
+        model: str,
+        launcher_pid: int,
+        workers: int,
+        stop_s: float,
+        target: str | None = None,
+    ):
         self.url, self.model, self.launcher_pid = url, model, launcher_pid
         self.workers, self.stop_s = workers, stop_s
+        self.target = target  # the worker id worker faults strike (None: any healthy one)
         self.router_down = False  # a router kill is under way (until recovered)
         self.stopped: set[int] = set()  # SIGSTOPped pids: SIGCONT on every path
-        self.target: str | None = None  # the worker id worker faults strike (None: any)
         self.results: list[dict] = []
 
     def resume_all(self) -> None:
