@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import mlx.core as mx
 import pytest
+from mlx.utils import tree_flatten
 
 from shared.sampling import SamplingParams
 from tests.support.engine_fixtures import make_engine, run_to_completion, tiny_model
@@ -53,9 +55,6 @@ def test_engine_load_reports_real_checks_of_its_pool():
 def test_phases_say_what_mlx_holds_beside_the_pool():
     """For a long run's memory reading (scripts/soak): MLX's live arrays hold at least the
     weights and the pool; its buffer cache and the kept prefixes are reported apart."""
-    import mlx.core as mx
-    from mlx.utils import tree_flatten
-
     model = tiny_model("llama")
     engine = make_engine(model)
     engine.add_request("a", list(range(20)), SamplingParams(max_tokens=3))

@@ -5,12 +5,14 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 import pytest
+from mlx_lm.models.cache import make_prompt_cache
 
 from shared.sampling import SamplingParams
 from tests.support.engine_fixtures import make_engine, run_to_completion
 from tests.support.engine_fixtures import random_prompt as prompt
 from tests.unit.worker.quant.conftest import tiny_quantizable_model
 from worker.kv.block_io import block_layout, model_fingerprint
+from worker.kv.quant import QuantizedKV, check_layout, rotate
 
 GREEDY = SamplingParams(max_tokens=12)
 # the held prompts of tests/unit/worker/engine/test_engine.py (lengths and seeds)
@@ -139,10 +141,6 @@ def test_decode_kv_bytes_count_the_quantized_bytes_read():
 def test_the_pool_holds_rotated_keys_and_plain_values(qmodel):
     """Quantized pools store K rotated (worker.kv.quant.rotate) and V as is: the first layer's
     stored K/V against mlx-lm's own cache of the same prompt, within 8-bit rounding."""
-    from mlx_lm.models.cache import make_prompt_cache
-
-    from worker.kv.quant import rotate
-
     tokens = prompt(16, 3)
     engine = make_engine(qmodel, kv_bits=8)
     engine.add_request("a", tokens, SamplingParams(max_tokens=1))
@@ -162,8 +160,6 @@ def test_the_pool_holds_rotated_keys_and_plain_values(qmodel):
 def test_rotation_spreads_an_outlier_channel_and_cuts_the_score_error():
     """Keys with one large channel (as trained models' keys have): 8-bit scores q.k are
     about 3x closer to exact when the keys are stored rotated and q rotated alike."""
-    from worker.kv.quant import QuantizedKV, rotate
-
     rng = np.random.default_rng(0)
     keys = rng.normal(size=(256, 1, 64)).astype(np.float32)
     keys[..., 5] *= 40.0
@@ -181,8 +177,6 @@ def test_rotation_spreads_an_outlier_channel_and_cuts_the_score_error():
 
 
 def test_a_head_dim_without_a_hadamard_rotation_is_refused():
-    from worker.kv.quant import check_layout
-
     check_layout(96, 8, 32)  # 3 * 32: MLX rotates it
     with pytest.raises(ValueError, match="head_dim 288"):
         check_layout(288, 8, 32)  # 9 * 32
