@@ -34,7 +34,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--fault-worker", metavar="ID",
         help="worker faults strike this worker only (e.g. worker-0), so the others live the "
-        "whole run and show the memory slope beyond warm-up (default: the first healthy one)",
+        "whole run and show the memory slope beyond warm-up (default: the first healthy one; "
+        "while no healthy worker has this id, a worker fault is skipped and reported so)",
     )  # fmt: skip
     p.add_argument("--sample-every", type=float, default=5, help="sampling period, s (5)")
     p.add_argument("--deadline", type=float, default=90, help="per-request deadline, s (90)")
