@@ -85,6 +85,13 @@ def gather_attention(
             block_tables, context_lengths, k_pool.shape[1], queries.shape[2],
             max_context=max_context, block_size=block_size,
         )  # fmt: skip
+    return attend_gathered(queries, k_pool, v_pool, inputs, scale)
+
+
+def attend_gathered(
+    queries: mx.array, k_pool: mx.array, v_pool: mx.array, inputs: GatherInputs, scale: float
+) -> mx.array:
+    """`gather_attention` over gather rows and mask already made (`gather_inputs`)."""
     q = queries_by_kv_head(queries, k_pool.shape[1], scale)
     scores = apply_mask(key_scores(q, k_pool, inputs.rows), inputs.visible, queries.shape[2])
     row_max = scores.max(axis=-1, keepdims=True)

@@ -16,7 +16,9 @@ through that). At most `PREFIX_KV_BYTES` are kept, least recently used first out
 
 from __future__ import annotations
 
+import itertools
 from collections import OrderedDict
+from typing import NamedTuple
 
 import mlx.core as mx
 
@@ -78,14 +80,42 @@ def _settle(loose: list[int], found: list[tuple[list[int], int]], depth: int):
     return [], [*stay, (rows, depth)]
 
 
+class KeptPrefixes(NamedTuple):
+    """A step's group prefixes as `PrefixKV` keeps them: each group's own entry (its blocks and
+    their versions), and the stacked entry a tick reads (all the groups' keys together), so a
+    group that comes or goes costs a re-stack of what is kept, not a gather of every prefix."""
+
+    key: tuple  # the stacked entry's: every group's key, in the plan's order
+    groups: tuple  # per group: its key, ((block, version), ...)
+    blocks: tuple  # per group: its block ids
+    block_size: int
+    num_kv_heads: int
+    forward: int  # which forward's plan: what it kept is not dropped for room during it
+
+    @classmethod
+    def of(cls, prefixes, versions: list[int], block_size: int, num_kv_heads: int):
+        groups = tuple(tuple((b, versions[b]) for b in p) for p in prefixes)
+        blocks = tuple(tuple(p) for p in prefixes)
+        return cls(groups, groups, blocks, block_size, num_kv_heads, next(_FORWARDS))
+
+
+_FORWARDS = itertools.count()
+
+
 class PrefixKV:
-    """Gathered prefix K/V per (groups' blocks and versions, layer pool), least recently used
-    first out past `budget` bytes. Layers fill an entry during the tick that makes it."""
+    """Gathered prefix K/V per key (a group's blocks and versions, or a step's groups stacked)
+    and layer pool, least recently used first out past `budget` bytes. Layers fill an entry
+    during the tick that makes it. What a forward reads is not dropped to make room during
+    that forward: when its prefixes outgrow the budget, the first layers' stay kept and the
+    last layers' are gathered each tick (dropping the oldest would drop the next layer's,
+    which would gather everything every tick). `hits` / `misses`: group prefixes served from
+    what is kept / gathered from the pool."""
 
     def __init__(self, budget: int = PREFIX_KV_BYTES) -> None:
         self.budget = budget
         self.entries: OrderedDict[tuple, dict[int, tuple]] = OrderedDict()
         self.blocks: dict[tuple, frozenset[int]] = {}
+        self.used: dict[tuple, int] = {}  # the last forward that read each entry
         self.nbytes = 0
         self.hits = self.misses = 0
 
@@ -96,35 +126,92 @@ class PrefixKV:
         for key in [k for k, blocks in self.blocks.items() if not blocks.isdisjoint(written)]:
             self._drop(key)
 
-    def get(self, key: tuple, blocks: frozenset[int], pool, rows: mx.array):
-        """The gathered `rows` of `pool` (packed for a quantized pool, as `pool.gather` gives
-        them) kept under `key`, gathered now and kept when not there yet."""
+    def get(self, kept: KeptPrefixes, pool, width: int):
+        """The groups' prefixes of `pool` (packed for a quantized pool, as `pool.gather` gives
+        them), `(Hkv, G, width, ...)`, each padded to `width` keys: the stacked entry when
+        kept, else stacked from the groups' own entries, gathering those not kept."""
+        if len(kept.groups) == 1:  # a view of the group's own entry: nothing to stack
+            return _map(lambda a: a[:, None], self._group(kept, 0, pool))
+        stacked = self._kept(kept.key, pool, kept.forward)
+        if stacked is not None:
+            self.hits += len(kept.groups)
+            return stacked
+        pieces = [self._group(kept, g, pool) for g in range(len(kept.groups))]
+        if isinstance(pieces[0], tuple):  # packed values, scales and biases
+            stacked = tuple(mx.stack([_pad(p[i], width) for p in pieces], axis=1)
+                            for i in range(len(pieces[0])))  # fmt: skip
+        else:
+            stacked = mx.stack([_pad(p, width) for p in pieces], axis=1)
+        blocks = frozenset(b for group in kept.blocks for b in group)
+        self._keep(kept.key, blocks, pool, stacked, kept.forward)
+        return stacked
+
+    def _group(self, kept: KeptPrefixes, g: int, pool):
+        """Group `g`'s prefix of `pool`, `(Hkv, depth * block_size, ...)`, kept or gathered."""
+        key, blocks = kept.groups[g], kept.blocks[g]
+        got = self._kept(key, pool, kept.forward)
+        if got is not None:
+            self.hits += 1
+            return got
+        self.misses += 1
+        size = kept.block_size
+        pos = mx.arange(len(blocks) * size, dtype=mx.int32)
+        slots = mx.array(blocks, dtype=mx.int32)[pos // size] * size + pos % size
+        heads = mx.arange(kept.num_kv_heads, dtype=mx.int32)[:, None]
+        rows = slots[None] * kept.num_kv_heads + heads
+        got = tuple(pool.gather(rows)) if hasattr(pool, "gather") else _gather(pool, rows)
+        self._keep(key, frozenset(blocks), pool, got, kept.forward)
+        return got
+
+    def _kept(self, key: tuple, pool, forward: int):
+        entry = self.entries.get(key)
+        if entry is None:
+            return None
+        self.entries.move_to_end(key)
+        self.used[key] = forward
+        return entry.get(id(pool))
+
+    def _keep(self, key: tuple, blocks: frozenset[int], pool, value, forward: int) -> None:
+        """Keep `value` under (`key`, `pool`) where it fits, dropping for room the least
+        recently used entries that this forward has not read."""
+        size = _nbytes(value)
+        if size > self.budget:
+            return
         entry = self.entries.get(key)
         if entry is None:
             entry = self.entries[key] = {}
             self.blocks[key] = blocks
         self.entries.move_to_end(key)
-        kept = entry.get(id(pool))
-        if kept is not None:
-            self.hits += 1
-            return kept
-        self.misses += 1
-        kept = tuple(pool.gather(rows)) if hasattr(pool, "gather") else _gather(pool, rows)
-        size = sum(a.nbytes for a in kept) if isinstance(kept, tuple) else kept.nbytes
-        if size > self.budget:
-            return kept
-        while self.nbytes + size > self.budget and next(iter(self.entries)) != key:
-            self._drop(next(iter(self.entries)))
+        self.used[key] = forward
+        while (
+            self.nbytes + size > self.budget
+            and self.used[oldest := next(iter(self.entries))] != forward
+        ):
+            self._drop(oldest)
         if self.nbytes + size <= self.budget:
-            entry[id(pool)] = kept
+            entry[id(pool)] = value
             self.nbytes += size
-        return kept
 
     def _drop(self, key: tuple) -> None:
         entry = self.entries.pop(key)
-        del self.blocks[key]
+        del self.blocks[key], self.used[key]
         for kept in entry.values():
-            self.nbytes -= sum(a.nbytes for a in kept) if isinstance(kept, tuple) else kept.nbytes
+            self.nbytes -= _nbytes(kept)
+
+
+def _nbytes(value) -> int:
+    return sum(a.nbytes for a in value) if isinstance(value, tuple) else value.nbytes
+
+
+def _map(fn, value):
+    return tuple(fn(a) for a in value) if isinstance(value, tuple) else fn(value)
+
+
+def _pad(a: mx.array, width: int) -> mx.array:
+    """`a` `(Hkv, keys, ...)` zero-padded to `width` keys (the plan masks the padding)."""
+    if a.shape[1] == width:
+        return a
+    return mx.pad(a, [(0, 0), (0, width - a.shape[1])] + [(0, 0)] * (a.ndim - 2))
 
 
 def forget_written(

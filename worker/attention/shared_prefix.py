@@ -7,7 +7,9 @@ run, or a shallower one where that reads fewer blocks), and every group is atten
 batched op per layer: the groups' members padded to a common count and their prefixes to a
 common length (masked), so a layer costs the same ~50 MLX ops with 1 group as with 16. With
 the pool's block versions the gathered prefixes are kept across ticks (`prefix_kv.PrefixKV`),
-so a steady decode batch gathers only the rows' suffixes."""
+so a steady decode batch gathers only the rows' suffixes, and a group that changes re-gathers
+only its own prefix. Rows that share nothing are attended apart by the plain gather (then
+merged back in batch order), so one lone row no longer turns the plan off for the batch."""
 
 from __future__ import annotations
 
@@ -18,7 +20,10 @@ import mlx.core as mx
 from worker.attention import prefix_kv
 from worker.attention.mlx_ops import (
     QUANTIZED_MATMUL_MAX_ROWS,
+    GatherInputs,
+    attend_gathered,
     context_slot_table,
+    gather_inputs,
     key_scores,
     queries_by_kv_head,
     queries_layout,
@@ -28,18 +33,22 @@ from worker.attention.prefix_kv import group_rows
 
 
 class SharedPrefixPlan(NamedTuple):
-    """One-query rows grouped by the leading blocks they share (`plan_shared_prefixes`)."""
+    """One-query rows grouped by the leading blocks they share (`plan_shared_prefixes`). The
+    group fields index the grouped rows (`rows` of the batch, in order); the batch's other
+    rows are attended by the plain gather (`loose`)."""
 
-    members: mx.array  # (G * M,) batch row in each group's member slot (padding: a member)
+    members: mx.array  # (G * M,) grouped row in each group's member slot (padding: a member)
     group_size: int  # M, members per group after padding
     prefix_rows: mx.array  # (Hkv, G, P) pool rows of each group's prefix, padded
     prefix_visible: mx.array | None  # (G, 1, P) bool; None: every prefix is P keys long
-    back: mx.array  # (B,) each row's member slot (a row in no group: any slot)
-    grouped: mx.array | None  # (1, B, 1, 1) bool: rows with a prefix; None: all of them
-    suffix_rows: mx.array  # (Hkv, B, S) pool rows of each row's keys after its prefix
-    suffix_visible: mx.array  # (B, S) bool: which of them are real
+    back: mx.array  # (R,) each grouped row's member slot
+    suffix_rows: mx.array  # (Hkv, R, S) pool rows of each grouped row's keys after its prefix
+    suffix_visible: mx.array  # (R, S) bool: which of them are real
     depths: list[int]  # each group's prefix, in blocks
-    kept: tuple | None = None  # (key, blocks): the prefixes' K/V kept across ticks
+    kept: prefix_kv.KeptPrefixes | None = None  # the prefixes' K/V kept across ticks
+    rows: mx.array | None = None  # (R,) the grouped batch rows; None: every row, in order
+    loose: tuple[mx.array, GatherInputs] | None = None  # the other rows, their gather
+    order: mx.array | None = None  # (B,) each batch row's place in grouped + loose outputs
 
 
 SHARED_PREFIX_MIN_SAVING = 1.5  # gathered keys, plain / shared-prefix, for the plan to pay
@@ -47,15 +56,24 @@ SHARED_PREFIX_MIN_SAVING = 1.5  # gathered keys, plain / shared-prefix, for the 
 
 def _cascade(
     groups: list[tuple[list[int], int]], lengths: list[int], block_size: int
-) -> tuple[list[int], int]:
-    """Where each row's own keys begin, and the keys the shared-prefix plan reads: each
-    group's prefix once, then every row's suffix padded to the widest."""
-    starts = [0] * len(lengths)
-    for rows, depth in groups:
-        for r in rows:
-            starts[r] = depth * block_size
-    widest = max((n - s for n, s in zip(lengths, starts, strict=True)), default=0)
-    return starts, sum(depth * block_size for _, depth in groups) + len(lengths) * widest
+) -> tuple[dict[int, int], int, int]:
+    """Where each grouped row's own keys begin, the keys the shared-prefix plan reads for the
+    grouped rows (each group's prefix once, then every grouped row's suffix padded to the
+    widest), and the keys they would read on their own."""
+    starts = {r: depth * block_size for rows, depth in groups for r in rows}
+    widest = max((lengths[r] - s for r, s in starts.items()), default=0)
+    shared = sum(depth * block_size for _, depth in groups) + len(starts) * widest
+    return starts, shared, sum(lengths[r] for r in starts)
+
+
+def _pays(groups, lengths: list[int], block_size: int) -> tuple[dict[int, int], int] | None:
+    """The grouped rows' starts and the keys the whole batch then gathers (the rows in no
+    group their whole context), or None where sharing would not cut the grouped rows' keys by
+    `SHARED_PREFIX_MIN_SAVING`."""
+    starts, shared, plain = _cascade(groups, lengths, block_size)
+    if not groups or shared * SHARED_PREFIX_MIN_SAVING > plain:
+        return None
+    return starts, shared + sum(lengths) - plain
 
 
 def gathered_keys(tables: list[list[int]], lengths: list[int], block_size: int) -> int:
@@ -65,10 +83,8 @@ def gathered_keys(tables: list[list[int]], lengths: list[int], block_size: int) 
     prefixes, read from the last tick's gather, are priced as gathered: conservative)."""
     if not lengths:
         return 0
-    groups = group_rows(tables, lengths, block_size)
-    _, cascade = _cascade(groups, lengths, block_size)
-    plain = sum(lengths)
-    return plain if not groups or cascade * SHARED_PREFIX_MIN_SAVING > plain else cascade
+    pays = _pays(group_rows(tables, lengths, block_size), lengths, block_size)
+    return sum(lengths) if pays is None else pays[1]
 
 
 def plan_shared_prefixes(
@@ -79,29 +95,33 @@ def plan_shared_prefixes(
     versions: list[int] | None = None,
 ) -> SharedPrefixPlan | None:
     """Group one-query rows (decode rows, a MIXED step's one-token rows) by the whole blocks
-    they share (`group_rows`); each group's prefix is then read once for its rows. None when
-    that would not cut the gathered keys by `SHARED_PREFIX_MIN_SAVING` (the tiled plan does
-    better). `versions` (`BlockPool.versions`): keep the prefixes' K/V across ticks."""
+    they share (`group_rows`); each group's prefix is then read once for its rows, and the
+    rows in no group are gathered on their own. None when that would not cut the grouped
+    rows' gathered keys by `SHARED_PREFIX_MIN_SAVING` (the tiled plan does better).
+    `versions` (`BlockPool.versions`): keep the prefixes' K/V across ticks."""
     groups = group_rows(tables, lengths, block_size)
-    starts, cascade = _cascade(groups, lengths, block_size)
-    if not groups or cascade * SHARED_PREFIX_MIN_SAVING > sum(lengths):
+    pays = _pays(groups, lengths, block_size)
+    if pays is None:
         return None
-    suffix = [n - s for n, s in zip(lengths, starts, strict=True)]
+    starts = pays[0]
+    grouped = sorted(starts)
+    local = {r: i for i, r in enumerate(grouped)}
+    suffix = [lengths[r] - starts[r] for r in grouped]
     groups.sort(key=lambda g: tables[g[0][0]][: g[1]])  # the same order tick after tick
     heads = mx.arange(num_kv_heads, dtype=mx.int32)
     width = max(suffix)
     # Each row's blocks from its prefix's end (a block boundary) on, padded with block 0 (its
     # slots past the row's suffix are masked): the host handles block ids, not token slots.
-    tails = [tables[r][s // block_size :] for r, s in enumerate(starts)]
+    tails = [tables[r][starts[r] // block_size :] for r in grouped]
     tail_blocks = -(-width // block_size)
     tails = [t[:tail_blocks] + [0] * (tail_blocks - len(t)) for t in tails]
     suffix_slots = context_slot_table(mx.array(tails, dtype=mx.int32), width, block_size)
     size, depths = max(len(rows) for rows, _ in groups), [d for _, d in groups]
-    members, back = [], [0] * len(tables)
+    members, back = [], [0] * len(grouped)
     for g, (rows, _) in enumerate(groups):
         for j, r in enumerate(rows):
-            back[r] = g * size + j
-        members += rows + [rows[0]] * (size - len(rows))
+            back[local[r]] = g * size + j
+        members += [local[r] for r in rows] + [local[rows[0]]] * (size - len(rows))
     deepest = max(depths)
     prefixes = [tables[rows[0]][:d] for rows, d in groups]
     padded = [p + [p[0]] * (deepest - len(p)) for p in prefixes]
@@ -112,20 +132,43 @@ def plan_shared_prefixes(
         visible = (keys[None] < mx.array(depths, dtype=mx.int32)[:, None] * block_size)[:, None]
     kept = None
     if versions is not None:
-        key = tuple(tuple((b, versions[b]) for b in p) for p in prefixes)
-        kept = (key, frozenset(b for p in prefixes for b in p))
+        kept = prefix_kv.KeptPrefixes.of(prefixes, versions, block_size, num_kv_heads)
+    loose = [r for r in range(len(lengths)) if r not in local]
+    rows = loose_plan = order = None
+    if loose:
+        rows = mx.array(grouped, dtype=mx.int32)
+        loose_plan = (mx.array(loose, dtype=mx.int32), _loose_inputs(
+            [tables[r] for r in loose], [lengths[r] for r in loose], block_size, num_kv_heads
+        ))  # fmt: skip
+        place = {r: i for i, r in enumerate(grouped + loose)}
+        order = mx.array([place[r] for r in range(len(lengths))], dtype=mx.int32)
     return SharedPrefixPlan(
         mx.array(members, dtype=mx.int32),
         size,
         slots[None] * num_kv_heads + heads[:, None, None],
         visible,
         mx.array(back, dtype=mx.int32),
-        None if min(starts) > 0 else mx.array([s > 0 for s in starts])[None, :, None, None],
         suffix_slots[None] * num_kv_heads + heads[:, None, None],
         mx.arange(width)[None] < mx.array(suffix, dtype=mx.int32)[:, None],
         depths,
         kept,
+        rows,
+        loose_plan,
+        order,
     )
+
+
+def _loose_inputs(
+    tables: list[list[int]], lengths: list[int], block_size: int, num_kv_heads: int
+) -> GatherInputs:
+    """The plain gather's rows and mask for rows that share no prefix (one query each)."""
+    longest = max(lengths)
+    blocks = -(-longest // block_size)
+    padded = [t[:blocks] + [0] * (blocks - len(t[:blocks])) for t in tables]
+    return gather_inputs(
+        mx.array(padded, dtype=mx.int32), mx.array(lengths, dtype=mx.int32), num_kv_heads, 1,
+        max_context=longest, block_size=block_size,
+    )  # fmt: skip
 
 
 def shared_prefix_attention(
@@ -133,9 +176,20 @@ def shared_prefix_attention(
 ) -> mx.array:
     """One-query rows over their context in two parts merged exactly (online softmax): every
     group's shared prefix, attended by all its members' queries in one batched matmul over all
-    groups, and each row's own keys after it. A row in no group has an empty prefix part."""
+    groups, and each row's own keys after it. Rows in no group: the plain gather."""
+    if plan.rows is None:
+        return _grouped_attention(queries, k_pool, v_pool, plan, scale)
+    picked, inputs = plan.loose
+    grouped = _grouped_attention(queries[plan.rows], k_pool, v_pool, plan, scale)
+    loose = attend_gathered(queries[picked], k_pool, v_pool, inputs, scale)
+    return mx.concatenate([grouped, loose])[plan.order]
+
+
+def _grouped_attention(
+    queries: mx.array, k_pool: mx.array, v_pool: mx.array, plan: SharedPrefixPlan, scale: float
+) -> mx.array:
     num_kv_heads, head_dim = k_pool.shape[1:]
-    q = queries_by_kv_head(queries, num_kv_heads, scale)  # (Hkv, B, g, D)
+    q = queries_by_kv_head(queries, num_kv_heads, scale)  # (Hkv, R, g, D)
     per_kv = q.shape[2]
     scores = key_scores(q, k_pool, plan.suffix_rows).astype(mx.float32)
     scores = mx.where(plan.suffix_visible[None, :, None, :], scores, -mx.inf)
@@ -153,13 +207,11 @@ def shared_prefix_attention(
     w = mx.power(2.0, s - s_max)
     out = _prefix_values(w, v_pool, _prefix_kv(v_pool, plan))
 
-    def by_row(x: mx.array) -> mx.array:  # member slots -> batch rows
+    def by_row(x: mx.array) -> mx.array:  # member slots -> grouped rows
         return x.reshape(num_kv_heads, groups * size, per_kv, x.shape[-1])[:, plan.back]
 
     prefix_max, prefix_sum = by_row(s_max), by_row(w.sum(axis=-1, keepdims=True))
     prefix_out = by_row(out)
-    if plan.grouped is not None:
-        prefix_max = mx.where(plan.grouped, prefix_max, -mx.inf)
     top = mx.maximum(prefix_max, suffix_max)  # finite: every row has its own key
     a, b = mx.power(2.0, prefix_max - top), mx.power(2.0, suffix_max - top)
     out = (prefix_out * a + suffix_out * b) / (prefix_sum * a + suffix_sum * b)
@@ -170,7 +222,7 @@ def _prefix_kv(pool, plan: SharedPrefixPlan):
     """The groups' prefix rows of `pool` (packed, for a quantized pool), kept across ticks
     when the plan has block versions."""
     if plan.kept is not None:
-        return prefix_kv.PREFIX_KV.get(*plan.kept, pool, plan.prefix_rows)
+        return prefix_kv.PREFIX_KV.get(plan.kept, pool, plan.prefix_rows.shape[-1])
     if hasattr(pool, "gather"):
         return tuple(pool.gather(plan.prefix_rows))
     return pool.reshape(-1, pool.shape[-1])[plan.prefix_rows]

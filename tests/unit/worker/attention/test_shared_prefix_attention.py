@@ -98,6 +98,31 @@ def test_the_tiled_backend_takes_the_shared_prefix_plan_only_where_it_pays():
     assert tiles.shared is None
 
 
+def test_a_row_sharing_nothing_leaves_the_others_on_the_shared_plan():
+    # Before, its whole context became its "suffix", every row's suffix was padded to it and
+    # the plan no longer paid: one lone row sent the whole batch to the tiled gather.
+    rng = random.Random(11)
+    rows = decode_batch(rng)
+    rows.insert(5, ([500 + i for i in range(20)], 20 * BLOCK - 1))  # a long lone row
+    queries, k_pool, v_pool, tables, lengths = batch(rng, rows)
+    host = [b for b, _ in rows]
+    context = mx.array(lengths, dtype=mx.int32)
+    prepared = prepare_tiles(lengths, 1, HEADS, k_pool, BLOCK, block_tables=tables,
+                             context_lengths=context, host_tables=host)  # fmt: skip
+    plan = prepared.shared
+    assert plan is not None and plan.rows.tolist() == [r for r in range(13) if r != 5]
+    assert plan.loose[0].tolist() == [5]
+    # the scheduler's price: each tenant's prefix once, the grouped rows' suffixes padded to
+    # the widest of them, and the lone row's whole context
+    widest = max(n for _, n in rows if n < 20 * BLOCK - 1) - 12 * BLOCK
+    assert shared_prefix.gathered_keys(host, lengths, BLOCK) == (
+        4 * 12 * BLOCK + 12 * widest + 20 * BLOCK - 1
+    )
+    got = tiled_attention(queries, k_pool, v_pool, tables, context, scale=1 / math.sqrt(DIM),
+                          block_size=BLOCK, max_context=max(lengths), tiles=prepared)  # fmt: skip
+    assert mx.abs(got - reference(queries, k_pool, v_pool, tables, lengths)).max().item() < 1e-5
+
+
 def test_engine_decodes_tenants_through_the_shared_prefix_plan_and_matches_mlx_lm(monkeypatch):
     from shared.sampling import SamplingParams
     from tests.support.engine_fixtures import (
