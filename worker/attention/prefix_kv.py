@@ -81,9 +81,9 @@ def _settle(loose: list[int], found: list[tuple[list[int], int]], depth: int):
 
 
 class KeptPrefixes(NamedTuple):
-    """A step's group prefixes as `PrefixKV` keeps them: each group's own entry (its blocks and
-    their versions), and the stacked entry a tick reads (all the groups' keys together), so a
-    group that comes or goes costs a re-stack of what is kept, not a gather of every prefix."""
+    """A step's group prefixes as `PrefixKV` keeps them: stacked, the entry a tick reads (all
+    the groups' keys together; one group: its own entry). A group that comes or goes costs a
+    new stack built from views of the last one and a gather of the new group's prefix only."""
 
     key: tuple  # the stacked entry's: every group's key, in the plan's order
     groups: tuple  # per group: its key, ((block, version), ...)
@@ -103,7 +103,7 @@ _FORWARDS = itertools.count()
 
 
 class PrefixKV:
-    """Gathered prefix K/V per key (a group's blocks and versions, or a step's groups stacked)
+    """Gathered prefix K/V per key (a step's groups stacked, or one group's blocks and versions)
     and layer pool, least recently used first out past `budget` bytes. Layers fill an entry
     during the tick that makes it. What a forward reads is not dropped to make room during
     that forward: when its prefixes outgrow the budget, the first layers' stay kept and the
@@ -116,6 +116,8 @@ class PrefixKV:
         self.entries: OrderedDict[tuple, dict[int, tuple]] = OrderedDict()
         self.blocks: dict[tuple, frozenset[int]] = {}
         self.used: dict[tuple, int] = {}  # the last forward that read each entry
+        # (group, pool) -> (the last stack kept with it, its index there)
+        self.stacks: dict[tuple, tuple[tuple, int]] = {}
         self.nbytes = 0
         self.hits = self.misses = 0
 
@@ -129,14 +131,14 @@ class PrefixKV:
     def get(self, kept: KeptPrefixes, pool, width: int):
         """The groups' prefixes of `pool` (packed for a quantized pool, as `pool.gather` gives
         them), `(Hkv, G, width, ...)`, each padded to `width` keys: the stacked entry when
-        kept, else stacked from the groups' own entries, gathering those not kept."""
-        if len(kept.groups) == 1:  # a view of the group's own entry: nothing to stack
-            return _map(lambda a: a[:, None], self._group(kept, 0, pool))
+        kept, else stacked anew from what is kept of each group, gathering the rest."""
+        if len(kept.groups) == 1:  # the group's own entry, viewed as a stack of one
+            return _map(lambda a: a[:, None], self._group(kept, 0, pool, keep=True))
         stacked = self._kept(kept.key, pool, kept.forward)
         if stacked is not None:
             self.hits += len(kept.groups)
             return stacked
-        pieces = [self._group(kept, g, pool) for g in range(len(kept.groups))]
+        pieces = [self._group(kept, g, pool, keep=False) for g in range(len(kept.groups))]
         if isinstance(pieces[0], tuple):  # packed values, scales and biases
             stacked = tuple(mx.stack([_pad(p[i], width) for p in pieces], axis=1)
                             for i in range(len(pieces[0])))  # fmt: skip
@@ -144,24 +146,39 @@ class PrefixKV:
             stacked = mx.stack([_pad(p, width) for p in pieces], axis=1)
         blocks = frozenset(b for group in kept.blocks for b in group)
         self._keep(kept.key, blocks, pool, stacked, kept.forward)
+        self.stacks.update(((key, id(pool)), (kept.key, g)) for g, key in enumerate(kept.groups))
         return stacked
 
-    def _group(self, kept: KeptPrefixes, g: int, pool):
-        """Group `g`'s prefix of `pool`, `(Hkv, depth * block_size, ...)`, kept or gathered."""
+    def _group(self, kept: KeptPrefixes, g: int, pool, keep: bool):
+        """Group `g`'s prefix of `pool`, `(Hkv, depth * block_size, ...)`: its own entry, or a
+        view of the last stack kept with it, or gathered (and kept on its own if `keep`)."""
         key, blocks = kept.groups[g], kept.blocks[g]
+        length = len(blocks) * kept.block_size
         got = self._kept(key, pool, kept.forward)
+        if got is None:
+            got = self._from_stack(key, pool, length)
         if got is not None:
             self.hits += 1
             return got
         self.misses += 1
-        size = kept.block_size
-        pos = mx.arange(len(blocks) * size, dtype=mx.int32)
-        slots = mx.array(blocks, dtype=mx.int32)[pos // size] * size + pos % size
+        pos = mx.arange(length, dtype=mx.int32)
+        slots = mx.array(blocks, dtype=mx.int32)[pos // kept.block_size] * kept.block_size
         heads = mx.arange(kept.num_kv_heads, dtype=mx.int32)[:, None]
-        rows = slots[None] * kept.num_kv_heads + heads
+        rows = (slots + pos % kept.block_size)[None] * kept.num_kv_heads + heads
         got = tuple(pool.gather(rows)) if hasattr(pool, "gather") else _gather(pool, rows)
-        self._keep(key, frozenset(blocks), pool, got, kept.forward)
+        if keep:
+            self._keep(key, frozenset(blocks), pool, got, kept.forward)
         return got
+
+    def _from_stack(self, key: tuple, pool, length: int):
+        """Group prefix `key` as a view of the last stack kept with it, without marking that
+        stack read: the stack that replaces it may drop it for room."""
+        where = self.stacks.get((key, id(pool)))
+        entry = self.entries.get(where[0]) if where is not None else None
+        stacked = entry.get(id(pool)) if entry is not None else None
+        if stacked is None:
+            return None
+        return _map(lambda a: a[:, where[1], :length], stacked)
 
     def _kept(self, key: tuple, pool, forward: int):
         entry = self.entries.get(key)
@@ -195,6 +212,7 @@ class PrefixKV:
     def _drop(self, key: tuple) -> None:
         entry = self.entries.pop(key)
         del self.blocks[key], self.used[key]
+        self.stacks = {group: at for group, at in self.stacks.items() if at[0] != key}
         for kept in entry.values():
             self.nbytes -= _nbytes(kept)
 

@@ -23,6 +23,7 @@ from worker.attention.mlx_ops import (
     GatherInputs,
     attend_gathered,
     context_slot_table,
+    exp2_shifted,
     gather_inputs,
     key_scores,
     queries_by_kv_head,
@@ -204,7 +205,7 @@ def _grouped_attention(
     if plan.prefix_visible is not None:
         s = mx.where(plan.prefix_visible, s, -mx.inf)
     s_max = s.max(axis=-1, keepdims=True)  # finite: a prefix holds at least one block
-    w = mx.power(2.0, s - s_max)
+    w = exp2_shifted(s, s_max)  # the same shape tick after tick: compiled
     out = _prefix_values(w, v_pool, _prefix_kv(v_pool, plan))
 
     def by_row(x: mx.array) -> mx.array:  # member slots -> grouped rows
