@@ -48,11 +48,14 @@ heads of one KV head are extra query rows of one matmul.
 
 Softmax runs in base 2 (scores pre-multiplied by log2(e), `2**x` instead of `exp(x)`): MLX's CPU
 `exp` managed ~70M elements/s here against ~180M for `power(2, x)`, and exponentials are most
-of the cost of a prefill chunk; that is why all strategies beat dense SDPA there. Where one
-shape repeats tick after tick (the shared-prefix plan's prefix scores), `exp2_shifted` does
-better still: a compiled polynomial, 4x faster than `power` here (0.21 vs 0.81 ms over 136k
-scores; `mx.compile` retraces on a new shape, which costs more than it saves, so shapes that
-change every tick keep `power`).
+of the cost of a prefill chunk; that is why all strategies beat dense SDPA there. One-query
+rows' weights come from `exp2_shifted`, a compiled polynomial: MLX's CPU `power` costs ~6 ns per
+element here (numpy's `exp2` 0.2 ns), the polynomial 2-4x less on the scores alone (0.35 vs
+0.65 ms over 136k). A decode layer over kept shared prefixes: 5-17% faster (`scripts/
+bench_attention.py --only shared`); the mixed B=32 decode batch 9.5 vs 16.4 ms, other decode
+cases within 5%. Prefill chunks keep `power`: there the polynomial, though faster alone on the
+same shapes, made a blockwise chunk slower (38 vs 27 ms at Lq=256 over 1280 keys), which the
+three kernels' extra passes over scores that no longer fit in cache may explain.
 """
 
 from __future__ import annotations
@@ -62,41 +65,13 @@ from typing import NamedTuple
 
 import mlx.core as mx
 
+from worker.attention.exp2 import exp2_shifted
+
 LOG2_E = 1.0 / math.log(2.0)
 
-# exp2_shifted: 2**x = 2**n * 2**f, n = round(x) built as float32 exponent bits, 2**f for f in
-# [-0.5, 0.5] by its Taylor series to degree 6 (relative error <= 2.6e-7, about 2 ulp).
-_ROUND = 12582912.0  # 1.5 * 2**23: x + _ROUND holds round(x) in its low mantissa bits
-_ROUND_BITS = 0x4B400000  # the bits of _ROUND
-_EXP2_TAYLOR = tuple(math.log(2.0) ** k / math.factorial(k) for k in range(6, -1, -1))
 
-
-@mx.compile
-def _exp2_split(x: mx.array, top: mx.array) -> tuple[mx.array, mx.array]:
-    y = mx.maximum(x - top, -126.0)  # 2**-126: below it, a weight is nothing beside 2**0
-    rounded = y + _ROUND
-    return rounded, y - (rounded - _ROUND)
-
-
-@mx.compile
-def _exp2_scale(rounded_bits: mx.array) -> mx.array:
-    return (rounded_bits - (_ROUND_BITS - 127)) << 23  # the float32 bits of 2**round(y)
-
-
-@mx.compile
-def _exp2_poly(fraction: mx.array, scale: mx.array) -> mx.array:
-    p = _EXP2_TAYLOR[0]
-    for c in _EXP2_TAYLOR[1:]:
-        p = p * fraction + c
-    return p * scale
-
-
-def exp2_shifted(x: mx.array, top: mx.array) -> mx.array:
-    """`mx.power(2.0, x - top)` for `x <= top` (masked -inf: 2**-126, not 0), in three
-    compiled kernels; each new shape is traced once (see the module docstring)."""
-    rounded, fraction = _exp2_split(x, top)
-    scale = _exp2_scale(rounded.view(mx.int32)).view(mx.float32)
-    return _exp2_poly(fraction, scale)
+def _power_shifted(x: mx.array, top: mx.array) -> mx.array:
+    return mx.power(2.0, x - top)
 
 
 def gather_attention(
@@ -133,7 +108,9 @@ def attend_gathered(
     q = queries_by_kv_head(queries, k_pool.shape[1], scale)
     scores = apply_mask(key_scores(q, k_pool, inputs.rows), inputs.visible, queries.shape[2])
     row_max = scores.max(axis=-1, keepdims=True)
-    weights = mx.power(2.0, scores - row_max)
+    # one-query rows: the polynomial; a prefill chunk's many rows: `power` (measured faster)
+    exp2 = exp2_shifted if queries.shape[2] == 1 else _power_shifted
+    weights = exp2(scores, row_max)
     out = attend_values(weights, v_pool, inputs.rows)
     out = out / weights.sum(axis=-1).reshape(*q.shape[:3], 1)
     return queries_layout(out, queries)

@@ -18,12 +18,12 @@ from typing import NamedTuple
 import mlx.core as mx
 
 from worker.attention import prefix_kv
+from worker.attention.exp2 import exp2_shifted
 from worker.attention.mlx_ops import (
     QUANTIZED_MATMUL_MAX_ROWS,
     GatherInputs,
     attend_gathered,
     context_slot_table,
-    exp2_shifted,
     gather_inputs,
     key_scores,
     queries_by_kv_head,
@@ -195,7 +195,7 @@ def _grouped_attention(
     scores = key_scores(q, k_pool, plan.suffix_rows).astype(mx.float32)
     scores = mx.where(plan.suffix_visible[None, :, None, :], scores, -mx.inf)
     suffix_max = scores.max(axis=-1, keepdims=True)
-    weights = mx.power(2.0, scores - suffix_max)
+    weights = exp2_shifted(scores, suffix_max)
     suffix_sum = weights.sum(axis=-1, keepdims=True)
     suffix_out = weighted_rows(weights, v_pool, plan.suffix_rows)
     # every group's prefix at once: (Hkv, G, M * g, D) queries over (Hkv, G, P, D) keys
@@ -205,7 +205,7 @@ def _grouped_attention(
     if plan.prefix_visible is not None:
         s = mx.where(plan.prefix_visible, s, -mx.inf)
     s_max = s.max(axis=-1, keepdims=True)  # finite: a prefix holds at least one block
-    w = exp2_shifted(s, s_max)  # the same shape tick after tick: compiled
+    w = exp2_shifted(s, s_max)
     out = _prefix_values(w, v_pool, _prefix_kv(v_pool, plan))
 
     def by_row(x: mx.array) -> mx.array:  # member slots -> grouped rows

@@ -9,8 +9,9 @@ import random
 import mlx.core as mx
 import pytest
 
-from worker.attention import shared_prefix, tiles
-from worker.attention.mlx_ops import exp2_shifted, gather_attention
+from worker.attention import exp2, shared_prefix, tiles
+from worker.attention.exp2 import exp2_shifted
+from worker.attention.mlx_ops import gather_attention
 from worker.attention.shared_prefix import plan_shared_prefixes, shared_prefix_attention
 from worker.attention.tiles import prepare_tiles, tiled_attention
 
@@ -168,3 +169,15 @@ def test_the_compiled_exp2_matches_power_to_two_ulp():
     assert error.max().item() < 2.6e-7
     # below 2**-125 (masked keys included) a weight stays below 2**-125: nothing beside 1
     assert mx.where(normal, 0.0, got).max().item() <= 2.0**-125
+
+
+def test_the_compiled_exp2_keeps_a_bounded_number_of_traces(monkeypatch):
+    kernels = exp2._Exp2Kernels()
+    monkeypatch.setattr(kernels, "MAX_SHAPES", 4)
+    first = None
+    for keys in range(1, 11):  # a decode tick's new width, ten times over
+        x = mx.zeros((3, keys))
+        assert mx.array_equal(kernels(x, x.max(axis=-1, keepdims=True)), mx.ones((3, keys)))
+        first = first or kernels.split
+        assert len(kernels.shapes) <= 4
+    assert kernels.split is not first  # compiled anew: the old traces went with the old one
