@@ -67,6 +67,26 @@ def _cascade(
     return starts, shared, sum(lengths[r] for r in starts)
 
 
+def _groups(
+    tables: list[list[int]], lengths: list[int], block_size: int
+) -> list[tuple[list[int], int]]:
+    """`group_rows`' groups, and a group of one for each row in none whose own leading blocks,
+    cut at the deepest group's depth, leave it a suffix at most a block wider than the grouped
+    rows' widest: its prefix is then kept across ticks like a group's (and pads nothing),
+    where the plain gather would read its whole context every tick."""
+    groups = group_rows(tables, lengths, block_size)
+    if not groups:
+        return groups
+    deepest = max(depth for _, depth in groups)
+    widest = max(lengths[r] - depth * block_size for rows, depth in groups for r in rows)
+    grouped = {r for rows, _ in groups for r in rows}
+    for r, n in enumerate(lengths):
+        depth = min((n - 1) // block_size, deepest)
+        if r not in grouped and depth and n - depth * block_size <= widest + block_size:
+            groups.append(([r], depth))
+    return groups
+
+
 def _pays(groups, lengths: list[int], block_size: int) -> tuple[dict[int, int], int] | None:
     """The grouped rows' starts and the keys the whole batch then gathers (the rows in no
     group their whole context), or None where sharing would not cut the grouped rows' keys by
@@ -84,7 +104,7 @@ def gathered_keys(tables: list[list[int]], lengths: list[int], block_size: int) 
     prefixes, read from the last tick's gather, are priced as gathered: conservative)."""
     if not lengths:
         return 0
-    pays = _pays(group_rows(tables, lengths, block_size), lengths, block_size)
+    pays = _pays(_groups(tables, lengths, block_size), lengths, block_size)
     return sum(lengths) if pays is None else pays[1]
 
 
@@ -96,11 +116,11 @@ def plan_shared_prefixes(
     versions: list[int] | None = None,
 ) -> SharedPrefixPlan | None:
     """Group one-query rows (decode rows, a MIXED step's one-token rows) by the whole blocks
-    they share (`group_rows`); each group's prefix is then read once for its rows, and the
+    they share (`_groups`); each group's prefix is then read once for its rows, and the
     rows in no group are gathered on their own. None when that would not cut the grouped
     rows' gathered keys by `SHARED_PREFIX_MIN_SAVING` (the tiled plan does better).
     `versions` (`BlockPool.versions`): keep the prefixes' K/V across ticks."""
-    groups = group_rows(tables, lengths, block_size)
+    groups = _groups(tables, lengths, block_size)
     pays = _pays(groups, lengths, block_size)
     if pays is None:
         return None

@@ -124,6 +124,19 @@ def test_a_row_sharing_nothing_leaves_the_others_on_the_shared_plan():
     assert mx.abs(got - reference(queries, k_pool, v_pool, tables, lengths)).max().item() < 1e-5
 
 
+def test_a_lone_row_no_deeper_than_the_groups_gets_a_group_of_its_own():
+    # its prefix then stays gathered across ticks, as a tenant's does
+    rng = random.Random(12)
+    rows = decode_batch(rng)
+    rows.insert(3, ([600 + i for i in range(14)], 13 * BLOCK + 2))  # 13 blocks + 2 tokens
+    queries, k_pool, v_pool, tables, lengths = batch(rng, rows)
+    plan = plan_shared_prefixes([b for b, _ in rows], lengths, BLOCK, KV_HEADS, [0] * 700)
+    assert plan is not None and plan.rows is None  # every row in a group
+    assert sorted(plan.depths) == [12] * 5  # four tenants, and the lone row cut at their depth
+    got = shared_prefix_attention(queries, k_pool, v_pool, plan, scale=1 / math.sqrt(DIM))
+    assert mx.abs(got - reference(queries, k_pool, v_pool, tables, lengths)).max().item() < 1e-5
+
+
 def test_engine_decodes_tenants_through_the_shared_prefix_plan_and_matches_mlx_lm(monkeypatch):
     from shared.sampling import SamplingParams
     from tests.support.engine_fixtures import (
