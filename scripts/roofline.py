@@ -148,6 +148,7 @@ class Load:
     output_tokens: int
     decode_batch: float  # mean sequences per decode tick
     kv_bytes_per_tick: float  # K/V one decode tick reads (measured, or described)
+    kv_shared_bytes_per_tick: float = 0.0  # ...with each shared prefix read once (measured)
 
 
 def bound(load: Load, cost: ModelCost, machine: Machine) -> dict:
@@ -161,7 +162,17 @@ def bound(load: Load, cost: ModelCost, machine: Machine) -> dict:
     uncached = max(load.prompt_tokens - load.cached_tokens, 0)
     prefill_floor = uncached * cost.flops_per_token / (machine.sgemm_gflop_s * 1e9)
     total = ticks * tick_floor + prefill_floor
-    return {
+    shared = {}
+    if load.kv_shared_bytes_per_tick:  # the same bound with every shared prefix read once
+        shared_bytes = cost.weight_bytes + load.kv_shared_bytes_per_tick
+        shared_floor = max(shared_bytes / (machine.bandwidth_gb_s * 1e9), by_flops)
+        shared_total = ticks * shared_floor + prefill_floor
+        shared = {
+            "kv_shared_mb_per_tick": round(load.kv_shared_bytes_per_tick / 1e6, 2),
+            "tick_floor_shared_ms": round(shared_floor * 1e3, 2),
+            "bound_shared_requests_per_s": round(load.requests / shared_total, 3),
+        }
+    return shared | {
         "decode_ticks": round(ticks, 1),
         "kv_mb_per_tick": round(load.kv_bytes_per_tick / 1e6, 2),  # the pool's real bytes
         "tick_floor_ms": round(tick_floor * 1e3, 2),
@@ -186,6 +197,7 @@ def load_of_report(report: dict, cost: ModelCost) -> Load:
     phases = decoding_phases(report)
     batch = statistics.mean(p["decode_batch_mean"] for p in phases) if phases else None
     kv = statistics.mean(p["decode_kv_bytes_mean"] for p in phases) if phases else 0.0
+    shared = [p.get("decode_kv_shared_bytes_mean") or 0.0 for p in phases]
     return Load(
         requests=report["completed"],
         prompt_tokens=report.get("prompt_tokens") or 0,
@@ -193,6 +205,7 @@ def load_of_report(report: dict, cost: ModelCost) -> Load:
         output_tokens=report["output_tokens"],
         decode_batch=batch or report.get("concurrency") or 1.0,
         kv_bytes_per_tick=kv,
+        kv_shared_bytes_per_tick=statistics.mean(shared) if shared else 0.0,
     )
 
 
@@ -202,9 +215,11 @@ def achieved(report: dict, limits: dict) -> dict:
     tick_p50 = statistics.mean(p["decode_tick_p50_ms"] for p in phases) if phases else None
     rate = report.get("requests_per_s")
     bound_rate = limits["bound_requests_per_s"]
+    shared_rate = limits.get("bound_shared_requests_per_s")
     return {
         "requests_per_s": rate,
         "fraction_of_bound": round(rate / bound_rate, 3) if rate and bound_rate else None,
+        "fraction_of_shared_bound": round(rate / shared_rate, 3) if rate and shared_rate else None,
         "decode_tick_p50_ms": tick_p50,
         "tick_fraction": round(limits["tick_floor_ms"] / tick_p50, 3) if tick_p50 else None,
         "phases": phases[0] if len(phases) == 1 else phases,

@@ -86,6 +86,7 @@ class WorkerPhases:
     decode_batch_mean: float = 0.0
     decode_blocks_mean: float = 0.0  # KV blocks one decode tick reads
     decode_kv_bytes_mean: float = 0.0  # K/V bytes one decode tick reads
+    decode_kv_shared_bytes_mean: float = 0.0  # ...with each shared prefix read once (sampled)
     prefill_chunk_p50_ms: float = 0.0
     kv_write_ms_p50: float = 0.0  # sampled steps, all layers
     attention_ms_p50: float = 0.0  # sampled steps, all layers

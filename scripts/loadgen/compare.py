@@ -69,7 +69,8 @@ def roofline_of(model_dir: Path, meta: dict):
     def of(report: dict) -> dict:
         limits = bound(load_of_report(report, cost), cost, machine_limits)
         reached = achieved(report, limits)
-        kept = ("fraction_of_bound", "tick_fraction", "decode_tick_p50_ms")
+        kept = ("fraction_of_bound", "fraction_of_shared_bound", "tick_fraction")
+        kept += ("decode_tick_p50_ms",)
         return limits | {k: reached[k] for k in kept}
 
     return of

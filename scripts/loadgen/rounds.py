@@ -18,6 +18,7 @@ FIGURES: dict[str, Callable[[dict], float | None]] = {
     "local_hit_rate": lambda r: (r.get("fleet_cache") or {}).get("local_hit_rate"),
     "hit_rate_with_pulls": lambda r: (r.get("fleet_cache") or {}).get("hit_rate_with_pulls"),
     "fraction_of_bound": lambda r: (r.get("roofline") or {}).get("fraction_of_bound"),
+    "fraction_of_shared_bound": lambda r: (r.get("roofline") or {}).get("fraction_of_shared_bound"),
 }
 PEERS = ("mlx_lm", "vllm_mlx")
 
@@ -68,7 +69,7 @@ def _add_peer_ratios(summary: list[dict]) -> None:
 def medians_table(summary: list[dict]) -> str:
     """Markdown: median [min-max] of each figure, and the ratios to the best peer."""
     head = ["config", "workload", "runs", "req/s", "p95 TTFT ms", "p95 TBT ms", "hit rate"]
-    head += ["hit local", "hit +pulls", "of bound", "vs peer"]
+    head += ["hit local", "hit +pulls", "of bound", "of bound, shared K/V", "vs peer"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for e in summary:
         ratio = e.get("vs_best_peer")
@@ -76,7 +77,8 @@ def medians_table(summary: list[dict]) -> str:
         cells = [e["config"], e["workload"], f"{e['runs'] - e['failed_runs']}/{e['runs']}"]
         figures = ("requests_per_s", "ttft_p95_ms", "tbt_p95_ms", "cache_hit_rate")
         cells += [_spread(e.get(k)) for k in (*figures, "local_hit_rate", "hit_rate_with_pulls")]
-        cells += [_spread(e.get("fraction_of_bound")), vs]
+        cells += [_spread(e.get(k)) for k in ("fraction_of_bound", "fraction_of_shared_bound")]
+        cells.append(vs)
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 

@@ -15,6 +15,7 @@ import mlx.core as mx
 
 from shared.protocol import WorkerPhases
 from worker.attention.prefix_kv import PREFIX_KV
+from worker.attention.shared_prefix import gathered_keys
 from worker.engine.step_kind import padding_tokens
 from worker.runner.plan import StepKind
 
@@ -28,6 +29,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 WINDOW = 2048  # recent steps kept for percentiles
+SHARED_KV_EVERY = 8  # decode ticks between counts of the K/V read with prefixes shared
 SPIKE_S = 0.2  # a decode tick longer than this is a spike (a user sees the stream stall)
 
 
@@ -56,6 +58,8 @@ class EngineStats:
     spike_seconds: float = 0.0
     decode_blocks: deque = field(default_factory=lambda: deque(maxlen=WINDOW))
     decode_kv_bytes: deque = field(default_factory=lambda: deque(maxlen=WINDOW))
+    decode_kv_shared_bytes: deque = field(default_factory=lambda: deque(maxlen=WINDOW))
+    decode_shapes: int = 0
     layer_write_s: deque = field(default_factory=lambda: deque(maxlen=WINDOW))
     layer_attend_s: deque = field(default_factory=lambda: deque(maxlen=WINDOW))
 
@@ -74,10 +78,17 @@ class EngineStats:
 
     def record_decode_shape(self, seqs, pool, shape) -> None:
         """Blocks and K/V bytes a decode tick over `seqs` reads (from host counters): the bytes
-        the pool holds per token, so with `--kv-bits` the packed values, scales and biases."""
-        tokens = sum(s.num_computed + 1 for s in seqs)
-        self.decode_blocks.append(sum(pool.blocks_for_tokens(s.num_computed + 1) for s in seqs))
-        self.decode_kv_bytes.append(tokens * pool.bytes_per_block / pool.block_size)
+        the pool holds per token, so with `--kv-bits` the packed values, scales and biases.
+        Every `SHARED_KV_EVERY`th tick also the bytes with each shared prefix read once (the
+        shared-prefix plan's keys, `gathered_keys`: the roofline's floor with sharing)."""
+        lengths = [s.num_computed + 1 for s in seqs]
+        per_token = pool.bytes_per_block / pool.block_size
+        self.decode_blocks.append(sum(pool.blocks_for_tokens(n) for n in lengths))
+        self.decode_kv_bytes.append(sum(lengths) * per_token)
+        self.decode_shapes += 1
+        if self.decode_shapes % SHARED_KV_EVERY == 1:
+            keys = gathered_keys([s.block_ids for s in seqs], lengths, pool.block_size)
+            self.decode_kv_shared_bytes.append(keys * per_token)
 
     def record_layer_times(self, times) -> None:
         """A profiled step's K/V write and attention seconds, summed over its layers."""
@@ -111,6 +122,7 @@ class EngineStats:
             "decode_spike_seconds": self.spike_seconds,
             "decode_blocks_mean": _mean(self.decode_blocks),
             "decode_kv_bytes_mean": _mean(self.decode_kv_bytes),
+            "decode_kv_shared_bytes_mean": _mean(self.decode_kv_shared_bytes),
             "kv_write_ms_p50": 1000 * percentile(self.layer_write_s, 0.5),
             "attention_ms_p50": 1000 * percentile(self.layer_attend_s, 0.5),
             "decode_tokens": self.decode_tokens,
@@ -133,6 +145,7 @@ class EngineStats:
             decode_batch_mean=_mean(self.decode_batches),
             decode_blocks_mean=_mean(self.decode_blocks),
             decode_kv_bytes_mean=_mean(self.decode_kv_bytes),
+            decode_kv_shared_bytes_mean=_mean(self.decode_kv_shared_bytes),
             prefill_chunk_p50_ms=1000 * percentile(self.prefill_times, 0.5),
             kv_write_ms_p50=1000 * percentile(self.layer_write_s, 0.5),
             attention_ms_p50=1000 * percentile(self.layer_attend_s, 0.5),

@@ -75,3 +75,20 @@ def test_described_kv_bytes_follow_the_pools_quantized_layout():
     assert eight == 1 + 2 * 4 / 64  # packed byte + the group's float32 scale and bias
     assert kv_value_bytes(argparse.Namespace(kv_bits=None, kv_group_size=64)) == 4.0
     assert model_cost(SMOLLM2, bytes_per_value=eight).kv_bytes_per_token == 30 * 2 * 3 * 64 * eight
+
+
+def test_the_bound_with_shared_prefixes_read_once_is_tighter():
+    cost = model_cost(SMOLLM2)
+    machine = Machine(20.0, 100.0, 8.0)
+    # 8 rows over 2 tenants' 2000-token prefixes: every row's K/V, or each prefix once
+    plain, shared = (
+        8 * 2050 * cost.kv_bytes_per_token,
+        (2 * 2000 + 8 * 50) * cost.kv_bytes_per_token,
+    )
+    limits = bound(Load(8, 0, 0, 400, 8.0, plain, shared), cost, machine)
+    assert limits["tick_floor_shared_ms"] == pytest.approx(
+        (cost.weight_bytes + shared) / 20e9 * 1e3, rel=1e-3
+    )
+    assert limits["tick_floor_shared_ms"] < limits["tick_floor_ms"]
+    assert limits["bound_shared_requests_per_s"] > limits["bound_requests_per_s"]
+    assert "tick_floor_shared_ms" not in bound(Load(8, 0, 0, 400, 8.0, plain), cost, machine)
