@@ -85,8 +85,7 @@ class KeptPrefixes(NamedTuple):
     the groups' keys together; one group: its own entry). A group that comes or goes costs a
     new stack built from views of the last one and a gather of the new group's prefix only."""
 
-    key: tuple  # the stacked entry's: every group's key, in the plan's order
-    groups: tuple  # per group: its key, ((block, version), ...)
+    groups: tuple  # per group: its key, ((block, version), ...); all of them: the stack's
     blocks: tuple  # per group: its block ids
     block_size: int
     num_kv_heads: int
@@ -96,7 +95,7 @@ class KeptPrefixes(NamedTuple):
     def of(cls, prefixes, versions: list[int], block_size: int, num_kv_heads: int):
         groups = tuple(tuple((b, versions[b]) for b in p) for p in prefixes)
         blocks = tuple(tuple(p) for p in prefixes)
-        return cls(groups, groups, blocks, block_size, num_kv_heads, next(_FORWARDS))
+        return cls(groups, blocks, block_size, num_kv_heads, next(_FORWARDS))
 
 
 _FORWARDS = itertools.count()
@@ -134,7 +133,7 @@ class PrefixKV:
         kept, else stacked anew from what is kept of each group, gathering the rest."""
         if len(kept.groups) == 1:  # the group's own entry, viewed as a stack of one
             return _map(lambda a: a[:, None], self._group(kept, 0, pool, keep=True))
-        stacked = self._kept(kept.key, pool, kept.forward)
+        stacked = self._kept(kept.groups, pool, kept.forward)
         if stacked is not None:
             self.hits += len(kept.groups)
             return stacked
@@ -145,8 +144,8 @@ class PrefixKV:
         else:
             stacked = mx.stack([_pad(p, width) for p in pieces], axis=1)
         blocks = frozenset(b for group in kept.blocks for b in group)
-        self._keep(kept.key, blocks, pool, stacked, kept.forward)
-        self.stacks.update(((key, id(pool)), (kept.key, g)) for g, key in enumerate(kept.groups))
+        self._keep(kept.groups, blocks, pool, stacked, kept.forward)
+        self.stacks.update(((key, id(pool)), (kept.groups, g)) for g, key in enumerate(kept.groups))
         return stacked
 
     def _group(self, kept: KeptPrefixes, g: int, pool, keep: bool):
