@@ -239,6 +239,7 @@ class KVMachine(RuleBasedStateMachine):
             if prefix not in self.cached:
                 parent = self.hashes[prefix[:-BS]] if i else 0
                 self.cached[prefix] = seq.blocks[i]
+                self.live.pop(seq.blocks[i], None)  # a full tree block now: no longer live
                 self.hashes[prefix] = hash_block(parent, prefix[-BS:])
                 self.snapshots[seq.blocks[i]] = self.block_kv(seq.blocks[i])
         self.touch(full)
