@@ -11,10 +11,12 @@ import time
 
 from fleet.supervisor import Child, RankGroup, Supervisor
 
-RANK = (
+RANK = (  # written whole, then renamed: the test never reads a file half written
     "import json, os, sys, time; "
     "ring = json.load(open(os.environ['MLX_HOSTFILE'])); "
-    "open(sys.argv[1] + os.environ['MLX_RANK'], 'w').write(json.dumps(ring)); time.sleep(60)"
+    "path = sys.argv[1] + os.environ['MLX_RANK']; "
+    "open(path + '.tmp', 'w').write(json.dumps(ring)); os.replace(path + '.tmp', path); "
+    "time.sleep(60)"
 )
 
 
