@@ -22,6 +22,8 @@ from typing import NamedTuple
 
 import mlx.core as mx
 
+from worker.attention.mlx_ops import context_slot_table
+
 PREFIX_KV_BYTES = 256 << 20  # kept gathered prefix K/V, all pools and layers together
 
 
@@ -160,10 +162,9 @@ class PrefixKV:
             self.hits += 1
             return got
         self.misses += 1
-        pos = mx.arange(length, dtype=mx.int32)
-        slots = mx.array(blocks, dtype=mx.int32)[pos // kept.block_size] * kept.block_size
-        heads = mx.arange(kept.num_kv_heads, dtype=mx.int32)[:, None]
-        rows = (slots + pos % kept.block_size)[None] * kept.num_kv_heads + heads
+        table = mx.array([blocks], dtype=mx.int32)
+        slots = context_slot_table(table, length, kept.block_size)  # (1, length)
+        rows = slots * kept.num_kv_heads + mx.arange(kept.num_kv_heads, dtype=mx.int32)[:, None]
         got = tuple(pool.gather(rows)) if hasattr(pool, "gather") else _gather(pool, rows)
         if keep:
             self._keep(key, frozenset(blocks), pool, got, kept.forward)
