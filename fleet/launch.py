@@ -197,10 +197,15 @@ def tp_problem(model_dir: Path, tp: int, args, fleet) -> str | None:
 def child_env(threads: int) -> dict:
     from shared.blas import preload_env
 
-    env = preload_env()  # children start with OpenBLAS preloaded: no re-exec needed
+    env = preload_env()  # children start with the BLAS preloaded: no re-exec needed
     env["_MLX_FLEET_REEXECED"] = "1"
     env[PARENT_ENV] = str(os.getpid())  # children watch it (shared/parent_watch.py)
-    for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "VECLIB_MAXIMUM_THREADS"):
+    for var in (
+        "OPENBLAS_NUM_THREADS",
+        "OMP_NUM_THREADS",
+        "MKL_NUM_THREADS",
+        "VECLIB_MAXIMUM_THREADS",
+    ):
         env[var] = str(threads)
     env.setdefault("PYTHONUNBUFFERED", "1")
     # transformers warns at import that PyTorch is missing: router and workers need no PyTorch

@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from shared.blas import openblas_active, reexec_with_openblas
+from shared.blas import blas_active, blas_name, reexec_with_blas
 
 MODEL_HELP = (
     "a local mlx-lm directory, a .gguf file, a Hugging Face repo id, "
@@ -88,8 +88,8 @@ def cmd_generate(args) -> int:
     model, tokenizer = load_model(path, args.compute_dtype)
     stderr_progress(
         f"loaded {path.name} in {time.perf_counter() - start:.2f}s "
-        f"(compute {resolve_compute_dtype(args.compute_dtype)}, OpenBLAS "
-        f"{'on' if openblas_active() else 'off'})"
+        f"(compute {resolve_compute_dtype(args.compute_dtype)}, BLAS "
+        f"{blas_name() if blas_active() else 'off'})"
     )
     prompt = args.prompt
     if not args.raw and tokenizer.chat_template:
@@ -111,7 +111,7 @@ def cmd_generate(args) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    reexec_with_openblas()
+    reexec_with_blas()
     from shared.models.gguf.errors import GGUFError
     from shared.models.store import ModelNotFound
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from shared.blas import reexec_with_openblas  # noqa: E402
+from shared.blas import reexec_with_blas  # noqa: E402
 
 
 def timed(fn, args, iters: int) -> float:
@@ -55,7 +55,7 @@ def main() -> None:
     parser.add_argument("--context", type=int, default=100)
     parser.add_argument("--iters", type=int, default=200)
     args = parser.parse_args()
-    reexec_with_openblas()
+    reexec_with_blas()
     import mlx.core as mx
     import mlx.nn as nn
     from mlx_lm.models.llama import MLP, ModelArgs

@@ -25,7 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from shared.blas import openblas_active, reexec_with_openblas  # noqa: E402
+from shared.blas import blas_active, blas_name, reexec_with_blas  # noqa: E402
 
 TOPICS = ["the sea", "mountains", "a city at night", "autumn", "a library", "coffee", "the moon", "trains",
           "a garden", "snow", "bridges", "a market", "clocks", "rivers", "a lighthouse", "deserts"]  # fmt: skip
@@ -217,13 +217,15 @@ def main() -> None:
     parser.add_argument("--open-loop-requests", type=int, default=48)
     parser.add_argument("--rate", type=float, default=2.0, help="open-loop arrivals per second")
     args = parser.parse_args()
-    reexec_with_openblas()
+    reexec_with_blas()
 
     from shared.models.loading import load_model
     from shared.models.store import resolve_model
 
     model, tokenizer = load_model(resolve_model(args.model))
-    print(json.dumps({"bench": "setup", "openblas": openblas_active()}), flush=True)
+    print(
+        json.dumps({"bench": "setup", "blas": blas_name() if blas_active() else "off"}), flush=True
+    )
     if args.open_loop:
         bench_open_loop(model, tokenizer, args)
         return

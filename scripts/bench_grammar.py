@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from shared.blas import openblas_active, reexec_with_openblas  # noqa: E402
+from shared.blas import blas_active, reexec_with_blas  # noqa: E402
 
 SCHEMA = {
     "type": "object",
@@ -95,8 +95,8 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=16)
     parser.add_argument("--max-tokens", type=int, default=48)
     args = parser.parse_args()
-    if not openblas_active():
-        reexec_with_openblas()
+    if not blas_active():
+        reexec_with_blas()
     from scripts.bench_engine import chat_prompts
     from shared.models.loading import load_model
     from shared.models.store import resolve_model

@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from shared.blas import reexec_with_openblas  # noqa: E402
+from shared.blas import reexec_with_blas  # noqa: E402
 
 
 def ttft(engine, request_id: str, prompt: list[int]) -> tuple[float, int]:
@@ -44,7 +44,7 @@ def main() -> None:
     parser.add_argument("--prefix-tokens", type=int, default=4096)
     parser.add_argument("--dir", type=Path, help="disk tier folder (default: a temporary one)")
     args = parser.parse_args()
-    reexec_with_openblas()
+    reexec_with_blas()
     from shared.models.loading import load_model
     from shared.models.store import resolve_model
     from worker.config import EngineConfig

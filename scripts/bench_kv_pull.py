@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from shared.blas import reexec_with_openblas  # noqa: E402
+from shared.blas import reexec_with_blas  # noqa: E402
 
 
 def ttft(engine, request_id: str, prompt: list[int], max_tokens: int, start: float):
@@ -50,7 +50,7 @@ def main() -> int:
     parser.add_argument("--max-tokens", type=int, default=8, help="greedy output compared")
     parser.add_argument("--kv-bits", type=int, choices=(4, 8, 16), help="quantized KV pool")
     args = parser.parse_args()
-    reexec_with_openblas()
+    reexec_with_blas()
     from shared.models.loading import load_model
     from shared.models.store import resolve_model
     from shared.protocol import Generate, PullHint

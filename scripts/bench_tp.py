@@ -25,7 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from shared.blas import reexec_with_openblas  # noqa: E402
+from shared.blas import reexec_with_blas  # noqa: E402
 
 PROMPT_TOKENS = 16
 
@@ -133,7 +133,7 @@ def main() -> None:
     p.add_argument("--tokens", type=int, default=32, help="tokens decoded per sequence")
     p.add_argument("--rank", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
-    reexec_with_openblas()
+    reexec_with_blas()
     from shared.models.store import resolve_model
 
     model_dir = resolve_model(args.model)

@@ -19,7 +19,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from shared.blas import reexec_with_openblas  # noqa: E402
+from shared.blas import reexec_with_blas  # noqa: E402
 
 FULL = dict(batches=[1, 8, 32, 64], contexts=[512, 2048, 8192], block_sizes=[8, 16, 32])
 QUICK = dict(batches=[1, 8], contexts=[512], block_sizes=[16])
@@ -223,7 +223,7 @@ def _err(value) -> str:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    reexec_with_openblas()
+    reexec_with_blas()
     import mlx.core as mx
 
     dtype = getattr(mx, args.dtype)

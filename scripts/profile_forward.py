@@ -15,7 +15,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from shared.blas import reexec_with_openblas  # noqa: E402
+from shared.blas import reexec_with_blas  # noqa: E402
 
 
 def timed(fn, iters: int) -> float:
@@ -39,7 +39,7 @@ def main() -> None:
     parser.add_argument("--context", type=int, default=100)
     parser.add_argument("--iters", type=int, default=10)
     args = parser.parse_args()
-    reexec_with_openblas()
+    reexec_with_blas()
     import mlx.core as mx
     from mlx_lm.models.cache import make_prompt_cache
 

@@ -268,9 +268,9 @@ def main(argv: list[str] | None = None) -> int:
         "--kv-group-size", type=int, default=DEFAULT_KV_GROUP_SIZE, help="with --kv-bits"
     )
     args = parser.parse_args(argv)
-    from shared.blas import reexec_with_openblas
+    from shared.blas import reexec_with_blas
 
-    reexec_with_openblas()  # before MLX loads: the sgemm peak is OpenBLAS's, as the workers'
+    reexec_with_blas()  # before MLX loads: the sgemm peak is the workers' BLAS's
     if args.machine_only:
         print(json.dumps(asdict(measure_machine(args.repeats))))
         return 0

@@ -13,7 +13,7 @@ import time
 
 import zmq
 
-from shared.blas import openblas_active, reexec_with_openblas
+from shared.blas import blas_active, blas_name, reexec_with_blas
 from shared.config.choices import DEFAULT_MODEL_NAME, MODEL_ID_ENV
 from shared.config.flags import add_flags
 from shared.config.sections import ModelSection, WorkerSection
@@ -127,7 +127,7 @@ def log_since_spawn(log: logging.Logger) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args, worker, model = load_settings(parser, argv)
-    reexec_with_openblas()
+    reexec_with_blas()
     logging.basicConfig(
         level=worker.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s"
     )
@@ -161,9 +161,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"cluster-worker: error: {exc}", file=sys.stderr)
         return 2
     log.info(
-        "%s: %s (%s) loaded in %.1fs, %d KV blocks of %d tokens, OpenBLAS %s",
+        "%s: %s (%s) loaded in %.1fs, %d KV blocks of %d tokens, BLAS %s",
         worker_id, model.name, model_dir, time.perf_counter() - start, engine.pool.num_blocks - 1,
-        config.block_size, "on" if openblas_active() else "off",
+        config.block_size, blas_name() if blas_active() else "off",
     )  # fmt: skip
     try:
         publisher = kv_publisher(worker)

@@ -44,9 +44,9 @@ def baseline_dir(src: Path, dest: Path) -> Path:
 
 
 def main(argv: list[str]) -> int:
-    from shared.blas import reexec_with_openblas
+    from shared.blas import reexec_with_blas
 
-    reexec_with_openblas()  # before mlx is imported: the conversion runs matmuls too
+    reexec_with_blas()  # before mlx is imported: the conversion runs matmuls too
     src, dest = (Path(a) for a in argv)
     print(baseline_dir(src, dest))
     return 0

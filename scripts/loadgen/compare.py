@@ -82,9 +82,9 @@ def default_model_dir() -> Path:
 
 
 def baseline_env() -> dict[str, str]:
-    """OpenBLAS preloaded for mlx_lm.server, as our entry points do for themselves (Linux)."""
-    preload = preload_env().get("LD_PRELOAD")
-    return {"LD_PRELOAD": preload} if preload else {}
+    """The BLAS preloaded for the peers' servers, as our entry points do for themselves (Linux)."""
+    env = preload_env()
+    return {key: env[key] for key in ("LD_PRELOAD", "MKL_THREADING_LAYER") if env.get(key)}
 
 
 def machine() -> dict:

@@ -78,30 +78,45 @@ def test_compute_dtype_is_float32_on_cpu():
         resolve_compute_dtype("int3")
 
 
-def test_openblas_switch(monkeypatch, tmp_path):
+def test_blas_switch(monkeypatch, tmp_path):
     fake = tmp_path / "libblas.so.3"
     fake.write_bytes(b"")
-    env = {"MLX_FLEET_OPENBLAS": str(fake), "LD_PRELOAD": "/x.so"}
-    if sys.platform.startswith("linux"):
-        assert blas.openblas_path(env) == str(fake)
-        assert blas.preload_env(env)["LD_PRELOAD"] == f"{fake}:/x.so"
-    for off in ("0", "off", "false"):
-        assert blas.openblas_path({"MLX_FLEET_OPENBLAS": off}) is None
-        assert (
-            blas.preload_env({"MLX_FLEET_OPENBLAS": off, "LD_PRELOAD": "/x.so"})["LD_PRELOAD"]
-            == "/x.so"
-        )
+    for switch in ("MLX_FLEET_BLAS", "MLX_FLEET_OPENBLAS"):  # the new name and the older one
+        env = {switch: str(fake), "LD_PRELOAD": "/x.so"}
+        if sys.platform.startswith("linux"):
+            assert blas.blas_path(env) == str(fake)
+            assert blas.preload_env(env)["LD_PRELOAD"] == f"{fake}:/x.so"
+            assert blas.blas_name(env) == "libblas.so.3"
+        for off in ("0", "off", "false"):
+            assert blas.blas_path({switch: off}) is None
+            assert blas.blas_name({switch: off}) == "off"
+            assert blas.preload_env({switch: off, "LD_PRELOAD": "/x.so"})["LD_PRELOAD"] == "/x.so"
+    # the new name wins over the older one
+    assert blas.blas_path({"MLX_FLEET_BLAS": "0", "MLX_FLEET_OPENBLAS": str(fake)}) is None
 
 
-@pytest.mark.skipif(blas.openblas_path() is None, reason="OpenBLAS not installed here")
-def test_entry_point_reexecs_with_openblas():
+@pytest.mark.skipif(
+    blas.mkl_path() is None or not blas.intel_cpu(), reason="no oneMKL wheel, or not an Intel CPU"
+)
+def test_mkl_preferred_and_its_threads_set():
+    env = {"LD_PRELOAD": ""}
+    assert blas.blas_path(env) == str(blas.mkl_path())
+    assert blas.blas_name(env) == "mkl"
+    assert blas.preload_env(env)["MKL_THREADING_LAYER"] == "INTEL"
+    assert blas.preload_env(env | {"MKL_THREADING_LAYER": "GNU"})["MKL_THREADING_LAYER"] == "GNU"
+    assert blas.blas_path({"MLX_FLEET_BLAS": "openblas"}) in (*blas.OPENBLAS, None)
+    assert blas.blas_path({"MLX_FLEET_BLAS": "mkl"}) == str(blas.mkl_path())
+
+
+@pytest.mark.skipif(blas.blas_path() is None, reason="no BLAS to preload here")
+def test_entry_point_reexecs_with_blas():
     code = (
-        "import os; from shared.blas import reexec_with_openblas, openblas_active;"
-        "reexec_with_openblas(); print(openblas_active(), os.environ.get('_MLX_FLEET_REEXECED'))"
+        "import os; from shared.blas import reexec_with_blas, blas_active;"
+        "reexec_with_blas(); print(blas_active(), os.environ.get('_MLX_FLEET_REEXECED'))"
     )
-    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+    env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "MLX_FLEET_BLAS")}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert out.stdout.split() == ["True", "1"]
-    env["MLX_FLEET_OPENBLAS"] = "0"
+    env["MLX_FLEET_BLAS"] = "0"
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert out.stdout.split() == ["False", "None"]
