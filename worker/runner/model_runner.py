@@ -25,6 +25,7 @@ import mlx.nn as nn
 
 from worker.attention import AttentionBackend, AttentionPlan, install_attention_hook, write_kv
 from worker.kv.quant import rotate
+from worker.runner.activations import install_activation_hook, our_forward
 from worker.runner.plan import StepKind, StepPlan
 from worker.runner.sampler import PromptLogprobs, TokenLogprobs, prompt_logprobs, sample
 
@@ -188,6 +189,7 @@ class ModelRunner:
         self, model: nn.Module, pool: BlockPool, scratch_block: int, backend: AttentionBackend
     ):
         install_attention_hook()
+        install_activation_hook()
         if not hasattr(model, "model"):
             raise NotImplementedError(f"{type(model).__name__} has no .model backbone")
         self.model, self.pool, self.scratch_block = model, pool, scratch_block
@@ -265,7 +267,8 @@ class ModelRunner:
             for i in range(self.pool.num_layers)
         ]
         self.last_caches = caches
-        return self.model.model(tokens, cache=caches), layout
+        with our_forward():
+            return self.model.model(tokens, cache=caches), layout
 
     def plan_rows(self, plan: StepPlan, on_device: bool) -> tuple[list[Row], Points]:
         """The rows of `plan` and where they sample. A decode row is its last token; its

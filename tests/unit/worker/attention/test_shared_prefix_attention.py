@@ -9,8 +9,7 @@ import random
 import mlx.core as mx
 import pytest
 
-from worker.attention import exp2, shared_prefix, tiles
-from worker.attention.exp2 import exp2_shifted
+from worker.attention import shared_prefix, tiles
 from worker.attention.mlx_ops import gather_attention
 from worker.attention.shared_prefix import plan_shared_prefixes, shared_prefix_attention
 from worker.attention.tiles import prepare_tiles, tiled_attention
@@ -170,30 +169,3 @@ def test_engine_decodes_tenants_through_the_shared_prefix_plan_and_matches_mlx_l
     # the roofline's K/V per tick with each shared prefix read once: less than every row's
     phases = engine.stats_.phases()
     assert 0 < phases.decode_kv_shared_bytes_mean < phases.decode_kv_bytes_mean
-
-
-def test_the_compiled_exp2_matches_power_to_two_ulp():
-    scores = mx.concatenate([
-        mx.linspace(-130.0, 0.0, 100_003),  # every fraction and exponent the weights see
-        mx.random.normal((4, 1000), key=mx.random.key(5)).reshape(-1) * 9,
-        mx.array([-mx.inf, 0.0, -0.5, 0.5, -1e-7]),
-    ]).reshape(1, -1)  # fmt: skip
-    top = scores.max(axis=-1, keepdims=True)
-    got, want = exp2_shifted(scores, top), mx.power(2.0, scores - top)
-    normal = want >= 2.0**-125
-    error = mx.where(normal, mx.abs(got - want) / mx.where(normal, want, 1.0), 0.0)
-    assert error.max().item() < 2.6e-7
-    # below 2**-125 (masked keys included) a weight stays below 2**-125: nothing beside 1
-    assert mx.where(normal, 0.0, got).max().item() <= 2.0**-125
-
-
-def test_the_compiled_exp2_keeps_a_bounded_number_of_traces(monkeypatch):
-    kernels = exp2._Exp2Kernels()
-    monkeypatch.setattr(kernels, "MAX_SHAPES", 4)
-    first = None
-    for keys in range(1, 11):  # a decode tick's new width, ten times over
-        x = mx.zeros((3, keys))
-        assert mx.array_equal(kernels(x, x.max(axis=-1, keepdims=True)), mx.ones((3, keys)))
-        first = first or kernels.split
-        assert len(kernels.shapes) <= 4
-    assert kernels.split is not first  # compiled anew: the old traces went with the old one
