@@ -6,6 +6,7 @@ We hand each layer a `PagedLayerCache`, whose update_and_fetch scatters the new 
 pool by slot id, and patch `scaled_dot_product_attention` (`worker.attention.hook`, installed
 when a runner is made and checked per model by `worker.runner.model_support`) so that, for our cache,
 it runs the forward's `AttentionPlan` over the sequence's blocks instead of the dense K/V.
+SwiGLU and RoPE get faster CPU paths inside our forwards (`worker.runner.model_hooks`).
 
 `ModelRunner.run(plan)` is the whole device side of a step: the batch layout built once from
 host ints, one attention plan per forward, the forward, and the only place tokens are sampled.
@@ -25,7 +26,7 @@ import mlx.nn as nn
 
 from worker.attention import AttentionBackend, AttentionPlan, install_attention_hook, write_kv
 from worker.kv.quant import rotate
-from worker.runner.activations import install_activation_hook, our_forward
+from worker.runner.model_hooks import install_model_hooks, our_forward
 from worker.runner.plan import StepKind, StepPlan
 from worker.runner.sampler import PromptLogprobs, TokenLogprobs, prompt_logprobs, sample
 
@@ -189,9 +190,9 @@ class ModelRunner:
         self, model: nn.Module, pool: BlockPool, scratch_block: int, backend: AttentionBackend
     ):
         install_attention_hook()
-        install_activation_hook()
         if not hasattr(model, "model"):
             raise NotImplementedError(f"{type(model).__name__} has no .model backbone")
+        install_model_hooks(model)
         self.model, self.pool, self.scratch_block = model, pool, scratch_block
         self.backend = backend
         self._head = model_head(model)
@@ -267,7 +268,7 @@ class ModelRunner:
             for i in range(self.pool.num_layers)
         ]
         self.last_caches = caches
-        with our_forward():
+        with our_forward(layout.offsets):
             return self.model.model(tokens, cache=caches), layout
 
     def plan_rows(self, plan: StepPlan, on_device: bool) -> tuple[list[Row], Points]:

@@ -1,15 +1,12 @@
 """2**y from exponent bits (`worker.attention.exp2`): the softmax weights and SwiGLU against
-MLX's own `power` and `sigmoid`, and the hook that gives our forwards (only) the fast SwiGLU."""
+MLX's own `power` and `sigmoid`."""
 
 from __future__ import annotations
 
 import mlx.core as mx
-from mlx_lm.models import activations as mlx_activations
-from mlx_lm.models import llama
 
 from worker.attention import exp2
 from worker.attention.exp2 import exp2_shifted, swiglu
-from worker.runner import activations
 
 
 def test_the_compiled_exp2_matches_power_to_two_ulp():
@@ -56,19 +53,3 @@ def test_swiglu_matches_silu_to_float_rounding():
     # a dtype the kernels do not take falls back to sigmoid
     half = swiglu(gate.astype(mx.float16), x.astype(mx.float16))
     assert half.dtype == mx.float16
-
-
-def test_only_our_forwards_get_the_fast_swiglu(monkeypatch):
-    calls = []
-    monkeypatch.setattr(activations, "exp2_swiglu", lambda g, x: calls.append(1) or swiglu(g, x))
-    activations.install_activation_hook()
-    assert llama.swiglu is activations._swiglu and mlx_activations.swiglu is activations._swiglu
-    gate, x = mx.random.normal((2, 8)), mx.random.normal((2, 8))
-    want = activations._original_swiglu(gate, x)
-    assert mx.allclose(llama.swiglu(gate, x), want).item() and not calls  # mlx-lm's forward
-    with activations.our_forward():  # the CPU here: the exp2 kernels
-        assert mx.allclose(llama.swiglu(gate, x), want, rtol=1e-6).item()
-        assert mx.allclose(llama.swiglu(gate.astype(mx.float16), x.astype(mx.float16)),
-                           want.astype(mx.float16), rtol=1e-2).item()  # fmt: skip
-    assert calls == [1]  # float16 went to mlx-lm's function
-    assert mx.allclose(llama.swiglu(gate, x), want).item() and calls == [1]  # after: mlx-lm's
