@@ -34,9 +34,12 @@ def install_attention_hook() -> None:
     """Route mlx-lm's attention through `_paged_sdpa`, in base and in every model module
     loaded so far. Idempotent; the hook leaves non-paged caches to mlx-lm's own function."""
     mlx_base.scaled_dot_product_attention = _paged_sdpa
-    for name, module in list(sys.modules.items()):
-        if (
-            name.startswith("mlx_lm.models.")
-            and getattr(module, "scaled_dot_product_attention", None) is _original_sdpa
-        ):
-            module.scaled_dot_product_attention = _paged_sdpa
+    rebind_in_models("scaled_dot_product_attention", _original_sdpa, _paged_sdpa)
+
+
+def rebind_in_models(name: str, original, replacement) -> None:
+    """Every mlx-lm model module loaded so far that bound `name` to `original` at import gets
+    `replacement` instead (model modules import their helpers by name)."""
+    for module_name, module in list(sys.modules.items()):
+        if module_name.startswith("mlx_lm.models.") and getattr(module, name, None) is original:
+            setattr(module, name, replacement)

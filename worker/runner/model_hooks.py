@@ -21,7 +21,6 @@ fused kernel already.
 
 from __future__ import annotations
 
-import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -32,6 +31,7 @@ from mlx_lm.models import activations as mlx_activations
 
 from worker.attention.exp2 import BoundedCompile
 from worker.attention.exp2 import swiglu as exp2_swiglu
+from worker.attention.hook import rebind_in_models
 
 _original_swiglu = mlx_activations.swiglu
 
@@ -157,12 +157,7 @@ def install_model_hooks(model: nn.Module) -> None:
     so far) and wrap each attention layer's rope in a `TableRoPE` where its form checks out.
     Idempotent; outside `our_forward` both are mlx-lm's own."""
     mlx_activations.swiglu = _swiglu
-    for name, module in list(sys.modules.items()):
-        if (
-            name.startswith("mlx_lm.models.")
-            and getattr(module, "swiglu", None) is _original_swiglu
-        ):
-            module.swiglu = _swiglu
+    rebind_in_models("swiglu", _original_swiglu, _swiglu)
     kinds: list[tuple[nn.Module, tuple[bool, int], int]] = []  # a rope of each kind
     for layer in getattr(getattr(model, "model", None), "layers", []):
         attention = getattr(layer, "self_attn", None)
