@@ -69,39 +69,34 @@ def our_forward(offsets: mx.array) -> Iterator[None]:
         _state.forward = before
 
 
-def _swap(x: mx.array, traditional: bool, dims: int) -> mx.array:
-    """Each rotated pair's two elements exchanged (the rest as they are)."""
-    if traditional:
+def _swap(x: mx.array, traditional: bool) -> mx.array:
+    """Each rotated pair's two elements exchanged (all of the last axis is rotated)."""
+    if traditional:  # pairs (2i, 2i + 1)
         return x.reshape(*x.shape[:-1], -1, 2)[..., ::-1].reshape(x.shape)
-    half = dims // 2
-    return mx.concatenate([x[..., half:dims], x[..., :half], x[..., dims:]], axis=-1)
+    half = x.shape[-1] // 2  # pairs (i, i + half)
+    return mx.concatenate([x[..., half:], x[..., :half]], axis=-1)
 
 
-def _probe(shape: tuple[int, ...], traditional: bool, dims: int) -> mx.array:
-    first = mx.array([1.0, 0.0])  # 1 at the first element of a pair, 0 at the second
+def _probe(shape: tuple[int, ...], traditional: bool) -> mx.array:
+    """1 at the first element of each rotated pair, 0 at the second."""
+    half = shape[-1] // 2
     if traditional:
-        return mx.broadcast_to(mx.tile(first, shape[-1] // 2), shape)
-    half = dims // 2
-    row = mx.concatenate([mx.ones((half,)), mx.zeros((half,)), mx.ones((shape[-1] - dims,))])
-    return mx.broadcast_to(row, shape)
+        return mx.broadcast_to(mx.tile(mx.array([1.0, 0.0]), half), shape)
+    return mx.broadcast_to(mx.concatenate([mx.ones((half,)), mx.zeros((half,))]), shape)
 
 
-def _table(rope: nn.Module, x: mx.array, offset, traditional: bool, dims: int):
+def _table(rope: nn.Module, x: mx.array, offset, traditional: bool):
     """(C, S) of `rope` at `offset` for rows shaped as `x`, broadcast over its heads."""
-    probed = rope(_probe((x.shape[0], 1, *x.shape[2:]), traditional, dims), offset=offset)
+    probed = rope(_probe((x.shape[0], 1, *x.shape[2:]), traditional), offset=offset)
     if traditional:
         cos, sin = probed[..., 0::2], probed[..., 1::2]
         pair = probed.shape[:-1] + (-1,)
         return mx.repeat(cos, 2, axis=-1), mx.stack([-sin, sin], axis=-1).reshape(pair)
-    half = dims // 2
-    cos, sin, rest = probed[..., :half], probed[..., half:dims], probed[..., dims:]
-    return (
-        mx.concatenate([cos, cos, rest], axis=-1),
-        mx.concatenate([-sin, sin, mx.zeros_like(rest)], axis=-1),
-    )
+    cos, sin = mx.split(probed, 2, axis=-1)
+    return mx.concatenate([cos, cos], axis=-1), mx.concatenate([-sin, sin], axis=-1)
 
 
-_ROTATE: dict[tuple[bool, int], BoundedCompile] = {}
+_ROTATE: dict[bool, BoundedCompile] = {}
 
 
 class TableRoPE(nn.Module):
@@ -111,11 +106,11 @@ class TableRoPE(nn.Module):
         super().__init__()
         self.inner = rope
         self._kind, self._traditional, self._dims = kind, traditional, dims
-        if (traditional, dims) not in _ROTATE:  # one trace per shape for all layers
-            _ROTATE[traditional, dims] = BoundedCompile(
-                lambda x, cos, sin: x * cos + _swap(x, traditional, dims) * sin
+        if traditional not in _ROTATE:  # one trace per shape for all layers
+            _ROTATE[traditional] = BoundedCompile(
+                lambda x, cos, sin: x * cos + _swap(x, traditional) * sin
             )
-        self._apply = _ROTATE[traditional, dims]
+        self._apply = _ROTATE[traditional]
 
     def __call__(self, x: mx.array, offset=0) -> mx.array:
         forward = _ours()
@@ -127,9 +122,7 @@ class TableRoPE(nn.Module):
         ):
             return self.inner(x, offset=offset)
         if self._kind not in forward.tables:
-            forward.tables[self._kind] = _table(
-                self.inner, x, offset, self._traditional, self._dims
-            )
+            forward.tables[self._kind] = _table(self.inner, x, offset, self._traditional)
         cos, sin = forward.tables[self._kind]
         (rotate,) = self._apply(x, cos, sin)
         return rotate(x, cos, sin)
@@ -144,8 +137,8 @@ def _rope_form(rope: nn.Module) -> tuple[bool, int] | None:
     offset = mx.array([0, 4000], dtype=mx.int32)
     try:
         want = rope(x, offset=offset)
-        cos, sin = _table(rope, x, offset, traditional, dims)
-        got = x * cos + _swap(x, traditional, dims) * sin
+        cos, sin = _table(rope, x, offset, traditional)
+        got = x * cos + _swap(x, traditional) * sin
         ok = mx.allclose(got, want, rtol=1e-4, atol=1e-4).item()
     except (ValueError, TypeError):
         return None
