@@ -24,6 +24,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from functools import partial
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -96,7 +97,12 @@ def _table(rope: nn.Module, x: mx.array, offset, traditional: bool):
     return mx.concatenate([cos, cos], axis=-1), mx.concatenate([-sin, sin], axis=-1)
 
 
-_ROTATE: dict[bool, BoundedCompile] = {}
+def _rotate(x: mx.array, cos: mx.array, sin: mx.array, *, traditional: bool) -> mx.array:
+    return x * cos + _swap(x, traditional) * sin
+
+
+# compiled once per layout for all layers: one trace per shape, not one per layer
+_ROTATE = {t: BoundedCompile(partial(_rotate, traditional=t)) for t in (False, True)}
 
 
 class TableRoPE(nn.Module):
@@ -106,11 +112,6 @@ class TableRoPE(nn.Module):
         super().__init__()
         self.inner = rope
         self._kind, self._traditional, self._dims = kind, traditional, dims
-        if traditional not in _ROTATE:  # one trace per shape for all layers
-            _ROTATE[traditional] = BoundedCompile(
-                lambda x, cos, sin: x * cos + _swap(x, traditional) * sin
-            )
-        self._apply = _ROTATE[traditional]
 
     def __call__(self, x: mx.array, offset=0) -> mx.array:
         forward = _ours()
@@ -124,7 +125,7 @@ class TableRoPE(nn.Module):
         if self._kind not in forward.tables:
             forward.tables[self._kind] = _table(self.inner, x, offset, self._traditional)
         cos, sin = forward.tables[self._kind]
-        (rotate,) = self._apply(x, cos, sin)
+        (rotate,) = _ROTATE[self._traditional](x, cos, sin)
         return rotate(x, cos, sin)
 
 
@@ -137,8 +138,7 @@ def _rope_form(rope: nn.Module) -> tuple[bool, int] | None:
     offset = mx.array([0, 4000], dtype=mx.int32)
     try:
         want = rope(x, offset=offset)
-        cos, sin = _table(rope, x, offset, traditional)
-        got = x * cos + _swap(x, traditional) * sin
+        got = _rotate(x, *_table(rope, x, offset, traditional), traditional=traditional)
         ok = mx.allclose(got, want, rtol=1e-4, atol=1e-4).item()
     except (ValueError, TypeError):
         return None
@@ -151,7 +151,7 @@ def install_model_hooks(model: nn.Module) -> None:
     Idempotent; outside `our_forward` both are mlx-lm's own."""
     mlx_activations.swiglu = _swiglu
     rebind_in_models("swiglu", _original_swiglu, _swiglu)
-    kinds: list[tuple[nn.Module, tuple[bool, int], int]] = []  # a rope of each kind
+    kinds: list[tuple[nn.Module, tuple[bool, int]]] = []  # a rope of each kind, and its form
     for layer in getattr(getattr(model, "model", None), "layers", []):
         attention = getattr(layer, "self_attn", None)
         rope = getattr(attention, "rope", None)
@@ -160,10 +160,10 @@ def install_model_hooks(model: nn.Module) -> None:
         form = _rope_form(rope)
         if form is None:
             continue
-        kind = next((k for r, f, k in kinds if f == form and _same_rope(r, rope, form)), None)
-        if kind is None:
-            kind = len(kinds)
-            kinds.append((rope, form, kind))
+        same = (i for i, (r, f) in enumerate(kinds) if f == form and _same_rope(r, rope, form))
+        kind = next(same, len(kinds))
+        if kind == len(kinds):
+            kinds.append((rope, form))
         attention.rope = TableRoPE(rope, kind, *form)
 
 
