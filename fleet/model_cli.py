@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from shared.blas import blas_active, blas_name, reexec_with_blas
+from shared.blas import active_blas, reexec_with_blas
 
 MODEL_HELP = (
     "a local mlx-lm directory, a .gguf file, a Hugging Face repo id, "
@@ -89,7 +89,7 @@ def cmd_generate(args) -> int:
     stderr_progress(
         f"loaded {path.name} in {time.perf_counter() - start:.2f}s "
         f"(compute {resolve_compute_dtype(args.compute_dtype)}, BLAS "
-        f"{blas_name() if blas_active() else 'off'})"
+        f"{active_blas()})"
     )
     prompt = args.prompt
     if not args.raw and tokenizer.chat_template:

@@ -25,7 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from shared.blas import blas_active, blas_name, reexec_with_blas  # noqa: E402
+from shared.blas import active_blas, reexec_with_blas  # noqa: E402
 
 TOPICS = ["the sea", "mountains", "a city at night", "autumn", "a library", "coffee", "the moon", "trains",
           "a garden", "snow", "bridges", "a market", "clocks", "rivers", "a lighthouse", "deserts"]  # fmt: skip
@@ -223,9 +223,7 @@ def main() -> None:
     from shared.models.store import resolve_model
 
     model, tokenizer = load_model(resolve_model(args.model))
-    print(
-        json.dumps({"bench": "setup", "blas": blas_name() if blas_active() else "off"}), flush=True
-    )
+    print(json.dumps({"bench": "setup", "blas": active_blas()}), flush=True)
     if args.open_loop:
         bench_open_loop(model, tokenizer, args)
         return

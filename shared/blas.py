@@ -55,7 +55,8 @@ def mkl_path() -> Path | None:
 def blas_path(env: Mapping[str, str] | None = None) -> str | None:
     """The BLAS library to preload, or None (off, not Linux, or none installed)."""
     env = os.environ if env is None else env
-    choice = env.get(ENV_SWITCH, env.get(OLD_ENV_SWITCH, "1")).lower()
+    raw = env.get(ENV_SWITCH, env.get(OLD_ENV_SWITCH, "1"))
+    choice = raw.lower()
     if choice in OFF or not sys.platform.startswith("linux"):
         return None
     mkl = mkl_path()
@@ -67,7 +68,7 @@ def blas_path(env: Mapping[str, str] | None = None) -> str | None:
     elif choice == "openblas":
         candidates = OPENBLAS
     else:
-        candidates = (env.get(ENV_SWITCH, env.get(OLD_ENV_SWITCH, "")),)
+        candidates = (raw,)
     return next((c for c in candidates if Path(c).is_file()), None)
 
 
@@ -96,6 +97,11 @@ def preload_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
 def blas_active() -> bool:
     lib = blas_path()
     return bool(lib) and lib in os.environ.get("LD_PRELOAD", "").split(":")
+
+
+def active_blas() -> str:
+    """The preloaded BLAS's name (`blas_name`), or "off" where none is: for start-up logs."""
+    return blas_name() if blas_active() else "off"
 
 
 def reexec_with_blas() -> None:

@@ -13,7 +13,7 @@ import time
 
 import zmq
 
-from shared.blas import blas_active, blas_name, reexec_with_blas
+from shared.blas import active_blas, reexec_with_blas
 from shared.config.choices import DEFAULT_MODEL_NAME, MODEL_ID_ENV
 from shared.config.flags import add_flags
 from shared.config.sections import ModelSection, WorkerSection
@@ -163,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     log.info(
         "%s: %s (%s) loaded in %.1fs, %d KV blocks of %d tokens, BLAS %s",
         worker_id, model.name, model_dir, time.perf_counter() - start, engine.pool.num_blocks - 1,
-        config.block_size, blas_name() if blas_active() else "off",
+        config.block_size, active_blas(),
     )  # fmt: skip
     try:
         publisher = kv_publisher(worker)

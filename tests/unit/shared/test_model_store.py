@@ -111,12 +111,13 @@ def test_mkl_preferred_and_its_threads_set():
 @pytest.mark.skipif(blas.blas_path() is None, reason="no BLAS to preload here")
 def test_entry_point_reexecs_with_blas():
     code = (
-        "import os; from shared.blas import reexec_with_blas, blas_active;"
-        "reexec_with_blas(); print(blas_active(), os.environ.get('_MLX_FLEET_REEXECED'))"
+        "import os; from shared.blas import reexec_with_blas, blas_active, active_blas;"
+        "reexec_with_blas(); print(blas_active(), os.environ.get('_MLX_FLEET_REEXECED'),"
+        " active_blas())"
     )
     env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "MLX_FLEET_BLAS")}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
-    assert out.stdout.split() == ["True", "1"]
+    assert out.stdout.split() == ["True", "1", blas.blas_name(env)]  # the library it preloaded
     env["MLX_FLEET_BLAS"] = "0"
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
-    assert out.stdout.split() == ["False", "None"]
+    assert out.stdout.split() == ["False", "None", "off"]
