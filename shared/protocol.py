@@ -103,6 +103,7 @@ class WorkerPhases:
     mlx_active_mb: float = 0.0  # arrays alive: weights, the KV pool, the kept prefixes below
     mlx_cache_mb: float = 0.0  # freed buffers MLX keeps for reuse
     prefix_kv_mb: float = 0.0  # gathered prefix K/V kept across ticks (a bounded cache)
+    busy_s: float = 0.0  # seconds spent in engine steps since start (idle = wall time - this)
 
 
 @dataclass(frozen=True, slots=True)

@@ -183,9 +183,11 @@ class WorkerLoop:
     def _step(self) -> None:
         prefilled, start = self.engine.stats_.prefill_tokens, time.perf_counter()
         deltas = self.engine.step()
+        elapsed = time.perf_counter() - start
+        self.engine.stats_.busy_s += elapsed
         prefilled = self.engine.stats_.prefill_tokens - prefilled
         if prefilled > 0:
-            rate = prefilled / max(time.perf_counter() - start, 1e-6)
+            rate = prefilled / max(elapsed, 1e-6)
             old = self.prefill_rate or rate
             self.prefill_rate = PREFILL_RATE_EWMA * rate + (1 - PREFILL_RATE_EWMA) * old
         for delta in filter(None, map(self.prefill_only.translate, deltas)):

@@ -23,6 +23,7 @@ COLUMNS = (
     ("hit +pulls", lambda r: _percent((r.get("fleet_cache") or {}).get("hit_rate_with_pulls"))),
     ("pulled tok", lambda r: (r.get("fleet_cache") or {}).get("pulled_tokens")),
     ("per worker", lambda r: _per_worker(r.get("requests_per_worker"))),
+    ("busy", lambda r: _busy(r.get("busy_per_worker"))),
     ("tick p50", lambda r: _decoders_mean(r, "decode_tick_p50_ms")),
     ("K/V MB/tick", lambda r: _mb(_decoders_mean(r, "decode_kv_bytes_mean"))),
     ("draft accept", lambda r: _percent((r.get("speculation") or {}).get("acceptance"))),
@@ -47,6 +48,13 @@ def _mb(value: float | None) -> float | None:
 
 def _per_worker(counts: dict | None) -> str | None:
     return None if not counts else " / ".join(str(counts[w]) for w in sorted(counts))
+
+
+def _busy(shares: dict | None) -> str | None:
+    """Each worker's share of the run spent in engine steps, in worker order."""
+    if not shares:
+        return None
+    return " / ".join(f"{shares[w]:.0%}" for w in sorted(shares))
 
 
 def _cell(value) -> str:

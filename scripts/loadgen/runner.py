@@ -15,6 +15,7 @@ import aiohttp
 
 from scripts.loadgen.client import ChatParams, RequestResult, stream_chat
 from scripts.loadgen.stats import (
+    busy_per_worker,
     fleet_cache,
     pulled_blocks_per_worker,
     requests_per_worker,
@@ -178,6 +179,7 @@ def build_report(
         **summarize(results, elapsed_s),
         "policy": after.get("policy") if after else None,
         "requests_per_worker": requests_per_worker(before, after),
+        "busy_per_worker": busy_per_worker(before, after, elapsed_s),
         # prompt tokens hit locally vs pulled from a peer (the router's /v1/cluster `cache`)
         "fleet_cache": fleet_cache(before, after),
         "pulled_blocks_per_worker": pulled_blocks_per_worker(before, after),

@@ -145,3 +145,18 @@ def pulled_blocks_per_worker(before: dict | None, after: dict | None) -> dict[st
         w["id"]: w.get("pulled_blocks", 0) - start.get(w["id"], 0)
         for w in sorted(after.get("workers", []), key=lambda w: w["id"])
     }
+
+
+def busy_per_worker(before: dict | None, after: dict | None, elapsed_s: float) -> dict | None:
+    """The share of `elapsed_s` each worker spent in engine steps (its phases' `busy_s`
+    between two /v1/cluster snapshots): an idle worker beside a busy one is capacity lost."""
+    if before is None or after is None or elapsed_s <= 0:
+        return None
+
+    def busy(snapshot: dict) -> dict[str, float]:
+        return {
+            w["id"]: (w.get("phases") or {}).get("busy_s", 0.0) for w in snapshot.get("workers", [])
+        }
+
+    start, end = busy(before), busy(after)
+    return {w: round((end[w] - start.get(w, 0.0)) / elapsed_s, 3) for w in sorted(end)}

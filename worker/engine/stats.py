@@ -52,6 +52,7 @@ class EngineStats:
     prefill_forwards: int = 0  # padded prefill forwards (each a weight pass of its own)
     prefill_padding: int = 0  # token slots those computed beyond their prompt tokens
     preemptions: int = 0
+    busy_s: float = 0.0  # seconds in Engine.step since start (the worker loop adds them)
     drafted: int = 0  # speculative tokens proposed
     draft_accepted: int = 0
     spikes: int = 0
@@ -158,6 +159,7 @@ class EngineStats:
             folded_forwards=self.folded_forwards,
             prefill_forwards=self.prefill_forwards,
             prefill_padding_tokens=self.prefill_padding,
+            busy_s=round(self.busy_s, 3),
         )
 
 

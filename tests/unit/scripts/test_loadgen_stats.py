@@ -166,3 +166,20 @@ def test_fleet_cache_counts_pulled_tokens_apart_from_local_hits():
     }  # fmt: skip
     assert pulled_blocks_per_worker(before, after) == {"w0": 0, "w1": 10}
     assert fleet_cache({"workers": []}, after) is None  # a server without the fleet cache
+
+
+def test_busy_per_worker_is_each_workers_share_of_the_run_in_steps():
+    from scripts.loadgen.report import markdown_table
+    from scripts.loadgen.stats import busy_per_worker
+
+    def snapshot(busy):
+        return {"workers": [{"id": w, "phases": {"busy_s": s}} for w, s in busy.items()]}
+
+    before = snapshot({"w0": 5.0, "w1": 1.0})
+    after = snapshot({"w0": 95.0, "w1": 46.0})
+    shares = busy_per_worker(before, after, elapsed_s=100.0)
+    assert shares == {"w0": 0.9, "w1": 0.45}
+    assert busy_per_worker(None, after, 100.0) is None
+    assert busy_per_worker({"workers": [{"id": "w0", "phases": None}]}, after, 100.0)["w0"] == 0.95
+    row = {"config": "c", "busy_per_worker": shares}
+    assert "| 90% / 45% |" in markdown_table([row])

@@ -113,6 +113,7 @@ def test_kv_events_and_heartbeats_reach_the_router(running):
         assert time.monotonic() < deadline, "no phase figures in the heartbeats"
         beat = router.recv_until(Heartbeat)
     assert beat.phases.prefill_chunk_p50_ms > 0
+    assert beat.phases.busy_s > 0  # the loop's time in engine steps
 
 
 def test_registration_says_which_attention_backend_and_why(running):
