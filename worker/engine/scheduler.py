@@ -194,7 +194,7 @@ class Scheduler:
             self.pool.incref(match.block_ids)
             extended = self._extend_from_disk(prompt, match)  # (a partial hit follows a node)
             partial = self.cache.partials.match(prompt, match) if extended is match else None
-            match = extended
+            hit, match = match, extended
             self.pool.incref([partial.block_id] if partial else [])  # held too, until copied
             done = match.num_tokens + (partial.num_tokens if partial else 0)
             left = len(seq.tokens) - done - (1 if seq.forks else 0)
@@ -208,6 +208,7 @@ class Scheduler:
                 self.waiting.appendleft(seq)
                 break
             self._start(seq, match, need, partial)
+            self.cache.admitted(hit, len(prompt))  # counted once in, not per attempt
             if n > 0:  # 0: all but the last token cached, and forks pending
                 chunks.append(PrefillChunk(seq, n))
             budget -= n

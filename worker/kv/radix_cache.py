@@ -4,9 +4,9 @@ Full blocks only; a sequence's partial last block may be kept as a tail beside t
 (`insert_tail`, worker/kv/radix_partial.py), which later prompts copy, never share.
 
 How the engine is meant to use it:
-- admission: `peek_prefix_length` to plan (no mutation), then `match_prefix` once (counts
-  hits/misses, splits, touches LRU), `lock(result.node)`, `pool.incref(result.block_ids)`,
-  allocate the rest (`partials.match` and `partials.take` copy a partial block);
+- admission: `peek_prefix_length` to plan (no mutation), then `match_prefix` (splits,
+  touches LRU), `lock(result.node)`, `pool.incref(result.block_ids)`, allocate the rest
+  (`partials.match` and `partials.take` copy a partial block), and once it is in, `admitted`;
 - finish: `insert(tokens, seq_blocks)`, `insert_tail`, `unlock(node)`, `pool.decref(...)`;
   out of blocks: `evict(n)`: unheld tails first, then least recently used unlocked leaves.
 
@@ -23,7 +23,7 @@ from shared.hashing import hash_blocks
 from shared.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 from worker.kv.errors import KVCacheError
 from worker.kv.radix_integrity import TreeCounters, check_tree
-from worker.kv.radix_node import LRUHeap, RadixNode
+from worker.kv.radix_node import LRUHeap, RadixNode, common_blocks
 from worker.kv.radix_partial import PartialTails
 
 if TYPE_CHECKING:
@@ -86,7 +86,7 @@ class RadixCache:
             child = node.children.get(tokens[pos : pos + self.block_size])
             if child is None:
                 break
-            matched = self._common_blocks(child, tokens, pos, limit)
+            matched = common_blocks(child, tokens, pos, limit, self.block_size)
             pos += matched * self.block_size
             if matched < child.num_blocks:
                 break
@@ -95,20 +95,21 @@ class RadixCache:
 
     # ---- mutations ----
 
-    def match_prefix(self, token_ids: Sequence[int], count: bool = True) -> MatchResult:
-        """Mutates: the longest cached block-aligned prefix of `token_ids`.
-
-        Splits the node the match ends inside, marks the path most recently used, and adds
-        to `hit_tokens` (matched) and `miss_tokens` (the rest) unless not `count` (a peer's
-        fetch): call it once per admission.
-        """
+    def match_prefix(self, token_ids: Sequence[int]) -> MatchResult:
+        """Mutates: the longest cached block-aligned prefix of `token_ids`. Splits the node the
+        match ends inside and marks the path most recently used; counts nothing (`admitted`)."""
         tokens, limit = self._full_blocks(token_ids)
         path = self._walk(tokens, limit)
         block_ids = [block_id for node in path for block_id in node.block_ids]
-        num_tokens = len(block_ids) * self.block_size
-        self.hit_tokens += num_tokens if count else 0
-        self.miss_tokens += len(tokens) - num_tokens if count else 0
-        return MatchResult(path[-1] if path else self.root, block_ids, num_tokens)
+        return MatchResult(
+            path[-1] if path else self.root, block_ids, len(block_ids) * self.block_size
+        )
+
+    def admitted(self, match: MatchResult, prompt_tokens: int) -> None:
+        """Mutates: a request of `prompt_tokens` was admitted on `match` (once per admission,
+        not per attempt): counts its hit and miss tokens."""
+        self.hit_tokens += match.num_tokens
+        self.miss_tokens += prompt_tokens - match.num_tokens
 
     def lock(self, node: RadixNode) -> None:
         """Mutates: protects `node` and its ancestors from eviction (locking root is a no-op)."""
@@ -215,27 +216,13 @@ class RadixCache:
             child = node.children.get(tokens[pos : pos + self.block_size])
             if child is None:
                 break
-            matched = self._common_blocks(child, tokens, pos, limit)
+            matched = common_blocks(child, tokens, pos, limit, self.block_size)
             if matched < child.num_blocks:
                 child = self._split(child, matched)
             child.last_access = self._clock
             path.append(child)
             node, pos = child, pos + child.num_blocks * self.block_size
         return path
-
-    def _common_blocks(self, node: RadixNode, tokens: tuple[int, ...], pos: int, limit: int) -> int:
-        """Leading full blocks of `node.key` equal to tokens[pos:limit] (>= 1: the child map)."""
-        bs = self.block_size
-        end = min(len(node.key), limit - pos)
-        if tokens[pos : pos + end] == node.key[:end]:
-            return end // bs
-        matched = 1  # a mismatch lies before `end`, so this loop stops there
-        while (
-            tokens[pos + matched * bs : pos + (matched + 1) * bs]
-            == node.key[matched * bs : (matched + 1) * bs]
-        ):
-            matched += 1
-        return matched
 
     def _split(self, node: RadixNode, num_blocks: int) -> RadixNode:
         """Mutates: cuts `node` after its first `num_blocks` blocks; returns the new upper part.

@@ -94,6 +94,20 @@ class RadixNode:
             stack.extend(node.children.values())
 
 
+def common_blocks(node: RadixNode, tokens: tuple[int, ...], pos: int, limit: int, bs: int) -> int:
+    """Leading full blocks of `node.key` equal to tokens[pos:limit] (>= 1: the child map)."""
+    end = min(len(node.key), limit - pos)
+    if tokens[pos : pos + end] == node.key[:end]:
+        return end // bs
+    matched = 1  # a mismatch lies before `end`, so this loop stops there
+    while (
+        tokens[pos + matched * bs : pos + (matched + 1) * bs]
+        == node.key[matched * bs : (matched + 1) * bs]
+    ):
+        matched += 1
+    return matched
+
+
 class LRUHeap:
     """Evictable leaves by last access, lazily cleaned: stale entries are skipped or re-queued.
 

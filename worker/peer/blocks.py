@@ -65,7 +65,7 @@ class PeerBlocks:
         held = self.cache.peek_prefix_length(req.token_ids) // bs
         if held <= start:
             return reply
-        match = self.cache.match_prefix(req.token_ids[: held * bs], count=False)
+        match = self.cache.match_prefix(req.token_ids[: held * bs])
         hashes = hash_blocks(req.token_ids[: held * bs], bs)[start:]
         if tuple(hashes) != req.block_hashes[: len(hashes)]:
             return _error(reply, "block hashes differ from this worker's")
@@ -105,7 +105,7 @@ class PeerBlocks:
         bs, n = self.block_size, len(reply.blocks)
         tokens = req.token_ids[: (req.start_block + n) * bs]
         # the cache may have changed while the fetch was under way: lock what it holds now
-        match = self.cache.match_prefix(tokens, count=False)
+        match = self.cache.match_prefix(tokens)
         have = len(match.block_ids)
         if have >= len(tokens) // bs:
             return 0

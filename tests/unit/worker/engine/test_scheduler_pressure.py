@@ -76,7 +76,7 @@ def run_workload(seed: int) -> int:
 def test_a_prompt_that_would_overcommit_the_pool_waits_instead_of_preempting():
     pool = BlockPool(21, BLOCK, num_layers=1, num_kv_heads=1, head_dim=1)  # 20 usable
     config = EngineConfig(block_size=BLOCK, prefill_chunk=8, step_token_budget=16)
-    scheduler = Scheduler(pool, RadixCache(pool), config, max_context=200)
+    scheduler = Scheduler(pool, cache := RadixCache(pool), config, max_context=200)
     first = Sequence("a", 48, list(range(1, 49)), SamplingParams(max_tokens=4), 0)  # 13 blocks
     second = Sequence("b", 40, list(range(100, 140)), SamplingParams(max_tokens=4), 1)  # 11
     scheduler.add(first)
@@ -90,3 +90,6 @@ def test_a_prompt_that_would_overcommit_the_pool_waits_instead_of_preempting():
         run_plan(scheduler, plan, rng)
         plan = scheduler.schedule()
     assert second.status is Status.RUNNING  # admitted once the first one was done
+    # the attempts that backed out counted nothing: each prompt's tokens (all but the last,
+    # always computed) once, so the workers' hit rate is per request, not per attempt
+    assert cache.hit_tokens + cache.miss_tokens == 47 + 39

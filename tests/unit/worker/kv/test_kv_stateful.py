@@ -191,9 +191,14 @@ class KVMachine(RuleBasedStateMachine):
         assert result.node.key == (expected[-1][-result.node.num_blocks * BS :] if expected else ())
         self.clock += 1
         self.touch(expected)
+        return result, (expected[-1] if expected else ())
+
+    def admitted(self, result, tokens):
+        """The admission went through: its hit counts now, not at the match (a match that
+        backs out counts nothing)."""
+        self.cache.admitted(result, len(tokens))
         self.hits += result.num_tokens
         self.misses += len(tokens) - result.num_tokens
-        return result, (expected[-1] if expected else ())
 
     def evict(self, num_blocks):
         expected_total = self.evictable_by_model()[0] + len(self.unheld_tails())
@@ -286,6 +291,7 @@ class KVMachine(RuleBasedStateMachine):
             start = len(seq.blocks) * BS
             self.write(block, range(min(BS, len(tokens) - start)))
             seq.blocks.append(block)
+        self.admitted(result, tokens)
         return seq
 
     def drop(self, seq):

@@ -33,6 +33,7 @@ def run_sequence(cache, pool, tokens):
     blocks = match.block_ids + pool.allocate(
         pool.blocks_for_tokens(len(tokens)) - len(match.block_ids)
     )
+    cache.admitted(match, len(tokens))
     cache.insert(tokens, blocks)
     cache.unlock(match.node)
     pool.decref(blocks)
@@ -54,11 +55,13 @@ def test_block_size_must_match_the_pool(pool):
         RadixCache(pool, BS + 1)
 
 
-def test_empty_cache_matches_nothing_and_counts_misses(cache):
+def test_empty_cache_matches_nothing_and_counts_misses_once_admitted(cache):
     match = cache.match_prefix([1, 2, 3])
     assert match.node is cache.root
     assert match.block_ids == []
     assert match.num_tokens == 0
+    assert (cache.hit_tokens, cache.miss_tokens) == (0, 0)  # an attempt counts nothing
+    cache.admitted(match, 3)
     assert (cache.hit_tokens, cache.miss_tokens) == (0, 3)
 
 
@@ -70,6 +73,7 @@ def test_insert_then_match_full_blocks_only(cache, pool):
     match = cache.match_prefix([1, 2, 3, 4, 5, 6])
     assert match.block_ids == blocks[:2]
     assert match.num_tokens == 4
+    cache.admitted(match, 6)
     assert (cache.hit_tokens, cache.miss_tokens) == (4, 2)
 
 
