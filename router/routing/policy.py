@@ -76,8 +76,8 @@ class CacheAwarePolicy:
     # under pressure a miss costs a whole prefill and someone else's cached prefix, so the
     # in-flight guard lets a worker run further ahead before its prefixes move. Measured
     # (docs/benchmarks.md, round 6): at concurrency 16 this lets all 16 requests sit on one
-    # worker for 40 s while the other idles, yet 8 or 4 (both workers 98-99% busy) lost
-    # more to the moved prefixes' evictions: hit rate 57% / 52% against 65%, fewer req/s
+    # worker for 40 s while the other idles, yet with 8 or 4 (both workers 98-99% busy) the
+    # moved prefixes' evictions cost hits (57% / 52% against 61%) and req/s did not rise
     pressure_balance_abs_threshold: int = 16
     name: str = "cache_aware"
     _turn: int = 0  # rotates among equal-cost workers, so idle workers share new prefixes
