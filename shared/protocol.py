@@ -25,6 +25,18 @@ MAX_FRAME_BYTES = 64 * 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)
+class KVGroupReport:
+    """One layer group of a worker's KV pool: the cache kind its layers keep, how many layers,
+    what a token costs in them, and how many of them the paged attention plan reads (the
+    rest gather their visible K/V for the model's own attention code)."""
+
+    kind: str  # "full attention", "sliding window 512"
+    layers: int
+    bytes_per_token: int
+    paged_layers: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class AttentionReport:
     """Which paged-attention backend a worker chose at start, and why."""
 
@@ -35,6 +47,7 @@ class AttentionReport:
     reference_ms: float | None = None  # the MLX-ops backend on the same shape
     kv_layout: str = ""  # what attention reads: "float32", "q8g64" (--kv-bits 8, groups of 64)
     kv_bytes_per_token: int = 0  # K and V, all layers
+    kv_groups: tuple[KVGroupReport, ...] = ()  # the pool's layer groups (empty: unknown)
 
 
 @dataclass(frozen=True, slots=True)

@@ -150,6 +150,15 @@ class WorkerState:
             "waiting": hb.waiting if hb else None,
             "kv_layout": self.kv_layout or None,
             "kv_bytes_per_token": getattr(self.info.attention, "kv_bytes_per_token", None),
+            "kv_groups": [
+                {
+                    "kind": g.kind,
+                    "layers": g.layers,
+                    "bytes_per_token": g.bytes_per_token,
+                    "paged_layers": g.paged_layers,
+                }
+                for g in getattr(self.info.attention, "kv_groups", ())
+            ],  # fmt: skip
             "kv_total_blocks": hb.total_blocks if hb else self.info.kv_capacity_blocks,
             "kv_free_blocks": hb.free_blocks if hb else None,
             "kv_cached_blocks": hb.cached_blocks if hb else None,

@@ -204,14 +204,24 @@ def _kv_layout(workers: list[WorkerState]) -> Iterator[Metric]:
         "bytes one token's K and V take in the worker's pool, all layers",
         labels=["worker"],
     )
+    groups = GaugeMetricFamily(
+        "mlx_fleet_worker_kv_group_bytes_per_token",
+        "bytes one token's K and V take in one layer group of the worker's pool (a group: "
+        "the layers that keep one kind of cache, e.g. full attention or one sliding window)",
+        labels=["worker", "group", "layers", "paged_layers"],
+    )
     for w in workers:
         a = w.info.attention
         if a is None or not a.kv_layout:
             continue
         layout.add_metric([w.worker_id, a.kv_layout], 1)
         per_token.add_metric([w.worker_id], a.kv_bytes_per_token)
+        for g in a.kv_groups:
+            labels = [w.worker_id, g.kind, str(g.layers), str(g.paged_layers)]
+            groups.add_metric(labels, g.bytes_per_token)
     yield layout
     yield per_token
+    yield groups
 
 
 def _links(workers: list[WorkerState]) -> Metric:

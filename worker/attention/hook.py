@@ -20,14 +20,19 @@ class AttentionSinksUnsupported(NotImplementedError):
 
 
 def _paged_sdpa(queries, keys, values, cache, scale, mask, sinks=None, **kwargs):
-    attend = getattr(cache, "attend", None)
-    if attend is None:  # not our cache: mlx-lm's own attention, unchanged
+    note = getattr(cache, "note_attention", None)
+    if note is None:  # not our cache: mlx-lm's own attention, unchanged
         return _original_sdpa(
             queries, keys, values, cache=cache, scale=scale, mask=mask, sinks=sinks, **kwargs
         )
+    note(mask, sinks)
+    if cache.gathered:  # K/V gathered from the pool, the mask ours: mlx-lm's own attention
+        return _original_sdpa(
+            queries, keys, values, cache=None, scale=scale, mask=mask, sinks=sinks, **kwargs
+        )
     if sinks is not None:
         raise AttentionSinksUnsupported("attention sinks are not supported over the paged KV")
-    return attend(queries, scale)
+    return cache.attend(queries, scale)
 
 
 def install_attention_hook() -> None:

@@ -1,9 +1,5 @@
-"""The engine a worker runs: requests in, token deltas out (the protocol's own TokenDelta).
-
-engine = Engine.from_path(model_dir, EngineConfig())
-engine.add_request("r1", token_ids, SamplingParams(max_tokens=32))
-while engine.has_work():
-    for delta in engine.step(): ...
+"""The engine a worker runs: requests in, token deltas out (the protocol's own TokenDelta):
+`Engine.from_path(dir, EngineConfig())`, `add_request(...)`, then `step()` while `has_work()`.
 """
 
 from __future__ import annotations
@@ -95,6 +91,7 @@ class Engine:
             num_kv_heads=shape.num_kv_heads,
             head_dim=shape.head_dim,
             dtype=shape.kv_dtype,
+            layer_shapes=shape.shapes(),
             **startup.kv_quantization(self.config),
         )
         self.scratch_block = self.pool.allocate(1)[0]  # padding rows write here
@@ -106,6 +103,7 @@ class Engine:
             self.config.attention_backend, shape, self.config.block_size, self.pool
         )
         self.runner = make_runner(model, self.pool, self.scratch_block, self.backend)
+        startup.set_layer_modes(self.runner, shape.kinds(), shape.gathered())
         self.outputs = OutputBuilder(self.scheduler)
         self.intake = RequestIntake(self.config, shape.vocab_size, max_context, self.pool, grammars)
         self.stats_, self.kv_audit = EngineStats(), KVAudit(self.check_integrity)

@@ -20,6 +20,7 @@ import mlx.nn as nn
 from mlx.utils import tree_flatten
 
 from shared.config.choices import DEFAULT_KV_DISK_DIR
+from shared.protocol import KVGroupReport
 from shared.sampling import SamplingParams
 from worker.attention import AttentionSinksUnsupported
 from worker.attention.prefix_kv import PREFIX_KV, PREFIX_KV_BYTES
@@ -35,15 +36,16 @@ from worker.kv.memory import (
     activation_bytes_per_token,
     apply_limits,
     default_budget_bytes,
+    layers_bytes_per_block,
     memory_budget_bytes,
-    num_blocks_for_budget,
     plan_memory,
 )
+from worker.runner.layer_groups import LayerKind, group_layers
 from worker.runner.model_support import (
     COVERED_ARCHITECTURES,
     ModelShape,
     UnsupportedModel,
-    check_seam,
+    decide_modes,
     model_type,
     reference_greedy,
     verification_prompt,
@@ -80,8 +82,10 @@ def size_memory(
     )  # fmt: skip
     step = plan.step_tokens
     config = replace(config, step_token_budget=step, prefill_chunk=min(config.prefill_chunk, step))
-    layout = (shape.num_layers, shape.num_kv_heads, shape.head_dim, shape.kv_dtype)
-    blocks = num_blocks_for_budget(plan.kv, config.block_size, *layout, **kv_quantization(config))
+    per_block = layers_bytes_per_block(
+        config.block_size, shape.shapes(), shape.kv_dtype, **kv_quantization(config)
+    )
+    blocks = plan.kv // per_block
     if blocks < 2:  # the scratch block and one to serve with
         raise MemoryBudgetTooSmall(f"no room for the KV pool: {plan.describe()}")
     log.info("%s; %d KV blocks", plan.describe(), blocks)
@@ -101,6 +105,13 @@ def open_disk_tier(
     """The KV tier on disk, when configured: its files from an earlier run indexed, and the
     cache's evictions copied to it."""
     if config.kv_disk_bytes is None:
+        return None
+    if not pool.uniform:
+        log.warning(
+            "KV disk tier off: this model's layers keep K/V of different shapes (%s), which "
+            "the disk tier's block format does not carry yet",
+            sorted(set(pool.layer_shapes)),
+        )
         return None
     layout = block_layout(pool)
     root = Path(config.kv_disk_dir or DEFAULT_KV_DISK_DIR).expanduser()
@@ -126,19 +137,69 @@ def prepare(engine: Engine) -> None:
     engine.kv_events.announce_disk_blocks()
 
 
+def set_layer_modes(runner, kinds: list[LayerKind], gathered: list[bool]) -> None:
+    """Each cache slot's kind and mode (gathered, else paged) on the runner (a tensor-parallel
+    leader's own runner: its followers run every layer paged, so it refuses gathered ones)."""
+    inner = getattr(runner, "inner", runner)
+    if inner is not runner and any(gathered):
+        raise UnsupportedModel(
+            "tensor-parallel groups serve only models whose every layer is plain full "
+            "attention; serve this one with one worker per model replica"
+        )
+    inner.kinds, inner.gathered = list(kinds), list(gathered)
+
+
+def kv_groups(pool: BlockPool, kinds: list[LayerKind], gathered: list[bool]):
+    """The pool's layer groups as the worker reports them (`/v1/cluster`, `/metrics`)."""
+    quant = {"kv_bits": pool.kv_bits, "kv_group_size": pool.kv_group_size}
+    return tuple(
+        KVGroupReport(
+            group.kind.describe(),
+            len(group.layers),
+            layers_bytes_per_block(
+                1, [pool.layer_shapes[i] for i in group.layers], pool.dtype, **quant
+            ),
+            sum(not gathered[i] for i in group.layers),
+        )
+        for group in group_layers(kinds)
+    )
+
+
 def check_model(engine: Engine) -> None:
-    """Refuse a model the paged KV would serve wrongly (see `worker.runner.model_support`)."""
+    """Refuse a model the paged KV would serve wrongly, and set each layer's mode (see
+    `worker.runner.model_support`): a one-token forward with every layer gathered shows
+    which layers the paged attention plan can serve."""
     probe = Sequence("__probe__", 1, [0], SamplingParams(max_tokens=1), arrival=-1)
     probe.block_ids = [engine.scratch_block]
     plan = StepPlan(StepKind.PREFILL, [], [PrefillChunk(probe, 1)], [])
     runner = engine.runner
+    kinds = engine.shape.kinds()
+    name = model_type(engine.model)
+    inner = getattr(runner, "inner", runner)
+    inner.kinds, inner.gathered = kinds, [True] * len(kinds)
     try:
         mx.eval(*runner.run(plan).outputs)
     except AttentionSinksUnsupported as exc:
-        raise UnsupportedModel(f"model type {model_type(engine.model)!r}: {exc}") from exc
-    check_seam(engine.model, runner.last_caches)
+        raise UnsupportedModel(f"model type {name!r}: {exc}") from exc
+    except Exception as exc:  # noqa: BLE001 - whatever breaks the probe is a refusal
+        raise UnsupportedModel(
+            f"model type {name!r} failed a one-token forward over the paged KV "
+            f"({type(exc).__name__}: {exc})"
+        ) from exc
+    gathered = decide_modes(engine.model, kinds, runner.last_caches)
     runner.last_caches = []
-    name = model_type(engine.model)
+    set_layer_modes(runner, kinds, gathered)
+    engine.attention_report = replace(
+        engine.attention_report, kv_groups=kv_groups(engine.pool, kinds, gathered)
+    )
+    log.info(
+        "model type %r: %s; %d of %d layers paged, %d gathered",
+        name,
+        ", ".join(f"{len(g.layers)} x {g.kind.describe()}" for g in group_layers(kinds)),
+        gathered.count(False),
+        len(gathered),
+        gathered.count(True),
+    )
     if name not in COVERED_ARCHITECTURES:
         verify_greedy(engine, name)
 

@@ -25,7 +25,7 @@ import mlx.core as mx
 
 from shared.config.choices import DEFAULT_BLOCK_SIZE, DEFAULT_KV_GROUP_SIZE
 from worker.kv.errors import IntegrityError, KVCacheError, OutOfBlocksError
-from worker.kv.memory import bytes_per_block, num_blocks_for_budget
+from worker.kv.memory import layers_bytes_per_block, num_blocks_for_budget
 from worker.kv.quant import QuantizedKV, pool_arrays
 
 logger = logging.getLogger(__name__)
@@ -60,7 +60,11 @@ class BlockPool:
         dtype: mx.Dtype = mx.float16,
         kv_bits: int | None = None,
         kv_group_size: int | None = None,
+        layer_shapes: Sequence[tuple[int, int, int, int]] | None = None,
     ) -> None:
+        """`layer_shapes`: per layer (K heads, K width, V heads, V width), for models whose
+        layers differ (MLA's latent and rope widths, two head dims); None: every layer's K and
+        V are (`num_kv_heads`, `head_dim`)."""
         # The shape is keyword-only: three ints in a row are too easy to swap.
         for name, value in (
             ("num_blocks", num_blocks),
@@ -80,14 +84,20 @@ class BlockPool:
         # None: unquantized, in `dtype` (the layout reported as 16 bits whatever the dtype)
         self.kv_bits = kv_bits if kv_bits is not None and kv_bits < 16 else None
         self.kv_group_size = (kv_group_size or DEFAULT_KV_GROUP_SIZE) if self.kv_bits else None
-        shape = (num_blocks * block_size, num_kv_heads, head_dim)
+        same = (num_kv_heads, head_dim, num_kv_heads, head_dim)
+        self.layer_shapes = list(layer_shapes or [same] * num_layers)
+        if len(self.layer_shapes) != num_layers:
+            raise ValueError(f"{len(self.layer_shapes)} layer shapes for {num_layers} layers")
+        # every layer's K and V of one shape: what the disk tier and peer transfers carry
+        self.uniform = all(s == same for s in self.layer_shapes)
+        slots = num_blocks * block_size
         if self.kv_bits is None:
-            self.k = [mx.zeros(shape, dtype=dtype) for _ in range(num_layers)]
-            self.v = [mx.zeros(shape, dtype=dtype) for _ in range(num_layers)]
+            self.k = [mx.zeros((slots, h, d), dtype=dtype) for h, d, _, _ in self.layer_shapes]
+            self.v = [mx.zeros((slots, h, d), dtype=dtype) for _, _, h, d in self.layer_shapes]
         else:
             quant = dict(bits=self.kv_bits, group_size=self.kv_group_size, dtype=dtype)
-            self.k = [QuantizedKV.zeros(*shape, **quant) for _ in range(num_layers)]
-            self.v = [QuantizedKV.zeros(*shape, **quant) for _ in range(num_layers)]
+            self.k = [QuantizedKV.zeros(slots, h, d, **quant) for h, d, _, _ in self.layer_shapes]
+            self.v = [QuantizedKV.zeros(slots, h, d, **quant) for _, _, h, d in self.layer_shapes]
         mx.eval(self.k, self.v)  # reserve the memory now, not at the first forward pass
         self._refs = [0] * num_blocks
         self._cached = [False] * num_blocks
@@ -97,8 +107,8 @@ class BlockPool:
         # block once it is full (a held block's whole blocks never change; a freed one is
         # allocated anew before anything writes it), so attention may keep what it gathered.
         self.versions = [0] * num_blocks
-        self.bytes_per_block = bytes_per_block(
-            block_size, num_layers, num_kv_heads, head_dim, dtype, self.kv_bits, self.kv_group_size
+        self.bytes_per_block = layers_bytes_per_block(
+            block_size, self.layer_shapes, dtype, self.kv_bits, self.kv_group_size
         )
         logger.info(
             "KV block pool: %d blocks x %d tokens (%d layers, %d KV heads, head dim %d, %s, "

@@ -26,6 +26,20 @@ def bytes_per_block(
     return round(2 * num_layers * block_size * num_kv_heads * head_dim * per_value)
 
 
+def layers_bytes_per_block(
+    block_size: int,
+    layer_shapes: list[tuple[int, int, int, int]],
+    dtype: mx.Dtype,
+    kv_bits: int | None = None,
+    kv_group_size: int | None = None,
+) -> int:
+    """Bytes one block takes over layers of their own shapes, (K heads, K width, V heads,
+    V width) each (MLA's latent and rope parts; two head dims)."""
+    per_value = bytes_per_value(dtype, kv_bits, kv_group_size)
+    values = sum(kh * kd + vh * vd for kh, kd, vh, vd in layer_shapes)
+    return round(block_size * values * per_value)
+
+
 def num_blocks_for_budget(
     budget_bytes: int,
     block_size: int,

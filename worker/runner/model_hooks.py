@@ -152,7 +152,8 @@ def install_model_hooks(model: nn.Module) -> None:
     mlx_activations.swiglu = _swiglu
     rebind_in_models("swiglu", _original_swiglu, _swiglu)
     kinds: list[tuple[nn.Module, tuple[bool, int]]] = []  # a rope of each kind, and its form
-    for layer in getattr(getattr(model, "model", None), "layers", []):
+    layers = getattr(model, "layers", None) or getattr(getattr(model, "model", None), "layers", [])
+    for layer in layers:  # `model`: the trunk (`worker.runner.trunk`) or the whole model
         attention = getattr(layer, "self_attn", None)
         rope = getattr(attention, "rope", None)
         if rope is None or isinstance(rope, TableRoPE) or not isinstance(rope, nn.Module):

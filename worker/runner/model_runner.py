@@ -16,19 +16,19 @@ still running (`tests/unit/worker/engine/test_no_host_sync.py`).
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
 
 import mlx.core as mx
 import mlx.nn as nn
 
-from worker.attention import AttentionBackend, AttentionPlan, install_attention_hook, write_kv
-from worker.kv.quant import rotate
+from worker.attention import AttentionBackend, AttentionPlan, install_attention_hook
+from worker.runner.layer_cache import LayerCache, LayerTimes
+from worker.runner.layer_groups import GroupSpan, LayerKind, grouped_scores
 from worker.runner.model_hooks import install_model_hooks, our_forward
 from worker.runner.plan import StepKind, StepPlan
 from worker.runner.sampler import PromptLogprobs, TokenLogprobs, prompt_logprobs, sample
+from worker.runner.trunk import Trunk
 
 if TYPE_CHECKING:
     from worker.engine.sequence import Sequence
@@ -85,80 +85,6 @@ def build_layout(rows: list[Row], block_size: int, scratch_block: int) -> BatchL
     )
 
 
-class LayerTimes:
-    """K/V write and attention time of one profiled forward (every layer evaluated apart)."""
-
-    def __init__(self):
-        self.write_s = 0.0
-        self.attend_s = 0.0
-
-    def timed(self, field: str, fn: Callable[[], mx.array | None], *inputs: mx.array):
-        mx.eval(*inputs)  # what came before is not this phase's time
-        start = time.perf_counter()
-        result = fn()
-        mx.eval(result if result is not None else [])
-        setattr(self, field, getattr(self, field) + time.perf_counter() - start)
-        return result
-
-
-class PagedLayerCache:
-    """What one attention layer sees as its cache during one forward."""
-
-    def __init__(
-        self,
-        pool: BlockPool,
-        layer: int,
-        layout: BatchLayout,
-        attention: AttentionPlan,
-        times: LayerTimes | None = None,
-    ):
-        self.pool, self.layer, self.layout, self.attention = pool, layer, layout, attention
-        self.times = times
-        self.writes = self.attends = 0  # calls, checked by the load-time probe
-        self.window_sizes: list[int] = []  # sliding windows asked of make_mask
-
-    @property
-    def offset(self) -> mx.array:
-        return self.layout.offsets
-
-    def update_and_fetch(self, keys: mx.array, values: mx.array):
-        self.writes += 1
-        B, H, L, D = keys.shape
-        k, v = self.pool.k, self.pool.v
-        stored = rotate(keys) if self.pool.kv_bits else keys  # (worker/kv/quant.py)
-
-        def write():
-            write_kv(
-                k[self.layer],
-                v[self.layer],
-                self.layout.write_slots,
-                stored.swapaxes(1, 2).reshape(B * L, H, D),
-                values.swapaxes(1, 2).reshape(B * L, H, D),
-            )
-            return [k[self.layer], v[self.layer]]
-
-        if self.times is None:
-            write()
-        else:
-            self.times.timed("write_s", write, keys, values)
-        return keys, values
-
-    def make_mask(self, *args, window_size: int | None = None, **kwargs):
-        if window_size is not None:
-            self.window_sizes.append(window_size)
-        return None  # paged attention applies causality and lengths itself
-
-    def attend(self, queries: mx.array, scale: float) -> mx.array:
-        self.attends += 1
-        k, v = self.pool.k[self.layer], self.pool.v[self.layer]
-        queries = rotate(queries) if self.pool.kv_bits else queries  # as the stored keys
-        if self.times is None:
-            return self.attention(queries, k, v, scale=scale)
-        return self.times.timed(
-            "attend_s", lambda: self.attention(queries, k, v, scale=scale), queries
-        )
-
-
 class StepOutput(NamedTuple):
     """What one forward produced, still on the device until evaluated."""
 
@@ -190,13 +116,17 @@ class ModelRunner:
         self, model: nn.Module, pool: BlockPool, scratch_block: int, backend: AttentionBackend
     ):
         install_attention_hook()
-        if not hasattr(model, "model"):
-            raise NotImplementedError(f"{type(model).__name__} has no .model backbone")
-        install_model_hooks(model)
+        self.trunk = Trunk(model)
+        install_model_hooks(self.trunk.module)
         self.model, self.pool, self.scratch_block = model, pool, scratch_block
         self.backend = backend
-        self._head = model_head(model)
-        self.last_caches: list[PagedLayerCache] = []  # of the latest forward, for the probe
+        self._head = self.trunk.head
+        self.last_caches: list[LayerCache] = []  # of the latest forward, for the probe
+        # per cache slot: its kind, and whether it reads gathered K/V (else paged); the
+        # load-time probe runs every layer gathered, then sets the modes it found
+        self.kinds: list[LayerKind] = [LayerKind()] * pool.num_layers
+        self.gathered: list[bool] = [False] * pool.num_layers
+        self.grouped_scores = grouped_scores(model, self.trunk.module)
 
     def run(
         self, plan: StepPlan, device_tokens: mx.array | None = None, times: LayerTimes | None = None
@@ -255,21 +185,33 @@ class ModelRunner:
         tokens = layout.tokens
         if device_tokens is not None:
             tokens = device_tokens.astype(mx.int32).reshape(-1, 1)
-        attention = AttentionPlan(
-            self.backend,
-            layout.block_tables,
-            layout.context_lengths,
-            block_size=self.pool.block_size,
-            host_tables=[r.block_ids for r in rows],
-            block_versions=self.pool.versions,
-        )
-        caches = [
-            PagedLayerCache(self.pool, i, layout, attention, times)
-            for i in range(self.pool.num_layers)
-        ]
+        attention = None
+        if not all(self.gathered):
+            attention = AttentionPlan(
+                self.backend,
+                layout.block_tables,
+                layout.context_lengths,
+                block_size=self.pool.block_size,
+                host_tables=[r.block_ids for r in rows],
+                block_versions=self.pool.versions,
+            )
+        spans: dict[LayerKind, GroupSpan] = {}
+        caches = []
+        for i, (kind, gathered) in enumerate(zip(self.kinds, self.gathered, strict=True)):
+            span = None
+            if gathered:
+                if kind not in spans:
+                    spans[kind] = GroupSpan(
+                        layout.block_tables, layout.context_lengths, tokens.shape[1],
+                        self.pool.block_size, kind.window, self.grouped_scores,
+                    )  # fmt: skip
+                span = spans[kind]
+            caches.append(
+                LayerCache(self.pool, i, layout.offsets, layout.write_slots, attention, span, times)
+            )
         self.last_caches = caches
         with our_forward(layout.offsets):
-            return self.model.model(tokens, cache=caches), layout
+            return self.trunk.forward(tokens, caches), layout
 
     def plan_rows(self, plan: StepPlan, on_device: bool) -> tuple[list[Row], Points]:
         """The rows of `plan` and where they sample. A decode row is its last token; its
@@ -324,11 +266,3 @@ def _runs(seqs: list[Sequence]) -> tuple[list[Sequence], list[int]]:
             unique.append(seq)
             counts.append(1)
     return unique, counts
-
-
-def model_head(model: nn.Module):
-    """The output projection of an mlx-lm causal LM (tied embeddings or lm_head)."""
-    args = getattr(model, "args", None)
-    if getattr(args, "tie_word_embeddings", False) or not hasattr(model, "lm_head"):
-        return model.model.embed_tokens.as_linear
-    return model.lm_head

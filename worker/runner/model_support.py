@@ -1,13 +1,14 @@
-"""Which mlx-lm models the paged engine serves correctly, checked when a worker loads one.
+"""Which mlx-lm models the paged engine serves, and how each layer reads its K/V.
 
-The paged KV hooks into mlx-lm through one seam (`worker.attention.hook`). A model whose
-attention does not call it, that uses a sliding window (the window lives in the cache's mask,
-which the paged cache replaces) or attention sinks, or whose layers are not all plain attention,
-would give wrong tokens without an error; such models are refused at load, by name.
+At load (`worker.engine.startup.check_model`): `probe_shape` reads the model's cache kinds
+and K/V shapes off a one-token forward under mlx-lm (refusing, in one sentence, caches the
+paged KV cannot stand in for: `worker.runner.layer_groups`); then a one-token forward of ours
+with every layer in the gathered mode tells, per layer, whether it may take the paged fast
+path (`decide_modes`); then, for an architecture the tests do not cover, a greedy comparison
+with plain mlx-lm on one prompt (`reference_greedy`) must match or the model is refused.
 
-Architectures in `COVERED_ARCHITECTURES` are those the greedy-equality tests
-(tests/unit/worker/engine/test_engine.py) run. Any other model is served only if the seam probe passes and a
-one-prompt greedy comparison with plain mlx-lm matches (`Engine` runs it at load).
+Architectures in `COVERED_ARCHITECTURES` are those whose greedy-equality tests skip the
+load-time comparison (tests/unit/worker/engine/test_engine.py and the architecture sweep).
 """
 
 from __future__ import annotations
@@ -17,72 +18,113 @@ from dataclasses import dataclass
 import mlx.core as mx
 import mlx.nn as nn
 
+from worker.runner.layer_groups import FULL, LayerKind, UnsupportedModel, layer_kinds, model_type
+
 COVERED_ARCHITECTURES = frozenset({"llama", "mistral", "qwen2", "qwen3"})
 
+__all__ = ["LayerKind", "ModelShape", "UnsupportedModel", "model_type", "probe_shape"]
 
-class UnsupportedModel(ValueError):
-    """This model cannot be served over the paged KV; the message says why."""
+KVShape = tuple[int, int, int, int]  # K heads, K width, V heads, V width
 
 
 @dataclass(frozen=True)
 class ModelShape:
-    num_layers: int
-    num_kv_heads: int
-    head_dim: int
+    num_layers: int  # cache slots (layers that keep K/V; KV-shared layers hold none)
+    num_kv_heads: int  # of the first layer
+    head_dim: int  # of the first layer's K
     kv_dtype: mx.Dtype
     vocab_size: int
     num_heads: int = 0  # query heads (0: unknown)
+    layer_kinds: tuple[LayerKind, ...] = ()  # per cache slot (empty: all full attention)
+    layer_shapes: tuple[KVShape, ...] = ()  # per cache slot (empty: all the first's)
 
+    def kinds(self) -> list[LayerKind]:
+        return list(self.layer_kinds) or [LayerKind()] * self.num_layers
 
-def model_type(model: nn.Module) -> str:
-    args = getattr(model, "args", None)
-    return getattr(args, "model_type", None) or type(model).__module__.rsplit(".", 1)[-1]
+    def shapes(self) -> list[KVShape]:
+        first = (self.num_kv_heads, self.head_dim, self.num_kv_heads, self.head_dim)
+        return list(self.layer_shapes) or [first] * self.num_layers
+
+    def gathered(self) -> list[bool]:
+        """Each cache slot's mode before the load-time probe refines it: windows and K/V of
+        two shapes gathered, the rest paged."""
+        return [
+            kind.kind != FULL or (h, d) != (hv, dv)
+            for kind, (h, d, hv, dv) in zip(self.kinds(), self.shapes(), strict=True)
+        ]
+
+    @property
+    def uniform(self) -> bool:
+        """Every layer's K and V of one shape (what the disk tier, transfers and the
+        tensor-parallel split assume)."""
+        return len(set(self.shapes())) == 1 and all(k == v for *k, v in [
+            ((h, d), (hv, dv)) for h, d, hv, dv in self.shapes()
+        ])  # fmt: skip
+
+    def kv_bytes_per_token(self, itemsize: int | None = None) -> int:
+        size = itemsize or self.kv_dtype.size
+        return sum(h * d + hv * dv for h, d, hv, dv in self.shapes()) * size
 
 
 def probe_shape(model: nn.Module) -> ModelShape:
-    """Layer count, KV heads, head dim and the K/V dtype, read off a one-token forward with
-    mlx-lm's own cache; refuses models whose caches are not all plain full-attention KV."""
-    from mlx_lm.models.cache import KVCache, make_prompt_cache
+    """Cache slots, their kinds and K/V shapes and dtype, read off a one-token forward with
+    mlx-lm's own caches; refuses (UnsupportedModel, one sentence) a model with a cache the
+    paged KV cannot stand in for (`worker.runner.layer_groups.layer_kinds`)."""
+    from mlx_lm.models.cache import make_prompt_cache
 
     cache = make_prompt_cache(model)
-    kinds = sorted({type(c).__name__ for c in cache if type(c) is not KVCache})
-    if kinds:
-        why = (
-            "a sliding-window attention cache"
-            if any("Rotating" in k for k in kinds)
-            else "layers that are not plain attention"
-        )
+    kinds = layer_kinds(model, cache)
+    try:
+        logits = model(mx.array([[0]]), cache=cache)
+    except Exception as exc:  # noqa: BLE001 - any failure of a plain forward is a refusal
         raise UnsupportedModel(
-            f"model type {model_type(model)!r} uses {why} ({', '.join(kinds)}); the paged KV "
-            "serves only models whose every layer is full causal attention"
-        )
-    logits = model(mx.array([[0]]), cache=cache)
-    keys = cache[0].state[0]
-    heads = getattr(getattr(model, "args", None), "num_attention_heads", 0) or keys.shape[1]
-    return ModelShape(
-        len(cache), keys.shape[1], keys.shape[3], keys.dtype, logits.shape[-1], int(heads)
+            f"model type {model_type(model)!r} failed a one-token forward under mlx-lm "
+            f"itself ({type(exc).__name__}: {exc})"
+        ) from exc
+    shapes = tuple(
+        (c.keys.shape[1], c.keys.shape[3], c.values.shape[1], c.values.shape[3]) for c in cache
     )
+    keys = cache[0].keys
+    heads = getattr(getattr(model, "args", None), "num_attention_heads", 0) or keys.shape[1]
+    if not isinstance(heads, int):
+        heads = keys.shape[1]
+    return ModelShape(
+        len(cache), shapes[0][0], shapes[0][1], keys.dtype, logits.shape[-1], int(heads),
+        tuple(kinds), shapes,
+    )  # fmt: skip
 
 
-def check_seam(model: nn.Module, caches: list) -> None:
-    """After a one-token paged forward whose layer caches are `caches`: raise
-    UnsupportedModel unless every layer wrote its K/V and attended through the hook once,
-    with no sliding window asked of the mask."""
+def decide_modes(model: nn.Module, kinds: list[LayerKind], caches: list) -> list[bool]:
+    """After a one-token forward of ours with every layer gathered (`caches` its layer
+    caches): per cache slot, True where the layer must stay gathered, False where the paged
+    attention plan can serve it (full attention through the hook, once, with a mask of ours or
+    none, no sinks, K and V of one shape). Raises UnsupportedModel where a layer never wrote
+    its K/V through the cache, or asked for a window wider than its cache keeps."""
     name = model_type(model)
-    attended = sum(c.attends == 1 for c in caches)
     wrote = sum(c.writes == 1 for c in caches)
-    if attended != len(caches) or wrote != len(caches):
+    if wrote != len(caches):
         raise UnsupportedModel(
-            f"model type {name!r}: {attended} of {len(caches)} layers attended through "
-            "mlx_lm.models.base.scaled_dot_product_attention and "
-            f"{wrote} wrote K/V through the cache; its attention bypasses the paged-KV seam"
+            f"model type {name!r}: {wrote} of {len(caches)} layers wrote their K/V through "
+            "the cache once; its attention bypasses the paged-KV seam"
         )
-    windows = sorted({w for c in caches for w in c.window_sizes})
-    if windows:
-        raise UnsupportedModel(
-            f"model type {name!r} uses sliding-window attention (window {windows}); "
-            "the paged KV does not implement sliding windows"
+    gathered = []
+    for kind, c in zip(kinds, caches, strict=True):
+        asked = set(c.window_sizes)
+        if kind.window is not None and any(w > kind.window for w in asked):
+            raise UnsupportedModel(
+                f"model type {name!r} asks a window of {max(asked)} of a layer whose cache "
+                f"keeps {kind.window} keys"
+            )
+        (k_heads, k_dim), (v_heads, v_dim) = c.shapes
+        paged = (
+            kind.kind == FULL
+            and not asked
+            and c.attends == 1
+            and c.attended == [(True, False)]
+            and (k_heads, k_dim) == (v_heads, v_dim)
         )
+        gathered.append(not paged)
+    return gathered
 
 
 def reference_greedy(model: nn.Module, prompt: list[int], max_tokens: int) -> list[int]:

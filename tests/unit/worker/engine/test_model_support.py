@@ -1,4 +1,5 @@
-"""Models the paged KV would serve wrongly are refused at load, by name; others pass."""
+"""Models are served over the paged KV, each layer paged or gathered, or refused at load in
+one sentence; an architecture the tests do not cover passes a greedy check first."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import pytest
 from mlx_lm.models import llama
 from mlx_lm.models.cache import KVCache
 
-from tests.support.engine_fixtures import _COMMON, make_engine, tiny_model
+from shared.sampling import SamplingParams
+from tests.support.engine_fixtures import _COMMON, make_engine, reference_greedy, tiny_model
 from worker.runner.model_support import COVERED_ARCHITECTURES, UnsupportedModel
 
 
@@ -47,40 +49,87 @@ def _with_attention(attend):
     return model
 
 
-def test_attention_that_bypasses_the_hook_is_refused():
+def _served_like_mlx_lm(model, engine) -> None:
+    """Three prompts of different lengths decoded together equal mlx-lm's own greedy."""
+    prompts = [[(7 * i + 3 + n) % 90 + 1 for i in range(n)] for n in (5, 23, 41)]
+    expected = [reference_greedy(model, p, 5) for p in prompts]
+    for i, p in enumerate(prompts):
+        engine.add_request(f"r{i}", p, SamplingParams(max_tokens=5))
+    got: dict[str, list[int]] = {f"r{i}": [] for i in range(len(prompts))}
+    while engine.has_work():
+        for delta in engine.step():
+            got[delta.request_id] += delta.token_ids
+    assert [got[f"r{i}"] for i in range(len(prompts))] == expected
+    engine.check_integrity()
+
+
+def test_attention_that_bypasses_the_hook_is_served_gathered():
+    """A layer computing attention itself over the K/V its cache returned gets each row's
+    gathered K/V and our mask, and matches mlx-lm."""
+
     def direct(self, q, k, v, cache, mask):
         return mx.fast.scaled_dot_product_attention(q, k, v, scale=self.scale, mask=mask)
 
     model = _with_attention(direct)
-    with pytest.raises(UnsupportedModel, match=r"'llama'.*0 of 2 layers attended.*bypasses"):
-        make_engine(model)
+    engine = make_engine(model)
+    assert engine.runner.gathered == [True, True]
+    _served_like_mlx_lm(model, engine)
 
 
-def test_sliding_window_cache_is_refused():
+def test_sliding_window_layers_are_served_gathered():
     model = tiny("llama", sliding_window=4, layer_types=["sliding_attention", "full_attention"])
-    with pytest.raises(UnsupportedModel, match=r"sliding-window.*RotatingKVCache"):
-        make_engine(model)
+    engine = make_engine(model)
+    assert [k.window for k in engine.runner.kinds] == [4, None]
+    assert engine.runner.gathered == [True, False]  # the full layer keeps the paged path
+    _served_like_mlx_lm(model, engine)
 
 
-def test_sliding_window_asked_of_the_mask_is_refused():
-    """A model whose caches look plain but whose mask asks for a window: caught by the probe."""
+def test_sliding_window_asked_of_the_mask_is_honoured():
+    """A model whose caches look plain but whose mask asks for a window: the layer is
+    gathered over its whole context and masked to the window."""
     model = tiny("llama", sliding_window=4, layer_types=["sliding_attention", "full_attention"])
     model.make_cache = lambda: [KVCache() for _ in model.layers]
-    with pytest.raises(UnsupportedModel, match=r"sliding-window attention \(window \[4\]\)"):
-        make_engine(model)
+    engine = make_engine(model)
+    assert engine.runner.gathered == [True, False]
+    _served_like_mlx_lm(model, engine)
 
 
-def test_attention_sinks_are_refused():
+def test_attention_sinks_are_served_gathered():
     from mlx_lm.models import base
 
     def with_sinks(self, q, k, v, cache, mask):
-        sinks = mx.zeros((self.n_heads,))
+        sinks = mx.linspace(-1.0, 2.0, self.n_heads)
         return base.scaled_dot_product_attention(
             q, k, v, cache=cache, scale=self.scale, mask=mask, sinks=sinks
         )
 
-    with pytest.raises(UnsupportedModel, match="'llama': attention sinks are not supported"):
-        make_engine(_with_attention(with_sinks))
+    model = _with_attention(with_sinks)
+    engine = make_engine(model)
+    assert engine.runner.gathered == [True, True]
+    _served_like_mlx_lm(model, engine)
+
+
+@pytest.mark.parametrize(
+    ("cache", "says"),
+    [
+        ("arrays", r"'llama' is not served: it uses recurrent layers \(ArraysCache"),
+        ("list", r"'llama' is not served: it uses two caches per layer"),
+        ("chunked", r"'llama' is not served: it uses chunked local attention"),
+    ],
+)
+def test_caches_the_paged_kv_cannot_stand_in_for_are_refused_in_one_sentence(cache, says):
+    from mlx_lm.models.cache import ArraysCache, CacheList, ChunkedKVCache
+
+    model = tiny_model("llama")
+    make = {
+        "arrays": lambda: ArraysCache(2),
+        "list": lambda: CacheList(KVCache(), KVCache()),
+        "chunked": lambda: ChunkedKVCache(8),
+    }[cache]
+    model.make_cache = lambda: [make() for _ in model.layers]
+    with pytest.raises(UnsupportedModel, match=says) as refused:
+        make_engine(model)
+    assert "\n" not in str(refused.value)
 
 
 @pytest.mark.parametrize("arch", ["olmo2", "starcoder2"])

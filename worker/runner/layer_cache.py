@@ -1,0 +1,148 @@
+"""What one attention layer sees as its cache during one of our forwards.
+
+mlx-lm's attention does rope(offset=cache.offset) -> cache.update_and_fetch(k, v) ->
+attention over what that returned, with the mask the model made from `cache.make_mask`. A
+`LayerCache` scatters the new K/V into the pool by slot id, then, by its layer's mode
+(`worker.runner.layer_groups`):
+
+- paged: returns the new K/V unchanged and answers `make_mask` with None; the patched
+  `scaled_dot_product_attention` (`worker.attention.hook`) calls `attend`, which runs the
+  forward's `AttentionPlan` over the pool;
+- gathered: returns each row's visible span of K/V gathered from the pool (`GroupSpan`) and
+  answers `make_mask` with that span's mask, so whatever attention the model computes (mlx-lm's
+  own SDPA with sinks, soft-capping, MLA's absorbed form) runs as in mlx-lm.
+
+It also keeps the counts the load-time probe reads (`worker.engine.startup.check_model`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import mlx.core as mx
+
+from worker.attention import AttentionPlan, write_kv
+from worker.kv.quant import rotate
+from worker.runner.layer_groups import GroupSpan
+
+if TYPE_CHECKING:
+    from worker.kv.block_pool import BlockPool
+
+
+class LayerTimes:
+    """K/V write and attention time of one profiled forward (every layer evaluated apart)."""
+
+    def __init__(self):
+        self.write_s = 0.0
+        self.attend_s = 0.0
+
+    def timed(self, field: str, fn: Callable[[], mx.array | None], *inputs: mx.array):
+        mx.eval(*inputs)  # what came before is not this phase's time
+        start = time.perf_counter()
+        result = fn()
+        mx.eval(result if result is not None else [])
+        setattr(self, field, getattr(self, field) + time.perf_counter() - start)
+        return result
+
+
+class LayerCache:
+    """One layer's cache in one forward: `span` None is the paged mode, else gathered."""
+
+    def __init__(
+        self,
+        pool: BlockPool,
+        layer: int,
+        offsets: mx.array,
+        write_slots: mx.array,
+        attention: AttentionPlan | None,
+        span: GroupSpan | None = None,
+        times: LayerTimes | None = None,
+    ):
+        self.pool, self.layer, self.offset = pool, layer, offsets
+        self.write_slots, self.attention, self.span, self.times = (
+            write_slots,
+            attention,
+            span,
+            times,
+        )
+        # what the load-time probe reads
+        self.writes = self.attends = 0
+        self.window_sizes: list[int] = []  # windows asked of make_mask
+        self.attended: list[tuple[bool, bool]] = []  # per hook call: (mask ours, sinks)
+        self.shapes: tuple[tuple[int, ...], tuple[int, ...]] | None = None  # K, V as written
+        self._fetched: tuple[mx.array, mx.array] | None = None
+
+    @property
+    def gathered(self) -> bool:
+        return self.span is not None
+
+    def update_and_fetch(self, keys: mx.array, values: mx.array):
+        self.writes += 1
+        B, H, L, D = keys.shape
+        Hv, Dv = values.shape[1], values.shape[3]
+        self.shapes = ((H, D), (Hv, Dv))
+        k, v = self.pool.k[self.layer], self.pool.v[self.layer]
+        stored = rotate(keys) if self.pool.kv_bits else keys  # (worker/kv/quant.py)
+
+        def write():
+            write_kv(
+                k,
+                v,
+                self.write_slots,
+                stored.swapaxes(1, 2).reshape(B * L, H, D),
+                values.swapaxes(1, 2).reshape(B * L, Hv, Dv),
+            )
+            return [k, v]
+
+        if self.times is None:
+            write()
+        else:
+            self.times.timed("write_s", write, keys, values)
+        if self.span is None:
+            return keys, values
+        self._fetched = self._gather(keys.dtype, values.dtype)
+        return self._fetched
+
+    def _gather(self, kdtype: mx.Dtype, vdtype: mx.Dtype) -> tuple[mx.array, mx.array]:
+        """Each row's span of K and V, `(B, H, width, D)`, in the layer's dtypes."""
+        assert self.span is not None
+        slots = self.span.slots
+        k, v = self.pool.k[self.layer], self.pool.v[self.layer]
+        keys = (k.take(slots) if hasattr(k, "take") else k[slots]).swapaxes(1, 2)
+        values = (v.take(slots) if hasattr(v, "take") else v[slots]).swapaxes(1, 2)
+        if self.pool.kv_bits:
+            keys = rotate(keys)  # stored rotated; the rotation is its own inverse
+        return keys.astype(kdtype), values.astype(vdtype)
+
+    def keys_and_values(self) -> tuple[mx.array, mx.array]:
+        """What the latest `update_and_fetch` returned (KV-shared layers read it)."""
+        if self._fetched is None:
+            raise RuntimeError("keys_and_values before update_and_fetch in this forward")
+        return self._fetched
+
+    def make_mask(self, *args, window_size: int | None = None, **kwargs):
+        if window_size is not None:
+            self.window_sizes.append(window_size)
+        if self.span is None:
+            return None  # paged attention applies causality and lengths itself
+        return self.span.mask_for(window_size)
+
+    def attend(self, queries: mx.array, scale: float) -> mx.array:
+        """Paged attention of `queries` over this layer's pool (the paged mode)."""
+        assert self.attention is not None
+        k, v = self.pool.k[self.layer], self.pool.v[self.layer]
+        queries = rotate(queries) if self.pool.kv_bits else queries  # as the stored keys
+        if self.times is None:
+            return self.attention(queries, k, v, scale=scale)
+        return self.times.timed(
+            "attend_s", lambda: self.attention(queries, k, v, scale=scale), queries
+        )
+
+    def note_attention(self, mask, sinks) -> None:
+        """The hook saw this cache's layer attend (with `mask` and `sinks`)."""
+        self.attends += 1
+        made = self.span.made_masks() if self.span is not None else []
+        ours = mask is None or any(mask is m for m in made)
+        self.attended.append((ours, sinks is not None))

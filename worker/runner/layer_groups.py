@@ -1,0 +1,182 @@
+"""Layer groups: the model's layers grouped by the kind of K/V cache each keeps.
+
+Read off the model at load from the caches mlx-lm itself would make (`make_prompt_cache`):
+a `KVCache` is full causal attention, a `RotatingKVCache(max_size=W)` a sliding window of W
+keys (each query sees itself and the W - 1 positions before it: mlx-lm's
+`create_causal_mask(window_size=W)`). Every group shares the pool's pages and block hashes;
+a windowed group reads only the keys its window can see (`GroupSpan`).
+
+Anything else is refused at load with one sentence that says what it uses and what to do
+instead: recurrent state (linear attention, state space: the hybrid-state work), two caches per
+layer (an indexer's keys, two attention blocks), chunked local attention, a window that keeps
+its first tokens.
+
+Two ways a layer reads its K/V (`LayerCache`, `worker.runner.layer_cache`):
+- **paged**: full attention through `mlx_lm.models.base.scaled_dot_product_attention`, with
+  K and V of one shape and no sinks: the paged-attention plan reads the pool directly (the
+  fast paths: tiles, shared prefixes, the Metal kernel);
+- **gathered**: everything else (windows, sinks, MLA's latent "keys" and rope "values" of
+  different widths, soft-capping models that compute attention themselves, KV-shared layers):
+  the layer's cache gathers each row's visible span of K/V from the pool and hands the model
+  that dense K/V and a boolean mask of causality, window and lengths, so the model's own
+  attention code runs unchanged (no forked model files).
+The load-time probe (`worker.engine.startup.check_model`) decides per layer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import mlx.core as mx
+import mlx.nn as nn
+
+FULL, WINDOW = "full", "window"
+
+
+class UnsupportedModel(ValueError):
+    """This model cannot be served over the paged KV; the message says why."""
+
+
+@dataclass(frozen=True)
+class LayerKind:
+    """What one cache slot of the model keeps: full attention, or a window of `window` keys."""
+
+    kind: str = FULL
+    window: int | None = None
+
+    def describe(self) -> str:
+        return "full attention" if self.kind == FULL else f"sliding window {self.window}"
+
+
+@dataclass(frozen=True)
+class LayerGroup:
+    kind: LayerKind
+    layers: tuple[int, ...]
+
+
+def model_type(model: nn.Module) -> str:
+    args = getattr(model, "args", None)
+    return getattr(args, "model_type", None) or type(model).__module__.rsplit(".", 1)[-1]
+
+
+def _refusal(name: str, uses: str, instead: str) -> UnsupportedModel:
+    return UnsupportedModel(
+        f"model type {name!r} is not served: it uses {uses}, which the paged KV does not "
+        f"implement yet; {instead}"
+    )
+
+
+_INSTEAD = "serve it with mlx_lm.server meanwhile"
+
+
+def layer_kinds(model: nn.Module, caches: list) -> list[LayerKind]:
+    """The kind of each of `caches` (mlx-lm's own, from `make_prompt_cache(model)`); raises
+    UnsupportedModel, in one sentence, for a cache the paged KV cannot stand in for."""
+    from mlx_lm.models import cache as mlx_cache
+
+    name = model_type(model)
+    kinds = []
+    for c in caches:
+        kind = type(c).__name__
+        if type(c) in (mlx_cache.KVCache, mlx_cache.ConcatenateKVCache):
+            kinds.append(LayerKind())
+        elif type(c) is mlx_cache.RotatingKVCache and c.keep == 0:
+            kinds.append(LayerKind(WINDOW, int(c.max_size)))
+        elif type(c) is mlx_cache.RotatingKVCache:
+            raise _refusal(name, f"a sliding window that keeps its first {c.keep} tokens", _INSTEAD)
+        elif isinstance(c, mlx_cache.ArraysCache) or "Mamba" in kind:
+            raise _refusal(
+                name,
+                f"recurrent layers ({kind}: linear attention or state space)",
+                "hybrid recurrent models are the hybrid-state work; " + _INSTEAD,
+            )
+        elif isinstance(c, mlx_cache.CacheList):
+            raise _refusal(
+                name, "two caches per layer (CacheList: an indexer's keys or two attention "
+                "blocks)", _INSTEAD,
+            )  # fmt: skip
+        elif kind == "ChunkedKVCache":
+            raise _refusal(
+                name,
+                "chunked local attention (its mask is built from one sequence's position)",
+                "serve its text-only variant or use mlx_lm.server meanwhile",
+            )
+        else:
+            raise _refusal(name, f"a {kind} cache", _INSTEAD)
+    return kinds
+
+
+def group_layers(kinds: list[LayerKind]) -> list[LayerGroup]:
+    """Layers grouped by kind, in order of first appearance."""
+    order: dict[LayerKind, list[int]] = {}
+    for i, kind in enumerate(kinds):
+        order.setdefault(kind, []).append(i)
+    return [LayerGroup(kind, tuple(layers)) for kind, layers in order.items()]
+
+
+# Models that compute attention themselves over scores laid out (B, KV heads, query heads per KV
+# head, L, keys) when heads are grouped: their mask needs one more axis than mlx-lm's SDPA
+# takes, (B, 1, 1, L, keys). A per-architecture fact, not something a one-row probe can see:
+# a (B, 1, L, keys) mask broadcasts silently wrong against those scores when B equals the KV
+# head count. Gemma 2 (logit soft-capping) is the one mlx-lm model served so.
+GROUPED_SCORES = frozenset({"gemma2"})
+
+
+def grouped_scores(model: nn.Module, trunk: nn.Module) -> bool:
+    """Whether this model's layers attend over grouped-head scores (`GROUPED_SCORES`)."""
+    if model_type(model) not in GROUPED_SCORES:
+        return False
+    layers = getattr(trunk, "layers", [])
+    return any(getattr(getattr(x, "self_attn", None), "repeats", 1) > 1 for x in layers)
+
+
+class GroupSpan:
+    """The keys one forward's rows may see in a layer group, as slots to gather and a mask.
+
+    Row b's queries are its last L positions of `context_lengths[b]`; with a window W the row
+    needs only its last L + W - 1 keys, so every row gathers `width` keys from `starts[b]` on
+    (the whole context without a window). `mask` (B, 1, L, width) is True where a query may
+    see a key: causal, inside the window, inside the row. Built from host ints once per group
+    and forward; shared by the group's layers. Blocks before a row's start are never read, so
+    a windowed group may release them (their table entries can point anywhere).
+    """
+
+    def __init__(
+        self,
+        block_tables: mx.array,
+        context_lengths: list[int],
+        num_queries: int,
+        block_size: int,
+        window: int | None,
+        grouped: bool = False,
+    ):
+        longest = max(context_lengths)
+        width = longest if window is None else min(longest, num_queries + window - 1)
+        self.window, self.width, self.grouped = window, width, grouped
+        starts = mx.array([max(0, c - width) for c in context_lengths], dtype=mx.int32)
+        key_pos = starts[:, None] + mx.arange(width, dtype=mx.int32)  # (B, width)
+        blocks = mx.take_along_axis(block_tables, key_pos // block_size, axis=1)
+        self.slots = blocks * block_size + key_pos % block_size
+        ends = mx.array(context_lengths, dtype=mx.int32)
+        query_pos = ends[:, None] - num_queries + mx.arange(num_queries, dtype=mx.int32)
+        self.key_pos, self.query_pos = key_pos, query_pos
+        self.mask = self.visible(window)
+        self._masks: dict[int | None, mx.array] = {window: self.mask}
+
+    def visible(self, window: int | None) -> mx.array:
+        rel = self.key_pos[:, None, :] - self.query_pos[:, :, None]  # (B, L, width)
+        seen = rel <= 0
+        if window is not None:
+            seen = seen & (rel > -window)
+        return seen[:, None, None] if self.grouped else seen[:, None]
+
+    def mask_for(self, window: int | None) -> mx.array:
+        """The mask for a window asked of `make_mask` (a smaller one than the group's, or
+        one asked of a full group: the full span holds every key it needs)."""
+        window = self.window if window is None else window
+        if window not in self._masks:
+            self._masks[window] = self.visible(window)
+        return self._masks[window]
+
+    def made_masks(self) -> list[mx.array]:
+        return list(self._masks.values())

@@ -1,0 +1,91 @@
+"""The two halves of an mlx-lm causal LM as our forwards use them: the trunk and the head.
+
+The trunk is the module that owns the decoder layers and takes `(inputs, cache)`: whatever
+it is called (`model.model`, `model.transformer`, a vision wrapper's
+`model.language_model.model`), it is found by what it is, the first module, breadth first,
+holding a list of layers. The head is everything the model's own `__call__` does after the
+trunk (the output projection, tied or not, and any final soft-capping or logit scale): it is
+run by calling the model itself with the trunk stood in for by a module that returns the
+hidden states given, so a model's own head code runs unchanged and only at the positions that
+sample (projecting every prefill position onto the vocabulary is wasted work).
+
+A model whose layers sit on the top module itself has no separate trunk: the whole model runs
+and its logits are the "hidden states" (the head is then the identity).
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import mlx.core as mx
+import mlx.nn as nn
+
+
+def _has_layers(module: nn.Module) -> bool:
+    """Holds its layers itself (a module's own list, not a property reaching into a child)."""
+    for name in ("layers", "h"):
+        layers = module.get(name)
+        if isinstance(layers, list) and layers and isinstance(layers[0], nn.Module):
+            return True
+    return False
+
+
+def find_trunk(model: nn.Module) -> tuple[nn.Module, str] | None:
+    """(owner, attribute) of the trunk: `getattr(owner, attribute)` holds the layers."""
+    queue: list[nn.Module] = [model]
+    while queue:
+        owner = queue.pop(0)
+        for name, child in owner.children().items():
+            if isinstance(child, nn.Module):
+                if _has_layers(child):
+                    return owner, name
+                queue.append(child)
+    return None
+
+
+class _Given(nn.Module):
+    """Stands in for the trunk while the head runs: returns the hidden states it was given;
+    any attribute the head reads of the trunk (a tied embedding) is the trunk's."""
+
+    def __init__(self, trunk: nn.Module, hidden: mx.array):
+        super().__init__()
+        self._given = (trunk, hidden)  # a tuple: not a child module or parameter
+
+    def __call__(self, *args, **kwargs) -> mx.array:
+        return self._given[1]
+
+    def __getattr__(self, name: str):
+        if name == "_given":
+            return super().__getattr__(name)
+        return getattr(self._given[0], name)
+
+
+class Trunk:
+    """`forward(tokens, caches)` -> hidden states (B, L, hidden); `head(h)` -> logits."""
+
+    def __init__(self, model: nn.Module):
+        self.model = model
+        found = find_trunk(model)
+        self.owner, self.attribute = found if found is not None else (None, "")
+        module = getattr(self.owner, self.attribute) if self.owner is not None else model
+        self.module = module
+        params = inspect.signature(type(module).__call__).parameters
+        self._cache_keyword = "cache" in params
+
+    def forward(self, tokens: mx.array, caches: list) -> mx.array:
+        if self._cache_keyword:
+            return self.module(tokens, cache=caches)
+        return self.module(tokens, caches)
+
+    def head(self, hidden: mx.array) -> mx.array:
+        """Logits of hidden states `(n, hidden)` -> `(n, vocab)`."""
+        if self.owner is None:
+            return hidden
+        trunk = getattr(self.owner, self.attribute)
+        setattr(self.owner, self.attribute, _Given(trunk, hidden[None]))
+        try:
+            dummy = mx.zeros((1, hidden.shape[0]), dtype=mx.int32)
+            logits = self.model(dummy, cache=None)
+        finally:
+            setattr(self.owner, self.attribute, trunk)
+        return logits[0]
