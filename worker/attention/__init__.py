@@ -8,7 +8,7 @@ attention calls to the plan. The modules behind it: `paged` (backends and the pl
 `metal_source` (the "metal" backend), `selftest` and `select` (choosing one).
 """
 
-from worker.attention.hook import AttentionSinksUnsupported, install_attention_hook
+from worker.attention.hook import UNCACHED, AttentionSinksUnsupported, install_attention_hook
 from worker.attention.paged import (
     AttentionBackend,
     AttentionPlan,
@@ -25,6 +25,7 @@ __all__ = [
     "AttentionPlan",
     "AttentionSinksUnsupported",
     "BackendUnavailableError",
+    "UNCACHED",
     "install_attention_hook",
     "paged_attention",
     "resolve_backend",

@@ -19,13 +19,24 @@ class AttentionSinksUnsupported(NotImplementedError):
     """The model passed attention sinks, which paged attention does not implement."""
 
 
+class _Counter:
+    """Attention calls made without one of our caches (mlx-lm's own generation, or, inside
+    one of our forwards, a KV-shared layer attending over K/V another layer fetched)."""
+
+    calls = 0
+
+
+UNCACHED = _Counter()
+
+
 def _paged_sdpa(queries, keys, values, cache, scale, mask, sinks=None, **kwargs):
     note = getattr(cache, "note_attention", None)
     if note is None:  # not our cache: mlx-lm's own attention, unchanged
+        UNCACHED.calls += 1
         return _original_sdpa(
             queries, keys, values, cache=cache, scale=scale, mask=mask, sinks=sinks, **kwargs
         )
-    note(mask, sinks)
+    note(mask, sinks, keys, values)
     if cache.gathered:  # K/V gathered from the pool, the mask ours: mlx-lm's own attention
         return _original_sdpa(
             queries, keys, values, cache=None, scale=scale, mask=mask, sinks=sinks, **kwargs

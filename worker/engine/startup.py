@@ -169,9 +169,15 @@ def check_model(engine: Engine) -> None:
     """Refuse a model the paged KV would serve wrongly, and set each layer's mode (see
     `worker.runner.model_support`): a one-token forward with every layer gathered shows
     which layers the paged attention plan can serve."""
-    probe = Sequence("__probe__", 1, [0], SamplingParams(max_tokens=1), arrival=-1)
-    probe.block_ids = [engine.scratch_block]
-    plan = StepPlan(StepKind.PREFILL, [], [PrefillChunk(probe, 1)], [])
+    # two rows at different positions: a model that reads one position for the whole batch
+    # (`cache.offset` as a number) fails here, not on its first batch
+    probes = []
+    for length in (1, 2):
+        probe = Sequence("__probe__", 1, [0] * length, SamplingParams(max_tokens=1), arrival=-1)
+        probe.block_ids = [engine.scratch_block]
+        probe.num_computed = length - 1
+        probes.append(PrefillChunk(probe, 1))
+    plan = StepPlan(StepKind.PREFILL, [], probes, [])
     runner = engine.runner
     kinds = engine.shape.kinds()
     name = model_type(engine.model)
@@ -186,7 +192,8 @@ def check_model(engine: Engine) -> None:
             f"model type {name!r} failed a one-token forward over the paged KV "
             f"({type(exc).__name__}: {exc})"
         ) from exc
-    gathered = decide_modes(engine.model, kinds, runner.last_caches)
+    uncached = getattr(runner, "inner", runner).uncached_attention
+    gathered = decide_modes(engine.model, kinds, runner.last_caches, uncached)
     runner.last_caches = []
     set_layer_modes(runner, kinds, gathered)
     engine.attention_report = replace(

@@ -68,9 +68,10 @@ class LayerCache:
             times,
         )
         # what the load-time probe reads
-        self.writes = self.attends = 0
+        self.writes = self.attends = self.shared_reads = 0
         self.window_sizes: list[int] = []  # windows asked of make_mask
-        self.attended: list[tuple[bool, bool]] = []  # per hook call: (mask ours, sinks)
+        # per hook call: (mask ours, sinks given, K/V exactly as this cache fetched them)
+        self.attended: list[tuple[bool, bool, bool]] = []
         self.shapes: tuple[tuple[int, ...], tuple[int, ...]] | None = None  # K, V as written
         self._fetched: tuple[mx.array, mx.array] | None = None
 
@@ -118,6 +119,7 @@ class LayerCache:
 
     def keys_and_values(self) -> tuple[mx.array, mx.array]:
         """What the latest `update_and_fetch` returned (KV-shared layers read it)."""
+        self.shared_reads += 1
         if self._fetched is None:
             raise RuntimeError("keys_and_values before update_and_fetch in this forward")
         return self._fetched
@@ -140,9 +142,11 @@ class LayerCache:
             "attend_s", lambda: self.attention(queries, k, v, scale=scale), queries
         )
 
-    def note_attention(self, mask, sinks) -> None:
-        """The hook saw this cache's layer attend (with `mask` and `sinks`)."""
+    def note_attention(self, mask, sinks, keys=None, values=None) -> None:
+        """The hook saw this cache's layer attend with `mask`, `sinks`, `keys`, `values`."""
         self.attends += 1
         made = self.span.made_masks() if self.span is not None else []
         ours = mask is None or any(mask is m for m in made)
-        self.attended.append((ours, sinks is not None))
+        fetched = self._fetched or (None, None)
+        as_fetched = keys is fetched[0] and values is fetched[1]
+        self.attended.append((ours, sinks is not None, as_fetched))

@@ -102,7 +102,7 @@ def layer_kinds(model: nn.Module, caches: list) -> list[LayerKind]:
                 "serve its text-only variant or use mlx_lm.server meanwhile",
             )
         else:
-            raise _refusal(name, f"a {kind} cache", _INSTEAD)
+            raise _refusal(name, f"a cache of its own ({kind})", _INSTEAD)
     return kinds
 
 

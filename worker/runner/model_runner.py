@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, NamedTuple
 import mlx.core as mx
 import mlx.nn as nn
 
-from worker.attention import AttentionBackend, AttentionPlan, install_attention_hook
+from worker.attention import UNCACHED, AttentionBackend, AttentionPlan, install_attention_hook
 from worker.runner.layer_cache import LayerCache, LayerTimes
 from worker.runner.layer_groups import GroupSpan, LayerKind, grouped_scores
 from worker.runner.model_hooks import install_model_hooks, our_forward
@@ -127,6 +127,7 @@ class ModelRunner:
         self.kinds: list[LayerKind] = [LayerKind()] * pool.num_layers
         self.gathered: list[bool] = [False] * pool.num_layers
         self.grouped_scores = grouped_scores(model, self.trunk.module)
+        self.uncached_attention = 0  # of the latest forward: layers attending K/V passed along
 
     def run(
         self, plan: StepPlan, device_tokens: mx.array | None = None, times: LayerTimes | None = None
@@ -210,8 +211,11 @@ class ModelRunner:
                 LayerCache(self.pool, i, layout.offsets, layout.write_slots, attention, span, times)
             )
         self.last_caches = caches
+        before = UNCACHED.calls
         with our_forward(layout.offsets):
-            return self.trunk.forward(tokens, caches), layout
+            hidden = self.trunk.forward(tokens, caches)
+        self.uncached_attention = UNCACHED.calls - before  # read by the load-time probe
+        return hidden, layout
 
     def plan_rows(self, plan: StepPlan, on_device: bool) -> tuple[list[Row], Points]:
         """The rows of `plan` and where they sample. A decode row is its last token; its

@@ -94,7 +94,9 @@ def probe_shape(model: nn.Module) -> ModelShape:
     )  # fmt: skip
 
 
-def decide_modes(model: nn.Module, kinds: list[LayerKind], caches: list) -> list[bool]:
+def decide_modes(
+    model: nn.Module, kinds: list[LayerKind], caches: list, uncached_attention: int = 0
+) -> list[bool]:
     """After a one-token forward of ours with every layer gathered (`caches` its layer
     caches): per cache slot, True where the layer must stay gathered, False where the paged
     attention plan can serve it (full attention through the hook, once, with a mask of ours or
@@ -107,6 +109,11 @@ def decide_modes(model: nn.Module, kinds: list[LayerKind], caches: list) -> list
             f"model type {name!r}: {wrote} of {len(caches)} layers wrote their K/V through "
             "the cache once; its attention bypasses the paged-KV seam"
         )
+    # a layer attending twice, or with another group's mask, may be reading another layer's
+    # K/V (iquestloopcoder's second loop): then which layers' K/V travel is unknown
+    passed_along = uncached_attention > 0 or any(
+        c.attends > 1 or not all(ours for ours, _, _ in c.attended) for c in caches
+    )
     gathered = []
     for kind, c in zip(kinds, caches, strict=True):
         asked = set(c.window_sizes)
@@ -120,8 +127,10 @@ def decide_modes(model: nn.Module, kinds: list[LayerKind], caches: list) -> list
             kind.kind == FULL
             and not asked
             and c.attends == 1
-            and c.attended == [(True, False)]
+            and c.attended == [(True, False, True)]
             and (k_heads, k_dim) == (v_heads, v_dim)
+            and c.shared_reads == 0
+            and not passed_along
         )
         gathered.append(not paged)
     return gathered

@@ -30,16 +30,27 @@ def _has_layers(module: nn.Module) -> bool:
     return False
 
 
+def _takes_cache(module: nn.Module) -> bool:
+    if not callable(module):
+        return False
+    return "cache" in inspect.signature(type(module).__call__).parameters
+
+
 def find_trunk(model: nn.Module) -> tuple[nn.Module, str] | None:
-    """(owner, attribute) of the trunk: `getattr(owner, attribute)` holds the layers."""
-    queue: list[nn.Module] = [model]
+    """(owner, attribute) of the trunk: the outermost module below `model`, on the way to
+    the one holding the layers, whose call takes a `cache` (a container of layers that is not
+    called itself is skipped, as is anything below the module the model calls)."""
+    queue: list[tuple[nn.Module, list[tuple[nn.Module, str]]]] = [(model, [])]
     while queue:
-        owner = queue.pop(0)
+        owner, path = queue.pop(0)
         for name, child in owner.children().items():
-            if isinstance(child, nn.Module):
-                if _has_layers(child):
-                    return owner, name
-                queue.append(child)
+            if not isinstance(child, nn.Module):
+                continue
+            here = [*path, (owner, name)]
+            if _has_layers(child):
+                callers = [(o, n) for o, n in here if _takes_cache(getattr(o, n))]
+                return callers[0] if callers else here[-1]
+            queue.append((child, here))
     return None
 
 
@@ -71,8 +82,13 @@ class Trunk:
         self.module = module
         params = inspect.signature(type(module).__call__).parameters
         self._cache_keyword = "cache" in params
+        mask = params.get("mask")  # a trunk that takes the mask from its model (phixtral)
+        self._needs_mask = mask is not None and mask.default is inspect.Parameter.empty
 
     def forward(self, tokens: mx.array, caches: list) -> mx.array:
+        if self._needs_mask:
+            mask = caches[0].make_mask(tokens.shape[1])
+            return self.module(tokens, mask, caches)
         if self._cache_keyword:
             return self.module(tokens, cache=caches)
         return self.module(tokens, caches)
