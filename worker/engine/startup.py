@@ -212,11 +212,16 @@ def check_model(engine: Engine) -> None:
 
 
 def verify_greedy(engine: Engine, name: str) -> None:
-    """For an architecture the tests do not cover: one prompt, greedy, against plain
-    mlx-lm; refuse the model unless the tokens match."""
-    prompt = verification_prompt(engine.shape.vocab_size, engine.config.block_size + 5)
-    expected = reference_greedy(engine.model, prompt, 4)
-    got = run_alone(engine, prompt, 4)
+    """For an architecture the tests do not cover: two prompts of different lengths decoded
+    together, greedy, against plain mlx-lm alone; refuse the model unless the tokens match
+    (a model that derives positions from the batch's K/V length passes alone, not batched)."""
+    vocab = engine.shape.vocab_size
+    prompts = [
+        verification_prompt(vocab, engine.config.block_size + 5),
+        verification_prompt(vocab, 3, salt=11),
+    ]
+    expected = [reference_greedy(engine.model, p, 6) for p in prompts]
+    got = run_together(engine, prompts, 6)
     if got != expected:
         raise UnsupportedModel(
             f"model type {name!r} is not among the tested architectures "
@@ -237,12 +242,20 @@ def warm_up(engine: Engine) -> None:
 
 def run_alone(engine: Engine, prompt: list[int], max_tokens: int) -> list[int]:
     """Greedy tokens of one internal request, run to the end; forgets its cache entries."""
-    engine.add_request("__check__", prompt, SamplingParams(max_tokens=max_tokens))
-    tokens: list[int] = []
+    return run_together(engine, [prompt], max_tokens)[0]
+
+
+def run_together(engine: Engine, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
+    """Greedy tokens of internal requests decoded together, run to the end; forgets their
+    cache entries."""
+    ids = [f"__check{i}__" for i in range(len(prompts))]
+    for rid, prompt in zip(ids, prompts, strict=True):
+        engine.add_request(rid, prompt, SamplingParams(max_tokens=max_tokens))
+    tokens: dict[str, list[int]] = {rid: [] for rid in ids}
     while engine.has_work():
         for delta in engine.step():
             if delta.error:
                 raise UnsupportedModel(f"the load-time check failed: {delta.error}")
-            tokens += delta.token_ids
+            tokens[delta.request_id] += delta.token_ids
     engine.forget_cache()
-    return tokens
+    return [tokens[rid] for rid in ids]

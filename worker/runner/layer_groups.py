@@ -69,12 +69,28 @@ def _refusal(name: str, uses: str, instead: str) -> UnsupportedModel:
 _INSTEAD = "serve it with mlx_lm.server meanwhile"
 
 
+# Architectures whose forward assumes one position for the whole batch: found by the
+# architecture sweep (tests/unit/worker/engine/test_every_architecture.py); a one-prompt check
+# at load cannot see it. mlx-lm's own batched generation shares the limitation.
+ONE_POSITION_PER_BATCH = {
+    "afm7": "KV-reuse layers that take their queries' positions from the K/V length",
+    "gpt_bigcode": "position embeddings indexed by one number for the whole batch",
+}
+
+
 def layer_kinds(model: nn.Module, caches: list) -> list[LayerKind]:
     """The kind of each of `caches` (mlx-lm's own, from `make_prompt_cache(model)`); raises
     UnsupportedModel, in one sentence, for a cache the paged KV cannot stand in for."""
     from mlx_lm.models import cache as mlx_cache
 
     name = model_type(model)
+    if name in ONE_POSITION_PER_BATCH:
+        raise _refusal(
+            name,
+            ONE_POSITION_PER_BATCH[name] + ", so sequences at different positions cannot "
+            "share a batch",
+            _INSTEAD,
+        )
     kinds = []
     for c in caches:
         kind = type(c).__name__

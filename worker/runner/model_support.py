@@ -148,6 +148,6 @@ def reference_greedy(model: nn.Module, prompt: list[int], max_tokens: int) -> li
     return out
 
 
-def verification_prompt(vocab_size: int, length: int) -> list[int]:
+def verification_prompt(vocab_size: int, length: int, salt: int = 13) -> list[int]:
     """A fixed prompt of `length` ids spread over the vocabulary (no tokenizer needed)."""
-    return [(7919 * i + 13) % vocab_size for i in range(length)]
+    return [(7919 * i + salt) % vocab_size for i in range(length)]
