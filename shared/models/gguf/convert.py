@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import cast
 
 from shared.models.gguf.errors import GGUFError
-from shared.models.gguf.header import read_header
+from shared.models.gguf.header import GGUFHeader, check_mlx_types, read_header
 from shared.models.gguf.tokenizer import write_tokenizer
 
 GGUF_GROUP_SIZE = 32  # every GGUF type MLX decodes uses 32-value blocks
@@ -60,12 +60,13 @@ def mlx_tensor_name(gguf_name: str) -> str:
     raise GGUFError(f"unsupported tensor {gguf_name!r}")
 
 
-def read_gguf(path: Path) -> tuple[dict, dict]:
-    """Load tensors and metadata, turning every failure into a GGUFError."""
+def read_gguf(path: Path, header: GGUFHeader | None = None) -> tuple[dict, dict]:
+    """Load tensors and metadata with MLX's reader, turning every failure into a GGUFError."""
     import mlx.core as mx
 
     path = Path(path)
-    read_header(path)  # MLX's reader crashes the process on a bad file: check first
+    # MLX's reader crashes the process on a bad file: check the header first
+    check_mlx_types(header or read_header(path))
     try:
         loaded = mx.load(str(path), format="gguf", return_metadata=True)
     except Exception as exc:  # mlx raises ValueError/RuntimeError with terse texts
