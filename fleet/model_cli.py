@@ -23,7 +23,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True)
 
-    convert = sub.add_parser("convert", help="convert a llama GGUF file to an mlx-lm directory")
+    convert = sub.add_parser(
+        "convert", help="convert a llama or gemma3 GGUF file to an mlx-lm directory"
+    )
     convert.add_argument("gguf", type=Path, help="the .gguf file")
     convert.add_argument("--out", type=Path, help="output directory (default: the user cache)")
 
