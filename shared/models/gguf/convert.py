@@ -1,5 +1,6 @@
-"""Convert a llama-architecture GGUF file into a standard mlx-lm model directory.
+"""Convert a GGUF file into a standard mlx-lm model directory, by its `general.architecture`.
 
+gemma3 is converted by `gemma3.py` (dequantized with the `gguf` package). For llama,
 `mx.load(path, return_metadata=True)` already decodes F32, F16, Q4_0, Q4_1 and Q8_0
 tensors; quantized ones come back in MLX's own affine layout (uint32 weight + scales +
 biases, group size 32). We keep them quantized in the saved directory (one bits/group
@@ -18,10 +19,12 @@ import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import cast
+from typing import NamedTuple, cast
 
+from shared.models.gguf import gemma3
 from shared.models.gguf.errors import GGUFError
-from shared.models.gguf.header import read_header
+from shared.models.gguf.header import GGUFHeader, check_mlx_types, read_header
+from shared.models.gguf.spm_tokenizer import write_sentencepiece_tokenizer
 from shared.models.gguf.tokenizer import write_tokenizer
 
 GGUF_GROUP_SIZE = 32  # every GGUF type MLX decodes uses 32-value blocks
@@ -60,12 +63,13 @@ def mlx_tensor_name(gguf_name: str) -> str:
     raise GGUFError(f"unsupported tensor {gguf_name!r}")
 
 
-def read_gguf(path: Path) -> tuple[dict, dict]:
-    """Load tensors and metadata, turning every failure into a GGUFError."""
+def read_gguf(path: Path, header: GGUFHeader | None = None) -> tuple[dict, dict]:
+    """Load tensors and metadata with MLX's reader, turning every failure into a GGUFError."""
     import mlx.core as mx
 
     path = Path(path)
-    read_header(path)  # MLX's reader crashes the process on a bad file: check first
+    # MLX's reader crashes the process on a bad file: check the header first
+    check_mlx_types(header or read_header(path))
     try:
         loaded = mx.load(str(path), format="gguf", return_metadata=True)
     except Exception as exc:  # mlx raises ValueError/RuntimeError with terse texts
@@ -134,6 +138,36 @@ def _quantization(weights: dict) -> dict:
     return quant
 
 
+class Converted(NamedTuple):
+    weights: dict  # mlx-lm parameter name -> mx.array
+    config: dict  # config.json
+    write_tokenizer: Callable[[Path], None]  # writes the tokenizer files into a directory
+
+
+def _llama(path: Path, header: GGUFHeader) -> Converted:
+    weights, meta = read_gguf(path, header)
+    config = model_config(meta, weights)
+    mlx_weights = {mlx_tensor_name(k): v for k, v in weights.items()}
+    return Converted(mlx_weights, config, lambda out: write_tokenizer(meta, out))
+
+
+def _gemma3(path: Path, header: GGUFHeader) -> Converted:
+    meta = header.metadata
+    config = gemma3.gemma3_config(meta, {t.name for t in header.tensors})
+    weights = gemma3.gemma3_weights(path, header)
+
+    def tokenizer(out: Path) -> None:
+        write_sentencepiece_tokenizer(meta, out, gemma3.CHAT_TEMPLATE)
+
+    return Converted(weights, config, tokenizer)
+
+
+CONVERTERS: dict[str, Callable[[Path, GGUFHeader], Converted]] = {
+    "llama": _llama,
+    gemma3.ARCH: _gemma3,
+}
+
+
 def convert_gguf(gguf_path: Path, out_dir: Path, progress: Progress | None = None) -> Path:
     """Write an mlx-lm model directory for `gguf_path` into `out_dir` (created fresh)."""
     import mlx.core as mx
@@ -141,21 +175,30 @@ def convert_gguf(gguf_path: Path, out_dir: Path, progress: Progress | None = Non
     say = progress or (lambda _msg: None)
     start = time.perf_counter()
     say(f"reading {gguf_path}")
-    weights, meta = read_gguf(Path(gguf_path))
-    config = model_config(meta, weights)
-    say(f"mapping {len(weights)} tensors ({config['num_hidden_layers']} layers)")
-    mlx_weights = {mlx_tensor_name(k): v for k, v in weights.items()}
+    gguf_path = Path(gguf_path)
+    header = read_header(gguf_path)
+    arch = header.metadata.get("general.architecture")
+    if arch not in CONVERTERS:
+        known = ", ".join(CONVERTERS)
+        raise GGUFError(f"GGUF architecture {arch!r} is not supported (supported: {known})")
+    model = CONVERTERS[arch](gguf_path, header)
+    say(f"mapped {len(model.weights)} tensors ({model.config['num_hidden_layers']} layers)")
 
     out_dir = Path(out_dir)
     if out_dir.exists():
         shutil.rmtree(out_dir)
     out_dir.mkdir(parents=True)
     say("writing weights")
-    mx.save_safetensors(str(out_dir / "model.safetensors"), mlx_weights, metadata={"format": "mlx"})
-    (out_dir / "config.json").write_text(json.dumps(config, indent=2))
+    mx.save_safetensors(
+        str(out_dir / "model.safetensors"), model.weights, metadata={"format": "mlx"}
+    )
+    (out_dir / "config.json").write_text(json.dumps(model.config, indent=2))
     say("writing tokenizer")
-    write_tokenizer(meta, out_dir)
-    source = {"gguf": str(Path(gguf_path).resolve()), "name": str(meta.get("general.name", ""))}
+    model.write_tokenizer(out_dir)
+    source = {
+        "gguf": str(gguf_path.resolve()),
+        "name": str(header.metadata.get("general.name", "")),
+    }
     (out_dir / "mlx_fleet_source.json").write_text(json.dumps(source, indent=2))
     say(f"converted in {time.perf_counter() - start:.2f}s -> {out_dir}")
     return out_dir

@@ -1,33 +1,30 @@
-"""A bounds-checked reader of a GGUF file's header, run before MLX's loader.
+"""A bounds-checked reader of a GGUF file's header, run before any tensor is read.
 
 MLX's GGUF reader trusts the file: a header with the right magic and garbage after it
 crashes the whole process (segfault). Reading the header here first turns every bad file
-into an error message: wrong magic or version, a read past the end, tensor types MLX can't
-decode, tensor data that lies outside the file.
+into an error message: wrong magic or version, a read past the end, unknown tensor types,
+tensor data that lies outside the file. It also decodes the metadata values: `gguf`'s own
+`GGUFReader` builds a numpy view per array item, 15 s for Gemma 3's 262k-token vocabulary
+here, while this reader takes about a second.
 """
 
 from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 from typing import BinaryIO
+
+import numpy as np
 
 from shared.models.gguf.errors import GGUFError
 
 MAGIC = b"GGUF"
 DEFAULT_ALIGNMENT = 32
 
-# ggml type id -> (name, elements per block, bytes per block), for the types MLX decodes.
-SUPPORTED_TYPES = {
-    0: ("F32", 1, 4),
-    1: ("F16", 1, 2),
-    2: ("Q4_0", 32, 18),
-    3: ("Q4_1", 32, 20),
-    8: ("Q8_0", 32, 34),
-}
-_OTHER_TYPES = {6: "Q5_0", 7: "Q5_1", 9: "Q8_1", 10: "Q2_K", 11: "Q3_K", 12: "Q4_K",
-                13: "Q5_K", 14: "Q6_K", 15: "Q8_K", 30: "BF16"}  # fmt: skip
+# The types MLX's own GGUF loader decodes (mx.load); the others need `gguf`'s dequantizer.
+MLX_TYPES = ("F32", "F16", "Q4_0", "Q4_1", "Q8_0")
 
 # GGUF metadata value types: id -> struct format (None for string / array)
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?",
@@ -38,18 +35,22 @@ _STRING, _ARRAY = 8, 9
 @dataclass(frozen=True)
 class TensorInfo:
     name: str
-    shape: tuple[int, ...]
-    type_name: str
-    offset: int
+    shape: tuple[int, ...]  # GGUF order: the fastest-moving dimension first
+    type_name: str  # a `gguf.GGMLQuantizationType` name: "F32", "Q4_K", ...
+    offset: int  # from data_start
     nbytes: int
 
 
 @dataclass(frozen=True)
 class GGUFHeader:
     version: int
-    metadata_keys: tuple[str, ...]
+    metadata: dict  # key -> int | float | bool | str | list[str] | numpy array
     tensors: tuple[TensorInfo, ...]
     data_start: int
+
+    @property
+    def metadata_keys(self) -> tuple[str, ...]:
+        return tuple(self.metadata)
 
 
 class _Reader:
@@ -78,27 +79,43 @@ class _Reader:
             return self.string()
         if vtype == _ARRAY:
             item_type, count = self.unpack("<I"), self.unpack("<Q")
-            if item_type in _SCALARS:  # skip fixed-size arrays without decoding them
-                self.raw(count * struct.calcsize(_SCALARS[item_type]))
-                return None
-            for _ in range(count):
-                self.value(item_type)
-            return None
+            if item_type in _SCALARS:  # one read for the whole array
+                fmt = _SCALARS[item_type]
+                data = self.raw(count * struct.calcsize(fmt))
+                return np.frombuffer(data, dtype=np.dtype(fmt.replace("?", "b1")))
+            return [self.value(item_type) for _ in range(count)]
         raise GGUFError(f"corrupt GGUF header (unknown value type {vtype})")
 
 
+@cache
+def _type_sizes() -> dict[int, tuple[str, int, int]]:
+    """ggml type id -> (name, values per block, bytes per block), from llama.cpp's own table."""
+    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    return {t.value: (t.name, *GGML_QUANT_SIZES[t]) for t in GGMLQuantizationType}
+
+
 def _tensor_bytes(name: str, shape: tuple[int, ...], type_id: int) -> tuple[str, int]:
-    if type_id not in SUPPORTED_TYPES:
-        kind = _OTHER_TYPES.get(type_id, f"type {type_id}")
-        known = ", ".join(t[0] for t in SUPPORTED_TYPES.values())
-        raise GGUFError(f"tensor {name!r} is {kind}; MLX's GGUF loader supports {known}")
-    type_name, block, block_bytes = SUPPORTED_TYPES[type_id]
+    if type_id not in _type_sizes():
+        raise GGUFError(f"tensor {name!r} has an unknown ggml type {type_id}")
+    type_name, block, block_bytes = _type_sizes()[type_id]
     count = 1
     for d in shape:
         count *= d
-    if count % block:
-        raise GGUFError(f"tensor {name!r} has {count} values, not a multiple of {block}")
+    row = shape[0] if shape else 1
+    if row % block:  # blocks never straddle rows
+        raise GGUFError(f"tensor {name!r} has rows of {row} values, not whole {block}-value blocks")
     return type_name, count // block * block_bytes
+
+
+def check_mlx_types(header: GGUFHeader) -> None:
+    """Raise unless MLX's own loader (`mx.load`) decodes every tensor of the file."""
+    for t in header.tensors:
+        if t.type_name not in MLX_TYPES:
+            raise GGUFError(
+                f"tensor {t.name!r} is {t.type_name}; for this architecture MLX's GGUF loader "
+                f"reads the file, and it supports {', '.join(MLX_TYPES)}"
+            )
 
 
 def read_header(path: Path) -> GGUFHeader:
@@ -117,13 +134,10 @@ def read_header(path: Path) -> GGUFHeader:
         n_tensors, n_kv = r.unpack("<Q"), r.unpack("<Q")
         if n_tensors > size or n_kv > size:
             raise GGUFError("corrupt GGUF header (impossible tensor or key count)")
-        keys, alignment = [], DEFAULT_ALIGNMENT
+        metadata = {}
         for _ in range(n_kv):
             key = r.string()
-            value = r.value(r.unpack("<I"))
-            if key == "general.alignment" and isinstance(value, int) and value > 0:
-                alignment = value
-            keys.append(key)
+            metadata[key] = r.value(r.unpack("<I"))
         raw_tensors = []
         for _ in range(n_tensors):
             name = r.string()
@@ -132,6 +146,9 @@ def read_header(path: Path) -> GGUFHeader:
                 raise GGUFError(f"corrupt GGUF header (tensor {name!r} has {n_dims} dims)")
             shape = tuple(r.unpack("<Q") for _ in range(n_dims))
             raw_tensors.append((name, shape, r.unpack("<I"), r.unpack("<Q")))
+        alignment = metadata.get("general.alignment", DEFAULT_ALIGNMENT)
+        if not isinstance(alignment, int) or alignment <= 0:
+            alignment = DEFAULT_ALIGNMENT
         data_start = -(-f.tell() // alignment) * alignment
     tensors = []
     for name, shape, type_id, offset in raw_tensors:
@@ -139,4 +156,4 @@ def read_header(path: Path) -> GGUFHeader:
         if data_start + offset + nbytes > size:
             raise GGUFError(f"truncated GGUF file: tensor {name!r} lies past the end of {path}")
         tensors.append(TensorInfo(name, shape, type_name, offset, nbytes))
-    return GGUFHeader(version, tuple(keys), tuple(tensors), data_start)
+    return GGUFHeader(version, metadata, tuple(tensors), data_start)
