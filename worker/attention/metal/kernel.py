@@ -99,6 +99,8 @@ def paged_attention_metal(
     max_context: int,
     kernel_factory: KernelFactory | None = None,
     metal_plan: MetalPlan | None = None,
+    window: int | None = None,
+    sinks: mx.array | None = None,
 ) -> mx.array:
     """The kernel's entry point; same contract as the "mlx" strategies (`max_context` unused:
     each threadgroup reads its own sequence's length). Raises NotImplementedError on a shape
@@ -106,6 +108,8 @@ def paged_attention_metal(
     (`--kv-bits`) go to the variant of `worker.attention.metal.quant`; `metal_plan` (the
     backend's per-forward preparation, `metal_plan.plan_forward`) picks split-K or
     prefix-grouped (`worker.attention.metal.variants`), else the plain kernel runs."""
+    if window is not None or sinks is not None:
+        raise NotImplementedError("the Metal kernel has no sliding-window or sink variant yet")
     quantized = metal_quant.is_quantized(k_pool)
     factory = kernel_factory or mx.fast.metal_kernel
     common = dict(scale=scale, block_size=block_size)
