@@ -17,6 +17,14 @@ tenant's prefix gathered once for its rows; "shared_kept": with the gathered pre
 across calls, as a worker's decode ticks run it), checked against the plain gather. The last
 cases nest: all tenants share a header (an agent fleet's tool preamble), then diverge.
 
+window: a decode tick of a sliding-window layer (W 128, as gpt-oss's, and 1024) at context 4W,
+batch 1 and 8, through `AttentionPlan` (the "mlx" backend, prepared once as a forward does):
+"window" (the plan built with `window=W`: it gathers W keys a row), "window_sinks" (with
+per-head sinks too), "full" (the same rows, no window: 4W keys a row) and "full_at_w" (no
+window at context exactly W: what a windowed tick should cost; rows of unequal length would
+add masked padding, which here cost up to 2x by itself); medians of rounds, taking turns.
+`window_vs_full` and `window_vs_full_at_w` are time ratios (< 1: the window is faster).
+
 scatter: a decode-like write loop, 30 layers, 32 new slots per layer per step, eval per step,
 for pools of 10k/30k/100k slots (x 3 KV heads x 64 dims, float32: up to 4.6 GB for K and V of
 all layers). "sole": the pools hold the only reference to their buffers (what write_kv needs);
@@ -37,6 +45,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -50,6 +59,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from worker.attention import prefix_kv, slot_ids, write_kv  # noqa: E402
 from worker.attention.mlx_ops import blockwise_attention, gather_attention  # noqa: E402
+from worker.attention.paged import BACKENDS, AttentionPlan  # noqa: E402
 from worker.attention.shared_prefix import (  # noqa: E402
     plan_shared_prefixes,
     shared_prefix_attention,
@@ -264,6 +274,64 @@ def bench_shared_prefix_case(
     }
 
 
+def interleaved_median_ms(runs: dict[str, Callable[[], mx.array]], args) -> dict[str, float]:
+    """Median over `args.rounds` rounds of the mean time of `args.iters` evaluated calls, the
+    contenders taking turns within each round."""
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    for run in runs.values():
+        mx.eval(run())
+    for _ in range(args.rounds):
+        for name, run in runs.items():
+            start = time.perf_counter()
+            for _ in range(args.iters):
+                mx.eval(run())
+            times[name].append((time.perf_counter() - start) / args.iters * 1e3)
+    return {name: statistics.median(ts) for name, ts in times.items()}
+
+
+def bench_window_case(window: int, batch: int, args) -> dict:
+    """One decode tick of a windowed layer at context 4W, against the same without a window."""
+    rng = np.random.default_rng(args.seed)
+    lengths = [4 * window - int(rng.integers(0, BLOCK_SIZE)) for _ in range(batch)]
+    short = [window] * batch  # W keys a row, as the window reads: no masked padding
+    case, at_w = make_case(rng, lengths, 1), make_case(rng, short, 1)
+    sinks = mx.array(rng.standard_normal(NUM_HEADS, np.float32))
+    scale = HEAD_DIM**-0.5
+
+    def tick(c: dict, w: int | None, with_sinks: bool = False) -> Callable[[], mx.array]:
+        plan = AttentionPlan(BACKENDS["mlx"], c["block_tables"], c["context_lengths"].tolist(),
+                             block_size=BLOCK_SIZE, window=w)  # fmt: skip
+        pools = (c["queries"], c["k_pool"], c["v_pool"])
+        return partial(plan, *pools, scale=scale, sinks=sinks if with_sinks else None)
+
+    runs = {
+        "window": tick(case, window),
+        "window_sinks": tick(case, window, with_sinks=True),
+        "full": tick(case, None),
+        "full_at_w": tick(at_w, None),
+    }
+    common = dict(scale=scale, block_size=BLOCK_SIZE, max_context=max(lengths), window=window)
+    args_in = [case[k] for k in ("queries", "k_pool", "v_pool", "block_tables", "context_lengths")]
+    for label, want in (
+        ("window", gather_attention(*args_in, **common)),
+        ("window_sinks", gather_attention(*args_in, **common, sinks=sinks)),
+    ):
+        error = mx.abs(runs[label]() - want).max().item()
+        if error > 1e-4:
+            raise AssertionError(f"{label} disagrees with the windowed gather: {error}")
+    times = interleaved_median_ms(runs, args)
+    return {
+        "case": "window_decode",
+        "window": window,
+        "batch": batch,
+        "context_max": max(lengths),
+        **{f"{label}_ms": round(ms, 3) for label, ms in times.items()},
+        "window_vs_full": round(times["window"] / times["full"], 2),
+        "window_vs_full_at_w": round(times["window"] / times["full_at_w"], 2),
+        "sinks_vs_window": round(times["window_sinks"] / times["window"], 2),
+    }
+
+
 def bench_scatter(num_slots: int, mode: str, steps: int) -> dict:
     """Per-step time of a 30-layer write loop, with the written slots read back per layer."""
     shape = (num_slots, NUM_KV_HEADS, HEAD_DIM)
@@ -308,7 +376,7 @@ def main(argv: list[str] | None = None) -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument(
-        "--only", choices=["attention", "shared", "scatter"], help="run one section"
+        "--only", choices=["attention", "shared", "window", "scatter"], help="run one section"
     )
     parser.add_argument("--iters", type=int, default=5, help="timed calls per round")
     parser.add_argument("--rounds", type=int, default=3, help="rounds; the best one counts")
@@ -323,6 +391,10 @@ def main(argv: list[str] | None = None) -> None:
     if args.only in (None, "shared"):
         for case in SHARED_CASES:
             print(json.dumps(bench_shared_prefix_case(*case, args)), flush=True)
+    if args.only in (None, "window"):
+        for window in (128, 1024):
+            for batch in (1, 8):
+                print(json.dumps(bench_window_case(window, batch, args)), flush=True)
     if args.only in (None, "scatter"):
         for num_slots in (10_000, 30_000, 100_000):
             print(json.dumps(bench_scatter(num_slots, "sole", steps=5)), flush=True)

@@ -5,7 +5,9 @@ run); a forward builds one `AttentionPlan` per step and calls it for every layer
 `write_kv` stores the step's new K/V in the pool; `install_attention_hook` routes mlx-lm's
 attention calls to the plan. The modules behind it: `paged` (backends and the plan),
 `mlx_ops`/`tiles`/`shared_prefix` (the "mlx" backend's strategies), `metal_kernel` and
-`metal_source` (the "metal" backend), `selftest` and `select` (choosing one).
+`metal_source` (the "metal" backend), `selftest` and `select` (choosing one). Sliding windows
+(`AttentionPlan(..., window=W)`) and attention sinks (`plan(..., sinks=...)`) reach every
+strategy and kernel variant: `window` and `metal.window`.
 """
 
 from worker.attention.hook import UNCACHED, AttentionSinksUnsupported, install_attention_hook

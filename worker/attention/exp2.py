@@ -27,8 +27,10 @@ def _round_split(y: mx.array) -> tuple[mx.array, mx.array]:
 
 
 def _exp2_split(x: mx.array, top: mx.array) -> tuple[mx.array, mx.array]:
-    # 2**-126: below it, a weight is nothing beside 2**0
-    return _round_split(mx.maximum(x - top, -126.0))
+    # Rounded to -127, a weight's exponent field is 0: exactly 0, never subnormal. (Clamped
+    # at -126, masked keys weighed 2**-126 and their products with V were subnormals: a
+    # decode batch of 8 rows of 128-1024 keys ran 8x slower here, 22.8 vs 2.8 ms.)
+    return _round_split(mx.maximum(x - top, -127.0))
 
 
 def _exp2_scale(rounded_bits: mx.array) -> mx.array:
@@ -80,8 +82,8 @@ _SWIGLU = BoundedCompile(_swiglu_split, _exp2_scale, _swiglu_out)
 
 
 def exp2_shifted(x: mx.array, top: mx.array) -> mx.array:
-    """`mx.power(2.0, x - top)` for float32 `x <= top` (masked -inf: 2**-126, not 0), in three
-    compiled kernels; 2-4x faster than `power` on this CPU."""
+    """`mx.power(2.0, x - top)` for float32 `x <= top` (0 below 2**-126.5, masked -inf
+    included), in three compiled kernels; 2-4x faster than `power` on this CPU."""
     if x.ndim != 2 and top.shape == (*x.shape[:-1], 1):  # rows x keys: fewer shapes to trace
         return exp2_shifted(x.reshape(-1, x.shape[-1]), top.reshape(-1, 1)).reshape(x.shape)
     split, scale, poly = _EXP2(x, top)

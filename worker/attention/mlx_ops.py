@@ -66,6 +66,15 @@ from typing import NamedTuple
 import mlx.core as mx
 
 from worker.attention.exp2 import exp2_shifted
+from worker.attention.window import (
+    NO_SCORE,
+    sink_logits,
+    sink_rows,
+    visible_keys,
+    window_slot_table,
+    window_width,
+    with_sinks,
+)
 
 LOG2_E = 1.0 / math.log(2.0)
 
@@ -85,34 +94,49 @@ def gather_attention(
     block_size: int,
     max_context: int,
     inputs: GatherInputs | None = None,
+    window: int | None = None,
+    sinks: mx.array | None = None,
 ) -> mx.array:
     """Gather each sequence's first `max_context` K/V slots, then attend once, masked.
 
     `max_context` is the longest context in the batch: the gather never reads the padding of a
     block table wider than that, and never rounds it up to a whole block either.
     `inputs`: the gather rows and mask from `gather_inputs`, made once per forward and shared
-    by its layers (else made here).
+    by its layers (else made here). `window`, `sinks`: see `worker.attention.window` (with a
+    window, only the keys in it are gathered).
     """
     if inputs is None:
         inputs = gather_inputs(
             block_tables, context_lengths, k_pool.shape[1], queries.shape[2],
-            max_context=max_context, block_size=block_size,
+            max_context=max_context, block_size=block_size, window=window,
         )  # fmt: skip
-    return attend_gathered(queries, k_pool, v_pool, inputs, scale)
+    return attend_gathered(queries, k_pool, v_pool, inputs, scale, sinks=sinks)
 
 
 def attend_gathered(
-    queries: mx.array, k_pool: mx.array, v_pool: mx.array, inputs: GatherInputs, scale: float
+    queries: mx.array,
+    k_pool: mx.array,
+    v_pool: mx.array,
+    inputs: GatherInputs,
+    scale: float,
+    *,
+    sinks: mx.array | None = None,
 ) -> mx.array:
     """`gather_attention` over gather rows and mask already made (`gather_inputs`)."""
     q = queries_by_kv_head(queries, k_pool.shape[1], scale)
     scores = apply_mask(key_scores(q, k_pool, inputs.rows), inputs.visible, queries.shape[2])
     row_max = scores.max(axis=-1, keepdims=True)
+    if sinks is not None:  # one pass: the shift is max(row max, sink), the sink's term added
+        sink = sink_logits(sinks, k_pool.shape[1], scores.ndim)
+        row_max = mx.maximum(row_max, sink)
     # one-query rows: the polynomial; a prefill chunk's many rows: `power` (measured faster)
     exp2 = exp2_shifted if queries.shape[2] == 1 else _power_shifted
     weights = exp2(scores, row_max)
     out = attend_values(weights, v_pool, inputs.rows)
-    out = out / weights.sum(axis=-1).reshape(*q.shape[:3], 1)
+    total = weights.sum(axis=-1)
+    if sinks is not None:
+        total = total + mx.power(2.0, sink - row_max)[..., 0]
+    out = out / total.reshape(*q.shape[:3], 1)
     return queries_layout(out, queries)
 
 
@@ -131,13 +155,20 @@ def gather_inputs(
     *,
     max_context: int,
     block_size: int,
+    window: int | None = None,
 ) -> GatherInputs:
-    slots = context_slot_table(block_tables, max_context, block_size)
-    heads = mx.arange(num_kv_heads, dtype=mx.int32)[:, None, None]
-    query_pos = context_lengths[:, None] - num_queries + mx.arange(num_queries, dtype=mx.int32)
-    key_pos = mx.arange(max_context, dtype=mx.int32)
-    visible = key_pos <= query_pos[:, :, None]  # (B, Lq, keys)
-    return GatherInputs(slots[None] * num_kv_heads + heads, visible[:, None])
+    """Rows and mask of each sequence's keys: its first `max_context`, or with a `window`
+    only the `window_width` keys from its window's start on."""
+    if window is None:
+        slots = context_slot_table(block_tables, max_context, block_size)
+        key_pos = mx.arange(max_context, dtype=mx.int32)
+    else:
+        width = window_width(max_context, num_queries, window)
+        slots, key_pos = window_slot_table(
+            block_tables, context_lengths, num_queries, width, block_size, window
+        )
+    visible = visible_keys(context_lengths, num_queries, key_pos, window)  # (B, Lq, keys)
+    return GatherInputs(kv_head_rows(slots, num_kv_heads), visible[:, None])
 
 
 def blockwise_attention(
@@ -151,21 +182,32 @@ def blockwise_attention(
     block_size: int,
     max_context: int,
     blocks_per_step: int = 1,
+    window: int | None = None,
+    sinks: mx.array | None = None,
 ) -> mx.array:
-    """Online softmax over the context, `blocks_per_step` blocks at a time."""
+    """Online softmax over the context, `blocks_per_step` blocks at a time (with a `window`,
+    over the keys in it only; `sinks` join in the final combine, once)."""
     q = queries_by_kv_head(queries, k_pool.shape[1], scale)
     num_queries = queries.shape[2]
-    slots = context_slot_table(block_tables, max_context, block_size)
+    width = window_width(max_context, num_queries, window)
+    if window is None:
+        slots = context_slot_table(block_tables, max_context, block_size)
+        key_pos = mx.arange(max_context, dtype=mx.int32)
+    else:
+        slots, key_pos = window_slot_table(
+            block_tables, context_lengths, num_queries, width, block_size, window
+        )
     step = blocks_per_step * block_size
     running_max = running_sum = acc = None
-    for start in range(0, max_context, step):
-        step_slots = slots[:, start : start + step]
-        rows = kv_head_rows(step_slots, k_pool.shape[1])
-        scores = _masked_scores(
-            key_scores(q, k_pool, rows), context_lengths, num_queries, key_start=start
-        )
+    for start in range(0, width, step):
+        rows = kv_head_rows(slots[:, start : start + step], k_pool.shape[1])
+        visible = visible_keys(context_lengths, num_queries, key_pos[..., start : start + step],
+                               window)  # fmt: skip
+        scores = apply_mask(key_scores(q, k_pool, rows), visible[:, None], num_queries)
         step_max = scores.max(axis=-1, keepdims=True)
-        # The first step holds key 0, which every query sees: its row maxima are finite.
+        if window is not None:  # a later query may see none of a step's keys
+            step_max = mx.maximum(step_max, NO_SCORE)
+        # Without a window the first step holds key 0, which every query sees: finite maxima.
         new_max = step_max if running_max is None else mx.maximum(running_max, step_max)
         weights = mx.power(2.0, scores - new_max)
         step_sum = weights.sum(axis=-1, keepdims=True)
@@ -177,7 +219,11 @@ def blockwise_attention(
             running_sum = running_sum * decay + step_sum
             acc = acc * decay.reshape(*q.shape[:3], 1) + step_out
         running_max = new_max
-    return queries_layout(acc / running_sum.reshape(*q.shape[:3], 1), queries)
+    total = running_sum.reshape(*q.shape[:3], 1)
+    if sinks is None:
+        return queries_layout(acc / total, queries)
+    top, sink = running_max.reshape(total.shape), sink_rows(sinks, k_pool.shape[1], num_queries)
+    return queries_layout(with_sinks(acc, total, top, sink), queries)
 
 
 def context_slot_table(block_tables: mx.array, num_tokens: int, block_size: int) -> mx.array:
@@ -263,23 +309,6 @@ def queries_by_kv_head(queries: mx.array, num_kv_heads: int, scale: float) -> mx
     rows = num_heads // num_kv_heads * num_queries
     q = (queries * (scale * LOG2_E)).reshape(batch, num_kv_heads, rows, head_dim)
     return q.swapaxes(0, 1)
-
-
-def _masked_scores(
-    scores: mx.array, context_lengths: mx.array, num_queries: int, *, key_start: int
-) -> mx.array:
-    """float32 scores `(Hkv, B, heads_per_kv, Lq, keys)`, -inf where causality or length forbids.
-
-    Query i of sequence b sits at position `context_lengths[b] - Lq + i` and sees keys at
-    positions <= its own; that also hides every key at or past the sequence's length.
-    """
-    scores = scores.astype(mx.float32)
-    hkv, batch, rows, num_keys = scores.shape
-    scores = scores.reshape(hkv, batch, rows // num_queries, num_queries, num_keys)
-    query_pos = context_lengths[:, None] - num_queries + mx.arange(num_queries, dtype=mx.int32)
-    key_pos = mx.arange(key_start, key_start + num_keys, dtype=mx.int32)
-    visible = key_pos <= query_pos[:, :, None]  # (B, Lq, keys)
-    return mx.where(visible[:, None], scores, -mx.inf)
 
 
 def weighted_values(weights: mx.array, values: mx.array) -> mx.array:

@@ -24,6 +24,7 @@ from shared.config.choices import ATTENTION_BACKENDS
 from worker.attention.metal import kernel as metal_kernel
 from worker.attention.metal import plan as metal_plan
 from worker.attention.tiles import prepare_tiles, tiled_attention
+from worker.attention.window import check_window
 
 
 class BackendUnavailableError(RuntimeError):
@@ -45,6 +46,7 @@ def _prepare_tiles(
     context_lengths,
     host_tables=None,
     block_versions=None,
+    window=None,
 ) -> dict:
     tiles = prepare_tiles(
         lengths,
@@ -56,6 +58,7 @@ def _prepare_tiles(
         context_lengths=context_lengths,
         host_tables=host_tables,
         block_versions=block_versions,
+        window=window,
     )
     return {"tiles": tiles}
 
@@ -63,10 +66,12 @@ def _prepare_tiles(
 class AttentionBackend(NamedTuple):
     name: str
     # (queries, k_pool, v_pool, block_tables, context_lengths, *, scale, block_size,
-    #  max_context, **prepared) -> (B, n_heads, Lq, head_dim); inputs already validated.
+    #  max_context, window, sinks, **prepared) -> (B, n_heads, Lq, head_dim); inputs already
+    # validated; `window` int | None, `sinks` (n_heads,) | None (`worker.attention.window`).
     run: Callable[..., mx.array]
     unavailable_reason: Callable[[], str | None]  # None: it can run here
-    # host-side work shared by every layer of a forward -> extra keyword arguments of `run`
+    # host-side work shared by every layer of a forward (it gets the plan's `window` too)
+    # -> extra keyword arguments of `run`
     prepare: Callable[..., dict] = _no_preparation
 
 
@@ -106,6 +111,11 @@ class AttentionPlan:
     Python ints; `block_tables` int32 `(B, max_blocks)` built from host ints. The checks that
     need shapes run on the first layer's call; the backend's host-side preparation (the tile
     plan of the "mlx" backend) too, and is reused by the other layers.
+
+    `window`: a sliding-window layer group's W (`worker.attention.window`): each query sees
+    its own position and the W - 1 before it, and only those keys are read. A group of layers
+    with another window (or none) builds a plan of its own. Per layer, `sinks` (`(n_heads,)`
+    logits, gpt-oss) add `exp(sink)` to each head's softmax denominator.
     """
 
     def __init__(
@@ -117,7 +127,10 @@ class AttentionPlan:
         block_size: int,
         host_tables: list[list[int]] | None = None,
         block_versions: list[int] | None = None,
+        window: int | None = None,
     ):
+        check_window(window)
+        self.window = window
         self.backend, self.block_tables, self.block_size = backend, block_tables, block_size
         self.lengths = lengths
         self.host_tables = host_tables  # each row's block ids, for plans that need them
@@ -128,8 +141,18 @@ class AttentionPlan:
         self._prepared: dict | None = None
 
     def __call__(
-        self, queries: mx.array, k_pool: mx.array, v_pool: mx.array, *, scale: float
+        self,
+        queries: mx.array,
+        k_pool: mx.array,
+        v_pool: mx.array,
+        *,
+        scale: float,
+        sinks: mx.array | None = None,
     ) -> mx.array:
+        if sinks is not None and sinks.shape != (queries.shape[1],):
+            raise ValueError(
+                f"sinks {sinks.shape}: expected one per query head, ({queries.shape[1]},)"
+            )
         if self._prepared is None:
             _check_inputs(queries, k_pool, v_pool, self.block_tables, self.lengths, self.block_size)
             self._prepared = self.backend.prepare(
@@ -142,6 +165,7 @@ class AttentionPlan:
                 context_lengths=self.context_lengths,
                 host_tables=self.host_tables,
                 block_versions=self.block_versions,
+                window=self.window,
             )
         return self.backend.run(
             queries,
@@ -152,6 +176,8 @@ class AttentionPlan:
             scale=scale,
             block_size=self.block_size,
             max_context=self.max_context,
+            window=self.window,
+            sinks=sinks,
             **self._prepared,
         )
 
@@ -166,6 +192,8 @@ def paged_attention(
     scale: float,
     block_size: int,
     backend: str = "auto",
+    window: int | None = None,
+    sinks: mx.array | None = None,
 ) -> mx.array:
     """Causal attention of each sequence's last Lq positions over its paged K/V.
 
@@ -173,15 +201,17 @@ def paged_attention(
     block_tables int32 `(B, max_blocks)`, rows padded with any valid block id.
     context_lengths int32 `(B,)`: tokens in each sequence's KV *including* the Lq queries,
     whose K/V are already in the pools; query i sits at position `context_lengths[b] - Lq + i`.
-    Returns `(B, n_heads, Lq, head_dim)` in the queries' dtype.
+    Returns `(B, n_heads, Lq, head_dim)` in the queries' dtype. `window`, `sinks`: as
+    `AttentionPlan` takes them.
 
     A one-off call: it reads `context_lengths` on the host. A forward over many layers builds
     one `AttentionPlan` from host ints instead, which reads nothing from the device.
     """
     plan = AttentionPlan(
-        resolve_backend(backend), block_tables, context_lengths.tolist(), block_size=block_size
-    )
-    return plan(queries, k_pool, v_pool, scale=scale)
+        resolve_backend(backend), block_tables, context_lengths.tolist(),
+        block_size=block_size, window=window,
+    )  # fmt: skip
+    return plan(queries, k_pool, v_pool, scale=scale, sinks=sinks)
 
 
 def slot_ids(

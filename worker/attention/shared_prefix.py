@@ -31,6 +31,7 @@ from worker.attention.mlx_ops import (
     weighted_rows,
 )
 from worker.attention.prefix_kv import group_rows
+from worker.attention.window import sink_rows
 
 
 class SharedPrefixPlan(NamedTuple):
@@ -193,21 +194,34 @@ def _loose_inputs(
 
 
 def shared_prefix_attention(
-    queries: mx.array, k_pool: mx.array, v_pool: mx.array, plan: SharedPrefixPlan, *, scale: float
+    queries: mx.array,
+    k_pool: mx.array,
+    v_pool: mx.array,
+    plan: SharedPrefixPlan,
+    *,
+    scale: float,
+    sinks: mx.array | None = None,
 ) -> mx.array:
     """One-query rows over their context in two parts merged exactly (online softmax): every
     group's shared prefix, attended by all its members' queries in one batched matmul over all
-    groups, and each row's own keys after it. Rows in no group: the plain gather."""
+    groups, and each row's own keys after it. Rows in no group: the plain gather. `sinks`
+    (`worker.attention.window`) join the merge of the two parts, once. No sliding window: a
+    windowed plan never takes this one (`worker.attention.tiles`)."""
     if plan.rows is None:
-        return _grouped_attention(queries, k_pool, v_pool, plan, scale)
+        return _grouped_attention(queries, k_pool, v_pool, plan, scale, sinks)
     picked, inputs = plan.loose
-    grouped = _grouped_attention(queries[plan.rows], k_pool, v_pool, plan, scale)
-    loose = attend_gathered(queries[picked], k_pool, v_pool, inputs, scale)
+    grouped = _grouped_attention(queries[plan.rows], k_pool, v_pool, plan, scale, sinks)
+    loose = attend_gathered(queries[picked], k_pool, v_pool, inputs, scale, sinks=sinks)
     return mx.concatenate([grouped, loose])[plan.order]
 
 
 def _grouped_attention(
-    queries: mx.array, k_pool: mx.array, v_pool: mx.array, plan: SharedPrefixPlan, scale: float
+    queries: mx.array,
+    k_pool: mx.array,
+    v_pool: mx.array,
+    plan: SharedPrefixPlan,
+    scale: float,
+    sinks: mx.array | None,
 ) -> mx.array:
     num_kv_heads, head_dim = k_pool.shape[1:]
     q = queries_by_kv_head(queries, num_kv_heads, scale)  # (Hkv, R, g, D)
@@ -234,8 +248,13 @@ def _grouped_attention(
     prefix_max, prefix_sum = by_row(s_max), by_row(w.sum(axis=-1, keepdims=True))
     prefix_out = by_row(out)
     top = mx.maximum(prefix_max, suffix_max)  # finite: every row has its own key
+    if sinks is not None:  # the sink's term, once, in this final merge
+        top = mx.maximum(top, sink_rows(sinks, num_kv_heads, 1))
     a, b = mx.power(2.0, prefix_max - top), mx.power(2.0, suffix_max - top)
-    out = (prefix_out * a + suffix_out * b) / (prefix_sum * a + suffix_sum * b)
+    total = prefix_sum * a + suffix_sum * b
+    if sinks is not None:
+        total = total + mx.power(2.0, sink_rows(sinks, num_kv_heads, 1) - top)
+    out = (prefix_out * a + suffix_out * b) / total
     return queries_layout(out, queries)
 
 

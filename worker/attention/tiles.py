@@ -2,7 +2,9 @@
 gathered K/V and scores stay near `DEFAULT_TILE_BYTES`, each tile attended by `gather_attention`
 or `blockwise_attention` (`mlx_ops`), or, for one-query rows that share leading blocks, the
 whole batch by `shared_prefix_attention`. The measurements behind the budget are in `mlx_ops`'s
-docstring."""
+docstring. A windowed plan (`worker.attention.window`) tiles the keys each row's window holds,
+and never takes the shared-prefix plan: a row reads at most `W + Lq - 1` keys there, and what
+its window leaves of a prefix others share is soon nothing."""
 
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ from worker.attention.shared_prefix import (
     plan_shared_prefixes,
     shared_prefix_attention,
 )
+from worker.attention.window import window_width
 
 DEFAULT_TILE_BYTES = 8 << 20  # tuned in mlx_ops's docstring
 
@@ -64,12 +67,13 @@ class PreparedTiles(NamedTuple):
     """A `TilePlan` with its device index arrays, built once per forward from host ints."""
 
     plan: TilePlan
-    lengths: list[int]
+    lengths: list[int]  # keys each row reads: its context, or what its window holds
     picked: list[mx.array] | None  # per group, its batch rows; None: one group, the whole batch
     back: mx.array | None  # undoes the grouping order
     gathers: list[GatherInputs | None]  # per group that fits in one gather, its inputs
     # one-query rows that share leading blocks: attended prefix once per group (else None)
     shared: SharedPrefixPlan | None = None
+    window: int | None = None  # the sliding window the plan was made for
 
 
 def prepare_tiles(
@@ -83,15 +87,19 @@ def prepare_tiles(
     context_lengths: mx.array | None = None,
     host_tables: list[list[int]] | None = None,
     block_versions: list[int] | None = None,
+    window: int | None = None,
 ) -> PreparedTiles:
     """The tile plan of a batch whose context lengths are `lengths` (host ints); with the
     batch's `block_tables` and `context_lengths`, each gather group's rows and mask too; with
     its block ids on the host (`host_tables`) and one query per row, the shared-prefix plan
     when one pays (`plan_shared_prefixes`), its prefixes' K/V kept across ticks where the
-    pool's `block_versions` come too."""
+    pool's `block_versions` come too. With a `window`, each row's keys are those its window
+    holds (`window_width`), and the shared-prefix plan is not taken."""
     if host_tables is not None:
         forget_written(host_tables, lengths, num_queries, block_size)
-    if host_tables is not None and num_queries == 1:
+    if window is not None:
+        lengths = [window_width(n, num_queries, window) for n in lengths]
+    elif host_tables is not None and num_queries == 1:
         shared = plan_shared_prefixes(
             host_tables, lengths, block_size, k_pool.shape[1], block_versions
         )
@@ -118,9 +126,9 @@ def prepare_tiles(
                     tables, lens = block_tables[picked[i]], context_lengths[picked[i]]
                 gathers[i] = gather_inputs(
                     tables, lens, k_pool.shape[1], num_queries,
-                    max_context=lengths[rows[0]], block_size=block_size,
+                    max_context=lengths[rows[0]], block_size=block_size, window=window,
                 )  # fmt: skip
-    return PreparedTiles(plan, lengths, picked, back, gathers)
+    return PreparedTiles(plan, lengths, picked, back, gathers, window=window)
 
 
 def tiled_attention(
@@ -135,13 +143,16 @@ def tiled_attention(
     max_context: int,
     tile_bytes: int = DEFAULT_TILE_BYTES,
     tiles: PreparedTiles | None = None,
+    window: int | None = None,
+    sinks: mx.array | None = None,
 ) -> mx.array:
     """Attention tile by tile (see `plan_tiles`), so each tile's K/V and scores stay in cache:
     `gather_attention` for a group whose context fits, `blockwise_attention` for one that
     does not. (`max_context` is unused: each group's own longest context sizes its work.)
 
     `tiles`: the plan from `prepare_tiles`; without it, one is made here, which reads
-    `context_lengths` on the host."""
+    `context_lengths` on the host. `window` (what `tiles` was made for, when given) and
+    `sinks`: see `worker.attention.window`."""
     if tiles is None:
         tiles = prepare_tiles(
             context_lengths.tolist(),
@@ -150,9 +161,14 @@ def tiled_attention(
             k_pool,
             block_size,
             tile_bytes,
+            window=window,
         )
+    if tiles.window != window:
+        raise ValueError(f"tiles planned for window {tiles.window}, called with {window}")
     if tiles.shared is not None:
-        return shared_prefix_attention(queries, k_pool, v_pool, tiles.shared, scale=scale)
+        return shared_prefix_attention(
+            queries, k_pool, v_pool, tiles.shared, scale=scale, sinks=sinks
+        )
     plan = tiles.plan
     outputs = []
     for i, (rows, key_step) in enumerate(zip(plan.groups, plan.key_steps, strict=True)):
@@ -162,7 +178,9 @@ def tiled_attention(
             picked = tiles.picked[i]
             q, tables, lens = queries[picked], block_tables[picked], context_lengths[picked]
         longest = tiles.lengths[rows[0]]
-        common = dict(scale=scale, block_size=block_size, max_context=longest)
+        common = dict(
+            scale=scale, block_size=block_size, max_context=longest, window=window, sinks=sinks
+        )
         if key_step >= longest:
             outputs.append(
                 gather_attention(q, k_pool, v_pool, tables, lens, inputs=tiles.gathers[i], **common)

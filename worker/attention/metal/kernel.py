@@ -17,14 +17,9 @@ import mlx.core as mx
 
 from worker.attention.metal import quant as metal_quant
 from worker.attention.metal import variants as metal_variants
+from worker.attention.metal import window as metal_window
 from worker.attention.metal.plan import MetalPlan
-from worker.attention.metal.source import (
-    INPUT_NAMES,
-    KERNEL_BODY,
-    KERNEL_NAME,
-    OUTPUT_NAMES,
-    make_launch,
-)
+from worker.attention.metal.source import make_launch, with_options
 
 # (name, input_names, output_names, source, ...) -> callable(**Launch) -> [out]; tests pass
 # the emulator's `EmulatedKernel` here.
@@ -64,22 +59,18 @@ class _KernelCache:
     keep."""
 
     def __init__(self):
-        # keyed by the factory, whether the body reads quantized K/V, and whether it writes
-        # partial softmax states (`metal_variants`)
-        self._kernels: dict[tuple[KernelFactory, bool, bool], Callable] = {}
+        # keyed by the factory, whether the body reads quantized K/V, whether it writes
+        # partial softmax states (`metal_variants`), walks a sliding window and adds sinks
+        # (`metal_window`)
+        self._kernels: dict[tuple, Callable] = {}
 
-    def get(self, factory: KernelFactory, quantized: bool = False, partial: bool = False):
-        key = (factory, quantized, partial)
+    def get(self, factory: KernelFactory, quantized: bool = False, partial: bool = False,
+            windowed: bool = False, sinks: bool = False):  # fmt: skip
+        key = (factory, quantized, partial, windowed, sinks)
         if key not in self._kernels:
-            if partial:
-                name, inputs, outputs, body = metal_variants.kernel_spec(quantized)
-            elif quantized:
-                name, inputs, outputs, body = (
-                    metal_quant.KERNEL_NAME, metal_quant.INPUT_NAMES, OUTPUT_NAMES,
-                    metal_quant.KERNEL_BODY,
-                )  # fmt: skip
-            else:
-                name, inputs, outputs, body = KERNEL_NAME, INPUT_NAMES, OUTPUT_NAMES, KERNEL_BODY
+            name, inputs, outputs, body = metal_window.kernel_spec(
+                quantized=quantized, partial=partial, windowed=windowed, sinks=sinks
+            )
             self._kernels[key] = factory(name, inputs, outputs, body, ensure_row_contiguous=True)
         return self._kernels[key]
 
@@ -99,29 +90,37 @@ def paged_attention_metal(
     max_context: int,
     kernel_factory: KernelFactory | None = None,
     metal_plan: MetalPlan | None = None,
+    window: int | None = None,
+    sinks: mx.array | None = None,
 ) -> mx.array:
     """The kernel's entry point; same contract as the "mlx" strategies (`max_context` unused:
     each threadgroup reads its own sequence's length). Raises NotImplementedError on a shape
     the kernel does not serve (see `metal_source.unsupported_reason`). Quantized pools
     (`--kv-bits`) go to the variant of `worker.attention.metal.quant`; `metal_plan` (the
     backend's per-forward preparation, `metal_plan.plan_forward`) picks split-K or
-    prefix-grouped (`worker.attention.metal.variants`), else the plain kernel runs."""
+    prefix-grouped (`worker.attention.metal.variants`), else the plain kernel runs. `window`
+    and `sinks` (`worker.attention.window`) pick the variants of `metal_window`."""
     quantized = metal_quant.is_quantized(k_pool)
     factory = kernel_factory or mx.fast.metal_kernel
     common = dict(scale=scale, block_size=block_size)
+    windowed = window is not None
     if metal_plan is not None and metal_plan.variant == "split":
-        kernel = _KERNELS.get(factory, quantized, partial=True)
+        kernel = _KERNELS.get(factory, quantized, partial=True, windowed=windowed)
         return metal_variants.split_k(
             kernel, queries, k_pool, v_pool, block_tables, context_lengths,
-            parts=metal_plan.parts, part_blocks=metal_plan.part_blocks, **common,
+            parts=metal_plan.parts, part_blocks=metal_plan.part_blocks, window=window,
+            sinks=sinks, **common,
         )  # fmt: skip
     if metal_plan is not None and metal_plan.variant == "grouped":
+        if windowed:
+            raise ValueError("the prefix-grouped variant takes no window (`metal_plan`)")
         kernel = _KERNELS.get(factory, quantized, partial=True)
         return metal_variants.prefix_grouped(
-            kernel, queries, k_pool, v_pool, plan=metal_plan.grouped, **common
+            kernel, queries, k_pool, v_pool, plan=metal_plan.grouped, sinks=sinks, **common
         )
     launch = (metal_quant.make_launch if quantized else make_launch)(
         queries, k_pool, v_pool, block_tables, context_lengths, **common
     )
-    kernel = _KERNELS.get(factory, quantized)
+    launch = with_options(launch, window=window, sinks=sinks)
+    kernel = _KERNELS.get(factory, quantized, windowed=windowed, sinks=sinks is not None)
     return kernel(**launch._asdict())[0]

@@ -20,6 +20,7 @@ import mlx.core as mx
 
 from worker.attention.metal import source as metal_source
 from worker.attention.metal.variants import MAX_GROUPED_QUERIES, GroupedPlan
+from worker.attention.metal.window import window_blocks
 
 VARIANTS = ("plain", "split", "grouped")
 TARGET_THREADGROUPS = 128
@@ -77,8 +78,10 @@ def rows_per_chunk(*, group: int, head_dim: int, block_size: int) -> int:
     return best
 
 
-def plan_split(lengths, num_queries: int, num_kv_heads: int, block_size: int) -> MetalPlan:
-    max_blocks = -(-max(lengths) // block_size)
+def plan_split(
+    lengths, num_queries: int, num_kv_heads: int, block_size: int, window: int | None = None
+) -> MetalPlan:
+    max_blocks = window_blocks(-(-max(lengths) // block_size), window, block_size)
     grid = len(lengths) * num_kv_heads * num_queries
     parts, part_blocks = choose_split(grid, max_blocks, block_size)
     return MetalPlan("split" if parts > 1 else "plain", parts, part_blocks)
@@ -142,13 +145,16 @@ def plan_grouped(
 
 
 def plan_forward(
-    *, lengths, num_queries, num_heads, k_pool, block_size, host_tables=None, only=None, **_
-) -> MetalPlan:
+    *, lengths, num_queries, num_heads, k_pool, block_size, host_tables=None, only=None,
+    window=None, **_,
+) -> MetalPlan:  # fmt: skip
     """The variant this forward runs (see the module docstring). `only` forces one variant
-    where it applies (the self-test and benchmarks time each on its own)."""
+    where it applies (the self-test and benchmarks time each on its own). A sliding `window`
+    is never prefix-grouped (a row's window soon leaves what others share), and split-K
+    splits the blocks of a window, not of the whole context."""
     num_kv_heads, head_dim = k_pool.shape[1], k_pool.shape[2]
     use = {v: (VERDICTS.enabled(v) if only is None else v == only) for v in VARIANTS[1:]}
-    if use["grouped"] and num_queries == 1 and host_tables is not None:
+    if use["grouped"] and num_queries == 1 and host_tables is not None and window is None:
         grouped = plan_grouped(
             host_tables, lengths, block_size=block_size, num_kv_heads=num_kv_heads,
             group=num_heads // num_kv_heads, head_dim=head_dim, force=only == "grouped",
@@ -156,7 +162,7 @@ def plan_forward(
         if grouped is not None:
             return grouped
     if use["split"]:
-        return plan_split(lengths, num_queries, num_kv_heads, block_size)
+        return plan_split(lengths, num_queries, num_kv_heads, block_size, window)
     return MetalPlan("plain")
 
 

@@ -198,6 +198,16 @@ class Launch(NamedTuple):
     output_dtypes: list
 
 
+def with_options(launch: Launch, *, window: int | None, sinks: mx.array | None) -> Launch:
+    """A launch of the variant `metal.window.kernel_spec` names for `window` and `sinks`:
+    the window as the template constant WINDOW, the sinks (float32) as the last input."""
+    if window is not None:
+        launch = launch._replace(template=[*launch.template, ("WINDOW", window)])
+    if sinks is not None:
+        launch = launch._replace(inputs=[*launch.inputs, sinks.astype(mx.float32)])
+    return launch
+
+
 def unsupported_reason(*, pool_dtype, head_dim: int, block_size: int, group: int) -> str | None:
     """Why the kernel can't serve this shape, or None."""
     if pool_dtype not in SUPPORTED_DTYPES:

@@ -95,15 +95,17 @@ def kernel_spec(quantized: bool) -> tuple[str, list[str], list[str], str]:
 
 
 def make_launch(queries, k_pool, v_pool, block_tables, context_lengths, *, scale, block_size,
-                parts: int, part_blocks: int) -> metal_source.Launch:  # fmt: skip
+                parts: int, part_blocks: int, window=None) -> metal_source.Launch:  # fmt: skip
     """The plain (or quantized) launch, with `parts` threadgroups per query row and the three
-    fp32 partial outputs `(B, H, Lq, parts[, D])`."""
+    fp32 partial outputs `(B, H, Lq, parts[, D])`; `window`: of the windowed body
+    (`worker.attention.metal.window`), whose parts count blocks from the window's first."""
     maker = (
         metal_quant.make_launch if metal_quant.is_quantized(k_pool) else metal_source.make_launch
     )
     launch = maker(
         queries, k_pool, v_pool, block_tables, context_lengths, scale=scale, block_size=block_size
     )
+    launch = metal_source.with_options(launch, window=window, sinks=None)
     x, y, z = launch.grid
     shape = (*queries.shape[:3], parts)
     return launch._replace(
@@ -120,32 +122,40 @@ class Partial(NamedTuple):
     sum: mx.array  # (..., parts) fp32
 
 
-def combine(parts: Partial, dtype) -> mx.array:
-    """Merge partial softmax states along the parts axis (log-sum-exp rule)."""
+def combine(parts: Partial, dtype, sinks: mx.array | None = None) -> mx.array:
+    """Merge partial softmax states along the parts axis (log-sum-exp rule). `sinks`
+    (`(n_heads,)`, natural-log logits) join once, here: each a part of max `sink * log2 e`,
+    sum 1 and numerator 0, so the merge's max already takes them in."""
     best = parts.max.max(axis=-1, keepdims=True)
+    if sinks is not None:
+        sink = (sinks.astype(mx.float32) / math.log(2.0)).reshape(1, -1, 1, 1)
+        best = mx.maximum(best, sink)
     weight = mx.exp((parts.max - best) * math.log(2.0))
     numer = (weight[..., None] * parts.numer).sum(axis=-2)
     denom = (weight * parts.sum).sum(axis=-1, keepdims=True)
+    if sinks is not None:
+        denom = denom + mx.exp((sink - best) * math.log(2.0))
     return (numer / denom).astype(dtype)
 
 
 def run_partial(kernel, queries, k_pool, v_pool, block_tables, context_lengths, *, scale,
-                block_size, parts, part_blocks) -> Partial:  # fmt: skip
+                block_size, parts, part_blocks, window=None) -> Partial:  # fmt: skip
     launch = make_launch(
         queries, k_pool, v_pool, block_tables, context_lengths, scale=scale,
-        block_size=block_size, parts=parts, part_blocks=part_blocks,
+        block_size=block_size, parts=parts, part_blocks=part_blocks, window=window,
     )  # fmt: skip
     return Partial(*kernel(**launch._asdict()))
 
 
 def split_k(kernel, queries, k_pool, v_pool, block_tables, context_lengths, *, scale,
-            block_size, parts, part_blocks) -> mx.array:  # fmt: skip
-    """Paged attention with each row's context split over `parts` threadgroups."""
+            block_size, parts, part_blocks, window=None, sinks=None) -> mx.array:  # fmt: skip
+    """Paged attention with each row's context (or window) split over `parts` threadgroups;
+    `kernel`: the partial body, windowed where `window` is given."""
     partial = run_partial(
         kernel, queries, k_pool, v_pool, block_tables, context_lengths, scale=scale,
-        block_size=block_size, parts=parts, part_blocks=part_blocks,
+        block_size=block_size, parts=parts, part_blocks=part_blocks, window=window,
     )  # fmt: skip
-    return combine(partial, queries.dtype)
+    return combine(partial, queries.dtype, sinks)
 
 
 class GroupedPlan(NamedTuple):
@@ -164,8 +174,9 @@ class GroupedPlan(NamedTuple):
 
 
 def prefix_grouped(kernel, queries, k_pool, v_pool, *, scale, block_size,
-                   plan: GroupedPlan) -> mx.array:  # fmt: skip
-    """Decode attention (Lq 1) with each chunk's shared prefix read once per threadgroup."""
+                   plan: GroupedPlan, sinks=None) -> mx.array:  # fmt: skip
+    """Decode attention (Lq 1) with each chunk's shared prefix read once per threadgroup;
+    `sinks` join the merge of prefix and suffix, once. (Never windowed: `metal_plan`.)"""
     batch, num_heads, _, head_dim = queries.shape
     kv_heads = k_pool.shape[1]
     group, rows = num_heads // kv_heads, plan.rows_per_chunk
@@ -193,4 +204,4 @@ def prefix_grouped(kernel, queries, k_pool, v_pool, *, scale, block_size,
         block_size=block_size, parts=plan.suffix_parts, part_blocks=plan.suffix_part_blocks,
     )  # fmt: skip
     merged = Partial(*(mx.concatenate([a, b], axis=3) for a, b in zip(prefix, suffix, strict=True)))
-    return combine(merged, queries.dtype)
+    return combine(merged, queries.dtype, sinks)

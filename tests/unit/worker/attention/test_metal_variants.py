@@ -162,7 +162,7 @@ def test_a_wrong_merge_is_caught(monkeypatch):
     plan = split_plan([20 * 16], block_size=16, parts=4)
     right = metal_variants.combine
     monkeypatch.setattr(metal_variants, "combine",
-                        lambda p, dtype: right(p._replace(max=p.max * 0), dtype))  # fmt: skip
+                        lambda p, dtype, sinks=None: right(p._replace(max=p.max * 0), dtype))  # fmt: skip
     assert run(plan, *batch, block_size=16) > 1e-3
 
 
