@@ -69,6 +69,12 @@ class WorkerLoop:
         what it announces it does (shared/config/choices.py WORKER_ROLES)."""
         self.engine, self.worker_id, self.on_idle = engine, worker_id, on_idle
         self.kv_publisher = kv_publisher  # KV events in vLLM's format too (worker/kv_publish.py)
+        if peers is not None and (engine.pool.pages is not None or not engine.pool.uniform):
+            log.warning(
+                "peer KV transfer off: this model's layers keep K/V in more than one shape or "
+                "in window pages, which block transfers do not carry yet"
+            )
+            peers = None
         self.peer = PeerNode(engine, peers, self._wake) if peers is not None else None
         self.prefill_rate = 0.0  # tokens/s, EWMA over steps that prefilled
         self.prefill_only = PrefillOnly()  # disaggregated prefill requests in flight

@@ -10,7 +10,7 @@ attention calls to the plan. The modules behind it: `paged` (backends and the pl
 strategy and kernel variant: `window` and `metal.window`.
 """
 
-from worker.attention.hook import UNCACHED, AttentionSinksUnsupported, install_attention_hook
+from worker.attention.hook import UNCACHED, install_attention_hook
 from worker.attention.paged import (
     AttentionBackend,
     AttentionPlan,
@@ -25,7 +25,6 @@ from worker.attention.select import select_backend
 __all__ = [
     "AttentionBackend",
     "AttentionPlan",
-    "AttentionSinksUnsupported",
     "BackendUnavailableError",
     "UNCACHED",
     "install_attention_hook",

@@ -15,10 +15,6 @@ from mlx_lm.models import base as mlx_base
 _original_sdpa = mlx_base.scaled_dot_product_attention
 
 
-class AttentionSinksUnsupported(NotImplementedError):
-    """The model passed attention sinks, which paged attention does not implement."""
-
-
 class _Counter:
     """Attention calls made without one of our caches (mlx-lm's own generation, or, inside
     one of our forwards, a KV-shared layer attending over K/V another layer fetched)."""
@@ -41,9 +37,7 @@ def _paged_sdpa(queries, keys, values, cache, scale, mask, sinks=None, **kwargs)
         return _original_sdpa(
             queries, keys, values, cache=None, scale=scale, mask=mask, sinks=sinks, **kwargs
         )
-    if sinks is not None:
-        raise AttentionSinksUnsupported("attention sinks are not supported over the paged KV")
-    return cache.attend(queries, scale)
+    return cache.attend(queries, scale, sinks)
 
 
 def install_attention_hook() -> None:

@@ -1,5 +1,6 @@
-"""Admission policy: the two questions the scheduler asks before taking a waiting request.
-Neither mutates anything; the scheduler acts on the answers."""
+"""Admission policy: the questions the scheduler asks before taking a waiting request (they
+mutate nothing; the scheduler acts on the answers), and the sliding-window rules for hits
+and running sequences (`worker.kv.window_pages`)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from worker.engine.sequence import Sequence
     from worker.kv.block_pool import BlockPool
+    from worker.kv.radix_cache import MatchResult, RadixCache
+    from worker.kv.radix_partial import PartialHit
 
 
 def fits_whole_prompt(
@@ -38,3 +41,38 @@ def shares_pending_prefill(seq: Sequence, end: int, running: list[Sequence]) -> 
         p.num_computed < p.prompt_len and p.prompt_len >= end and p.tokens[:end] == head
         for p in running
     )
+
+
+def window_hit(cache: RadixCache, pool: BlockPool, prompt: list[int]) -> tuple[MatchResult, bool]:
+    """`cache.match_prefix(prompt)` as a hit can use it, and whether a partial tail may extend
+    it. With window layers, a hit needs their pages for the blocks just before its end: the
+    match is cut back to the deepest point where they are all present (a second
+    `match_prefix`); a partial tail then follows only an uncut match. Mutates the tree's LRU
+    (and may split a node), and keeps the pages the hit reads from being taken back."""
+    match = cache.match_prefix(prompt)
+    pages = pool.pages
+    if pages is None:
+        return match, True
+    usable = pages.usable_blocks(match.block_ids)
+    cut = usable < len(match.block_ids)
+    if cut:
+        match = cache.match_prefix(prompt[: usable * cache.block_size])
+    for block in match.block_ids[max(0, usable - pages.blocks_before_match) :]:
+        pages.unspare(block)  # read through the new sequence's window: not to be taken back
+    return match, not cut
+
+
+def window_tail(pool: BlockPool, partial: PartialHit | None) -> PartialHit | None:
+    """A partial tail to copy, unless window layers lost its page (nothing to copy then)."""
+    if partial is None or pool.pages is None or pool.pages.has_page(partial.block_id):
+        return partial
+    return None
+
+
+def release_windows(pool: BlockPool, seq: Sequence) -> None:
+    """Mutates: `seq`'s blocks behind every window of its next query give their window
+    pages up as spare (kept for hits until taken back); a block others hold waits."""
+    pages = pool.pages
+    if pages is not None and seq.block_ids:
+        end = min(pages.out_of_window(seq.num_computed), len(seq.block_ids))
+        seq.window_released = pages.release(seq.block_ids, seq.window_released, end, pool.ref_count)

@@ -84,6 +84,7 @@ class Engine:
         self.config.validate()
         self.model, self.max_context, self.shape = model, max_context, shape
         self.config, num_blocks, self.memory = startup.size_memory(self.config, shape, model)
+        windows = startup.window_layout(self.config, shape, num_blocks)
         self.pool = BlockPool(
             num_blocks,
             self.config.block_size,
@@ -92,6 +93,7 @@ class Engine:
             head_dim=shape.head_dim,
             dtype=shape.kv_dtype,
             layer_shapes=shape.shapes(),
+            **windows,
             **startup.kv_quantization(self.config),
         )
         self.scratch_block = self.pool.allocate(1)[0]  # padding rows write here

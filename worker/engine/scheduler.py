@@ -15,7 +15,8 @@ from __future__ import annotations
 from collections import deque
 from typing import TYPE_CHECKING
 
-from worker.engine.admission import fits_whole_prompt, shares_pending_prefill
+from worker.engine import admission
+from worker.engine.admission import fits_whole_prompt, release_windows, shares_pending_prefill
 from worker.engine.sequence import Sequence, Status
 from worker.engine.speculative import plan_drafts, would_draft
 from worker.engine.step_kind import REFERENCE_COSTS, ForwardCosts, plan_step
@@ -132,6 +133,7 @@ class Scheduler:
         `in_flight`, the step writing them is not read yet); a finished prompt enters the cache."""
         seq.num_computed += num_tokens
         seq.num_in_flight += num_tokens if in_flight else 0
+        release_windows(self.pool, seq)
         if seq.num_computed >= seq.prompt_len and seq.inserted_tokens < seq.prompt_len:
             known = self.cache_computed(seq)  # let waiting requests share this prompt
             tail = seq.block_ids[known // self.block_size] if known % self.block_size else None
@@ -188,12 +190,14 @@ class Scheduler:
             if use_cache and shares_pending_prefill(seq, cached + self.block_size, self.running):
                 deferred.append(seq)  # wait for that prefill, then hit its blocks
                 continue
-            match = self.cache.match_prefix(prompt)
+            match, tails = admission.window_hit(self.cache, self.pool, prompt)
             # hold the match before making room, or the eviction could take it
             self.cache.lock(match.node)
             self.pool.incref(match.block_ids)
-            extended = self._extend_from_disk(prompt, match)  # (a partial hit follows a node)
-            partial = self.cache.partials.match(prompt, match) if extended is match else None
+            extended = self._extend_from_disk(prompt, match)
+            tails = tails and extended is match  # (a partial hit follows a node)
+            partial = admission.window_tail(self.pool, self.cache.partials.match(prompt, match))
+            partial = partial if tails else None
             hit, match = match, extended
             self.pool.incref([partial.block_id] if partial else [])  # held too, until copied
             done = match.num_tokens + (partial.num_tokens if partial else 0)
@@ -249,7 +253,7 @@ class Scheduler:
         copied = [self.cache.partials.take(partial)] if partial else []
         seq.block_ids = list(match.block_ids) + copied + self.pool.allocate(need - len(copied))
         seq.num_computed = match.num_tokens + (partial.num_tokens if partial else 0)
-        seq.inserted_tokens = match.num_tokens
+        seq.inserted_tokens, seq.window_released = match.num_tokens, 0
         if seq.num_preemptions == 0:
             seq.num_cached = seq.num_computed
         seq.status = Status.RUNNING

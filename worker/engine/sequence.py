@@ -34,6 +34,7 @@ class Sequence:
     num_cached: int = 0  # prompt tokens served from the prefix cache (first admission)
     lock_node: object | None = None  # radix node locked for this sequence
     inserted_tokens: int = 0  # tokens already handed to the radix cache
+    window_released: int = 0  # leading blocks whose window pages it gave up (window_pages)
     rng_key: mx.array | None = None
     logprobs: list[float] = field(default_factory=list)
     num_preemptions: int = 0

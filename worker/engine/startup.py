@@ -22,7 +22,6 @@ from mlx.utils import tree_flatten
 from shared.config.choices import DEFAULT_KV_DISK_DIR
 from shared.protocol import KVGroupReport
 from shared.sampling import SamplingParams
-from worker.attention import AttentionSinksUnsupported
 from worker.attention.prefix_kv import PREFIX_KV, PREFIX_KV_BYTES
 from worker.engine.sequence import Sequence
 from worker.engine.stats import EngineStats
@@ -82,14 +81,49 @@ def size_memory(
     )  # fmt: skip
     step = plan.step_tokens
     config = replace(config, step_token_budget=step, prefill_chunk=min(config.prefill_chunk, step))
-    per_block = layers_bytes_per_block(
-        config.block_size, shape.shapes(), shape.kv_dtype, **kv_quantization(config)
+    quant = kv_quantization(config)
+    shapes, windowed = shape.shapes(), _window_layers(config, shape)
+    full = [s for i, s in enumerate(shapes) if i not in windowed]
+    per_block = layers_bytes_per_block(config.block_size, full, shape.kv_dtype, **quant)
+    per_page = layers_bytes_per_block(
+        config.block_size, [shapes[i] for i in windowed], shape.kv_dtype, **quant
     )
-    blocks = plan.kv // per_block
+    blocks = plan.kv // (per_block + per_page)  # as many pages as blocks
+    pages = _pages_wanted(config, shape)
+    if windowed and pages < blocks:  # fewer pages than blocks: the rest goes to blocks
+        blocks = (plan.kv - pages * per_page) // per_block
     if blocks < 2:  # the scratch block and one to serve with
         raise MemoryBudgetTooSmall(f"no room for the KV pool: {plan.describe()}")
     log.info("%s; %d KV blocks", plan.describe(), blocks)
     return config, blocks, plan
+
+
+def _window_layers(config: EngineConfig, shape: ModelShape) -> list[int]:
+    if not config.release_windows:
+        return []
+    return [i for i, kind in enumerate(shape.kinds()) if kind.window is not None]
+
+
+def _pages_wanted(config: EngineConfig, shape: ModelShape) -> int:
+    """Window pages for a pool sized from a budget: every running sequence's window and a
+    prefill chunk, twice over (the spare half keeps recent prefixes hittable)."""
+    window = max((k.window for k in shape.kinds() if k.window is not None), default=0)
+    per_sequence = -(-(window + config.prefill_chunk) // config.block_size) + 2
+    return 2 * config.max_running * per_sequence
+
+
+def window_layout(config: EngineConfig, shape: ModelShape, num_blocks: int) -> dict:
+    """The pool's window arguments: which layers keep pages of their own, the widest window
+    and how many pages (`config.window_pages`, else as `size_memory` planned, at most one a
+    block); none when the model has no window or `release_windows` is off."""
+    windowed = _window_layers(config, shape)
+    if not windowed:
+        return {}
+    pages = config.window_pages or min(num_blocks, _pages_wanted(config, shape))
+    if config.num_blocks is not None and config.window_pages is None:
+        pages = num_blocks  # an exact pool (tests): a page for every block
+    window = max(k.window for k in shape.kinds() if k.window is not None)
+    return {"window_layers": windowed, "window": window, "window_pages": pages}
 
 
 def kv_quantization(config: EngineConfig) -> dict:
@@ -105,6 +139,12 @@ def open_disk_tier(
     """The KV tier on disk, when configured: its files from an earlier run indexed, and the
     cache's evictions copied to it."""
     if config.kv_disk_bytes is None:
+        return None
+    if pool.pages is not None:
+        log.warning(
+            "KV disk tier off: this model's sliding-window layers keep K/V in pages of their "
+            "own, which the disk tier's block format does not carry yet"
+        )
         return None
     if not pool.uniform:
         log.warning(
@@ -139,9 +179,9 @@ def prepare(engine: Engine) -> None:
 
 def set_layer_modes(runner, kinds: list[LayerKind], gathered: list[bool]) -> None:
     """Each cache slot's kind and mode (gathered, else paged) on the runner (a tensor-parallel
-    leader's own runner: its followers run every layer paged, so it refuses gathered ones)."""
+    leader's own runner: its followers run every layer paged and full, so it refuses others)."""
     inner = getattr(runner, "inner", runner)
-    if inner is not runner and any(gathered):
+    if inner is not runner and (any(gathered) or any(k.window is not None for k in kinds)):
         raise UnsupportedModel(
             "tensor-parallel groups serve only models whose every layer is plain full "
             "attention; serve this one with one worker per model replica"
@@ -185,8 +225,6 @@ def check_model(engine: Engine) -> None:
     inner.kinds, inner.gathered = kinds, [True] * len(kinds)
     try:
         mx.eval(*runner.run(plan).outputs)
-    except AttentionSinksUnsupported as exc:
-        raise UnsupportedModel(f"model type {name!r}: {exc}") from exc
     except Exception as exc:  # noqa: BLE001 - whatever breaks the probe is a refusal
         raise UnsupportedModel(
             f"model type {name!r} failed a one-token forward over the paged KV "

@@ -26,7 +26,8 @@ import mlx.core as mx
 from shared.config.choices import DEFAULT_BLOCK_SIZE, DEFAULT_KV_GROUP_SIZE
 from worker.kv.errors import IntegrityError, KVCacheError, OutOfBlocksError
 from worker.kv.memory import layers_bytes_per_block, num_blocks_for_budget
-from worker.kv.quant import QuantizedKV, pool_arrays
+from worker.kv.quant import make_pools, pool_arrays
+from worker.kv.window_pages import WindowPages
 
 logger = logging.getLogger(__name__)
 
@@ -61,18 +62,20 @@ class BlockPool:
         kv_bits: int | None = None,
         kv_group_size: int | None = None,
         layer_shapes: Sequence[tuple[int, int, int, int]] | None = None,
+        window_layers: Sequence[int] = (),
+        window: int | None = None,
+        window_pages: int | None = None,
     ) -> None:
         """`layer_shapes`: per layer (K heads, K width, V heads, V width), for models whose
         layers differ (MLA's latent and rope widths, two head dims); None: every layer's K and
-        V are (`num_kv_heads`, `head_dim`)."""
+        V are (`num_kv_heads`, `head_dim`). `window_layers`: sliding-window layers (the
+        widest window `window`), whose K/V live in `window_pages` pages of their own that
+        blocks hold only while a window can see them (`worker.kv.window_pages`)."""
         # The shape is keyword-only: three ints in a row are too easy to swap.
         for name, value in (
-            ("num_blocks", num_blocks),
-            ("block_size", block_size),
-            ("num_layers", num_layers),
-            ("num_kv_heads", num_kv_heads),
-            ("head_dim", head_dim),
-        ):
+            ("num_blocks", num_blocks), ("block_size", block_size), ("num_layers", num_layers),
+            ("num_kv_heads", num_kv_heads), ("head_dim", head_dim),
+        ):  # fmt: skip
             if value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}")
         self.num_blocks = num_blocks
@@ -90,14 +93,19 @@ class BlockPool:
             raise ValueError(f"{len(self.layer_shapes)} layer shapes for {num_layers} layers")
         # every layer's K and V of one shape: what the disk tier and peer transfers carry
         self.uniform = all(s == same for s in self.layer_shapes)
-        slots = num_blocks * block_size
-        if self.kv_bits is None:
-            self.k = [mx.zeros((slots, h, d), dtype=dtype) for h, d, _, _ in self.layer_shapes]
-            self.v = [mx.zeros((slots, h, d), dtype=dtype) for _, _, h, d in self.layer_shapes]
-        else:
-            quant = dict(bits=self.kv_bits, group_size=self.kv_group_size, dtype=dtype)
-            self.k = [QuantizedKV.zeros(slots, h, d, **quant) for h, d, _, _ in self.layer_shapes]
-            self.v = [QuantizedKV.zeros(slots, h, d, **quant) for _, _, h, d in self.layer_shapes]
+        self.window_layers = frozenset(window_layers)
+        self.pages = None  # WindowPages, when window layers keep pages of their own
+        if self.window_layers and window is not None:
+            pages = window_pages or num_blocks
+            self.pages = WindowPages(pages, num_blocks, window, block_size)
+        slots = [
+            (self.pages.num_pages if self.pages and i in self.window_layers else num_blocks)
+            * block_size
+            for i in range(num_layers)
+        ]
+        self.k, self.v = make_pools(
+            slots, self.layer_shapes, dtype, self.kv_bits, self.kv_group_size
+        )
         mx.eval(self.k, self.v)  # reserve the memory now, not at the first forward pass
         self._refs = [0] * num_blocks
         self._cached = [False] * num_blocks
@@ -107,21 +115,18 @@ class BlockPool:
         # block once it is full (a held block's whole blocks never change; a freed one is
         # allocated anew before anything writes it), so attention may keep what it gathered.
         self.versions = [0] * num_blocks
+        # bytes of one block (a window layer's share counted per page: see `nbytes`)
         self.bytes_per_block = layers_bytes_per_block(
             block_size, self.layer_shapes, dtype, self.kv_bits, self.kv_group_size
         )
+        self.nbytes = sum(int(a.nbytes) for pool in (*self.k, *self.v) for a in pool_arrays(pool))
         logger.info(
             "KV block pool: %d blocks x %d tokens (%d layers, %d KV heads, head dim %d, %s, "
-            "%s), %.1f MiB",
-            num_blocks,
-            block_size,
-            num_layers,
-            num_kv_heads,
-            head_dim,
-            dtype,
-            self.kv_layout,
-            num_blocks * self.bytes_per_block / 2**20,
-        )
+            "%s; window layers: %d in %s pages), %.1f MiB",
+            num_blocks, block_size, num_layers, num_kv_heads, head_dim, dtype, self.kv_layout,
+            len(self.window_layers), self.pages.num_pages if self.pages else "no",
+            self.nbytes / 2**20,
+        )  # fmt: skip
 
     # ---- queries (none of these mutate) ----
 
@@ -155,7 +160,8 @@ class BlockPool:
         return self._refs[block_id] == 0 and not self._cached[block_id]
 
     def can_allocate(self, num: int) -> bool:
-        return 0 <= num <= len(self._free)
+        pages = self.pages.available() if self.pages else num
+        return 0 <= num <= min(len(self._free), pages)
 
     def can_cache(self, block_id: int) -> bool:
         """Whether `set_cached` would accept the block: held and not cached yet."""
@@ -195,6 +201,8 @@ class BlockPool:
         for block_id in block_ids:
             self._refs[block_id] = 1
             self.versions[block_id] = next(_ALLOCATIONS)
+            if self.pages:
+                self.pages.give(block_id)
         return block_ids
 
     def incref(self, block_ids: Iterable[int]) -> None:
@@ -245,6 +253,8 @@ class BlockPool:
         self._cached[block_id] = False
         if self._refs[block_id] == 0:
             self._free.append(block_id)
+            if self.pages:
+                self.pages.take_back(block_id)
 
     def copy_on_write(self, block_id: int) -> int:
         """Mutates: a block the caller may write to, standing in for its held `block_id`.
@@ -265,14 +275,23 @@ class BlockPool:
         """Mutates the storage only (no books): block `src_id`'s K/V into `dst_id`, every
         layer, as stored (quantized: packed values, scales and biases, never requantized).
         A tensor-parallel follower makes the leader's copies on write with it."""
-        src = slice(src_id * self.block_size, (src_id + 1) * self.block_size)
-        dst = slice(dst_id * self.block_size, (dst_id + 1) * self.block_size)
         # Read the source into arrays of their own first: a write whose value still reads the
         # same pool makes MLX copy the whole pool (seconds for a big one), see write_kv.
-        arrays = [a for pool in (*self.k, *self.v) for a in pool_arrays(pool)]
-        copies = [mx.array(a[src]) for a in arrays]
+        arrays, copies, targets = [], [], []
+        for i in range(self.num_layers):
+            a, b = src_id, dst_id
+            if self.pages and i in self.window_layers:
+                a, b = self.pages.page_of[src_id], self.pages.page_of[dst_id]
+                if a < 0 or b < 0:
+                    continue  # no window K/V to copy (a hit never reads such a block's)
+            src = slice(a * self.block_size, (a + 1) * self.block_size)
+            for pool in (self.k[i], self.v[i]):
+                for array in pool_arrays(pool):
+                    arrays.append(array)
+                    copies.append(mx.array(array[src]))
+                    targets.append(slice(b * self.block_size, (b + 1) * self.block_size))
         mx.eval(copies)
-        for array, copy in zip(arrays, copies, strict=True):
+        for array, copy, dst in zip(arrays, copies, targets, strict=True):
             array[dst] = copy
 
     # ---- integrity ----
@@ -295,6 +314,8 @@ class BlockPool:
         usage = self.usage()
         if sum(usage) != self.num_blocks:
             raise IntegrityError(f"free + held + cached-only = {sum(usage)} != {self.num_blocks}")
+        if self.pages:
+            self.pages.check(self._refs, self._cached)  # raises IntegrityError
         return usage
 
     # ---- helpers ----
@@ -311,8 +332,12 @@ class BlockPool:
     def _release(self, block_id: int, became_cached_only: list[int]) -> None:
         if self._cached[block_id]:
             became_cached_only.append(block_id)
+            if self.pages:
+                self.pages.spare(block_id)  # kept for hits, taken back first
         else:
             self._free.append(block_id)
+            if self.pages:
+                self.pages.take_back(block_id)
 
     def _notify(self, block_ids: Sequence[int], held: bool) -> None:
         if block_ids and self._hold_listener is not None:

@@ -123,3 +123,18 @@ def bytes_per_value(dtype: mx.Dtype, bits: int | None, group_size: int | None) -
     if bits is None or bits >= 16:
         return dtype.size
     return bits / 8 + 2 * dtype.size / group_size
+
+
+def make_pools(slots: list[int], shapes, dtype, bits: int | None, group_size: int | None):
+    """(K pools, V pools), one per layer: `slots[i]` rows of layer i's (heads, width) K and
+    V (`shapes[i]` = K heads, K width, V heads, V width), plain or quantized (`bits`)."""
+    k, v = [], []
+    for n, (kh, kd, vh, vd) in zip(slots, shapes, strict=True):
+        for pools, h, d in ((k, kh, kd), (v, vh, vd)):
+            if bits is None:
+                pools.append(mx.zeros((n, h, d), dtype=dtype))
+            else:
+                pools.append(
+                    QuantizedKV.zeros(n, h, d, bits=bits, group_size=group_size, dtype=dtype)
+                )
+    return k, v

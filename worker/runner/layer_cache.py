@@ -23,9 +23,9 @@ from typing import TYPE_CHECKING
 
 import mlx.core as mx
 
-from worker.attention import AttentionPlan, write_kv
+from worker.attention import AttentionBackend, AttentionPlan, write_kv
 from worker.kv.quant import rotate
-from worker.runner.layer_groups import GroupSpan
+from worker.runner.layer_groups import FULL, GroupSpan, LayerKind
 
 if TYPE_CHECKING:
     from worker.kv.block_pool import BlockPool
@@ -131,15 +131,16 @@ class LayerCache:
             return None  # paged attention applies causality and lengths itself
         return self.span.mask_for(window_size)
 
-    def attend(self, queries: mx.array, scale: float) -> mx.array:
+    def attend(self, queries: mx.array, scale: float, sinks: mx.array | None = None):
         """Paged attention of `queries` over this layer's pool (the paged mode)."""
         assert self.attention is not None
+        plan = self.attention
         k, v = self.pool.k[self.layer], self.pool.v[self.layer]
         queries = rotate(queries) if self.pool.kv_bits else queries  # as the stored keys
         if self.times is None:
-            return self.attention(queries, k, v, scale=scale)
+            return plan(queries, k, v, scale=scale, sinks=sinks)
         return self.times.timed(
-            "attend_s", lambda: self.attention(queries, k, v, scale=scale), queries
+            "attend_s", lambda: plan(queries, k, v, scale=scale, sinks=sinks), queries
         )
 
     def note_attention(self, mask, sinks, keys=None, values=None) -> None:
@@ -150,3 +151,42 @@ class LayerCache:
         fetched = self._fetched or (None, None)
         as_fetched = keys is fetched[0] and values is fetched[1]
         self.attended.append((ours, sinks is not None, as_fetched))
+
+
+class ForwardGroups:
+    """One forward's per-group pieces, made once and shared by the group's layers: the
+    attention plan of its paged layers and the span of its gathered ones. Window layers
+    whose K/V live in pages of their own (`pool.pages`) read and write through `paged`, the
+    forward's layout over those pages."""
+
+    def __init__(
+        self, pool: BlockPool, backend: AttentionBackend, layout, host_tables, paged,
+        num_queries: int, grouped: bool,
+    ):  # fmt: skip
+        self.pool, self.backend, self.layout, self.paged = pool, backend, layout, paged
+        self.host_tables, self.num_queries, self.grouped = host_tables, num_queries, grouped
+        self._plans: dict[LayerKind, AttentionPlan] = {}
+        self._spans: dict[LayerKind, GroupSpan] = {}
+
+    def cache(self, layer: int, kind: LayerKind, gathered: bool, times) -> LayerCache:
+        own = self.paged is not None and layer in self.pool.window_layers
+        layout = self.paged if own else self.layout
+        plan = span = None
+        if gathered:
+            if kind not in self._spans:
+                self._spans[kind] = GroupSpan(
+                    layout.block_tables, layout.context_lengths, self.num_queries,
+                    self.pool.block_size, kind.window, self.grouped,
+                )  # fmt: skip
+            span = self._spans[kind]
+        else:
+            if kind not in self._plans:
+                full = kind.kind == FULL and not own
+                self._plans[kind] = AttentionPlan(
+                    self.backend, layout.block_tables, layout.context_lengths,
+                    block_size=self.pool.block_size, window=kind.window,
+                    host_tables=self.host_tables if full else None,
+                    block_versions=self.pool.versions if full else None,
+                )  # fmt: skip
+            plan = self._plans[kind]
+        return LayerCache(self.pool, layer, layout.offsets, layout.write_slots, plan, span, times)

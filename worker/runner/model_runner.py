@@ -22,9 +22,9 @@ from typing import TYPE_CHECKING, NamedTuple
 import mlx.core as mx
 import mlx.nn as nn
 
-from worker.attention import UNCACHED, AttentionBackend, AttentionPlan, install_attention_hook
-from worker.runner.layer_cache import LayerCache, LayerTimes
-from worker.runner.layer_groups import GroupSpan, LayerKind, grouped_scores
+from worker.attention import UNCACHED, AttentionBackend, install_attention_hook
+from worker.runner.layer_cache import ForwardGroups, LayerCache, LayerTimes
+from worker.runner.layer_groups import LayerKind, grouped_scores
 from worker.runner.model_hooks import install_model_hooks, our_forward
 from worker.runner.plan import StepKind, StepPlan
 from worker.runner.sampler import PromptLogprobs, TokenLogprobs, prompt_logprobs, sample
@@ -186,30 +186,21 @@ class ModelRunner:
         tokens = layout.tokens
         if device_tokens is not None:
             tokens = device_tokens.astype(mx.int32).reshape(-1, 1)
-        attention = None
-        if not all(self.gathered):
-            attention = AttentionPlan(
-                self.backend,
-                layout.block_tables,
-                layout.context_lengths,
-                block_size=self.pool.block_size,
-                host_tables=[r.block_ids for r in rows],
-                block_versions=self.pool.versions,
-            )
-        spans: dict[LayerKind, GroupSpan] = {}
-        caches = []
-        for i, (kind, gathered) in enumerate(zip(self.kinds, self.gathered, strict=True)):
-            span = None
-            if gathered:
-                if kind not in spans:
-                    spans[kind] = GroupSpan(
-                        layout.block_tables, layout.context_lengths, tokens.shape[1],
-                        self.pool.block_size, kind.window, self.grouped_scores,
-                    )  # fmt: skip
-                span = spans[kind]
-            caches.append(
-                LayerCache(self.pool, i, layout.offsets, layout.write_slots, attention, span, times)
-            )
+        paged = None  # the window layers' own layout: their blocks' pages (worker/kv/window_pages)
+        if self.pool.pages is not None:
+            page_of, scratch = self.pool.pages.page_of, self.scratch_block
+            pages = [[page_of[b] if page_of[b] >= 0 else page_of[scratch] for b in r.block_ids]
+                     for r in rows]  # fmt: skip
+            paged_rows = [Row(r.tokens, r.start, p) for r, p in zip(rows, pages, strict=True)]
+            paged = build_layout(paged_rows, self.pool.block_size, page_of[scratch])
+        groups = ForwardGroups(
+            self.pool, self.backend, layout, [r.block_ids for r in rows], paged, tokens.shape[1],
+            self.grouped_scores,
+        )  # fmt: skip
+        caches = [
+            groups.cache(i, kind, gathered, times)
+            for i, (kind, gathered) in enumerate(zip(self.kinds, self.gathered, strict=True))
+        ]
         self.last_caches = caches
         before = UNCACHED.calls
         with our_forward(layout.offsets):

@@ -18,7 +18,14 @@ from dataclasses import dataclass
 import mlx.core as mx
 import mlx.nn as nn
 
-from worker.runner.layer_groups import FULL, LayerKind, UnsupportedModel, layer_kinds, model_type
+from worker.runner.layer_groups import (
+    FULL,
+    WINDOW,
+    LayerKind,
+    UnsupportedModel,
+    layer_kinds,
+    model_type,
+)
 
 COVERED_ARCHITECTURES = frozenset({"llama", "mistral", "qwen2", "qwen3"})
 
@@ -99,8 +106,8 @@ def decide_modes(
 ) -> list[bool]:
     """After a one-token forward of ours with every layer gathered (`caches` its layer
     caches): per cache slot, True where the layer must stay gathered, False where the paged
-    attention plan can serve it (full attention through the hook, once, with a mask of ours or
-    none, no sinks, K and V of one shape). Raises UnsupportedModel where a layer never wrote
+    attention plan can serve it (full or windowed attention through the hook, once, with a
+    mask of ours or none and the K/V its cache fetched, sinks or not, K and V of one shape). Raises UnsupportedModel where a layer never wrote
     its K/V through the cache, or asked for a window wider than its cache keeps."""
     name = model_type(model)
     wrote = sum(c.writes == 1 for c in caches)
@@ -124,10 +131,9 @@ def decide_modes(
             )
         (k_heads, k_dim), (v_heads, v_dim) = c.shapes
         paged = (
-            kind.kind == FULL
-            and not asked
+            asked <= ({kind.window} if kind.kind == WINDOW else set())
             and c.attends == 1
-            and c.attended == [(True, False, True)]
+            and [(ours, same) for ours, _, same in c.attended] == [(True, True)]
             and (k_heads, k_dim) == (v_heads, v_dim)
             and c.shared_reads == 0
             and not passed_along

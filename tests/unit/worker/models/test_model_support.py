@@ -76,11 +76,14 @@ def test_attention_that_bypasses_the_hook_is_served_gathered():
     _served_like_mlx_lm(model, engine)
 
 
-def test_sliding_window_layers_are_served_gathered():
+@pytest.mark.parametrize("gathered", [False, True])
+def test_sliding_window_layers_are_served_paged_or_gathered(gathered):
+    """Both ways a window layer can read its K/V match mlx-lm (the probe picks paged)."""
     model = tiny("llama", sliding_window=4, layer_types=["sliding_attention", "full_attention"])
     engine = make_engine(model)
     assert [k.window for k in engine.runner.kinds] == [4, None]
-    assert engine.runner.gathered == [True, False]  # the full layer keeps the paged path
+    assert engine.runner.gathered == [False, False]
+    engine.runner.gathered = [gathered, False]
     _served_like_mlx_lm(model, engine)
 
 
@@ -90,11 +93,12 @@ def test_sliding_window_asked_of_the_mask_is_honoured():
     model = tiny("llama", sliding_window=4, layer_types=["sliding_attention", "full_attention"])
     model.make_cache = lambda: [KVCache() for _ in model.layers]
     engine = make_engine(model)
-    assert engine.runner.gathered == [True, False]
+    assert engine.runner.gathered == [True, False]  # a full cache asked for a window
     _served_like_mlx_lm(model, engine)
 
 
-def test_attention_sinks_are_served_gathered():
+@pytest.mark.parametrize("gathered", [False, True])
+def test_attention_sinks_are_served_paged_or_gathered(gathered):
     from mlx_lm.models import base
 
     def with_sinks(self, q, k, v, cache, mask):
@@ -105,7 +109,8 @@ def test_attention_sinks_are_served_gathered():
 
     model = _with_attention(with_sinks)
     engine = make_engine(model)
-    assert engine.runner.gathered == [True, True]
+    assert engine.runner.gathered == [False, False]
+    engine.runner.gathered = [gathered, gathered]
     _served_like_mlx_lm(model, engine)
 
 
