@@ -46,10 +46,9 @@ class EngineConfig:
     kv_group_size: int = _worker("kv_group_size")
     # queue decode step n+1 before reading step n's tokens (off: for measuring its gain)
     pipeline_decode: bool = True
-    # sliding-window layers keep K/V in pages of their own, given back once out of every
-    # window (worker/kv/window_pages.py); off: they take a block's share like full layers
+    # sliding-window layers keep K/V in pages, given back once out of every window
+    # (worker/kv/window_pages.py); off: they take a block's share like full layers
     release_windows: bool = True
-    window_pages: int | None = None  # exact page count (tests); None: the memory plan's
 
     def validate(self) -> None:
         if self.block_size < 1 or self.block_size & (self.block_size - 1):

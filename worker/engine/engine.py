@@ -84,7 +84,7 @@ class Engine:
         self.config.validate()
         self.model, self.max_context, self.shape = model, max_context, shape
         self.config, num_blocks, self.memory = startup.size_memory(self.config, shape, model)
-        windows = startup.window_layout(self.config, shape, num_blocks)
+        windows = startup.window_layout(self.config, shape)
         self.pool = BlockPool(
             num_blocks,
             self.config.block_size,

@@ -65,8 +65,11 @@ class RequestIntake:
                 f"the prompt has {len(token_ids)} tokens; this model's context is {self.max_context} "
                 "tokens, and at least one must be left to generate"
             )
-        usable = self.pool.num_blocks - 1  # less the scratch block
-        if self.pool.blocks_for_tokens(len(token_ids) + 1) > usable:
+        usable = self.pool.num_blocks - self.pool.unit_cost  # less the scratch block
+        need = self.pool.blocks_for_tokens(len(token_ids) + 1)
+        if self.pool.pages is not None:  # units: blocks, and window pages for some of them
+            need = self.pool.pages.units_alone(need, self.config.prefill_chunk)
+        if need > usable:
             raise InvalidRequest(
                 f"the prompt needs more KV memory than this worker has ({usable} blocks)"
             )

@@ -113,7 +113,7 @@ class Scheduler:
         if would_draft(self, seqs):
             return False  # verifying drafts needs the tokens on the host: a planned step
         need = sum(self.blocks_needed(s, s.num_computed + 1) for s in seqs)
-        return need <= self.pool.num_free + self.cache.evictable_blocks
+        return need <= self.pool.room(self.cache.evictable_blocks)
 
     def continue_decode(self, seqs: list[Sequence]) -> StepPlan:
         """Mutates: the DECODE plan `can_continue_decode(seqs)` allowed, blocks grown."""
@@ -204,7 +204,7 @@ class Scheduler:
             left = len(seq.tokens) - done - (1 if seq.forks else 0)
             n = min(self.config.prefill_chunk, left, budget)
             need = self.pool.blocks_for_tokens(done + n) - len(match.block_ids)
-            room = self.pool.num_free + self.cache.evictable_blocks
+            room = self.pool.room(self.cache.evictable_blocks)
             fits = fits_whole_prompt(seq, len(match.block_ids), self.running, self.pool, room)
             if not fits or not self.make_room(need):
                 self.cache.unlock(match.node)
@@ -226,7 +226,7 @@ class Scheduler:
             return False
         seq = self.waiting[0]
         cached = self.cache.peek_prefix_length(seq.tokens[:-1]) // self.block_size
-        room = self.pool.num_free + self.cache.evictable_blocks
+        room = self.pool.room(self.cache.evictable_blocks)
         return fits_whole_prompt(seq, cached, self.running, self.pool, room)
 
     def _extend_from_disk(self, prompt: list[int], match: MatchResult) -> MatchResult:
@@ -310,7 +310,7 @@ class Scheduler:
         """Mutates: evict cached blocks until `need` can be allocated; whether it can."""
         if need <= 0 or self.pool.can_allocate(need):
             return True
-        self.cache.evict(need - self.pool.num_free)
+        self.cache.evict(self.pool.shortfall(need))
         return self.pool.can_allocate(need)
 
     def preempt(self, seq: Sequence) -> None:

@@ -83,15 +83,9 @@ def size_memory(
     config = replace(config, step_token_budget=step, prefill_chunk=min(config.prefill_chunk, step))
     quant = kv_quantization(config)
     shapes, windowed = shape.shapes(), _window_layers(config, shape)
-    full = [s for i, s in enumerate(shapes) if i not in windowed]
-    per_block = layers_bytes_per_block(config.block_size, full, shape.kv_dtype, **quant)
-    per_page = layers_bytes_per_block(
-        config.block_size, [shapes[i] for i in windowed], shape.kv_dtype, **quant
-    )
-    blocks = plan.kv // (per_block + per_page)  # as many pages as blocks
-    pages = _pages_wanted(config, shape)
-    if windowed and pages < blocks:  # fewer pages than blocks: the rest goes to blocks
-        blocks = (plan.kv - pages * per_page) // per_block
+    # a pool with window pages is units of its full layers' size (worker/kv/window_pages.py)
+    unit = [s for i, s in enumerate(shapes) if i not in windowed] if windowed else shapes
+    blocks = plan.kv // layers_bytes_per_block(config.block_size, unit, shape.kv_dtype, **quant)
     if blocks < 2:  # the scratch block and one to serve with
         raise MemoryBudgetTooSmall(f"no room for the KV pool: {plan.describe()}")
     log.info("%s; %d KV blocks", plan.describe(), blocks)
@@ -99,31 +93,22 @@ def size_memory(
 
 
 def _window_layers(config: EngineConfig, shape: ModelShape) -> list[int]:
-    if not config.release_windows:
+    """The layers whose K/V go in window pages: the sliding-window ones, when full-attention
+    layers of the same K/V shape sit beside them and `release_windows` is on."""
+    kinds = shape.kinds()
+    windowed = [i for i, kind in enumerate(kinds) if kind.window is not None]
+    if not config.release_windows or len(windowed) == len(kinds) or not shape.uniform:
         return []
-    return [i for i, kind in enumerate(shape.kinds()) if kind.window is not None]
+    return windowed
 
 
-def _pages_wanted(config: EngineConfig, shape: ModelShape) -> int:
-    """Window pages for a pool sized from a budget: every running sequence's window and a
-    prefill chunk, twice over (the spare half keeps recent prefixes hittable)."""
-    window = max((k.window for k in shape.kinds() if k.window is not None), default=0)
-    per_sequence = -(-(window + config.prefill_chunk) // config.block_size) + 2
-    return 2 * config.max_running * per_sequence
-
-
-def window_layout(config: EngineConfig, shape: ModelShape, num_blocks: int) -> dict:
-    """The pool's window arguments: which layers keep pages of their own, the widest window
-    and how many pages (`config.window_pages`, else as `size_memory` planned, at most one a
-    block); none when the model has no window or `release_windows` is off."""
+def window_layout(config: EngineConfig, shape: ModelShape) -> dict:
+    """The pool's window arguments: which layers keep window pages, and the widest window."""
     windowed = _window_layers(config, shape)
     if not windowed:
         return {}
-    pages = config.window_pages or min(num_blocks, _pages_wanted(config, shape))
-    if config.num_blocks is not None and config.window_pages is None:
-        pages = num_blocks  # an exact pool (tests): a page for every block
     window = max(k.window for k in shape.kinds() if k.window is not None)
-    return {"window_layers": windowed, "window": window, "window_pages": pages}
+    return {"window_layers": windowed, "window": window}
 
 
 def kv_quantization(config: EngineConfig) -> dict:

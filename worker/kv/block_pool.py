@@ -26,8 +26,8 @@ import mlx.core as mx
 from shared.config.choices import DEFAULT_BLOCK_SIZE, DEFAULT_KV_GROUP_SIZE
 from worker.kv.errors import IntegrityError, KVCacheError, OutOfBlocksError
 from worker.kv.memory import layers_bytes_per_block, num_blocks_for_budget
-from worker.kv.quant import make_pools, pool_arrays
-from worker.kv.window_pages import WindowPages
+from worker.kv.quant import pool_arrays
+from worker.kv.window_pages import layer_storage
 
 logger = logging.getLogger(__name__)
 
@@ -64,14 +64,13 @@ class BlockPool:
         layer_shapes: Sequence[tuple[int, int, int, int]] | None = None,
         window_layers: Sequence[int] = (),
         window: int | None = None,
-        window_pages: int | None = None,
     ) -> None:
         """`layer_shapes`: per layer (K heads, K width, V heads, V width), for models whose
         layers differ (MLA's latent and rope widths, two head dims); None: every layer's K and
-        V are (`num_kv_heads`, `head_dim`). `window_layers`: sliding-window layers (the
-        widest window `window`), whose K/V live in `window_pages` pages of their own that
-        blocks hold only while a window can see them (`worker.kv.window_pages`)."""
-        # The shape is keyword-only: three ints in a row are too easy to swap.
+        V are (`num_kv_heads`, `head_dim`). `window_layers`: sliding-window layers (the widest
+        window `window`): with full-attention layers beside them, all of one shape, the pool
+        is `num_blocks` units of the full layers' size and the window layers hold pages of
+        those units only while a window can see them (`worker.kv.window_pages`)."""
         for name, value in (
             ("num_blocks", num_blocks), ("block_size", block_size), ("num_layers", num_layers),
             ("num_kv_heads", num_kv_heads), ("head_dim", head_dim),
@@ -93,23 +92,15 @@ class BlockPool:
             raise ValueError(f"{len(self.layer_shapes)} layer shapes for {num_layers} layers")
         # every layer's K and V of one shape: what the disk tier and peer transfers carry
         self.uniform = all(s == same for s in self.layer_shapes)
-        self.window_layers = frozenset(window_layers)
-        self.pages = None  # WindowPages, when window layers keep pages of their own
-        if self.window_layers and window is not None:
-            pages = window_pages or num_blocks
-            self.pages = WindowPages(pages, num_blocks, window, block_size)
-        slots = [
-            (self.pages.num_pages if self.pages and i in self.window_layers else num_blocks)
-            * block_size
-            for i in range(num_layers)
-        ]
-        self.k, self.v = make_pools(
-            slots, self.layer_shapes, dtype, self.kv_bits, self.kv_group_size
-        )
+        self._free = deque(range(num_blocks))  # oldest-freed first
+        self.k, self.v, self.pages, self.window_group = layer_storage(
+            num_blocks, block_size, self.layer_shapes, window_layers, window, self._free,
+            dtype=dtype, bits=self.kv_bits, group_size=self.kv_group_size,
+        )  # fmt: skip
+        self.unit_cost = 1 + (self.pages.groups if self.pages else 0)  # units a new block takes
         mx.eval(self.k, self.v)  # reserve the memory now, not at the first forward pass
         self._refs = [0] * num_blocks
         self._cached = [False] * num_blocks
-        self._free = deque(range(num_blocks))  # oldest-freed first
         self._hold_listener: HoldListener | None = None
         # Per block, the number of its latest allocation: (id, version) names one content of a
         # block once it is full (a held block's whole blocks never change; a freed one is
@@ -119,13 +110,14 @@ class BlockPool:
         self.bytes_per_block = layers_bytes_per_block(
             block_size, self.layer_shapes, dtype, self.kv_bits, self.kv_group_size
         )
-        self.nbytes = sum(int(a.nbytes) for pool in (*self.k, *self.v) for a in pool_arrays(pool))
+        unique = {id(a): a for pool in (*self.k, *self.v) for a in pool_arrays(pool)}
+        self.nbytes = sum(int(a.nbytes) for a in unique.values())
+        pages = f"; window layers in {self.pages.groups} page sub-groups" if self.pages else ""
         logger.info(
             "KV block pool: %d blocks x %d tokens (%d layers, %d KV heads, head dim %d, %s, "
-            "%s; window layers: %d in %s pages), %.1f MiB",
+            "%s)%s, %.1f MiB",
             num_blocks, block_size, num_layers, num_kv_heads, head_dim, dtype, self.kv_layout,
-            len(self.window_layers), self.pages.num_pages if self.pages else "no",
-            self.nbytes / 2**20,
+            pages, self.nbytes / 2**20,
         )  # fmt: skip
 
     # ---- queries (none of these mutate) ----
@@ -143,11 +135,21 @@ class BlockPool:
 
     @property
     def num_free(self) -> int:
-        return len(self._free)
+        """Blocks that could be allocated now (free units and spare pages, per block's cost)."""
+        return (len(self._free) + (self.pages.spare_units() if self.pages else 0)) // self.unit_cost
+
+    def room(self, evictable: int) -> int:
+        """Blocks allocatable after evicting `evictable` cached blocks (a unit each, at least)."""
+        spare = self.pages.spare_units() if self.pages else 0
+        return (len(self._free) + spare + evictable) // self.unit_cost
+
+    def shortfall(self, num: int) -> int:
+        """Cached blocks to evict before `num` blocks can be allocated (0: none)."""
+        spare = self.pages.spare_units() if self.pages else 0
+        return max(0, num * self.unit_cost - len(self._free) - spare)
 
     def blocks_for_tokens(self, num_tokens: int) -> int:
-        """Blocks needed to hold `num_tokens` tokens (the last one may be partial)."""
-        return -(-num_tokens // self.block_size)
+        return -(-num_tokens // self.block_size)  # (the last one may be partial)
 
     def ref_count(self, block_id: int) -> int:
         return self._refs[self._checked_id(block_id)]
@@ -157,11 +159,11 @@ class BlockPool:
 
     def is_free(self, block_id: int) -> bool:
         block_id = self._checked_id(block_id)
-        return self._refs[block_id] == 0 and not self._cached[block_id]
+        page = self.pages is not None and self.pages.is_page[block_id]
+        return self._refs[block_id] == 0 and not self._cached[block_id] and not page
 
     def can_allocate(self, num: int) -> bool:
-        pages = self.pages.available() if self.pages else num
-        return 0 <= num <= min(len(self._free), pages)
+        return num >= 0 and self.shortfall(num) == 0
 
     def can_cache(self, block_id: int) -> bool:
         """Whether `set_cached` would accept the block: held and not cached yet."""
@@ -177,7 +179,9 @@ class BlockPool:
 
     def usage(self) -> PoolUsage:
         """Blocks in each state, counted (O(num_blocks))."""
-        held = sum(1 for ref in self._refs if ref > 0)
+        held = sum(1 for ref in self._refs if ref > 0) + (
+            self.pages.units_held if self.pages else 0
+        )
         cached_only = sum(
             1 for ref, cached in zip(self._refs, self._cached, strict=True) if cached and not ref
         )
@@ -197,6 +201,8 @@ class BlockPool:
             raise ValueError(f"cannot allocate a negative number of blocks ({num})")
         if not self.can_allocate(num):
             raise OutOfBlocksError(f"cannot allocate {num} blocks: only {self.num_free} free")
+        if self.pages:
+            self.pages.make_free(num * self.unit_cost)
         block_ids = [self._free.popleft() for _ in range(num)]
         for block_id in block_ids:
             self._refs[block_id] = 1
@@ -276,22 +282,19 @@ class BlockPool:
         layer, as stored (quantized: packed values, scales and biases, never requantized).
         A tensor-parallel follower makes the leader's copies on write with it."""
         # Read the source into arrays of their own first: a write whose value still reads the
-        # same pool makes MLX copy the whole pool (seconds for a big one), see write_kv.
-        arrays, copies, targets = [], [], []
-        for i in range(self.num_layers):
-            a, b = src_id, dst_id
-            if self.pages and i in self.window_layers:
-                a, b = self.pages.page_of[src_id], self.pages.page_of[dst_id]
-                if a < 0 or b < 0:
-                    continue  # no window K/V to copy (a hit never reads such a block's)
-            src = slice(a * self.block_size, (a + 1) * self.block_size)
-            for pool in (self.k[i], self.v[i]):
-                for array in pool_arrays(pool):
-                    arrays.append(array)
-                    copies.append(mx.array(array[src]))
-                    targets.append(slice(b * self.block_size, (b + 1) * self.block_size))
+        # same pool makes MLX copy the whole pool (seconds for a big one), see write_kv. With
+        # window pages, the units of the block and of each of its pages (a block without
+        # pages has no window K/V a hit would read).
+        units = [(src_id, dst_id)]
+        if self.pages and self.pages.has_page(src_id) and self.pages.has_page(dst_id):
+            units += list(zip(self.pages.pages(src_id), self.pages.pages(dst_id), strict=True))
+        arrays = list({id(a): a for p in (*self.k, *self.v) for a in pool_arrays(p)}.values())
+        bs = self.block_size
+        moves = [(a, slice(s * bs, (s + 1) * bs), slice(d * bs, (d + 1) * bs))
+                 for a in arrays for s, d in units]  # fmt: skip
+        copies = [mx.array(a[src]) for a, src, _ in moves]
         mx.eval(copies)
-        for array, copy, dst in zip(arrays, copies, targets, strict=True):
+        for (array, _, dst), copy in zip(moves, copies, strict=True):
             array[dst] = copy
 
     # ---- integrity ----

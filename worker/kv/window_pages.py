@@ -1,20 +1,25 @@
 """Pages for sliding-window layers: storage a block needs only while some query can see it.
 
-Blocks (`BlockPool`) are the fleet's unit: one block id holds 32 tokens of every layer, the
-radix cache and the KV events speak of them, and hashes name them. A sliding-window layer
-reads only the last W keys of each row, so its share of a block is dead weight once every
-query that will run is past it. Window layers therefore keep their K/V in pages of their own
-(the same 32 tokens), and a block has a page only while it may be read through a window:
+Blocks (`BlockPool`) are the fleet's unit: one block id names 32 tokens, the radix cache and
+the KV events speak of them, hashes name them. A sliding-window layer reads only the last W
+keys of each row, so its share of a block is dead weight once every query that will run is
+past it. So the pool's memory is cut into equal *units* (32 tokens of as many layers as the
+model has full-attention layers) drawn from one free list:
 
-- a block allocated gets a page (its tokens are about to be written);
-- a running sequence whose window has passed one of its blocks (held by it alone) makes that
-  block's page *spare*: the content stays, so a later prompt can still hit it, but the page is
-  the first to be taken back when a new block needs one (least recently spared first);
-- a cached block no sequence holds keeps its page spare; a freed block gives its page back.
+- a block's own unit holds its full-attention layers;
+- the window layers, in sub-groups of that many layers, hold a block's tokens in *pages*: one
+  unit per sub-group, taken when the block is allocated (its tokens are about to be written);
+- once every query its sequence will run is past a block (held by that sequence alone), the
+  block's pages become *spare*: their content stays, so a later prompt can still hit it, and
+  they are the first units taken back when the free list runs dry (least recently spared
+  first); a cached block no sequence holds keeps its pages spare; a freed block gives back
+  its unit and its pages.
 
-A prefix hit needs window pages only for the ⌈(W - 1) / block⌉ blocks before the match point
-(`usable_blocks`); the blocks before them serve the full-attention layers alone. This is
-vLLM's sliding-window manager's rule; a ring buffer per sequence would break prefix caching.
+Memory follows the load, as vLLM's hybrid allocator does with its per-group block tables over
+one page pool: short contexts spend units on pages, long ones on blocks. A prefix hit needs
+pages only for the ⌈(W - 1) / block⌉ blocks before the match point (`usable_blocks`); the
+blocks before them serve the full-attention layers alone. A ring buffer per sequence would
+break prefix caching.
 """
 
 from __future__ import annotations
@@ -23,67 +28,77 @@ from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 
 from worker.kv.errors import IntegrityError
+from worker.kv.quant import make_pools
 
 
 class WindowPages:
-    """The page of each block for the window layers, a free list and the spare pages."""
+    """Each block's page in every window sub-group, drawn from the pool's free units."""
 
-    def __init__(self, num_pages: int, num_blocks: int, window: int, block_size: int):
-        if num_pages < 1:
-            raise ValueError(f"num_pages must be >= 1, got {num_pages}")
-        self.num_pages, self.window, self.block_size = num_pages, window, block_size
-        self.page_of = [-1] * num_blocks
-        self._free = deque(range(num_pages))
+    def __init__(self, groups: int, free: deque[int], num_units: int, window: int, block_size: int):
+        if groups < 1:
+            raise ValueError(f"groups must be >= 1, got {groups}")
+        self.groups, self.window, self.block_size = groups, window, block_size
+        self._free = free  # the pool's free list of units, shared
+        self.page_of = [[-1] * num_units for _ in range(groups)]  # per sub-group: block -> unit
+        self.is_page = [False] * num_units
         self._spare: OrderedDict[int, None] = OrderedDict()  # blocks, least recently spared first
-        self.released = 0  # pages made spare while their sequence ran (cumulative)
-        self.reclaimed = 0  # spare pages taken back for other blocks (cumulative)
+        self.units_held = 0  # units holding pages (spare ones included)
+        self.released = 0  # blocks whose pages went spare while their sequence ran (cumulative)
+        self.reclaimed = 0  # blocks whose spare pages were taken back (cumulative)
 
     @property
     def blocks_before_match(self) -> int:
         """Blocks before a match point whose pages a hit needs: ⌈(W - 1) / block⌉."""
         return -(-(self.window - 1) // self.block_size)
 
-    def available(self) -> int:
-        """Pages a new block could get now: free, or spare."""
-        return len(self._free) + len(self._spare)
+    def units_alone(self, blocks: int, chunk: int) -> int:
+        """Units a sequence of `blocks` blocks needs at most, alone, prefilled in `chunk`-token
+        chunks: its blocks, and pages for those a window or a chunk can see at once."""
+        seen = -(-(self.window + chunk) // self.block_size) + 2
+        return blocks + self.groups * min(blocks, seen)
 
-    def in_use(self) -> int:
-        return self.num_pages - len(self._free) - len(self._spare)
+    def spare_units(self) -> int:
+        return len(self._spare) * self.groups
 
     def has_page(self, block_id: int) -> bool:
-        return self.page_of[block_id] >= 0
+        return self.page_of[0][block_id] >= 0
 
-    def give(self, block_id: int) -> int:
-        """Mutates: a page for `block_id` (a free one, else the least recently spared one,
-        whose block loses it); the caller checked `available()`."""
-        if self.page_of[block_id] >= 0:
-            self._spare.pop(block_id, None)
-            return self.page_of[block_id]
-        if self._free:
-            page = self._free.popleft()
-        else:
-            victim, _ = self._spare.popitem(last=False)
-            page, self.page_of[victim] = self.page_of[victim], -1
+    def pages(self, block_id: int) -> list[int]:
+        return [group[block_id] for group in self.page_of]
+
+    def make_free(self, units: int) -> None:
+        """Mutates: take spare pages back until the free list holds `units` (or none is left)."""
+        while len(self._free) < units and self._spare:
+            block, _ = self._spare.popitem(last=False)
+            self.take_back(block)
             self.reclaimed += 1
-        self.page_of[block_id] = page
-        return page
+
+    def give(self, block_id: int) -> None:
+        """Mutates: pages for a block just allocated, from the free list (`make_free` first)."""
+        for group in self.page_of:
+            unit = self._free.popleft()
+            group[block_id], self.is_page[unit] = unit, True
+        self.units_held += self.groups
 
     def take_back(self, block_id: int) -> None:
-        """Mutates: a freed block's page goes back to the free list."""
-        page = self.page_of[block_id]
-        if page >= 0:
-            self._spare.pop(block_id, None)
-            self.page_of[block_id] = -1
-            self._free.append(page)
+        """Mutates: a block's pages go back to the free list."""
+        if self.page_of[0][block_id] < 0:
+            return
+        self._spare.pop(block_id, None)
+        for group in self.page_of:
+            unit, group[block_id] = group[block_id], -1
+            self.is_page[unit] = False
+            self._free.append(unit)
+        self.units_held -= self.groups
 
     def spare(self, block_id: int, released: bool = False) -> None:
-        """Mutates: the page of `block_id` may be taken back (its content stays until then)."""
-        if self.page_of[block_id] >= 0 and block_id not in self._spare:
+        """Mutates: the pages of `block_id` may be taken back (content kept until then)."""
+        if self.page_of[0][block_id] >= 0 and block_id not in self._spare:
             self._spare[block_id] = None
             self.released += released
 
     def unspare(self, block_id: int) -> None:
-        """Mutates: `block_id` is held for reading again; its page is not to be taken."""
+        """Mutates: `block_id` is read through a window again; its pages are not to be taken."""
         self._spare.pop(block_id, None)
 
     def usable_blocks(self, block_ids: Sequence[int]) -> int:
@@ -91,7 +106,7 @@ class WindowPages:
         `blocks_before_match` blocks before m all still have their pages."""
         need = self.blocks_before_match
         for m in range(len(block_ids), 0, -1):
-            if all(self.page_of[b] >= 0 for b in block_ids[max(0, m - need) : m]):
+            if all(self.page_of[0][b] >= 0 for b in block_ids[max(0, m - need) : m]):
                 return m
         return 0
 
@@ -113,13 +128,35 @@ class WindowPages:
         return max(start, end)
 
     def check(self, refs: Sequence[int], cached: Sequence[bool]) -> None:
-        """Raise IntegrityError unless pages are accounted for: each page free or of one block,
-        and a freed block holds none."""
-        owned = [p for p in self.page_of if p >= 0]
-        if len(set(owned)) != len(owned) or set(owned) & set(self._free):
-            raise IntegrityError("a window page is owned twice, or owned and free")
-        if len(owned) + len(self._free) != self.num_pages:
-            raise IntegrityError(f"{len(owned)} owned + {len(self._free)} free != {self.num_pages}")
-        for block, page in enumerate(self.page_of):
-            if page >= 0 and refs[block] == 0 and not cached[block]:
-                raise IntegrityError(f"free block {block} still holds window page {page}")
+        """Raise IntegrityError unless every page unit belongs to one live block."""
+        owned = [u for group in self.page_of for u in group if u >= 0]
+        if len(set(owned)) != len(owned) or len(owned) != self.units_held:
+            raise IntegrityError(f"{len(owned)} page units owned, {self.units_held} counted")
+        if sorted(owned) != [u for u, page in enumerate(self.is_page) if page]:
+            raise IntegrityError("page units disagree with the units marked as pages")
+        for block in range(len(refs)):
+            if self.page_of[0][block] >= 0 and refs[block] == 0 and not cached[block]:
+                raise IntegrityError(f"free block {block} still holds window pages")
+
+
+def layer_storage(
+    num_blocks: int, block_size: int, shapes: list, window_layers: Sequence[int],
+    window: int | None, free: deque[int], *, dtype, bits, group_size,
+):  # fmt: skip
+    """(K pools, V pools, WindowPages or None, layer -> page sub-group): each layer's storage.
+    With window layers beside full-attention ones, all of one shape: as many arrays as there
+    are full layers, each of `num_blocks` units, shared by a full layer and the window layers
+    of its position in each sub-group. Otherwise one array per layer, no pages."""
+    full = [i for i in range(len(shapes)) if i not in set(window_layers)]
+    if not (window_layers and window is not None and full and len(set(shapes)) == 1):
+        slots = [num_blocks * block_size] * len(shapes)
+        return (*make_pools(slots, shapes, dtype, bits, group_size), None, {})
+    per = len(full)
+    groups = -(-len(window_layers) // per)
+    pages = WindowPages(groups, free, num_blocks, window, block_size)
+    array = {layer: j for j, layer in enumerate(full)}
+    array.update({layer: t % per for t, layer in enumerate(window_layers)})
+    k, v = make_pools([num_blocks * block_size] * per, shapes[:per], dtype, bits, group_size)
+    shared_k = [k[array[i]] for i in range(len(shapes))]
+    shared_v = [v[array[i]] for i in range(len(shapes))]
+    return shared_k, shared_v, pages, {layer: t // per for t, layer in enumerate(window_layers)}

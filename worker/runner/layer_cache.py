@@ -156,8 +156,8 @@ class LayerCache:
 class ForwardGroups:
     """One forward's per-group pieces, made once and shared by the group's layers: the
     attention plan of its paged layers and the span of its gathered ones. Window layers
-    whose K/V live in pages of their own (`pool.pages`) read and write through `paged`, the
-    forward's layout over those pages."""
+    whose K/V live in window pages (`pool.pages`) read and write through `paged[g]`, the
+    forward's layout over their sub-group's pages."""
 
     def __init__(
         self, pool: BlockPool, backend: AttentionBackend, layout, host_tables, paged,
@@ -165,28 +165,29 @@ class ForwardGroups:
     ):  # fmt: skip
         self.pool, self.backend, self.layout, self.paged = pool, backend, layout, paged
         self.host_tables, self.num_queries, self.grouped = host_tables, num_queries, grouped
-        self._plans: dict[LayerKind, AttentionPlan] = {}
-        self._spans: dict[LayerKind, GroupSpan] = {}
+        self._plans: dict[tuple, AttentionPlan] = {}
+        self._spans: dict[tuple, GroupSpan] = {}
 
     def cache(self, layer: int, kind: LayerKind, gathered: bool, times) -> LayerCache:
-        own = self.paged is not None and layer in self.pool.window_layers
-        layout = self.paged if own else self.layout
+        sub = self.pool.window_group.get(layer)  # its pages' sub-group, if it has pages
+        layout = self.layout if sub is None else self.paged[sub]
+        key = (kind, sub)
         plan = span = None
         if gathered:
-            if kind not in self._spans:
-                self._spans[kind] = GroupSpan(
+            if key not in self._spans:
+                self._spans[key] = GroupSpan(
                     layout.block_tables, layout.context_lengths, self.num_queries,
                     self.pool.block_size, kind.window, self.grouped,
                 )  # fmt: skip
-            span = self._spans[kind]
+            span = self._spans[key]
         else:
-            if kind not in self._plans:
-                full = kind.kind == FULL and not own
-                self._plans[kind] = AttentionPlan(
+            if key not in self._plans:
+                full = kind.kind == FULL and sub is None
+                self._plans[key] = AttentionPlan(
                     self.backend, layout.block_tables, layout.context_lengths,
                     block_size=self.pool.block_size, window=kind.window,
                     host_tables=self.host_tables if full else None,
                     block_versions=self.pool.versions if full else None,
                 )  # fmt: skip
-            plan = self._plans[kind]
+            plan = self._plans[key]
         return LayerCache(self.pool, layer, layout.offsets, layout.write_slots, plan, span, times)

@@ -186,13 +186,16 @@ class ModelRunner:
         tokens = layout.tokens
         if device_tokens is not None:
             tokens = device_tokens.astype(mx.int32).reshape(-1, 1)
-        paged = None  # the window layers' own layout: their blocks' pages (worker/kv/window_pages)
+        paged = {}  # per window sub-group, the layout over its pages (worker/kv/window_pages)
         if self.pool.pages is not None:
-            page_of, scratch = self.pool.pages.page_of, self.scratch_block
-            pages = [[page_of[b] if page_of[b] >= 0 else page_of[scratch] for b in r.block_ids]
-                     for r in rows]  # fmt: skip
-            paged_rows = [Row(r.tokens, r.start, p) for r, p in zip(rows, pages, strict=True)]
-            paged = build_layout(paged_rows, self.pool.block_size, page_of[scratch])
+            for g, page_of in enumerate(self.pool.pages.page_of):
+                scratch = page_of[self.scratch_block]
+                paged_rows = [
+                    Row(r.tokens, r.start, [page_of[b] if page_of[b] >= 0 else scratch
+                                            for b in r.block_ids])
+                    for r in rows
+                ]  # fmt: skip
+                paged[g] = build_layout(paged_rows, self.pool.block_size, scratch)
         groups = ForwardGroups(
             self.pool, self.backend, layout, [r.block_ids for r in rows], paged, tokens.shape[1],
             self.grouped_scores,

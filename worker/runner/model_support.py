@@ -64,9 +64,8 @@ class ModelShape:
     def uniform(self) -> bool:
         """Every layer's K and V of one shape (what the disk tier, transfers and the
         tensor-parallel split assume)."""
-        return len(set(self.shapes())) == 1 and all(k == v for *k, v in [
-            ((h, d), (hv, dv)) for h, d, hv, dv in self.shapes()
-        ])  # fmt: skip
+        shapes = self.shapes()
+        return len(set(shapes)) == 1 and all((h, d) == (hv, dv) for h, d, hv, dv in shapes)
 
     def kv_bytes_per_token(self, itemsize: int | None = None) -> int:
         size = itemsize or self.kv_dtype.size
