@@ -51,6 +51,19 @@ def bad_request(message: str, param: str | None = None, code: str | None = None)
     return ApiError(400, message, param, code)
 
 
+IMAGE_PARTS = ("image_url", "input_image", "image")  # OpenAI chat, Responses, Anthropic
+
+
+def image_input(param: str, kind: str) -> ApiError:
+    """An image part: named, and refused (vision-language models are served as text)."""
+    return bad_request(
+        f"{param}: '{kind}' parts are not accepted: image input is not served yet (vision "
+        "models answer from their text backbone); send text parts only",
+        param,
+        code="image_input_unsupported",
+    )
+
+
 def no_workers(model: str) -> ApiError:
     return ApiError(
         503,

@@ -11,8 +11,9 @@ weights, sized so a forward is not trivial. For each:
   - tick: the decode tick (ms, median over steps) of `--tick-batch` sequences at a context of
     4 x the window, with the model's windows and with the same weights forced to full
     attention on every layer, and the ratio;
-  - capacity: K/V tokens a 1 GiB pool holds with out-of-window pages released and without
-    (`EngineConfig.release_windows`), as the engine sizes it.
+  - capacity: the most K/V tokens running sequences held at once in a 1 GiB pool, prompts of
+    4 x the window submitted together, with out-of-window pages released and without
+    (`EngineConfig.release_windows`).
 
 Prints one JSON line per measurement.   Usage: scripts/bench_windows.py [--help]
 """
@@ -160,18 +161,38 @@ def bench_tick(name, config, args) -> None:
     }), flush=True)  # fmt: skip
 
 
-def bench_capacity(name, model) -> None:
-    sizes = {}
+def bench_capacity(name, model, args) -> None:
+    """Peak tokens resident in a 1 GiB pool: `--capacity-requests` prompts of 4 x the window
+    submitted at once (16 tokens each to generate), with out-of-window pages released and
+    without; the most tokens the running sequences held at once, and the preemptions."""
+    from shared.sampling import SamplingParams
+
+    window = max(w for w in [getattr(model.args, "sliding_window", 0)] if w)
+    context = 4 * window
+    result = {}
     for release in (True, False):
-        engine = engine_for(model, release_windows=release, warmup=False)
+        engine = engine_for(model, release_windows=release, warmup=False, max_running=64)
+        for i, p in enumerate(prompts_for(args.capacity_requests, context, seed=7)):
+            engine.add_request(str(i), p[:context], SamplingParams(max_tokens=16))
+        peak, start = 0, time.perf_counter()
+        while engine.has_work():
+            engine.step()
+            peak = max(peak, sum(s.num_computed for s in engine.scheduler.running))
         pool = engine.pool
-        sizes[release] = (pool.num_blocks * pool.block_size, pool.nbytes, pool.pages)
-    (on, on_bytes, pages), (off, off_bytes, _) = sizes[True], sizes[False]
+        result[release] = dict(
+            peak=peak, units=pool.num_blocks, unit_bytes=pool.nbytes // pool.num_blocks,
+            preemptions=engine.stats()["preemptions"], seconds=time.perf_counter() - start,
+        )  # fmt: skip
+    on, off = result[True], result[False]
     print(json.dumps({
-        "bench": "capacity", "model": name, "kv_budget_bytes": 1 << 30,
-        "tokens_released": on, "tokens_unreleased": off, "ratio": round(on / off, 2),
-        "pool_bytes_released": on_bytes, "pool_bytes_unreleased": off_bytes,
-        "window_pages": pages.num_pages if pages else 0,
+        "bench": "capacity", "model": name, "kv_budget_bytes": 1 << 30, "context": context,
+        "requests": args.capacity_requests,
+        "peak_tokens_released": on["peak"], "peak_tokens_unreleased": off["peak"],
+        "ratio": round(on["peak"] / off["peak"], 2),
+        "tokens_per_gib_ceiling_released": on["units"] * 32,
+        "tokens_per_gib_unreleased": off["units"] * 32,
+        "preemptions_released": on["preemptions"], "preemptions_unreleased": off["preemptions"],
+        "seconds_released": round(on["seconds"], 1), "seconds_unreleased": round(off["seconds"], 1),
     }), flush=True)  # fmt: skip
 
 
@@ -188,6 +209,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--tick-batch", type=int, default=8)
     parser.add_argument("--tick-steps", type=int, default=12)
+    parser.add_argument("--capacity-requests", type=int, default=48)
     parser.add_argument("--skip", choices=["throughput", "tick", "capacity"], action="append",
                         default=[])  # fmt: skip
     args = parser.parse_args()
@@ -202,7 +224,7 @@ def main() -> None:
         config = SHAPES[name]
         model = build(config)
         if "capacity" not in args.skip:
-            bench_capacity(name, model)
+            bench_capacity(name, model, args)
         if "throughput" not in args.skip:
             bench_throughput(name, model, tokenizer, args)
         if "tick" not in args.skip:

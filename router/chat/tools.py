@@ -14,7 +14,7 @@ import json
 import re
 from dataclasses import dataclass
 
-from router.errors import bad_request
+from router.errors import IMAGE_PARTS, bad_request, image_input
 from router.text import strict_json
 
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -145,6 +145,8 @@ def content_text(content, param: str) -> str:
     if isinstance(content, list):
         parts = []
         for part in content:
+            if isinstance(part, dict) and part.get("type") in IMAGE_PARTS:
+                raise image_input(param, part["type"])
             if not (
                 isinstance(part, dict)
                 and part.get("type") == "text"

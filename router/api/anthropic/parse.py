@@ -14,7 +14,7 @@ from router.api.request import GenerationRequest
 from router.chat.prompt import build_chat_prompt, template_kwargs
 from router.chat.tool_grammar import enforce_tool_choice, required_call_schema
 from router.chat.tools import ToolSet, parse_tools
-from router.errors import bad_request
+from router.errors import IMAGE_PARTS, bad_request, image_input
 from shared.sampling import InvalidRequest, SamplingParams
 
 if TYPE_CHECKING:
@@ -225,6 +225,8 @@ def _text_of(content, param: str, allowed: tuple[str, ...]) -> tuple[str, list[d
     if not isinstance(content, list):
         raise bad_request(f"{param} must be a string or an array of content blocks", param)
     for j, block in enumerate(content):
+        if isinstance(block, dict) and block.get("type") in IMAGE_PARTS:
+            raise image_input(f"{param}[{j}]", block["type"])
         if not isinstance(block, dict) or block.get("type") not in allowed:
             raise bad_request(
                 f"{param}[{j}]: block types allowed here: {', '.join(allowed)}", param

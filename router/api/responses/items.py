@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import uuid
 
-from router.errors import bad_request
+from router.errors import IMAGE_PARTS, bad_request, image_input
 from router.text import strict_json
 
 ROLES = ("user", "system", "developer", "assistant")
@@ -79,6 +79,8 @@ def _parts_text(parts, param: str) -> str:
     if not isinstance(parts, list):
         raise bad_request(f"{param} must be a string or an array of text parts", param)
     for j, part in enumerate(parts):
+        if isinstance(part, dict) and part.get("type") in IMAGE_PARTS:
+            raise image_input(f"{param}[{j}]", part["type"])
         if not (isinstance(part, dict) and part.get("type") in TEXT_PARTS
                 and isinstance(part.get("text"), str)):  # fmt: skip
             raise bad_request(

@@ -192,3 +192,38 @@ async def test_worker_error_mid_stream_is_an_error_event(make_cluster):
         async for chunk in stream:
             texts.append(chunk.choices[0].text)
     assert texts  # the tokens before the error were streamed
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "kind"),
+    [
+        (
+            "/v1/chat/completions",
+            {**CHAT, "messages": [{"role": "user", "content": [
+                {"type": "text", "text": "what is this?"},
+                {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0K"}},
+            ]}]},
+            "image_url",
+        ),
+        (
+            "/v1/responses",
+            {"model": MODEL, "input": [{"role": "user", "content": [
+                {"type": "input_image", "image_url": "data:image/png;base64,iVBORw0K"},
+            ]}]},
+            "input_image",
+        ),
+        (
+            "/v1/messages",
+            {"model": MODEL, "max_tokens": 2, "messages": [{"role": "user", "content": [
+                {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                             "data": "iVBORw0K"}},
+            ]}]},
+            "image",
+        ),
+    ],
+)  # fmt: skip
+async def test_an_image_part_gets_a_400_that_names_it(cluster, path, body, kind):
+    resp = await cluster.client.post(path, json=body)
+    text = await resp.text()
+    assert resp.status == 400, text
+    assert f"'{kind}' parts are not accepted: image input is not served yet" in text
