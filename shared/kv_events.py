@@ -23,8 +23,17 @@ class BlockRemoved:
 
 
 @dataclass(frozen=True, slots=True)
+class BlockWindowsDropped:
+    """Cached blocks lost their sliding-window layers' K/V (their pages were taken back):
+    they still serve the full-attention layers, but a hit can no longer end just after them
+    (a hit needs the window layers of the blocks just before its end: `Register.window_blocks`)."""
+
+    block_hashes: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class AllBlocksCleared:
     """The worker dropped its whole prefix cache."""
 
 
-KVEvent = BlockStored | BlockRemoved | AllBlocksCleared
+KVEvent = BlockStored | BlockRemoved | AllBlocksCleared | BlockWindowsDropped

@@ -11,7 +11,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from shared.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
+from shared.kv_events import (
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    BlockWindowsDropped,
+    KVEvent,
+)
 from shared.sampling import SamplingParams
 from shared.wire import Codec
 from shared.wire import ProtocolError as ProtocolError  # raised by decode
@@ -86,6 +92,9 @@ class Register:
     # workers to pull) or "decode"
     kv_endpoint: str = ""
     role: str = "both"
+    # sliding-window models: a hit needs the window layers' K/V of this many blocks before
+    # its end (0: no window layers, or none released): the router counts hits the same way
+    window_blocks: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -285,7 +294,9 @@ MESSAGE_TYPES: dict[int, type] = {
     13: Shutdown,
     14: ReRegister,
 }
-KV_EVENT_TYPES: dict[int, type] = {1: BlockStored, 2: BlockRemoved, 3: AllBlocksCleared}
+KV_EVENT_TYPES: dict[int, type] = {
+    1: BlockStored, 2: BlockRemoved, 3: AllBlocksCleared, 4: BlockWindowsDropped,
+}  # fmt: skip
 
 _CODEC = Codec(MESSAGE_TYPES, {KVEvent: KV_EVENT_TYPES}, MAX_FRAME_BYTES)
 encode = _CODEC.encode  # one message as a msgpack frame

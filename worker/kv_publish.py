@@ -32,7 +32,13 @@ import msgpack
 import zmq
 
 from shared.hashing import ROOT_PARENT_HASH
-from shared.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
+from shared.kv_events import (
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    BlockWindowsDropped,
+    KVEvent,
+)
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +64,9 @@ def vllm_event(event: KVEvent) -> list:
 
 def vllm_batch(events: Iterable[KVEvent], ts: float, rank: int = 0) -> bytes:
     """A KVEventBatch payload: `[ts, [event, ...], data_parallel_rank]`."""
-    return msgpack.packb([ts, [vllm_event(e) for e in events], rank], use_bin_type=True)
+    # vLLM's format has no window-pages event (its own hit rule lives in its scheduler)
+    kept = [vllm_event(e) for e in events if not isinstance(e, BlockWindowsDropped)]
+    return msgpack.packb([ts, kept, rank], use_bin_type=True)
 
 
 class VllmEventPublisher:

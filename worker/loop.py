@@ -89,6 +89,7 @@ class WorkerLoop:
             group=group,
             kv_endpoint=self.peer.endpoint if self.peer is not None else "",
             role=role,
+            window_blocks=engine.pool.pages.blocks_before_match if engine.pool.pages else 0,
         )
         self._phases, self._phases_at = None, 0.0
         self.turns, self.watchdog = 0, LoopWatchdog(watchdog_s)  # loop progress (issue 24)

@@ -140,6 +140,7 @@ class Cluster:
         if replaced is not None:
             state.errors.extend(replaced.errors)
             self._forget(replaced)
+        model.index.set_window(msg.worker_id, msg.window_blocks)
         log.info(
             "worker %s registered from %s pid %d: model %s (block size %d, %d blocks)",
             msg.worker_id,

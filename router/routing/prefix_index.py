@@ -6,6 +6,12 @@ Two kinds of entries:
   requests sharing its prefix before its events arrive. They expire after `ttl_s`, so a prompt
   that never gets cached (aborted, evicted at once) stops attracting traffic.
 Block hashes are chained (shared.hashing), so a hash names a whole prefix, not just one block.
+
+Sliding-window models (a worker's `Register.window_blocks` = k > 0): a worker can end a hit
+only where it still holds the window layers' K/V of the k blocks before the end; blocks whose
+window pages it took back (`BlockWindowsDropped`) still count inside a longer match, so a
+match is cut back to the deepest point with the k blocks before it whole, as the worker's
+own scheduler cuts it (worker/engine/admission.py `window_hit`).
 """
 
 from __future__ import annotations
@@ -13,7 +19,13 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable, Sequence
 
-from shared.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
+from shared.kv_events import (
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    BlockWindowsDropped,
+    KVEvent,
+)
 
 
 class PrefixIndex:
@@ -23,6 +35,8 @@ class PrefixIndex:
         self._holders: dict[int, set[str]] = {}  # confirmed: hash -> workers
         self._blocks_of: dict[str, set[int]] = {}  # confirmed: worker -> hashes
         self._optimistic: dict[int, dict[str, float]] = {}  # hash -> worker -> expiry
+        self._window_blocks: dict[str, int] = {}  # worker -> k (sliding-window models)
+        self._windowless: dict[str, set[int]] = {}  # worker -> blocks without window K/V
 
     # ------------------------------------------------------------ mutations
 
@@ -31,11 +45,21 @@ class PrefixIndex:
         if isinstance(event, BlockStored):
             self._holders.setdefault(event.block_hash, set()).add(worker_id)
             self._blocks_of.setdefault(worker_id, set()).add(event.block_hash)
+            self._windowless.get(worker_id, set()).discard(event.block_hash)
         elif isinstance(event, BlockRemoved):
             for block_hash in event.block_hashes:
                 self._forget(worker_id, block_hash)
+        elif isinstance(event, BlockWindowsDropped):
+            held = self._blocks_of.get(worker_id, set())
+            dropped = {h for h in event.block_hashes if h in held}
+            self._windowless.setdefault(worker_id, set()).update(dropped)
         elif isinstance(event, AllBlocksCleared):
             self.drop_worker(worker_id)
+
+    def set_window(self, worker_id: str, blocks: int) -> None:
+        """`worker_id` serves a sliding-window model: a hit needs the window layers of the
+        `blocks` blocks before its end (0: no rule)."""
+        self._window_blocks[worker_id] = blocks
 
     def add_optimistic(self, worker_id: str, block_hashes: Iterable[int]) -> None:
         """Count `block_hashes` as on `worker_id` for ttl_s (a prefill just sent there)."""
@@ -45,6 +69,7 @@ class PrefixIndex:
 
     def drop_worker(self, worker_id: str) -> None:
         """Forget every entry of a worker (lost, restarted, or cleared its cache)."""
+        self._windowless.pop(worker_id, None)
         for block_hash in self._blocks_of.pop(worker_id, set()):
             self._discard_holder(block_hash, worker_id)
         for block_hash in [h for h, w in self._optimistic.items() if worker_id in w]:
@@ -74,7 +99,18 @@ class PrefixIndex:
                 break
             for worker_id in still_matching:
                 matched[worker_id] = depth + 1
+        for worker_id, depth in matched.items():
+            if self._window_blocks.get(worker_id) and self._windowless.get(worker_id):
+                matched[worker_id] = self._usable(worker_id, block_hashes, depth)
         return matched
+
+    def _usable(self, worker_id: str, block_hashes: Sequence[int], depth: int) -> int:
+        """The deepest end <= `depth` with the window blocks before it whole on the worker."""
+        need, windowless = self._window_blocks[worker_id], self._windowless[worker_id]
+        for end in range(depth, 0, -1):
+            if not windowless.intersection(block_hashes[max(0, end - need) : end]):
+                return end
+        return 0
 
     def num_blocks(self, worker_id: str) -> int:
         """Confirmed blocks the index believes `worker_id` holds."""
@@ -95,6 +131,7 @@ class PrefixIndex:
 
     def _forget(self, worker_id: str, block_hash: int) -> None:
         self._blocks_of.get(worker_id, set()).discard(block_hash)
+        self._windowless.get(worker_id, set()).discard(block_hash)
         self._discard_holder(block_hash, worker_id)
         self._discard_optimistic(block_hash, worker_id)
 

@@ -10,8 +10,8 @@ How the engine is meant to use it:
 - finish: `insert(tokens, seq_blocks)`, `insert_tail`, `unlock(node)`, `pool.decref(...)`;
   out of blocks: `evict(n)`: unheld tails first, then least recently used unlocked leaves.
 
-LRU: a counter bumped once per match/insert, not wall time (deterministic). The pool tells
-the tree when cached blocks become held or cached-only, so `evictable_blocks` is exact.
+LRU: a counter bumped once per match/insert (deterministic). The pool tells the tree when
+cached blocks become held or cached-only (`evictable_blocks` is exact) or lose window pages.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
+from shared import kv_events as ev
 from shared.hashing import hash_blocks
 from shared.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 from worker.kv.errors import KVCacheError
@@ -57,6 +58,8 @@ class RadixCache:
         self._on_evict: Callable[..., None] | None = None
         self.partials = PartialTails(pool)  # partial blocks kept for copy-on-write reuse
         pool.set_hold_listener(self._on_hold_change)
+        if pool.pages is not None:  # window pages taken back: the router counts hits anew
+            pool.pages.on_drop = self._on_windows_dropped
 
     def set_evict_listener(self, listener: Callable[..., None]) -> None:
         """`listener(block_ids, block_hashes, parent_hash, tokens)` hears of every node `evict`
@@ -331,6 +334,11 @@ class RadixCache:
     def _require_live(self, node: RadixNode) -> None:
         if node.removed:
             raise KVCacheError("node was evicted or reset; match again")
+
+    def _on_windows_dropped(self, block_ids: list[int]) -> None:
+        nodes = [(self._node_of_block.get(b), b) for b in block_ids]
+        if hashes := [n.block_hashes[n.block_ids.index(b)] for n, b in nodes if n is not None]:
+            self._emit(ev.BlockWindowsDropped(tuple(hashes)))
 
     def _emit(self, event: KVEvent) -> None:
         if self._on_event is not None:

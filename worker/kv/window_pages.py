@@ -45,6 +45,7 @@ class WindowPages:
         self.units_held = 0  # units holding pages (spare ones included)
         self.released = 0  # blocks whose pages went spare while their sequence ran (cumulative)
         self.reclaimed = 0  # blocks whose spare pages were taken back (cumulative)
+        self.on_drop: Callable[[list[int]], None] | None = None  # told of blocks taken back
 
     @property
     def blocks_before_match(self) -> int:
@@ -67,11 +68,16 @@ class WindowPages:
         return [group[block_id] for group in self.page_of]
 
     def make_free(self, units: int) -> None:
-        """Mutates: take spare pages back until the free list holds `units` (or none is left)."""
+        """Mutates: take spare pages back until the free list holds `units` (or none is left);
+        `on_drop` hears which blocks lost theirs."""
+        dropped = []
         while len(self._free) < units and self._spare:
             block, _ = self._spare.popitem(last=False)
             self.take_back(block)
-            self.reclaimed += 1
+            dropped.append(block)
+        self.reclaimed += len(dropped)
+        if dropped and self.on_drop is not None:
+            self.on_drop(dropped)
 
     def give(self, block_id: int) -> None:
         """Mutates: pages for a block just allocated, from the free list (`make_free` first)."""

@@ -78,12 +78,22 @@ ONE_POSITION_PER_BATCH = {
 }
 
 
+# Architectures whose forward crashes MLX's CPU back-end (a fatal signal, not an exception):
+# refused before the first forward where there is no Metal.
+CPU_CRASHES = {"phi3small": "a forward that crashes MLX's CPU back-end (mlx 0.32)"}
+
+
 def layer_kinds(model: nn.Module, caches: list) -> list[LayerKind]:
     """The kind of each of `caches` (mlx-lm's own, from `make_prompt_cache(model)`); raises
     UnsupportedModel, in one sentence, for a cache the paged KV cannot stand in for."""
     from mlx_lm.models import cache as mlx_cache
 
     name = model_type(model)
+    if name in CPU_CRASHES and not mx.metal.is_available():
+        raise UnsupportedModel(
+            f"model type {name!r} is not served on this machine: it has {CPU_CRASHES[name]}; "
+            "serve it on a Mac (Metal)"
+        )
     if name in ONE_POSITION_PER_BATCH:
         raise _refusal(
             name,

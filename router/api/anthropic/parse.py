@@ -226,7 +226,7 @@ def _text_of(content, param: str, allowed: tuple[str, ...]) -> tuple[str, list[d
         raise bad_request(f"{param} must be a string or an array of content blocks", param)
     for j, block in enumerate(content):
         if isinstance(block, dict) and block.get("type") in IMAGE_PARTS:
-            raise image_input(f"{param}[{j}]", block["type"])
+            raise image_input(param, block["type"])
         if not isinstance(block, dict) or block.get("type") not in allowed:
             raise bad_request(
                 f"{param}[{j}]: block types allowed here: {', '.join(allowed)}", param

@@ -80,7 +80,7 @@ def _parts_text(parts, param: str) -> str:
         raise bad_request(f"{param} must be a string or an array of text parts", param)
     for j, part in enumerate(parts):
         if isinstance(part, dict) and part.get("type") in IMAGE_PARTS:
-            raise image_input(f"{param}[{j}]", part["type"])
+            raise image_input(param, part["type"])
         if not (isinstance(part, dict) and part.get("type") in TEXT_PARTS
                 and isinstance(part.get("text"), str)):  # fmt: skip
             raise bad_request(

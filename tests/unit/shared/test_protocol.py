@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shared.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
+from shared.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, BlockWindowsDropped
 from shared.protocol import (
     KV_EVENT_TYPES,
     MESSAGE_TYPES,
@@ -64,6 +64,7 @@ EXAMPLES = [
     KVEvents(
         "w1", (BlockStored(2**64 - 1, 0, (1, 2), 2), BlockRemoved((5, 6)), AllBlocksCleared())
     ),
+    KVEvents("w1", (BlockWindowsDropped((7, 2**63)),)),
     Generate("r1", (1, 2, 3), SamplingParams(temperature=0.7, max_tokens=5, stop_token_ids=(2,))),
     Abort("r1"),
     Shutdown("bye"),

@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from router.routing.prefix_index import PrefixIndex
 from shared.hashing import hash_blocks
-from shared.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
+from shared.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, BlockWindowsDropped
 
 
 class FakeClock:
@@ -113,3 +113,22 @@ def test_index_matches_a_set_model(ops):
         expected[worker] = next((i for i, h in enumerate(chain) if h not in held), len(chain))
         assert index.num_blocks(worker) == len(held)
     assert index.match(chain, model) == expected
+
+
+def test_a_window_model_hit_ends_only_where_the_blocks_before_it_keep_their_windows():
+    """As the worker's scheduler cuts a hit (worker/engine/admission.py window_hit): with
+    k = 2, a block without window K/V may sit inside a match, not among its last two."""
+    index = PrefixIndex()
+    a = hash_blocks(list(range(32)), 4)  # 8 blocks
+    for ev in stored(a[:6]):
+        index.apply("w1", ev)
+        index.apply("w2", ev)
+    index.set_window("w1", 2)
+    index.apply("w1", BlockWindowsDropped((a[1], a[4])))
+    index.apply("w2", BlockWindowsDropped((a[1], a[4])))  # w2: no window rule registered
+    assert index.match(a, ["w1", "w2"]) == {"w1": 4, "w2": 6}  # w1: blocks 2, 3 before 4
+    assert index.match(a[:3], ["w1"]) == {"w1": 1}  # block 1 sits before the ends 2 and 3
+    index.apply("w1", stored([a[4]])[0])  # computed again: whole
+    assert index.match(a, ["w1"]) == {"w1": 6}
+    index.apply("w1", BlockRemoved((a[1],)))
+    assert index.match(a, ["w1"]) == {"w1": 1}

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from shared.kv_events import BlockWindowsDropped
 from shared.sampling import SamplingParams
 from tests.support.arch_zoo import build
 from tests.support.engine_fixtures import make_engine, reference_greedy
@@ -78,8 +79,12 @@ def test_a_hit_uses_only_the_blocks_whose_window_pages_remain(model):
     assert tokens["follow"] == reference_greedy(model, follow, MAX_TOKENS)
     assert usage["follow"].cached_tokens >= 72
     pages = engine.pool.pages
+    engine.drain_kv_events()
     pages.make_free(engine.pool.num_blocks)  # as a burst of new blocks would
     assert pages.reclaimed > 0
+    # the router hears which cached blocks lost their windows, and counts hits as we do
+    dropped = [e for e in engine.drain_kv_events() if isinstance(e, BlockWindowsDropped)]
+    assert dropped and 0 < len(dropped[0].block_hashes) <= pages.reclaimed  # (tails: no hash)
     early = first[:40] + _prompt(20, 6)
     assert engine.cache.peek_prefix_length(early) == 40
     tokens, usage, _ = _run(engine, {"early": early})
