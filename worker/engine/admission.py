@@ -17,16 +17,17 @@ def fits_whole_prompt(
     seq: Sequence, matched_blocks: int, running: list[Sequence], pool: BlockPool, room: int
 ) -> bool:
     """Whether `seq`'s whole prompt (and its first output token) fits beside what the
-    running sequences still need for theirs, in `room` (free and evictable blocks), its
+    running sequences still need for theirs, in `room` (free and evictable units), its
     `matched_blocks` cached already. Admitting on the first chunk alone overcommits the pool
     under KV pressure: the later chunks then preempt newer sequences, whose recomputation
     evicts the cached prefixes that waiting requests would have hit. With nothing running, a
     prompt is admitted anyway (alone)."""
     if not running:
         return True
-    need = pool.blocks_for_tokens(len(seq.tokens) + 1) - matched_blocks
+    need = pool.units_for(pool.blocks_for_tokens(len(seq.tokens) + 1) - matched_blocks)
     pending = sum(
-        max(0, pool.blocks_for_tokens(len(s.tokens) + 1) - len(s.block_ids)) for s in running
+        pool.units_for(max(0, pool.blocks_for_tokens(len(s.tokens) + 1) - len(s.block_ids)))
+        for s in running
     )
     return need + pending <= room
 

@@ -68,7 +68,7 @@ class RequestIntake:
         usable = self.pool.num_blocks - self.pool.unit_cost  # less the scratch block
         need = self.pool.blocks_for_tokens(len(token_ids) + 1)
         if self.pool.pages is not None:  # units: blocks, and window pages for some of them
-            need = self.pool.pages.units_alone(need, self.config.prefill_chunk)
+            need = self.pool.pages.units_alone(need)
         if need > usable:
             raise InvalidRequest(
                 f"the prompt needs more KV memory than this worker has ({usable} blocks)"

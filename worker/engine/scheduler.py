@@ -113,7 +113,7 @@ class Scheduler:
         if would_draft(self, seqs):
             return False  # verifying drafts needs the tokens on the host: a planned step
         need = sum(self.blocks_needed(s, s.num_computed + 1) for s in seqs)
-        return need <= self.pool.room(self.cache.evictable_blocks)
+        return need * self.pool.unit_cost <= self.pool.room(self.cache.evictable_blocks)
 
     def continue_decode(self, seqs: list[Sequence]) -> StepPlan:
         """Mutates: the DECODE plan `can_continue_decode(seqs)` allowed, blocks grown."""

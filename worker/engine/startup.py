@@ -108,7 +108,7 @@ def window_layout(config: EngineConfig, shape: ModelShape) -> dict:
     if not windowed:
         return {}
     window = max(k.window for k in shape.kinds() if k.window is not None)
-    return {"window_layers": windowed, "window": window}
+    return {"window_layers": windowed, "window": window, "window_chunk": config.prefill_chunk}
 
 
 def kv_quantization(config: EngineConfig) -> dict:

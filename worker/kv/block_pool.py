@@ -64,6 +64,7 @@ class BlockPool:
         layer_shapes: Sequence[tuple[int, int, int, int]] | None = None,
         window_layers: Sequence[int] = (),
         window: int | None = None,
+        window_chunk: int = 0,
     ) -> None:
         """`layer_shapes`: per layer (K heads, K width, V heads, V width), for models whose
         layers differ (MLA's latent and rope widths, two head dims); None: every layer's K and
@@ -95,7 +96,7 @@ class BlockPool:
         self._free = deque(range(num_blocks))  # oldest-freed first
         self.k, self.v, self.pages, self.window_group = layer_storage(
             num_blocks, block_size, self.layer_shapes, window_layers, window, self._free,
-            dtype=dtype, bits=self.kv_bits, group_size=self.kv_group_size,
+            dtype=dtype, bits=self.kv_bits, group_size=self.kv_group_size, chunk=window_chunk,
         )  # fmt: skip
         self.unit_cost = 1 + (self.pages.groups if self.pages else 0)  # units a new block takes
         mx.eval(self.k, self.v)  # reserve the memory now, not at the first forward pass
@@ -136,17 +137,19 @@ class BlockPool:
     @property
     def num_free(self) -> int:
         """Blocks that could be allocated now (free units and spare pages, per block's cost)."""
-        return (len(self._free) + (self.pages.spare_units() if self.pages else 0)) // self.unit_cost
+        return self.room(0) // self.unit_cost
 
     def room(self, evictable: int) -> int:
-        """Blocks allocatable after evicting `evictable` cached blocks (a unit each, at least)."""
-        spare = self.pages.spare_units() if self.pages else 0
-        return (len(self._free) + spare + evictable) // self.unit_cost
+        """Units free, spare or freed by evicting `evictable` cached blocks (a new block costs
+        `unit_cost`; `units_for`: pages only for the blocks a window or a chunk sees)."""
+        return len(self._free) + (self.pages.spare_units() if self.pages else 0) + evictable
+
+    def units_for(self, blocks: int) -> int:
+        return self.pages.units_alone(blocks) if self.pages else blocks
 
     def shortfall(self, num: int) -> int:
         """Cached blocks to evict before `num` blocks can be allocated (0: none)."""
-        spare = self.pages.spare_units() if self.pages else 0
-        return max(0, num * self.unit_cost - len(self._free) - spare)
+        return max(0, num * self.unit_cost - self.room(0))
 
     def blocks_for_tokens(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)  # (the last one may be partial)

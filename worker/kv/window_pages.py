@@ -34,10 +34,14 @@ from worker.kv.quant import make_pools
 class WindowPages:
     """Each block's page in every window sub-group, drawn from the pool's free units."""
 
-    def __init__(self, groups: int, free: deque[int], num_units: int, window: int, block_size: int):
+    def __init__(
+        self, groups: int, free: deque[int], num_units: int, window: int, block_size: int,
+        chunk: int = 0,
+    ):  # fmt: skip
         if groups < 1:
             raise ValueError(f"groups must be >= 1, got {groups}")
         self.groups, self.window, self.block_size = groups, window, block_size
+        self.chunk = chunk  # the engine's prefill chunk: pages a prefill holds at once
         self._free = free  # the pool's free list of units, shared
         self.page_of = [[-1] * num_units for _ in range(groups)]  # per sub-group: block -> unit
         self.is_page = [False] * num_units
@@ -52,10 +56,10 @@ class WindowPages:
         """Blocks before a match point whose pages a hit needs: ⌈(W - 1) / block⌉."""
         return -(-(self.window - 1) // self.block_size)
 
-    def units_alone(self, blocks: int, chunk: int) -> int:
+    def units_alone(self, blocks: int) -> int:
         """Units a sequence of `blocks` blocks needs at most, alone, prefilled in `chunk`-token
         chunks: its blocks, and pages for those a window or a chunk can see at once."""
-        seen = -(-(self.window + chunk) // self.block_size) + 2
+        seen = -(-(self.window + self.chunk) // self.block_size) + 2
         return blocks + self.groups * min(blocks, seen)
 
     def spare_units(self) -> int:
@@ -147,7 +151,7 @@ class WindowPages:
 
 def layer_storage(
     num_blocks: int, block_size: int, shapes: list, window_layers: Sequence[int],
-    window: int | None, free: deque[int], *, dtype, bits, group_size,
+    window: int | None, free: deque[int], *, dtype, bits, group_size, chunk: int = 0,
 ):  # fmt: skip
     """(K pools, V pools, WindowPages or None, layer -> page sub-group): each layer's storage.
     With window layers beside full-attention ones, all of one shape: as many arrays as there
@@ -159,7 +163,7 @@ def layer_storage(
         return (*make_pools(slots, shapes, dtype, bits, group_size), None, {})
     per = len(full)
     groups = -(-len(window_layers) // per)
-    pages = WindowPages(groups, free, num_blocks, window, block_size)
+    pages = WindowPages(groups, free, num_blocks, window, block_size, chunk)
     array = {layer: j for j, layer in enumerate(full)}
     array.update({layer: t % per for t, layer in enumerate(window_layers)})
     k, v = make_pools([num_blocks * block_size] * per, shapes[:per], dtype, bits, group_size)
