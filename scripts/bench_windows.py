@@ -160,9 +160,9 @@ def bench_tick(name, config, args) -> None:
 
 
 def bench_capacity(name, model, args) -> None:
-    """Peak tokens resident in a `--capacity-kv-mib` pool: `--capacity-requests` prompts of 4 x the window
-    submitted at once (16 tokens each to generate), with out-of-window pages released and
-    without; the most tokens the running sequences held at once, and the preemptions."""
+    """Peak tokens resident in a `--capacity-kv-mib` pool: `--capacity-requests` prompts of
+    4 x the window submitted at once, generating until the pool is full, with out-of-window
+    pages released and without; the most tokens running sequences held at once."""
     from shared.sampling import SamplingParams
 
     window = model.args.sliding_window
@@ -174,14 +174,18 @@ def bench_capacity(name, model, args) -> None:
             model, release_windows=release, warmup=False, max_running=64, kv_memory_bytes=budget
         )
         for i, p in enumerate(prompts_for(args.capacity_requests, context, seed=7)):
-            engine.add_request(str(i), p[:context], SamplingParams(max_tokens=16))
-        peak, start = 0, time.perf_counter()
-        while engine.has_work():
+            engine.add_request(str(i), p[:context], SamplingParams(max_tokens=100_000))
+        # sequences that never finish: the pool fills, then admission stops; the peak is
+        # what it holds (stop once every request runs, or none joined for 40 steps)
+        peak, start, quiet, running = 0, time.perf_counter(), 0, 0
+        while engine.scheduler.waiting and quiet < 40:
             engine.step()
             peak = max(peak, sum(s.num_computed for s in engine.scheduler.running))
+            quiet = 0 if len(engine.scheduler.running) > running else quiet + 1
+            running = max(running, len(engine.scheduler.running))
         pool = engine.pool
         result[release] = dict(
-            peak=peak, units=pool.num_blocks, unit_bytes=pool.nbytes // pool.num_blocks,
+            peak=peak, units=pool.num_blocks, running=running,
             preemptions=engine.stats()["preemptions"], seconds=time.perf_counter() - start,
         )  # fmt: skip
     on, off = result[True], result[False]
@@ -192,6 +196,7 @@ def bench_capacity(name, model, args) -> None:
         "ratio": round(on["peak"] / off["peak"], 2),
         "pool_tokens_ceiling_released": on["units"] * 32,
         "pool_tokens_unreleased": off["units"] * 32,
+        "running_released": on["running"], "running_unreleased": off["running"],
         "preemptions_released": on["preemptions"], "preemptions_unreleased": off["preemptions"],
         "seconds_released": round(on["seconds"], 1), "seconds_unreleased": round(off["seconds"], 1),
     }), flush=True)  # fmt: skip

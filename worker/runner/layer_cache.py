@@ -175,9 +175,10 @@ class ForwardGroups:
         plan = span = None
         if gathered:
             if key not in self._spans:
+                same_kind = next((s for (k, _), s in self._spans.items() if k == kind), None)
                 self._spans[key] = GroupSpan(
                     layout.block_tables, layout.context_lengths, self.num_queries,
-                    self.pool.block_size, kind.window, self.grouped,
+                    self.pool.block_size, kind.window, self.grouped, masks_of=same_kind,
                 )  # fmt: skip
             span = self._spans[key]
         else:

@@ -175,6 +175,7 @@ class GroupSpan:
         block_size: int,
         window: int | None,
         grouped: bool = False,
+        masks_of: GroupSpan | None = None,
     ):
         longest = max(context_lengths)
         width = longest if window is None else min(longest, num_queries + window - 1)
@@ -186,8 +187,12 @@ class GroupSpan:
         ends = mx.array(context_lengths, dtype=mx.int32)
         query_pos = ends[:, None] - num_queries + mx.arange(num_queries, dtype=mx.int32)
         self.key_pos, self.query_pos = key_pos, query_pos
-        self.mask = self.visible(window)
-        self._masks: dict[int | None, mx.array] = {window: self.mask}
+        # spans of one kind over other tables (window page sub-groups) share its mask objects:
+        # the model makes one mask per kind and hands it to every layer of that kind
+        self._masks: dict[int | None, mx.array] = (
+            masks_of._masks if masks_of is not None else {window: self.visible(window)}
+        )
+        self.mask = self._masks[window]
 
     def visible(self, window: int | None) -> mx.array:
         rel = self.key_pos[:, None, :] - self.query_pos[:, :, None]  # (B, L, width)

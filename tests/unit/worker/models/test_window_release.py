@@ -136,3 +136,27 @@ def test_spare_pages_are_taken_back_least_recently_spared_first():
     pages.unspare(0)
     pages.make_free(4)  # nothing spare is left to take
     assert pages.has_page(0) and len(free) == 2
+
+
+def test_window_layers_in_several_page_sub_groups_stay_on_the_paged_plan():
+    """Gemma 3's 5:1 pattern puts its window layers in several page sub-groups (one table
+    each); the model makes one window mask for all of them, so the probe must still keep
+    them paged (a mask per sub-group made them all gathered: twice the decode tick)."""
+    import importlib
+
+    import mlx.core as mx
+
+    from tests.support.arch_zoo import ARCHITECTURES
+
+    config = {**ARCHITECTURES["gemma3_text"], "num_hidden_layers": 6, "sliding_window_pattern": 3}
+    module = importlib.import_module("mlx_lm.models.gemma3_text")
+    mx.random.seed(1)
+    model = module.Model(module.ModelArgs.from_dict(config))
+    mx.eval(model.parameters())
+    engine = make_engine(model)
+    assert engine.pool.pages is not None and engine.pool.pages.groups == 2
+    assert engine.runner.gathered == [False] * 6
+    prompts = {"a": _prompt(45, 8), "b": _prompt(19, 9)}
+    tokens, _, _ = _run(engine, prompts)
+    assert tokens == {rid: reference_greedy(model, p, MAX_TOKENS) for rid, p in prompts.items()}
+    engine.check_integrity()
