@@ -66,12 +66,9 @@ class BlockPool:
         window: int | None = None,
         window_chunk: int = 0,
     ) -> None:
-        """`layer_shapes`: per layer (K heads, K width, V heads, V width), for models whose
-        layers differ (MLA's latent and rope widths, two head dims); None: every layer's K and
-        V are (`num_kv_heads`, `head_dim`). `window_layers`: sliding-window layers (the widest
-        window `window`): with full-attention layers beside them, all of one shape, the pool
-        is `num_blocks` units of the full layers' size and the window layers hold pages of
-        those units only while a window can see them (`worker.kv.window_pages`)."""
+        """`layer_shapes`: per layer (K heads, K width, V heads, V width) where layers differ
+        (MLA, two head dims). `window_layers` (widest window `window`) beside full layers of
+        one shape hold pages of the pool's units while a window sees them (window_pages)."""
         for name, value in (
             ("num_blocks", num_blocks), ("block_size", block_size), ("num_layers", num_layers),
             ("num_kv_heads", num_kv_heads), ("head_dim", head_dim),
@@ -182,9 +179,7 @@ class BlockPool:
 
     def usage(self) -> PoolUsage:
         """Blocks in each state, counted (O(num_blocks))."""
-        held = sum(1 for ref in self._refs if ref > 0) + (
-            self.pages.units_held if self.pages else 0
-        )
+        held = sum(ref > 0 for ref in self._refs) + (self.pages.units_held if self.pages else 0)
         cached_only = sum(
             1 for ref, cached in zip(self._refs, self._cached, strict=True) if cached and not ref
         )
