@@ -112,10 +112,11 @@ def make_case(rng: np.random.Generator, lengths: list[int], num_queries: int) ->
     return case
 
 
-def interleaved_best_ms(runs: dict[str, Callable[[], mx.array]], args) -> dict[str, float]:
-    """Best mean time of `args.iters` evaluated calls over `args.rounds` rounds, the contenders
-    taking turns within each round so background load hits them alike (the machine is shared)."""
-    best = dict.fromkeys(runs, math.inf)
+def interleaved_ms(runs: dict[str, Callable[[], mx.array]], args) -> dict[str, list[float]]:
+    """Per contender, the mean time of `args.iters` evaluated calls in each of `args.rounds`
+    rounds, the contenders taking turns within each round so background load hits them alike
+    (the machine is shared)."""
+    times: dict[str, list[float]] = {name: [] for name in runs}
     for run in runs.values():
         mx.eval(run())
     for _ in range(args.rounds):
@@ -123,8 +124,13 @@ def interleaved_best_ms(runs: dict[str, Callable[[], mx.array]], args) -> dict[s
             start = time.perf_counter()
             for _ in range(args.iters):
                 mx.eval(run())
-            best[name] = min(best[name], (time.perf_counter() - start) / args.iters * 1e3)
-    return best
+            times[name].append((time.perf_counter() - start) / args.iters * 1e3)
+    return times
+
+
+def interleaved_best_ms(runs: dict[str, Callable[[], mx.array]], args) -> dict[str, float]:
+    """The best round of each contender (`interleaved_ms`)."""
+    return {name: min(ts) for name, ts in interleaved_ms(runs, args).items()}
 
 
 def bench_attention_case(name: str, lengths: list[int], num_queries: int, args) -> dict:
@@ -275,18 +281,8 @@ def bench_shared_prefix_case(
 
 
 def interleaved_median_ms(runs: dict[str, Callable[[], mx.array]], args) -> dict[str, float]:
-    """Median over `args.rounds` rounds of the mean time of `args.iters` evaluated calls, the
-    contenders taking turns within each round."""
-    times: dict[str, list[float]] = {name: [] for name in runs}
-    for run in runs.values():
-        mx.eval(run())
-    for _ in range(args.rounds):
-        for name, run in runs.items():
-            start = time.perf_counter()
-            for _ in range(args.iters):
-                mx.eval(run())
-            times[name].append((time.perf_counter() - start) / args.iters * 1e3)
-    return {name: statistics.median(ts) for name, ts in times.items()}
+    """The median round of each contender (`interleaved_ms`)."""
+    return {name: statistics.median(ts) for name, ts in interleaved_ms(runs, args).items()}
 
 
 def bench_window_case(window: int, batch: int, args) -> dict:

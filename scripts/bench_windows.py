@@ -31,6 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from scripts.bench_engine import run_engine, run_mlx_lm  # noqa: E402  (the same runs)
 from shared.blas import active_blas, reexec_with_blas  # noqa: E402
 
 VOCAB = 49152  # the default model's tokenizer drives mlx-lm's batch_generate
@@ -78,30 +79,6 @@ def engine_for(model, **config):
     return Engine.create(model, EngineConfig(**config), max_context=8192)
 
 
-def run_engine(model, prompts, max_tokens, eos) -> tuple[float, list[list[int]]]:
-    from shared.sampling import SamplingParams
-
-    engine = engine_for(model, max_running=max(8, len(prompts)))
-    params = SamplingParams(max_tokens=max_tokens, stop_token_ids=tuple(eos))
-    out = {i: [] for i in range(len(prompts))}
-    start = time.perf_counter()
-    for i, p in enumerate(prompts):
-        engine.add_request(str(i), p, params)
-    while engine.has_work():
-        for d in engine.step():
-            out[int(d.request_id)].extend(d.token_ids)
-    elapsed = time.perf_counter() - start
-    return elapsed, [out[i] for i in range(len(prompts))]
-
-
-def run_mlx_lm(model, tokenizer, prompts, max_tokens) -> tuple[float, list[list[int]]]:
-    from mlx_lm.generate import batch_generate
-
-    start = time.perf_counter()
-    result = batch_generate(model, tokenizer, prompts, max_tokens=max_tokens, return_token_ids=True)
-    return time.perf_counter() - start, [list(ids) for ids in result.token_ids]
-
-
 def prompts_for(batch: int, length: int, seed: int) -> list[list[int]]:
     import random
 
@@ -110,15 +87,16 @@ def prompts_for(batch: int, length: int, seed: int) -> list[list[int]]:
 
 
 def bench_throughput(name, model, tokenizer, args) -> None:
-    eos = [tokenizer.eos_token_id]
     for batch in args.batch_sizes:
         prompts = prompts_for(batch, args.prompt_tokens, seed=batch)
         run_mlx_lm(model, tokenizer, prompts[:1], 2)  # warm both
-        run_engine(model, prompts[:1], 2, eos)
+        run_engine(model, tokenizer, prompts[:1], 2, max_running=8)
         ours, theirs, same = [], [], 0
         for _ in range(args.repeats):
             t_mlx, out_mlx = run_mlx_lm(model, tokenizer, prompts, args.max_tokens)
-            t_ours, out_ours = run_engine(model, prompts, args.max_tokens, eos)
+            t_ours, out_ours, _ = run_engine(
+                model, tokenizer, prompts, args.max_tokens, max_running=max(8, batch)
+            )
             theirs.append(sum(map(len, out_mlx)) / t_mlx)
             ours.append(sum(map(len, out_ours)) / t_ours)
             same = sum(a == b for a, b in zip(out_mlx, out_ours, strict=True))

@@ -66,9 +66,8 @@ class RequestIntake:
                 "tokens, and at least one must be left to generate"
             )
         usable = self.pool.num_blocks - self.pool.unit_cost  # less the scratch block
-        need = self.pool.blocks_for_tokens(len(token_ids) + 1)
-        if self.pool.pages is not None:  # units: blocks, and window pages for some of them
-            need = self.pool.pages.units_alone(need)
+        # units: its blocks, and window pages for those a window or a chunk sees at once
+        need = self.pool.units_for(self.pool.blocks_for_tokens(len(token_ids) + 1))
         if need > usable:
             raise InvalidRequest(
                 f"the prompt needs more KV memory than this worker has ({usable} blocks)"

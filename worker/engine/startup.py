@@ -215,8 +215,7 @@ def check_model(engine: Engine) -> None:
             f"model type {name!r} failed a one-token forward over the paged KV "
             f"({type(exc).__name__}: {exc})"
         ) from exc
-    uncached = getattr(runner, "inner", runner).uncached_attention
-    gathered = decide_modes(engine.model, kinds, runner.last_caches, uncached)
+    gathered = decide_modes(engine.model, kinds, runner.last_caches, inner.uncached_attention)
     runner.last_caches = []
     set_layer_modes(runner, kinds, gathered)
     engine.attention_report = replace(

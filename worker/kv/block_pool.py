@@ -104,12 +104,13 @@ class BlockPool:
         # block once it is full (a held block's whole blocks never change; a freed one is
         # allocated anew before anything writes it), so attention may keep what it gathered.
         self.versions = [0] * num_blocks
-        # bytes of one block (a window layer's share counted per page: see `nbytes`)
+        # bytes of one block in every layer (a token in every window; `nbytes`: the pool's)
         self.bytes_per_block = layers_bytes_per_block(
             block_size, self.layer_shapes, dtype, self.kv_bits, self.kv_group_size
         )
-        unique = {id(a): a for pool in (*self.k, *self.v) for a in pool_arrays(pool)}
-        self.nbytes = sum(int(a.nbytes) for a in unique.values())
+        # each storage array once (window layers share the full layers' arrays)
+        self._arrays = list({id(a): a for p in (*self.k, *self.v) for a in pool_arrays(p)}.values())
+        self.nbytes = sum(int(a.nbytes) for a in self._arrays)
         pages = f"; window layers in {self.pages.groups} page sub-groups" if self.pages else ""
         logger.info(
             "KV block pool: %d blocks x %d tokens (%d layers, %d KV heads, head dim %d, %s, "
@@ -286,10 +287,9 @@ class BlockPool:
         units = [(src_id, dst_id)]
         if self.pages and self.pages.has_page(src_id) and self.pages.has_page(dst_id):
             units += list(zip(self.pages.pages(src_id), self.pages.pages(dst_id), strict=True))
-        arrays = list({id(a): a for p in (*self.k, *self.v) for a in pool_arrays(p)}.values())
         bs = self.block_size
         moves = [(a, slice(s * bs, (s + 1) * bs), slice(d * bs, (d + 1) * bs))
-                 for a in arrays for s, d in units]  # fmt: skip
+                 for a in self._arrays for s, d in units]  # fmt: skip
         copies = [mx.array(a[src]) for a, src, _ in moves]
         mx.eval(copies)
         for (array, _, dst), copy in zip(moves, copies, strict=True):

@@ -22,8 +22,8 @@ def bytes_per_block(
 ) -> int:
     """Bytes one block takes: K and V, in every layer; quantized (`kv_bits` 8 or 4), the
     packed values plus each group's scale and bias in `dtype`."""
-    per_value = bytes_per_value(dtype, kv_bits, kv_group_size)
-    return round(2 * num_layers * block_size * num_kv_heads * head_dim * per_value)
+    shapes = [(num_kv_heads, head_dim, num_kv_heads, head_dim)] * num_layers
+    return layers_bytes_per_block(block_size, shapes, dtype, kv_bits, kv_group_size)
 
 
 def layers_bytes_per_block(
