@@ -219,6 +219,8 @@ class EngineLoad(NamedTuple):
     evicted_blocks: int
     kv_checks: int = 0
     kv_check_failures: int = 0
+    state_snapshots: int = 0  # hybrid models: snapshots of the recurrent states kept
+    state_snapshot_bytes: int = 0
 
     @classmethod
     def of(
@@ -236,7 +238,15 @@ class EngineLoad(NamedTuple):
             evicted_blocks=cache.evicted_blocks,
             kv_checks=audit.checks if audit else 0,
             kv_check_failures=audit.failures if audit else 0,
+            **_snapshots(scheduler),
         )
+
+
+def _snapshots(scheduler: Scheduler) -> dict:
+    pool = getattr(scheduler.states, "pool", None)
+    if pool is None:
+        return {}
+    return {"state_snapshots": len(pool.snapshots), "state_snapshot_bytes": pool.snapshot_bytes}
 
 
 def engine_stats(
