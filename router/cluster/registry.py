@@ -162,6 +162,8 @@ class WorkerState:
             "kv_total_blocks": hb.total_blocks if hb else self.info.kv_capacity_blocks,
             "kv_free_blocks": hb.free_blocks if hb else None,
             "kv_cached_blocks": hb.cached_blocks if hb else None,
+            "state_snapshots": hb.state_snapshots if hb else 0,  # hybrid models' states
+            "state_snapshot_bytes": hb.state_snapshot_bytes if hb else 0,
             "cache_hit_tokens": hb.hit_tokens if hb else 0,
             "kv_checks": hb.kv_checks if hb else 0,  # integrity checks of its KV, while idle
             "kv_check_failures": hb.kv_check_failures if hb else 0,

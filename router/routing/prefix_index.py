@@ -12,6 +12,11 @@ only where it still holds the window layers' K/V of the k blocks before the end;
 window pages it took back (`BlockWindowsDropped`) still count inside a longer match, so a
 match is cut back to the deepest point with the k blocks before it whole, as the worker's
 own scheduler cuts it (worker/engine/admission.py `window_hit`).
+
+Hybrid models (recurrent layers; `Register.state_snapshots`): a worker can end a hit only
+where it keeps a snapshot of the states (`StateSnapshotsStored` / `StateSnapshotsDropped`), so
+a match is cut back to the deepest block with a snapshot, as the worker's scheduler cuts it
+(worker/engine/states.py `cut`).
 """
 
 from __future__ import annotations
@@ -25,6 +30,8 @@ from shared.kv_events import (
     BlockStored,
     BlockWindowsDropped,
     KVEvent,
+    StateSnapshotsDropped,
+    StateSnapshotsStored,
 )
 
 
@@ -37,6 +44,7 @@ class PrefixIndex:
         self._optimistic: dict[int, dict[str, float]] = {}  # hash -> worker -> expiry
         self._window_blocks: dict[str, int] = {}  # worker -> k (sliding-window models)
         self._windowless: dict[str, set[int]] = {}  # worker -> blocks without window K/V
+        self._snapshots: dict[str, set[int]] = {}  # hybrid models' workers -> snapshot hashes
 
     # ------------------------------------------------------------ mutations
 
@@ -53,13 +61,25 @@ class PrefixIndex:
             held = self._blocks_of.get(worker_id, set())
             dropped = {h for h in event.block_hashes if h in held}
             self._windowless.setdefault(worker_id, set()).update(dropped)
+        elif isinstance(event, StateSnapshotsStored) and worker_id in self._snapshots:
+            self._snapshots[worker_id].update(event.block_hashes)
+        elif isinstance(event, StateSnapshotsDropped) and worker_id in self._snapshots:
+            self._snapshots[worker_id].difference_update(event.block_hashes)
         elif isinstance(event, AllBlocksCleared):
             self.drop_worker(worker_id)
+            self._snapshots.get(worker_id, set()).clear()
 
     def set_window(self, worker_id: str, blocks: int) -> None:
         """`worker_id` serves a sliding-window model: a hit needs the window layers of the
         `blocks` blocks before its end (0: no rule)."""
         self._window_blocks[worker_id] = blocks
+
+    def set_snapshots(self, worker_id: str, hybrid: bool) -> None:
+        """`worker_id` serves a hybrid model: its hits end only at its snapshots."""
+        if hybrid:
+            self._snapshots.setdefault(worker_id, set())
+        else:
+            self._snapshots.pop(worker_id, None)
 
     def add_optimistic(self, worker_id: str, block_hashes: Iterable[int]) -> None:
         """Count `block_hashes` as on `worker_id` for ttl_s (a prefill just sent there)."""
@@ -70,6 +90,8 @@ class PrefixIndex:
     def drop_worker(self, worker_id: str) -> None:
         """Forget every entry of a worker (lost, restarted, or cleared its cache)."""
         self._windowless.pop(worker_id, None)
+        if worker_id in self._snapshots:
+            self._snapshots[worker_id] = set()
         for block_hash in self._blocks_of.pop(worker_id, set()):
             self._discard_holder(block_hash, worker_id)
         for block_hash in [h for h, w in self._optimistic.items() if worker_id in w]:
@@ -101,7 +123,11 @@ class PrefixIndex:
                 matched[worker_id] = depth + 1
         for worker_id, depth in matched.items():
             if self._window_blocks.get(worker_id) and self._windowless.get(worker_id):
-                matched[worker_id] = self._usable(worker_id, block_hashes, depth)
+                depth = matched[worker_id] = self._usable(worker_id, block_hashes, depth)
+            snapshots = self._snapshots.get(worker_id)
+            if snapshots is not None:  # the deepest end with a snapshot of the states
+                ends = (e for e in range(depth, 0, -1) if block_hashes[e - 1] in snapshots)
+                matched[worker_id] = next(ends, 0)
         return matched
 
     def _usable(self, worker_id: str, block_hashes: Sequence[int], depth: int) -> int:

@@ -132,3 +132,25 @@ def test_a_window_model_hit_ends_only_where_the_blocks_before_it_keep_their_wind
     assert index.match(a, ["w1"]) == {"w1": 6}
     index.apply("w1", BlockRemoved((a[1],)))
     assert index.match(a, ["w1"]) == {"w1": 1}
+
+
+def test_a_hybrid_model_hit_ends_only_at_a_snapshot_of_its_states():
+    """As the worker's scheduler cuts a hit (worker/engine/states.py `cut`): the deepest
+    matched block with a snapshot; a worker without the rule counts every block."""
+    from shared.kv_events import StateSnapshotsDropped, StateSnapshotsStored
+
+    index = PrefixIndex()
+    a = hash_blocks(list(range(24)), 4)  # six blocks
+    for worker in ("hybrid", "plain"):
+        for ev in stored(a[:5]):
+            index.apply(worker, ev)
+    index.set_snapshots("hybrid", True)
+    assert index.match(a, ["hybrid", "plain"]) == {"hybrid": 0, "plain": 5}
+    index.apply("hybrid", StateSnapshotsStored((a[1], a[3], a[5])))  # a[5]: not held
+    assert index.match(a, ["hybrid"]) == {"hybrid": 4}
+    index.apply("hybrid", StateSnapshotsDropped((a[3],)))
+    assert index.match(a, ["hybrid"]) == {"hybrid": 2}
+    index.apply("hybrid", AllBlocksCleared())
+    for ev in stored(a[:5]):
+        index.apply("hybrid", ev)
+    assert index.match(a, ["hybrid"]) == {"hybrid": 0}  # its snapshots went with the cache
