@@ -151,7 +151,7 @@ class Heartbeat:
     waiting: int  # queued, not yet prefilling
     free_blocks: int
     total_blocks: int
-    cached_blocks: int  # in the prefix cache, not held by any sequence
+    cached_blocks: int  # full blocks in the prefix cache (held by a sequence or not)
     hit_tokens: int  # cumulative prompt tokens served from the prefix cache
     prompt_tokens: int = 0  # cumulative prompt tokens seen (hit rate = hit / prompt)
     phases: WorkerPhases | None = None
@@ -167,6 +167,9 @@ class Heartbeat:
     pulled_blocks: int = 0
     pull_failures: int = 0
     prefill_tokens_per_s: float = 0.0
+    # partial blocks the prefix cache keeps beside its full ones (an older worker: 0), so
+    # free + held + cached + partial == total; an idle worker holds none
+    cached_partial_blocks: int = 0
     # hybrid models: snapshots of the recurrent states kept for prefix hits, and their bytes
     state_snapshots: int = 0
     state_snapshot_bytes: int = 0
