@@ -116,12 +116,14 @@ class LiveCluster:
 
 
 @pytest.fixture
-async def make_cluster(tiny_model_dir):
+async def make_cluster(tiny_model_dir, tmp_path):
     clusters = []
 
     async def make(**overrides) -> LiveCluster:
         config = RouterConfig(
             models=(ModelSpec(tiny_model_dir),),
+            # the default store, in a file of this test's own (never the user's cache)
+            responses_store_path=tmp_path / f"responses-{len(clusters)}.sqlite3",
             zmq_bind="tcp://127.0.0.1:*",
             heartbeat_interval_s=0.05,
             heartbeat_timeout_s=0.4,
