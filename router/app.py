@@ -6,15 +6,13 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
-from router.api.responses.store import ResponseStore
 from router.http import app_keys
 from router.http.api_keys import ApiKeys
-from router.http.budgets import budgets_of
 from router.http.endpoints import generation, info, stored_responses, tokenize
 from router.http.endpoints.dashboard import PAGE_PATHS, fleet_page
 from router.http.middleware import count_requests, errors_as_json
 from router.http.security import add_ratelimit_headers, limit_body, require_api_key
-from router.lifecycle import abort_streams, cluster_ctx, tokenizer_ctx
+from router.lifecycle import abort_streams, cluster_ctx, state_ctx, tokenizer_ctx
 from router.metrics.router_metrics import Metrics
 from router.metrics.tracing import router_tracer
 
@@ -32,12 +30,9 @@ def create_app(config: RouterConfig) -> web.Application:
     app[app_keys.CONFIG] = config
     app[app_keys.API_KEYS] = ApiKeys(config.api_keys, config.per_key_concurrency)
     app[app_keys.METRICS] = Metrics(*config.model_ids)
-    app[app_keys.RESPONSES] = ResponseStore(
-        config.responses_store_size, config.responses_store_ttl_s
-    )
-    app[app_keys.BUDGETS] = budgets_of(config)
     app[app_keys.TRACER] = router_tracer(config.otlp_endpoint)  # None unless configured
     app.on_response_prepare.append(add_ratelimit_headers)
+    app.cleanup_ctx.append(state_ctx)  # stored responses, budgets: opened first, closed last
     app.cleanup_ctx.append(tokenizer_ctx)
     app.cleanup_ctx.append(cluster_ctx)
     app.on_shutdown.append(abort_streams)

@@ -14,6 +14,7 @@ from router.app import create_app
 from router.config import ModelSpec, RouterConfig
 from router.http.access_log import AccessLogger
 from router.http.api_keys import key_fingerprint
+from router.store import backend_of
 from router.text.tokenizer import read_chat_template
 from shared.config.flags import add_flags
 from shared.config.fleet import (
@@ -35,7 +36,8 @@ ROUTER_FLAGS = (
     "host", "port", "zmq_bind", "policy", "prefill_weight", "balance_abs_threshold",
     "balance_rel_threshold", "kv_pulls", "prefill_timeout_s", "prefill_min_tokens", "prefix_ttl_s", "heartbeat_interval_s", "heartbeat_timeout_s",
     "wedged_after_s", "max_pending_requests", "tokenizer_threads", "context_length", "tool_call_parser",
-    "chat_template", "responses_store_size", "responses_store_ttl_s",
+    "chat_template", "state_url", "responses_store", "responses_store_path", "responses_store_size",
+    "responses_store_bytes", "responses_store_ttl_s",
 )  # fmt: skip
 SECURITY_FLAGS = (
     "api_keys_file", "max_body_bytes", "max_tokens_cap", "per_key_concurrency", "key_rpm",
@@ -87,6 +89,7 @@ def parse_args(argv: list[str] | None) -> RouterConfig:
         if not args.model and any(m.path is None for m in fleet.served_models):
             parser.error("--model is required (or set [model] path in the --config file)")
         models = model_specs(args, fleet)
+        backend_of(fleet.router)  # redis needs a state_url
     except ConfigError as e:
         raise SystemExit(f"router: {e}") from None
     router = fleet.router

@@ -16,15 +16,30 @@ from router.cluster.models import ModelTable, ServedModel
 from router.cluster.registry import WorkerRegistry
 from router.cluster.worker_socket import WorkerSocket
 from router.http import app_keys
+from router.http.budgets import budgets_of
 from router.routing.dispatcher import Dispatcher
 from router.routing.policy import make_policy
 from router.routing.prefix_index import PrefixIndex
+from router.store import open_state
 from router.text.tokenizer import ModelTokenizer
 
 if TYPE_CHECKING:
     from router.config import ModelSpec
 
 log = logging.getLogger(__name__)
+
+
+async def state_ctx(app: web.Application) -> AsyncIterator[None]:
+    """The stored /v1/responses replies and the keys' budget windows (router/store/): this
+    router's own (a SQLite file, or memory), or the fleet's shared Redis."""
+    config = app[app_keys.CONFIG]
+    state = open_state(config)
+    app[app_keys.RESPONSES] = state.responses
+    app[app_keys.BUDGETS] = budgets_of(config, state.ledger)
+    budgets = "shared (state_url)" if config.state_url else "memory"  # the URL may hold a password
+    log.info("stored responses: %s; key budgets: %s", state.where, budgets)
+    yield
+    await state.close()
 
 
 async def tokenizer_ctx(app: web.Application) -> AsyncIterator[None]:

@@ -16,6 +16,7 @@ from router.app import create_app
 from router.config import ModelSpec, RouterConfig
 from router.http import app_keys
 from tests.support.fake_worker import FakeWorker, FakeWorkerConfig
+from tests.support.redis_server import BINARY, MISSING, start_redis
 from tests.support.tiny_model import build_tiny_model
 
 MODEL_ID = "tiny"
@@ -31,6 +32,23 @@ def tiny_tokenizer(tiny_model_dir):
     from router.text.tokenizer import ModelTokenizer
 
     return ModelTokenizer.load(tiny_model_dir)
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory):
+    """One real redis-server for the session (tests/support/redis_server.py)."""
+    if BINARY is None:
+        pytest.skip(MISSING)
+    server = start_redis(tmp_path_factory.mktemp("redis"))
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def redis_url(redis_server) -> str:
+    """The session's redis-server, emptied for this test."""
+    redis_server.flush()
+    return redis_server.url
 
 
 class LiveCluster:
@@ -98,12 +116,14 @@ class LiveCluster:
 
 
 @pytest.fixture
-async def make_cluster(tiny_model_dir):
+async def make_cluster(tiny_model_dir, tmp_path):
     clusters = []
 
     async def make(**overrides) -> LiveCluster:
         config = RouterConfig(
             models=(ModelSpec(tiny_model_dir),),
+            # the default store, in a file of this test's own (never the user's cache)
+            responses_store_path=tmp_path / f"responses-{len(clusters)}.sqlite3",
             zmq_bind="tcp://127.0.0.1:*",
             heartbeat_interval_s=0.05,
             heartbeat_timeout_s=0.4,

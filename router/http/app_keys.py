@@ -25,6 +25,6 @@ CLUSTER = web.AppKey("cluster", Cluster)
 MODELS = web.AppKey("models", ModelTable)  # each with its tokenizer, index and dispatcher
 LINK = web.AppKey("link", WorkerSocket)  # the ZeroMQ socket the workers connect to
 API_KEYS = web.AppKey("api_keys", ApiKeys)
-RESPONSES = web.AppKey("responses", ResponseStore)  # /v1/responses kept for later turns
+RESPONSES = web.AppKey("responses", ResponseStore)  # /v1/responses kept (router/store/)
 BUDGETS = web.AppKey("budgets", KeyBudgets)  # requests and tokens per minute per key
 TRACER = web.AppKey("tracer", object)  # an OpenTelemetry Tracer; None: tracing off

@@ -24,11 +24,18 @@ def parse_json_text(raw: bytes) -> object:
         raise bad_request(f"the request body {e}") from None
 
 
+# request[BODY]: the parsed body, so an endpoint that looks into it first parses it once
+BODY = web.RequestKey("body", dict) if hasattr(web, "RequestKey") else "mlx_fleet.body"
+
+
 async def json_object_body(request: web.Request) -> dict:
     """The request body as a JSON object; ApiError(400) for anything else."""
+    if BODY in request:
+        return request[BODY]
     body = parse_json_text(await _read(request))
     if not isinstance(body, dict):
         raise bad_request("the request body must be a JSON object")
+    request[BODY] = body
     return body
 
 

@@ -4,20 +4,23 @@ A request is charged when it is let in; its tokens (prompt + completion) when it
 known, at its end. A key whose window holds its requests-per-minute, or its tokens-per-minute
 or more, is refused with 429 and Retry-After (the seconds until enough of the window expires),
 and every response to a budgeted key carries OpenAI's `x-ratelimit-*` headers. Keys are named
-by fingerprint (router/http/api_keys.py), never by their text.
+by fingerprint (router/http/api_keys.py), never by their text. The windows live in a ledger
+(router/store/windows.py): this router's memory, or the fleet's shared Redis with `state_url`.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from router.errors import ApiError
+from router.store.windows import MemoryLedger, Spent, reset, total, under, wait_below
 
-WINDOW_S = 60.0
+if TYPE_CHECKING:
+    from router.store.windows import Ledger
 
 
 @dataclass(frozen=True)
@@ -30,40 +33,6 @@ class Budget:
         return self.rpm is not None or self.tpm is not None
 
 
-class _Window:
-    """(time, amount) events of the last WINDOW_S seconds."""
-
-    def __init__(self):
-        self._events: deque[tuple[float, int]] = deque()
-        self._total = 0
-
-    def total(self, now: float) -> int:
-        while self._events and self._events[0][0] <= now - WINDOW_S:
-            self._total -= self._events.popleft()[1]
-        return self._total
-
-    def add(self, now: float, amount: int) -> None:
-        if amount:
-            self._events.append((now, amount))
-            self._total += amount
-
-    def wait_below(self, limit: int, now: float) -> float:
-        """Seconds until the total falls below `limit` (0: it is below now)."""
-        total = self.total(now)
-        for at, amount in self._events:
-            if total < limit:
-                break
-            total -= amount
-            if total < limit:
-                return max(0.0, at + WINDOW_S - now)
-        return 0.0
-
-    def reset(self, now: float) -> float:
-        """Seconds until the window is empty again."""
-        self.total(now)
-        return self._events[-1][0] + WINDOW_S - now if self._events else 0.0
-
-
 class KeyBudgets:
     """The budget of each key (by fingerprint) and what each spent in the last minute."""
 
@@ -72,57 +41,58 @@ class KeyBudgets:
         per_key: Mapping[str, Budget],
         default: Budget = Budget(),
         clock: Callable[[], float] = time.monotonic,
+        ledger: Ledger | None = None,
     ):
         self._per_key = dict(per_key)
         self._default = default
         self.clock = clock  # injectable: tests move time without sleeping
-        self._requests: dict[str, _Window] = {}
-        self._tokens: dict[str, _Window] = {}
+        self._ledger = MemoryLedger() if ledger is None else ledger
 
     def budget(self, key_id: str) -> Budget:
         return self._per_key.get(key_id, self._default)
 
-    def admit(self, key_id: str) -> dict[str, str]:
+    async def admit(self, key_id: str) -> dict[str, str]:
         """Charge one request to `key_id` and return the headers its response carries; raise
         a 429 ApiError (with those headers and Retry-After) when the key is over a budget."""
         budget, now = self.budget(key_id), self.clock()
         if not budget.limited:
             return {}
-        requests = self._requests.setdefault(key_id, _Window())
-        tokens = self._tokens.setdefault(key_id, _Window())
+        admitted, spent = await self._ledger.admit(key_id, now, budget.rpm, budget.tpm)
+        headers = self._headers(budget, spent, now)
+        if admitted:
+            return headers
         wait = 0.0
         if budget.rpm is not None:
-            wait = requests.wait_below(budget.rpm, now)
+            wait = wait_below(spent.requests, budget.rpm, now)
         if budget.tpm is not None:
-            wait = max(wait, tokens.wait_below(budget.tpm, now))
-        if wait > 0:
-            over = (
-                "requests"
-                if budget.rpm is not None and requests.total(now) >= budget.rpm
-                else "tokens"
-            )
-            headers = self.headers(key_id) | {"Retry-After": str(max(1, math.ceil(wait)))}
-            raise over_budget(over, budget, wait, headers)
-        requests.add(now, 1)
-        return self.headers(key_id)
+            wait = max(wait, wait_below(spent.tokens, budget.tpm, now))
+        over = "tokens" if under(spent.requests, budget.rpm) else "requests"
+        retry = {"Retry-After": str(max(1, math.ceil(wait)))}
+        raise over_budget(over, budget, wait, headers | retry)
 
-    def charge_tokens(self, key_id: str, tokens: int) -> None:
-        if self.budget(key_id).tpm is not None:
-            self._tokens.setdefault(key_id, _Window()).add(self.clock(), tokens)
+    async def charge_tokens(self, key_id: str, tokens: int) -> None:
+        if self.budget(key_id).tpm is not None and tokens > 0:
+            await self._ledger.add_tokens(key_id, self.clock(), tokens)
 
-    def headers(self, key_id: str) -> dict[str, str]:
+    async def headers(self, key_id: str) -> dict[str, str]:
         """OpenAI's x-ratelimit-* headers for the key's state now."""
-        budget, now, headers = self.budget(key_id), self.clock(), {}
-        for kind, limit, windows in (
-            ("requests", budget.rpm, self._requests),
-            ("tokens", budget.tpm, self._tokens),
+        budget, now = self.budget(key_id), self.clock()
+        if not budget.limited:
+            return {}
+        return self._headers(budget, await self._ledger.spent(key_id, now), now)
+
+    @staticmethod
+    def _headers(budget: Budget, spent: Spent, now: float) -> dict[str, str]:
+        headers = {}
+        for kind, limit, events in (
+            ("requests", budget.rpm, spent.requests),
+            ("tokens", budget.tpm, spent.tokens),
         ):
             if limit is None:
                 continue
-            window = windows.setdefault(key_id, _Window())
             headers[f"x-ratelimit-limit-{kind}"] = str(limit)
-            headers[f"x-ratelimit-remaining-{kind}"] = str(max(0, limit - window.total(now)))
-            headers[f"x-ratelimit-reset-{kind}"] = duration(window.reset(now))
+            headers[f"x-ratelimit-remaining-{kind}"] = str(max(0, limit - total(events)))
+            headers[f"x-ratelimit-reset-{kind}"] = duration(reset(events, now))
         return headers
 
 
@@ -153,9 +123,11 @@ def duration(seconds: float) -> str:
     return f"{int(seconds // 60)}m{int(seconds % 60)}s"
 
 
-def budgets_of(config, clock: Callable[[], float] = time.monotonic) -> KeyBudgets:
+def budgets_of(config, ledger: Ledger | None = None) -> KeyBudgets:
     """The budgets a RouterConfig sets: [router] key_rpm / key_tpm for every key, each key's
-    line of the keys file over them."""
+    line of the keys file over them; kept in `ledger` (default: this process's memory). A
+    shared ledger is read on the wall clock, which the routers share; one router's on the
+    monotonic clock."""
     from router.http.api_keys import key_fingerprint
 
     default = Budget(config.key_rpm, config.key_tpm)
@@ -165,4 +137,5 @@ def budgets_of(config, clock: Callable[[], float] = time.monotonic) -> KeyBudget
         )
         for key, options in config.key_budgets.items()
     }
-    return KeyBudgets(per_key, default, clock)
+    clock = time.monotonic if ledger is None or isinstance(ledger, MemoryLedger) else time.time
+    return KeyBudgets(per_key, default, clock, ledger)

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
@@ -33,7 +34,11 @@ if TYPE_CHECKING:
     from router.cluster.models import ServedModel
 
 
-async def generate(request: web.Request, api: Api) -> web.StreamResponse:
+async def generate(
+    request: web.Request, api: Api, before_end: Callable[[], Awaitable[None]] | None = None
+) -> web.StreamResponse:
+    """`before_end`, when given, runs once the reply's end is built and before the client sees
+    it (the Responses store's write: a client that continues on another router finds it)."""
     app = request.app
     trace = RequestTrace.start(app[app_keys.TRACER], request.path, request.headers)  # None: off
     body = await json_object_body(request)
@@ -58,15 +63,15 @@ async def generate(request: web.Request, api: Api) -> web.StreamResponse:
         items = items if trace is None else trace.watch(items)
         async with contextlib.aclosing(items):
             if req.stream:
-                return await _stream(request, served, jobs, reply, items)
-            return await _whole(request, served, jobs, reply, items)
+                return await _stream(request, served, jobs, reply, items, before_end)
+            return await _whole(request, served, jobs, reply, items, before_end)
     finally:
         for job in jobs:
             served.dispatcher.cancel(job)  # no-op when finished; aborts on disconnect/error
         if jobs:  # what was generated is charged, however the request ended (a client that
             # leaves before the end must not escape its key's tokens-per-minute budget)
             usage = usage_of_all(jobs)
-            charge_tokens(request, usage.prompt_tokens, usage.completion_tokens)
+            await charge_tokens(request, usage.prompt_tokens, usage.completion_tokens)
         if trace is not None:
             trace.end(sum(job.completion_tokens for job in jobs), sys.exc_info()[1])
 
@@ -94,7 +99,7 @@ def start_job(
 
 
 async def _whole(
-    request: web.Request, served: ServedModel, jobs: list[Job], reply: Reply, items
+    request: web.Request, served: ServedModel, jobs: list[Job], reply: Reply, items, before_end
 ) -> web.Response:
     texts: dict[int, list[str]] = {}
     entries: dict[int, list] = {}
@@ -106,11 +111,14 @@ async def _whole(
     choices = [ChoiceText("".join(texts[i]), last[i], tuple(entries[i])) for i in sorted(texts)]
     usage = usage_of_all(jobs)
     _count_usage(request, served, usage)
-    return web.json_response(reply.whole(choices, usage))
+    body = reply.whole(choices, usage)
+    if before_end is not None:
+        await before_end()
+    return web.json_response(body)
 
 
 async def _stream(
-    request: web.Request, served: ServedModel, jobs: list[Job], reply: Reply, items
+    request: web.Request, served: ServedModel, jobs: list[Job], reply: Reply, items, before_end
 ) -> web.StreamResponse:
     started = time.perf_counter()
     item = await anext(items)  # an error before the first token is a plain HTTP error
@@ -124,7 +132,10 @@ async def _stream(
                 item = await anext(items, None)
             usage = usage_of_all(jobs)
             _count_usage(request, served, usage)
-            await sse.send(response, reply.stream_end(usage))
+            events = reply.stream_end(usage)
+            if before_end is not None:
+                await before_end()
+            await sse.send(response, events)
         except ApiError as e:  # headers are sent: the error goes in the stream
             await sse.send(response, reply.stream_error(e))
         await response.write_eof()

@@ -8,11 +8,12 @@ configured.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 
 from aiohttp import web
 
-from router.errors import body_too_large, key_busy, missing_api_key, wrong_api_key
+from router.errors import ApiError, body_too_large, key_busy, missing_api_key, wrong_api_key
 from router.http import app_keys
 from router.http.budgets import OverBudget
 
@@ -36,7 +37,7 @@ async def require_api_key(request: web.Request, handler) -> web.StreamResponse:
         raise key_busy(api_keys.limit)
     usage = request.app[app_keys.METRICS].keys
     try:
-        request.app[app_keys.BUDGETS].admit(key_id)
+        await request.app[app_keys.BUDGETS].admit(key_id)
     except OverBudget as e:
         usage.refused(key_id, e.kind)
         raise
@@ -72,14 +73,22 @@ async def add_ratelimit_headers(request: web.Request, response: web.StreamRespon
     """on_response_prepare: every response to a budgeted key carries x-ratelimit-* (a
     stream's too: this runs as its headers go out)."""
     key_id = request.get(KEY_ID)
-    if key_id is not None:
-        for name, value in request.app[app_keys.BUDGETS].headers(key_id).items():
-            response.headers.setdefault(name, value)
+    if key_id is None:
+        return
+    try:
+        headers = await request.app[app_keys.BUDGETS].headers(key_id)
+    except ApiError:  # the shared state server is down: the headers are advice, the reply not
+        return
+    for name, value in headers.items():
+        response.headers.setdefault(name, value)
 
 
-def charge_tokens(request: web.Request, prompt: int, completion: int) -> None:
+async def charge_tokens(request: web.Request, prompt: int, completion: int) -> None:
     """A finished request's tokens, to its key's budget and usage series."""
     key_id = request.get(KEY_ID)
-    if key_id is not None:
-        request.app[app_keys.BUDGETS].charge_tokens(key_id, prompt + completion)
-        request.app[app_keys.METRICS].keys.tokens(key_id, prompt, completion)
+    if key_id is None:
+        return
+    request.app[app_keys.METRICS].keys.tokens(key_id, prompt, completion)
+    # the shared state server down (logged): the tokens go uncharged, the reply is not lost
+    with contextlib.suppress(ApiError):
+        await request.app[app_keys.BUDGETS].charge_tokens(key_id, prompt + completion)

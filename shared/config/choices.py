@@ -26,6 +26,8 @@ COMPUTE_DTYPES = ("auto", "float32", "float16", "bfloat16", "quantized")
 # a worker's part in the fleet cache (issue 22): both (default) computes and decodes its
 # requests; prefill computes prompts' K/V for decode workers to pull; decode takes those
 WORKER_ROLES = ("both", "prefill", "decode")
+# where stored /v1/responses replies live (router/store/__init__.py opens each)
+RESPONSE_STORES = ("sqlite", "memory", "redis")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
 DEFAULT_BLOCK_SIZE = 32  # tokens per KV block

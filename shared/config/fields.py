@@ -188,6 +188,22 @@ def endpoint(words: tuple[str, ...] = (), optional: bool = False) -> Check:
     return check
 
 
+def redis_url(optional: bool = True) -> Check:
+    """A Redis server's URL: redis://[[USER]:PASSWORD@]HOST[:PORT][/DB], rediss:// with TLS,
+    unix:///PATH for a local socket; None when `optional`."""
+
+    @_parses(str)
+    def check(value, _base):
+        if value is None and optional:
+            return None
+        if not isinstance(value, str) or not REDIS_URL.match(value):
+            raise Expected("a Redis URL like redis://HOST:6379/0 (or rediss://, unix://)")
+        return value
+
+    return check
+
+
+REDIS_URL = re.compile(r"^(rediss?://[^/\s]+(/\d+)?/?|unix:///\S+)$")
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B|B)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
 _UNITS |= {"kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}

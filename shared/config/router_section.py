@@ -9,6 +9,7 @@ from shared.config.choices import (
     DEFAULT_ZMQ_ADDRESS,
     LOG_LEVELS,
     POLICY_NAMES,
+    RESPONSE_STORES,
     TOOL_CALL_PARSERS,
 )
 from shared.config.fields import (
@@ -18,6 +19,7 @@ from shared.config.fields import (
     integer,
     number,
     path,
+    redis_url,
     size,
     spec,
     string,
@@ -145,15 +147,43 @@ class RouterSection:
     max_tokens_cap: int | None = spec(
         None, integer(1, optional=True), "clamp every request's max_tokens to this"
     )
+    # Stored /v1/responses replies and per-key budgets (router/store/; docs/deploy.md).
+    state_url: str | None = spec(
+        None,
+        redis_url(),
+        "a Redis (or Valkey) server holding the stored /v1/responses replies and the per-key "
+        "budgets, shared by every router of the fleet (unset: each router keeps its own)",
+        metavar="redis://HOST:PORT/DB",
+    )
+    responses_store: str | None = spec(
+        None,
+        string(RESPONSE_STORES, optional=True),
+        "where stored /v1/responses replies live: sqlite (a file: they outlive a restart), "
+        "memory (this process: a restart forgets them), redis (the --state-url server)",
+        unset="redis with --state-url, else sqlite",
+    )
+    responses_store_path: Path | None = spec(
+        None,
+        path(),
+        "the sqlite store's file (default: $XDG_CACHE_HOME, else ~/.cache, "
+        "/mlx-fleet/responses-PORT.sqlite3: one per router)",
+        metavar="FILE",
+    )
     responses_store_size: int = spec(
-        512,
+        10_000,
         integer(0),
-        "/v1/responses replies kept in memory for previous_response_id and GET (0: none)",
+        "stored /v1/responses replies kept for previous_response_id and GET; past it the "
+        "oldest go first (0: none)",
+    )
+    responses_store_bytes: int = spec(
+        256 * 2**20,
+        size(optional=False),
+        "the stored replies' total size (their JSON); past it the oldest go first",
     )
     responses_store_ttl_s: float = spec(
-        3600.0,
+        30 * 86400.0,
         number(0.0, low_open=True),
-        "seconds a stored /v1/responses reply is kept",
+        "seconds a stored /v1/responses reply is kept (OpenAI keeps them 30 days)",
         flag="--responses-store-ttl",
     )
     per_key_concurrency: int | None = spec(

@@ -1,20 +1,19 @@
-"""The router's memory of /v1/responses replies (`store: true`), for `previous_response_id`,
-`GET`/`DELETE /v1/responses/{id}` and `.../input_items`.
+"""Stored /v1/responses replies (`store: true`), for `previous_response_id`,
+`GET`/`DELETE /v1/responses/{id}` and `.../input_items`: what an entry is, the interface of the
+stores that keep them (router/store/: SQLite by default, memory, or a shared Redis), and one
+request's view of them.
 
-Bounded by count (the oldest goes first) and by age; held in this process only, so a router
-restart forgets every stored response (docs/api.md). Parsing may run in the tokenize pool
-while the event loop stores replies: one lock guards the table. With API keys, each entry
-belongs to the key that stored it (its fingerprint): requests see the store through
-`scoped(owner)`, and another key's entries are as absent as unknown ones.
+Every store is bounded by count and bytes (the oldest go first) and by age. With API keys, each
+entry belongs to the key that stored it (its fingerprint): another key's entries are as absent
+as unknown ones. This package does no I/O, so a request sees the store through a `ScopedStore`:
+the HTTP layer loads the entry its `previous_response_id` names before parsing (parsing may run
+in the tokenize pool), and writes the reply it keeps before the client sees the reply's end.
 """
 
 from __future__ import annotations
 
-import threading
-import time
-from collections import OrderedDict
-from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Protocol
 
 from router.errors import ApiError, bad_request
 
@@ -24,23 +23,48 @@ class StoredResponse:
     response: dict  # the whole response object, as GET returns it
     input_items: tuple[dict, ...]  # this request's own input items, with ids
     context: tuple[dict, ...]  # every item a continuation prepends: history, input, output
-    stored_at: float
+    stored_at: float = 0.0  # wall-clock seconds; the store sets it when it keeps the entry
     cache_key: str | None = None  # the routing key its conversation was sent by
     owner: str | None = None  # the API key (fingerprint) that stored it; None: keys are off
 
+    @property
+    def id(self) -> str:
+        return self.response["id"]
 
-class ResponseStore:
-    def __init__(self, size: int, ttl_s: float, clock: Callable[[], float] = time.monotonic):
-        self._size = size
-        self._ttl_s = ttl_s
-        self._clock = clock
-        self._items: OrderedDict[str, StoredResponse] = OrderedDict()
-        self._lock = threading.Lock()
 
-    def __len__(self) -> int:
-        with self._lock:
-            self._expire()
-            return len(self._items)
+class ResponseStore(Protocol):
+    """Where stored replies live. Each method may do I/O; each may be awaited on the event loop
+    (router/store/ says what each backend costs)."""
+
+    async def get(self, response_id: str, owner: str | None) -> StoredResponse | None:
+        """The live entry `owner` stored under `response_id`; None for another owner's."""
+        ...
+
+    async def put(self, entry: StoredResponse) -> None:
+        """Keep `entry` (stamped with the store's clock), then drop the oldest past the
+        bounds; an entry bigger than the byte bound alone is not kept. Mutates."""
+        ...
+
+    async def delete(self, response_id: str, owner: str | None) -> bool:
+        """Forget `owner`'s entry; False when there was none. Mutates."""
+        ...
+
+    async def count(self) -> int:
+        """Live entries, every owner's."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+@dataclass
+class ScopedStore:
+    """One request's view of the store as its API key (`owner`) sees it: the entries loaded
+    for it (the one its previous_response_id names) and the replies it keeps (`pending`), which
+    the HTTP layer writes. No I/O here, so parsing may run in any thread."""
+
+    owner: str | None
+    loaded: dict[str, StoredResponse] = field(default_factory=dict)
+    pending: list[StoredResponse] = field(default_factory=list)
 
     def put(
         self,
@@ -48,70 +72,15 @@ class ResponseStore:
         input_items: list[dict],
         history: tuple[dict, ...],
         cache_key: str | None = None,
-        owner: str | None = None,
     ) -> None:
-        """Keep `response` (evicting the oldest past the size limit); a size of 0 keeps none."""
         context = (*history, *input_items, *response["output"])
         entry = StoredResponse(
-            response, tuple(input_items), context, self._clock(), cache_key, owner
+            response, tuple(input_items), context, cache_key=cache_key, owner=self.owner
         )
-        with self._lock:
-            self._items[response["id"]] = entry
-            self._items.move_to_end(response["id"])
-            while len(self._items) > self._size:
-                self._items.popitem(last=False)
-
-    def get(self, response_id: str, owner: str | None = None) -> StoredResponse | None:
-        """The entry `owner` stored under `response_id`, or None (another owner's too)."""
-        with self._lock:
-            self._expire()
-            stored = self._items.get(response_id)
-            return stored if stored is not None and stored.owner == owner else None
-
-    def delete(self, response_id: str, owner: str | None = None) -> bool:
-        with self._lock:
-            self._expire()
-            stored = self._items.get(response_id)
-            if stored is None or stored.owner != owner:
-                return False
-            del self._items[response_id]
-            return True
-
-    def scoped(self, owner: str | None) -> ScopedStore:
-        """The store as the API key `owner` sees it (None: keys are off, one shared store)."""
-        return ScopedStore(self, owner)
-
-    def _expire(self) -> None:
-        """Drop entries older than the age limit (they are in insertion order: oldest first)."""
-        horizon = self._clock() - self._ttl_s
-        while self._items:
-            oldest = next(iter(self._items.values()))
-            if oldest.stored_at >= horizon:
-                return
-            self._items.popitem(last=False)
-
-
-class ScopedStore:
-    """One API key's view of a `ResponseStore`: what it stores is its own, and it finds
-    (reads, deletes, continues) nothing else."""
-
-    def __init__(self, store: ResponseStore, owner: str | None):
-        self._store, self._owner = store, owner
-
-    def put(
-        self,
-        response: dict,
-        input_items: list[dict],
-        history: tuple[dict, ...],
-        cache_key: str | None = None,
-    ) -> None:
-        self._store.put(response, input_items, history, cache_key, self._owner)
+        self.pending.append(entry)
 
     def get(self, response_id: str) -> StoredResponse | None:
-        return self._store.get(response_id, self._owner)
-
-    def delete(self, response_id: str) -> bool:
-        return self._store.delete(response_id, self._owner)
+        return self.loaded.get(response_id)
 
 
 def not_found(response_id: str) -> ApiError:
@@ -121,7 +90,7 @@ def not_found(response_id: str) -> ApiError:
 def previous_not_found(response_id: str) -> ApiError:
     return bad_request(
         f"Previous response with id '{response_id}' not found (never stored, deleted, or "
-        "forgotten: the router keeps responses in memory, bounded in count and age)",
+        "expired: the store keeps responses bounded in count, bytes and age)",
         "previous_response_id",
         "previous_response_not_found",
     )

@@ -8,7 +8,8 @@ from aiohttp import web
 from router.api.anthropic.adapter import MESSAGES
 from router.api.openai.adapter import CHAT, COMPLETIONS
 from router.api.responses.adapter import ResponsesApi
-from router.http.endpoints.stored_responses import responses_of
+from router.http.body import json_object_body
+from router.http.endpoints.stored_responses import keep, view_for
 from router.http.generate import generate
 
 
@@ -28,5 +29,6 @@ async def messages(request: web.Request) -> web.StreamResponse:
 
 async def responses(request: web.Request) -> web.StreamResponse:
     """OpenAI Responses, whole or as named events; kept in the router's store (store: true),
-    as the request's API key's own."""
-    return await generate(request, ResponsesApi(responses_of(request)))
+    as the request's API key's own, before the client sees the reply's end."""
+    view = await view_for(request, await json_object_body(request))
+    return await generate(request, ResponsesApi(view), before_end=lambda: keep(request, view))

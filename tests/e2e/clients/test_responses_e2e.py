@@ -5,6 +5,7 @@ OpenAI Agents SDK's default Responses model running an agent with a function too
 from __future__ import annotations
 
 import json
+import os
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -28,7 +29,9 @@ def url(model_cache, tmp_path_factory):
     # turn reaches the worker that holds the conversation (before that key the third turn was
     # measured landing on the other worker: 0 of 149 tokens cached).
     logs = tmp_path_factory.mktemp("responses-logs")
-    with launch_cluster(["--workers", "2", "--kv-memory", "256MiB"], logs) as (base, _):
+    # the router's stored responses in a folder of the test's own, not the user's cache
+    env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path_factory.mktemp("responses-cache")))
+    with launch_cluster(["--workers", "2", "--kv-memory", "256MiB"], logs, env=env) as (base, _):
         wait_healthy(base)
         _wait_for_workers(base, 2)
         yield base

@@ -21,7 +21,9 @@ CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_t
 
 
 async def served(tiny_model_dir, **overrides) -> LiveCluster:
-    config = RouterConfig(models=(ModelSpec(tiny_model_dir),), zmq_bind="tcp://127.0.0.1:*")
+    config = RouterConfig(
+        models=(ModelSpec(tiny_model_dir),), zmq_bind="tcp://127.0.0.1:*", responses_store="memory"
+    )
     app = create_app(dataclasses.replace(config, **overrides))
     server = TestServer(app)
     await server.start_server(access_log_class=AccessLogger)  # as router/cli.py runs it

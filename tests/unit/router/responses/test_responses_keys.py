@@ -6,23 +6,20 @@ from __future__ import annotations
 import openai
 import pytest
 
-from router.api.responses.parse import parse_responses
 from router.http import app_keys
 from router.http.api_keys import key_fingerprint
 from tests.support.scripted import scripted_worker
-from tests.unit.router.responses.conftest import MODEL
+from tests.unit.router.responses.conftest import MODEL, prompt_of
 
 KEY_A, KEY_B = "key-a-0123456789", "key-b-9876543210"
 
 
 async def test_stored_responses_are_scoped_to_their_key(make_cluster):
     cluster = await make_cluster(api_keys=(KEY_A, KEY_B))
-    store = cluster.app[app_keys.RESPONSES]
 
     async def script(body, reply, key):
-        req = parse_responses({"model": MODEL, **body}, cluster.tokenizer, MODEL, None,
-                              store.scoped(key_fingerprint(key)))  # fmt: skip
-        await scripted_worker(cluster, cluster.tokenizer, req.prompt_ids, reply)
+        prompt = await prompt_of(cluster, body, key_fingerprint(key))
+        await scripted_worker(cluster, cluster.tokenizer, prompt, reply)
 
     body = {"input": "hi", "max_output_tokens": 20}
     await script(body, "Hello.", KEY_A)
@@ -57,9 +54,8 @@ async def test_without_keys_one_store_is_shared(make_cluster):
     cluster = await make_cluster()
     body = {"input": "hi", "max_output_tokens": 20}
     store = cluster.app[app_keys.RESPONSES]
-    req = parse_responses({"model": MODEL, **body}, cluster.tokenizer, MODEL, None, store)
-    await scripted_worker(cluster, cluster.tokenizer, req.prompt_ids, "Hello.")
+    await scripted_worker(cluster, cluster.tokenizer, await prompt_of(cluster, body), "Hello.")
     one, other = cluster.openai(), cluster.openai()
     resp = await one.responses.create(model=MODEL, **body)
     assert (await other.responses.retrieve(resp.id)).output_text == "Hello."
-    assert store.get(resp.id) is not None and store.scoped(None).get(resp.id) is not None
+    assert (await store.get(resp.id, None)).owner is None  # kept as nobody's: keys are off

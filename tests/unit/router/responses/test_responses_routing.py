@@ -16,14 +16,14 @@ async def test_chained_turns_share_a_routing_key(cluster):
         model=MODEL, input="again", max_output_tokens=3, previous_response_id=first.id
     )
     store = cluster.app[app_keys.RESPONSES]
-    key = store.get(first.id).cache_key
-    assert key is not None and store.get(second.id).cache_key == key
+    key = (await store.get(first.id, None)).cache_key
+    assert key is not None and (await store.get(second.id, None)).cache_key == key
     keyed = await api.responses.create(
         model=MODEL, input="x", max_output_tokens=3, prompt_cache_key="tenant-7"
     )
-    assert store.get(keyed.id).cache_key == "tenant-7"  # the client's own key wins
+    assert (await store.get(keyed.id, None)).cache_key == "tenant-7"  # the client's own key wins
     unstored = await api.responses.create(model=MODEL, input="x", max_output_tokens=3, store=False)
-    assert store.get(unstored.id) is None
+    assert await store.get(unstored.id, None) is None
 
 
 async def test_a_chained_turn_goes_where_the_first_went(cluster):

@@ -5,7 +5,6 @@ from __future__ import annotations
 import openai
 import pytest
 
-from router.api.responses.store import ResponseStore
 from tests.unit.router.responses.conftest import MODEL, WEATHER, scripted
 
 
@@ -54,24 +53,6 @@ async def test_store_false_keeps_nothing(cluster):
     with pytest.raises(openai.BadRequestError) as e:
         await api.responses.create(model=MODEL, input="more", previous_response_id=resp.id)
     assert e.value.body["param"] == "previous_response_id"
-
-
-def _response(i: int) -> dict:
-    return {"id": f"resp_{i}", "output": []}
-
-
-def test_store_bounds_count_and_age():
-    now = [0.0]
-    store = ResponseStore(size=2, ttl_s=10.0, clock=lambda: now[0])
-    for i in range(3):
-        store.put(_response(i), [], ())
-    assert store.get("resp_0") is None and len(store) == 2  # the oldest went first
-    now[0] = 5.0
-    store.put(_response(3), [], ())
-    now[0] = 10.5  # resp_1 and resp_2 (stored at 0) are past 10 s; resp_3 is not
-    assert store.get("resp_2") is None and store.get("resp_3") is not None
-    assert len(store) == 1
-    assert len(ResponseStore(size=0, ttl_s=1.0)) == 0
 
 
 async def test_store_size_setting_reaches_the_router(make_cluster):

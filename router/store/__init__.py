@@ -1,0 +1,71 @@
+"""Where the router keeps what outlives one request: the stored /v1/responses replies and each
+API key's budget windows (router/http/budgets.py).
+
+A router alone keeps them itself: replies in a SQLite file by default (router/store/sqlite.py,
+one per router), or in memory; budgets in memory. With `state_url`, both live in the fleet's
+shared Redis, so every router serving the fleet sees the same conversations and charges the
+same budgets. `open_state` is the one front; nothing else picks a backend.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from router.store.memory import MemoryResponses
+from router.store.paths import default_store_path
+from router.store.windows import Ledger, MemoryLedger
+from shared.config.fields import ConfigError
+
+if TYPE_CHECKING:
+    from router.api.responses.store import ResponseStore
+    from router.config import RouterConfig
+    from shared.config.sections import RouterSection
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RouterState:
+    responses: ResponseStore
+    ledger: Ledger
+    where: str  # for the startup log: "sqlite /path", "memory", "redis://..."
+    client: Any = None  # the shared Redis client, when there is one
+
+    async def close(self) -> None:
+        await self.responses.close()
+        if self.client is not None:
+            await self.client.aclose()
+
+
+def backend_of(config: RouterConfig | RouterSection) -> str:
+    """The configured responses store, its default resolved: redis with a state_url, else
+    sqlite. Refuses redis without a state_url."""
+    chosen = config.responses_store or ("redis" if config.state_url else "sqlite")
+    if chosen == "redis" and not config.state_url:
+        raise ConfigError("responses_store = redis needs state_url (redis://HOST:PORT/DB)")
+    return chosen
+
+
+def open_state(config: RouterConfig) -> RouterState:
+    """Open the configured stores (no network I/O yet: a Redis client connects on first use)."""
+    bounds = (config.responses_store_size, config.responses_store_bytes)
+    bounds += (config.responses_store_ttl_s,)
+    backend, client, ledger = backend_of(config), None, MemoryLedger()
+    if config.state_url:
+        from router.store.redis_budgets import RedisLedger
+        from router.store.redis_client import connect
+
+        client = connect(config.state_url)
+        ledger = RedisLedger(client)
+    if backend == "redis":
+        from router.store.redis_responses import RedisResponses
+
+        return RouterState(RedisResponses(client, *bounds), ledger, "redis (state_url)", client)
+    if backend == "memory":
+        return RouterState(MemoryResponses(*bounds), ledger, "memory", client)
+    from router.store.sqlite import SqliteResponses
+
+    path = config.responses_store_path or default_store_path(config.port)
+    return RouterState(SqliteResponses(path, *bounds), ledger, f"sqlite {path}", client)
