@@ -32,8 +32,31 @@ class BlockWindowsDropped:
 
 
 @dataclass(frozen=True, slots=True)
+class StateSnapshotsStored:
+    """A hybrid model's worker keeps its recurrent layers' states as they are just after
+    these cached blocks: for such a worker (`Register.state_snapshots`) a hit can end only
+    where a snapshot is."""
+
+    block_hashes: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class StateSnapshotsDropped:
+    """Snapshots taken back (evicted, or their blocks left the cache)."""
+
+    block_hashes: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class AllBlocksCleared:
     """The worker dropped its whole prefix cache."""
 
 
-KVEvent = BlockStored | BlockRemoved | AllBlocksCleared | BlockWindowsDropped
+KVEvent = (
+    BlockStored
+    | BlockRemoved
+    | AllBlocksCleared
+    | BlockWindowsDropped
+    | StateSnapshotsStored
+    | StateSnapshotsDropped
+)

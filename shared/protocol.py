@@ -17,6 +17,8 @@ from shared.kv_events import (
     BlockStored,
     BlockWindowsDropped,
     KVEvent,
+    StateSnapshotsDropped,
+    StateSnapshotsStored,
 )
 from shared.sampling import SamplingParams
 from shared.wire import Codec
@@ -95,6 +97,9 @@ class Register:
     # sliding-window models: a hit needs the window layers' K/V of this many blocks before
     # its end (0: no window layers, or none released): the router counts hits the same way
     window_blocks: int = 0
+    # hybrid models (recurrent layers): a hit ends only where the worker keeps a snapshot of
+    # the states (`StateSnapshotsStored`), so the router counts hits up to those
+    state_snapshots: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,7 +151,7 @@ class Heartbeat:
     waiting: int  # queued, not yet prefilling
     free_blocks: int
     total_blocks: int
-    cached_blocks: int  # in the prefix cache, not held by any sequence
+    cached_blocks: int  # full blocks in the prefix cache (held by a sequence or not)
     hit_tokens: int  # cumulative prompt tokens served from the prefix cache
     prompt_tokens: int = 0  # cumulative prompt tokens seen (hit rate = hit / prompt)
     phases: WorkerPhases | None = None
@@ -162,6 +167,12 @@ class Heartbeat:
     pulled_blocks: int = 0
     pull_failures: int = 0
     prefill_tokens_per_s: float = 0.0
+    # partial blocks the prefix cache keeps beside its full ones (an older worker: 0), so
+    # free + held + cached + partial == total; an idle worker holds none
+    cached_partial_blocks: int = 0
+    # hybrid models: snapshots of the recurrent states kept for prefix hits, and their bytes
+    state_snapshots: int = 0
+    state_snapshot_bytes: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -315,6 +326,7 @@ MESSAGE_TYPES: dict[int, type] = {
 }
 KV_EVENT_TYPES: dict[int, type] = {
     1: BlockStored, 2: BlockRemoved, 3: AllBlocksCleared, 4: BlockWindowsDropped,
+    5: StateSnapshotsStored, 6: StateSnapshotsDropped,
 }  # fmt: skip
 
 _CODEC = Codec(MESSAGE_TYPES, {KVEvent: KV_EVENT_TYPES}, MAX_FRAME_BYTES)

@@ -49,6 +49,9 @@ class EngineConfig:
     # sliding-window layers keep K/V in pages, given back once out of every window
     # (worker/kv/window_pages.py); off: they take a block's share like full layers
     release_windows: bool = True
+    # hybrid models: snapshots of the recurrent states kept for prefix hits (worker/state);
+    # None: two per running sequence, within half the KV memory; 0: no prefix hits for them
+    state_snapshots: int | None = None
 
     def validate(self) -> None:
         if self.block_size < 1 or self.block_size & (self.block_size - 1):

@@ -73,10 +73,11 @@ class WorkerLoop:
         what it announces it does (shared/config/choices.py WORKER_ROLES)."""
         self.engine, self.worker_id, self.on_idle = engine, worker_id, on_idle
         self.kv_publisher = kv_publisher  # KV events in vLLM's format too (worker/kv_publish.py)
-        if peers is not None and (engine.pool.pages is not None or not engine.pool.uniform):
+        kv_unlike_blocks = engine.pool.pages is not None or not engine.pool.uniform
+        if peers is not None and (kv_unlike_blocks or engine.states is not None):
             log.warning(
-                "peer KV transfer off: this model's layers keep K/V in more than one shape or "
-                "in window pages, which block transfers do not carry yet"
+                "peer KV transfer off: this model's layers keep K/V in more than one shape, "
+                "in window pages or recurrent states, which block transfers do not carry yet"
             )
             peers = None
         self.peer = PeerNode(engine, peers, self._wake) if peers is not None else None
@@ -94,6 +95,7 @@ class WorkerLoop:
             kv_endpoint=self.peer.endpoint if self.peer is not None else "",
             role=role,
             window_blocks=engine.pool.pages.blocks_before_match if engine.pool.pages else 0,
+            state_snapshots=engine.states is not None,
         )
         self._phases, self._phases_at = None, 0.0
         self.turns, self.watchdog = 0, LoopWatchdog(watchdog_s)  # loop progress (issue 24)

@@ -67,7 +67,9 @@ def _function_tool(tool, i: int) -> dict:
     description = fn.get("description")
     if description is not None and not isinstance(description, str):
         raise bad_request(f"{param}.function.description must be a string", param)
-    parameters = fn.get("parameters", {"type": "object", "properties": {}})
+    parameters = fn.get("parameters")
+    if parameters is None:  # left out (or null): a function that takes no arguments
+        parameters = {"type": "object", "properties": {}}
     if not isinstance(parameters, dict):
         raise bad_request(f"{param}.function.parameters must be a JSON schema object", param)
     clean = {"name": name, "parameters": parameters}

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from router.metrics.kv_blocks import KVBlocks
 from shared.protocol import LinkRate, Peer
 
 if TYPE_CHECKING:
@@ -161,7 +162,11 @@ class WorkerState:
             ],  # fmt: skip
             "kv_total_blocks": hb.total_blocks if hb else self.info.kv_capacity_blocks,
             "kv_free_blocks": hb.free_blocks if hb else None,
-            "kv_cached_blocks": hb.cached_blocks if hb else None,
+            "kv_held_blocks": KVBlocks.of(hb).held if hb else None,
+            "kv_cached_blocks": hb.cached_blocks if hb else None,  # full blocks
+            "kv_cached_partial_blocks": hb.cached_partial_blocks if hb else None,
+            "state_snapshots": hb.state_snapshots if hb else 0,  # hybrid models' states
+            "state_snapshot_bytes": hb.state_snapshot_bytes if hb else 0,
             "cache_hit_tokens": hb.hit_tokens if hb else 0,
             "kv_checks": hb.kv_checks if hb else 0,  # integrity checks of its KV, while idle
             "kv_check_failures": hb.kv_check_failures if hb else 0,

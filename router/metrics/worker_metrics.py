@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, NamedTuple
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from router.metrics.kv_blocks import KVBlocks
 from shared.protocol import WorkerPhases
 
 if TYPE_CHECKING:
@@ -41,6 +42,10 @@ def _kv_used(w: WorkerState) -> int:
     return w.heartbeat.total_blocks - w.heartbeat.free_blocks if w.heartbeat else 0
 
 
+def _kv_held(w: WorkerState) -> int:
+    return KVBlocks.of(w.heartbeat).held if w.heartbeat else 0
+
+
 WORKER_SERIES: tuple[Series, ...] = (
     Series("up", "gauge", "1 if the worker is registered and healthy", lambda w: int(w.healthy)),
     Series("load", "gauge", "running + waiting requests (router's view)", lambda w: w.load),
@@ -49,7 +54,17 @@ WORKER_SERIES: tuple[Series, ...] = (
     Series("waiting", "gauge", "requests queued, not yet prefilling", _hb("waiting")),
     Series("kv_total_blocks", "gauge", "KV blocks in the worker's pool", _kv_total),
     Series("kv_used_blocks", "gauge", "KV blocks held by sequences or the cache", _kv_used),
-    Series("kv_cached_blocks", "gauge", "KV blocks in the prefix cache only", _hb("cached_blocks")),
+    Series("kv_free_blocks", "gauge", "KV blocks free", _hb("free_blocks")),
+    Series("kv_held_blocks", "gauge", "KV blocks running requests hold beyond the cache",
+           _kv_held),
+    Series("kv_cached_blocks", "gauge", "full KV blocks in the prefix cache",
+           _hb("cached_blocks")),
+    Series("kv_cached_partial_blocks", "gauge", "partial KV blocks the prefix cache keeps",
+           _hb("cached_partial_blocks")),
+    Series("state_snapshots", "gauge", "recurrent-state snapshots kept (hybrid models)",
+           _hb("state_snapshots")),
+    Series("state_snapshot_bytes", "gauge", "bytes of those snapshots",
+           _hb("state_snapshot_bytes")),
     Series("cache_hit_tokens", "counter", "prompt tokens served from the prefix cache",
            _hb("hit_tokens")),
     Series("cache_query_tokens", "counter", "prompt tokens looked up in the prefix cache",

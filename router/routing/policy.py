@@ -15,7 +15,7 @@ tenant and churn. cache_aware then partitions: a prefix goes to the worker that 
 it was last sent to) while that worker's recent share of requests stays within `max_imbalance`
 of the mean and its in-flight load is not badly over the least loaded's; a new prefix goes to
 the worker with the fewest recent requests. Tuned in the fleet simulator (scripts/fleet_sim.py;
-docs/benchmarks.md: 96-98% of the capacity bound on the two-worker, 24-tenant configuration).
+docs/benchmarks-history.md: 96-98% of the capacity bound on the two-worker, 24-tenant configuration).
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ class CacheAwarePolicy:
     pressure_eviction_rate: float = 0.1
     # under pressure a miss costs a whole prefill and someone else's cached prefix, so the
     # in-flight guard lets a worker run further ahead before its prefixes move. Measured
-    # (docs/benchmarks.md, round 6): at concurrency 16 this lets all 16 requests sit on one
+    # (docs/benchmarks-history.md, round 6): at concurrency 16 this lets all 16 requests sit on one
     # worker for 40 s while the other idles, yet with 8 or 4 (both workers 98-99% busy) the
     # moved prefixes' evictions cost hits (57% / 52% against 61%) and req/s did not rise
     pressure_balance_abs_threshold: int = 16

@@ -13,6 +13,11 @@ window pages it took back (`BlockWindowsDropped`) still count inside a longer ma
 match is cut back to the deepest point with the k blocks before it whole, as the worker's
 own scheduler cuts it (worker/engine/admission.py `window_hit`).
 
+Hybrid models (recurrent layers; `Register.state_snapshots`): a worker can end a hit only
+where it keeps a snapshot of the states (`StateSnapshotsStored` / `StateSnapshotsDropped`), so
+a match is cut back to the deepest block with a snapshot, as the worker's scheduler cuts it
+(worker/engine/states.py `cut`).
+
 Inventories (`receive_inventory`): a worker that registers sends every block it holds, in
 parts; once the last part is in, the worker's confirmed set *is* the inventory. The parts of
 one snapshot come back to back on the socket that carries the worker's events, so any event
@@ -32,6 +37,8 @@ from shared.kv_events import (
     BlockStored,
     BlockWindowsDropped,
     KVEvent,
+    StateSnapshotsDropped,
+    StateSnapshotsStored,
 )
 
 
@@ -56,6 +63,7 @@ class PrefixIndex:
         self._optimistic: dict[int, dict[str, float]] = {}  # hash -> worker -> expiry
         self._window_blocks: dict[str, int] = {}  # worker -> k (sliding-window models)
         self._windowless: dict[str, set[int]] = {}  # worker -> blocks without window K/V
+        self._snapshots: dict[str, set[int]] = {}  # hybrid models' workers -> snapshot hashes
         self._incoming: dict[str, _Incoming] = {}  # worker -> its inventory being received
 
     # ------------------------------------------------------------ mutations
@@ -75,8 +83,13 @@ class PrefixIndex:
             held = self._blocks_of.get(worker_id, set())
             dropped = {h for h in event.block_hashes if h in held}
             self._windowless.setdefault(worker_id, set()).update(dropped)
+        elif isinstance(event, StateSnapshotsStored) and worker_id in self._snapshots:
+            self._snapshots[worker_id].update(event.block_hashes)
+        elif isinstance(event, StateSnapshotsDropped) and worker_id in self._snapshots:
+            self._snapshots[worker_id].difference_update(event.block_hashes)
         elif isinstance(event, AllBlocksCleared):
             self.drop_worker(worker_id)
+            self._snapshots.get(worker_id, set()).clear()
 
     def receive_inventory(
         self,
@@ -112,6 +125,13 @@ class PrefixIndex:
         `blocks` blocks before its end (0: no rule)."""
         self._window_blocks[worker_id] = blocks
 
+    def set_snapshots(self, worker_id: str, hybrid: bool) -> None:
+        """`worker_id` serves a hybrid model: its hits end only at its snapshots."""
+        if hybrid:
+            self._snapshots.setdefault(worker_id, set())
+        else:
+            self._snapshots.pop(worker_id, None)
+
     def add_optimistic(self, worker_id: str, block_hashes: Iterable[int]) -> None:
         """Count `block_hashes` as on `worker_id` for ttl_s (a prefill just sent there)."""
         expiry = self._clock() + self._ttl_s
@@ -121,6 +141,8 @@ class PrefixIndex:
     def drop_worker(self, worker_id: str) -> None:
         """Forget every entry of a worker (lost, restarted, or cleared its cache)."""
         self._windowless.pop(worker_id, None)
+        if worker_id in self._snapshots:
+            self._snapshots[worker_id] = set()
         self._incoming.pop(worker_id, None)
         for block_hash in self._blocks_of.pop(worker_id, set()):
             self._discard_holder(block_hash, worker_id)
@@ -153,7 +175,11 @@ class PrefixIndex:
                 matched[worker_id] = depth + 1
         for worker_id, depth in matched.items():
             if self._window_blocks.get(worker_id) and self._windowless.get(worker_id):
-                matched[worker_id] = self._usable(worker_id, block_hashes, depth)
+                depth = matched[worker_id] = self._usable(worker_id, block_hashes, depth)
+            snapshots = self._snapshots.get(worker_id)
+            if snapshots is not None:  # the deepest end with a snapshot of the states
+                ends = (e for e in range(depth, 0, -1) if block_hashes[e - 1] in snapshots)
+                matched[worker_id] = next(ends, 0)
         return matched
 
     def _usable(self, worker_id: str, block_hashes: Sequence[int], depth: int) -> int:

@@ -93,12 +93,10 @@ class LogprobsRenderer:
             for token_id, logprob in e.top[: self.top_logprobs]:
                 top.setdefault(self._token(token_id)[0], logprob)
             tops.append(top if e.logprob is not None else None)
-        return {
-            "tokens": tokens,
-            "token_logprobs": [e.logprob for e in entries],
-            "top_logprobs": tops if self.top_logprobs else None,
-            "text_offset": offsets,
-        }
+        rendered = {"tokens": tokens, "token_logprobs": [e.logprob for e in entries]}
+        if self.top_logprobs:  # k = 0 asks for none: left out (OpenAI's schema has no null)
+            rendered["top_logprobs"] = tops
+        return rendered | {"text_offset": offsets}
 
 
 def vllm_prompt_logprobs(

@@ -60,7 +60,7 @@ def pressure(tenants: int, seed: int = 0, requests: int = 1000) -> Scenario:
 
 
 def pressure_as_run(tenants: int, seed: int = 0) -> Scenario:
-    """The real two-worker measurement in docs/benchmarks.md (issue 15): 72 requests at
+    """The real two-worker measurement in docs/benchmarks-history.md (issue 15): 72 requests at
     concurrency 8, 16 output tokens, ~1.33k-token prompts, ~340 blocks per worker; every
     request counts (the tenants' first visits, a third of them, are misses for any router)."""
     return Scenario(

@@ -97,7 +97,7 @@ class RouterSection:
         0,
         integer(0),
         "threads that tokenize prompts off the event loop (0: on the loop; see "
-        "docs/benchmarks.md, fleet simulation)",
+        "docs/benchmarks-history.md, router overhead per request)",
     )
     context_length: int | None = spec(
         None,

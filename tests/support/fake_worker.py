@@ -69,6 +69,7 @@ class FakeWorkerConfig:
     prefill_tokens_per_s: float = 0.0
     pulled_blocks: int = 0
     prefill_error: str | None = None  # answer prefill_only requests with this error
+    partial_blocks: int = 0  # partial tails its cache reports keeping beside the full blocks
 
 
 @dataclass
@@ -214,6 +215,7 @@ class FakeWorker:
         while True:
             total = self.config.kv_capacity_blocks
             cached = min(len(self._cached), total)
+            partial = min(self.config.partial_blocks, total - cached)
             if not self.config.wedged or not self.received:  # stuck from its first request
                 self._loop_turns += 1
             await self._send(
@@ -221,9 +223,10 @@ class FakeWorker:
                     self.config.worker_id,
                     running=len(self.received) if self.config.wedged else len(self._running),
                     waiting=0,
-                    free_blocks=total - cached,
+                    free_blocks=total - cached - partial,
                     total_blocks=total,
                     cached_blocks=cached,
+                    cached_partial_blocks=partial,
                     hit_tokens=self._hit_tokens,
                     prompt_tokens=self._prompt_tokens,
                     loop_turns=self._loop_turns,

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from worker.engine.scheduler import Scheduler
     from worker.engine.sequence import Sequence
     from worker.kv.block_pool import BlockPool
     from worker.kv.radix_cache import MatchResult, RadixCache
@@ -77,3 +78,22 @@ def release_windows(pool: BlockPool, seq: Sequence) -> None:
     if pages is not None and seq.block_ids:
         end = min(pages.out_of_window(seq.num_computed), len(seq.block_ids))
         seq.window_released = pages.release(seq.block_ids, seq.window_released, end, pool.ref_count)
+
+
+def from_disk(sched: Scheduler, prompt: list[int], match: MatchResult) -> MatchResult:
+    """Mutates: the prompt's blocks after `match` that the disk tier holds, loaded into new
+    blocks (held, like the match's) and put back in the prefix cache; the longer match."""
+    from worker.kv.radix_cache import MatchResult
+
+    bs, start = sched.block_size, len(match.block_ids)
+    wanted = len(prompt) // bs - start
+    if sched.disk is None or wanted <= 0 or not sched.config.enable_prefix_cache:
+        return match
+    hits = sched.disk.find(prompt, start, wanted)
+    if not hits or not sched.make_room(len(hits)):
+        return match
+    loaded = sched.pool.allocate(len(hits))
+    sched.disk.load(loaded, hits)
+    block_ids = match.block_ids + loaded
+    sched.cache.insert(prompt[: len(block_ids) * bs], block_ids)
+    return MatchResult(match.node, block_ids, len(block_ids) * bs)

@@ -17,6 +17,7 @@ import mlx.nn as nn
 from worker.attention import select_backend
 from worker.config import EngineConfig
 from worker.engine import startup
+from worker.engine import states as states_mod  # hybrid models' recurrent states
 from worker.engine.kv_event_log import KVEventLog
 from worker.engine.outputs import OutputBuilder
 from worker.engine.requests import RequestIntake
@@ -24,9 +25,9 @@ from worker.engine.scheduler import Scheduler
 from worker.engine.sequence import Sequence, Status
 from worker.engine.speculative import accepted_prefix
 from worker.engine.startup import open_disk_tier
+from worker.engine.states import NO_STATES
 from worker.engine.stats import EngineLoad, EngineStats, KVAudit, engine_stats
 from worker.engine.step_kind import still_running
-from worker.kv.block_pool import BlockPool
 from worker.kv.memory import OUT_OF_MEMORY, clear_cache, is_out_of_memory
 from worker.kv.radix_cache import RadixCache
 from worker.runner.grammar import GrammarCompiler
@@ -84,35 +85,27 @@ class Engine:
         self.config.validate()
         self.model, self.max_context, self.shape = model, max_context, shape
         self.config, num_blocks, self.memory = startup.size_memory(self.config, shape, model)
-        windows = startup.window_layout(self.config, shape)
-        self.pool = BlockPool(
-            num_blocks,
-            self.config.block_size,
-            num_layers=shape.num_layers,
-            num_kv_heads=shape.num_kv_heads,
-            head_dim=shape.head_dim,
-            dtype=shape.kv_dtype,
-            layer_shapes=shape.shapes(),
-            **windows,
-            **startup.kv_quantization(self.config),
-        )
+        self.pool = startup.make_pool(self.config, shape, num_blocks)
         self.scratch_block = self.pool.allocate(1)[0]  # padding rows write here
         self.kv_events = KVEventLog(self.config.block_size)
-        self.cache = RadixCache(self.pool, self.config.block_size, on_event=self.kv_events.record)
-        self.disk = self.kv_events.disk = open_disk_tier(self.config, model, self.pool, self.cache)
-        self.scheduler = Scheduler(self.pool, self.cache, self.config, max_context, self.disk)
+        self.states = states_mod.make_states(self.config, shape, self.kv_events.record)
+        self.cache = RadixCache(self.pool, self.config.block_size, on_event=self._kv_event)
+        disk = None if self.states else open_disk_tier(self.config, model, self.pool, self.cache)
+        self.disk = self.kv_events.disk = disk
+        states = self.states or NO_STATES
+        self.scheduler = Scheduler(self.pool, self.cache, self.config, max_context, disk, states=states)  # fmt: skip
         self.backend, self.attention_report = select_backend(
             self.config.attention_backend, shape, self.config.block_size, self.pool
         )
         self.runner = make_runner(model, self.pool, self.scratch_block, self.backend)
         startup.set_layer_modes(self.runner, shape.kinds(), shape.gathered())
+        states_mod.attach_states(self, shape)
         self.outputs = OutputBuilder(self.scheduler)
         self.intake = RequestIntake(self.config, shape.vocab_size, max_context, self.pool, grammars)
         self.stats_, self.kv_audit = EngineStats(), KVAudit(self.check_integrity)
         self._inflight: _InFlight | None = None  # a decode step queued, its tokens unread
         self._pending_failures: list[TokenDelta] = []
-        self._last_resolved = 0.0
-        self._steps = 0
+        self._last_resolved, self._steps = 0.0, 0
         self.tracing: WorkerTracing | None = None  # spans of prefill chunks (worker/tracing.py)
 
     @classmethod
@@ -335,6 +328,11 @@ class Engine:
 
     # ---- upkeep ------------------------------------------------------------------------
 
+    def _kv_event(self, event: KVEvent) -> None:
+        self.kv_events.record(event)
+        if self.states is not None:  # blocks that leave the cache take their snapshots
+            self.states.on_event(event)
+
     def forget_cache(self) -> None:
         """Drop the prefix cache and the KV events not sent yet: after the start-up checks'
         internal requests, which the router must never hear of."""
@@ -348,3 +346,5 @@ class Engine:
         """Raise unless the pool and the prefix cache are consistent (cheap enough when idle)."""
         self.pool.check_integrity()
         self.cache.check_integrity()
+        if self.states is not None:
+            self.states.pool.check()

@@ -19,8 +19,9 @@ from worker.engine import admission
 from worker.engine.admission import fits_whole_prompt, release_windows, shares_pending_prefill
 from worker.engine.sequence import Sequence, Status
 from worker.engine.speculative import plan_drafts, would_draft
+from worker.engine.states import NO_STATES, NoStates, SequenceStates
 from worker.engine.step_kind import REFERENCE_COSTS, ForwardCosts, plan_step
-from worker.kv.radix_cache import MatchResult, RadixCache
+from worker.kv.radix_cache import RadixCache
 from worker.kv.radix_partial import PartialHit
 from worker.runner.plan import PrefillChunk, StepKind, StepPlan
 
@@ -42,8 +43,11 @@ class Scheduler:
         max_context: int,
         disk: DiskTier | None = None,
         costs: ForwardCosts = REFERENCE_COSTS,
+        states: SequenceStates | NoStates = NO_STATES,
     ):
         self.pool, self.cache, self.config, self.costs = pool, cache, config, costs
+        self.states = states  # hybrid models' recurrent state slots (worker/engine/states.py)
+        self.pad_states = True  # whether their prefill rows may be right-padded
         self.max_context, self.disk = max_context, disk
         self.block_size = pool.block_size
         self.waiting: deque[Sequence] = deque()
@@ -88,7 +92,8 @@ class Scheduler:
         # a later reservation may have preempted a sequence planned earlier in this step
         decode = [s for s in decode if s.status is Status.RUNNING]
         prefill = [c for c in prefill if c.seq.status is Status.RUNNING]
-        return plan_step(decode, prefill, preempted, self.costs, self.block_size)
+        rows = self.pad_states if self.states.active else None  # (no folding: step_kind)
+        return plan_step(decode, prefill, preempted, self.costs, self.block_size, rows)
 
     # ---- pipelined decode --------------------------------------------------------------
 
@@ -134,6 +139,7 @@ class Scheduler:
         seq.num_computed += num_tokens
         seq.num_in_flight += num_tokens if in_flight else 0
         release_windows(self.pool, seq)
+        self.states.computed(seq)
         if seq.num_computed >= seq.prompt_len and seq.inserted_tokens < seq.prompt_len:
             known = self.cache_computed(seq)  # let waiting requests share this prompt
             tail = seq.block_ids[known // self.block_size] if known % self.block_size else None
@@ -172,6 +178,7 @@ class Scheduler:
         chunks = []
         for seq in sorted((s for s in self.running if s.is_prefilling), key=lambda s: s.arrival):
             n = min(self.config.prefill_chunk, seq.prefill_left, budget)
+            n = self.states.chunk(seq, n)
             if seq.status is not Status.RUNNING or n <= 0:
                 continue
             if self._reserve(seq, seq.num_computed + n, preempted):
@@ -182,6 +189,8 @@ class Scheduler:
     def _admit(self, budget: int) -> list[PrefillChunk]:
         chunks, deferred = [], []
         while self.waiting and budget > 0 and len(self.running) < self.config.max_running:
+            if not self.states.room(self.waiting[0], self.running):
+                break
             seq = self.waiting.popleft()
             # the last token is always computed, for its logits; a prompt to score is all
             use_cache = self.config.enable_prefix_cache and not seq.scores_prompt
@@ -191,10 +200,13 @@ class Scheduler:
                 deferred.append(seq)  # wait for that prefill, then hit its blocks
                 continue
             match, tails = admission.window_hit(self.cache, self.pool, prompt)
+            # a hybrid's hit ends where a snapshot of its states is
+            match, kv_tokens, snapshot = self.states.cut(self.cache, prompt, match)
+            tails = tails and not self.states.active
             # hold the match before making room, or the eviction could take it
             self.cache.lock(match.node)
             self.pool.incref(match.block_ids)
-            extended = self._extend_from_disk(prompt, match)
+            extended = admission.from_disk(self, prompt, match)
             tails = tails and extended is match  # (a partial hit follows a node)
             partial = admission.window_tail(self.pool, self.cache.partials.match(prompt, match))
             partial = partial if tails else None
@@ -203,6 +215,8 @@ class Scheduler:
             done = match.num_tokens + (partial.num_tokens if partial else 0)
             left = len(seq.tokens) - done - (1 if seq.forks else 0)
             n = min(self.config.prefill_chunk, left, budget)
+            self.states.plan(seq, done, kv_tokens)
+            n = self.states.chunk(seq, n, done)
             need = self.pool.blocks_for_tokens(done + n) - len(match.block_ids)
             room = self.pool.room(self.cache.evictable_blocks)
             fits = fits_whole_prompt(seq, len(match.block_ids), self.running, self.pool, room)
@@ -212,6 +226,7 @@ class Scheduler:
                 self.waiting.appendleft(seq)
                 break
             self._start(seq, match, need, partial)
+            self.states.start(seq, snapshot)
             self.cache.admitted(hit, len(prompt))  # counted once in, not per attempt
             if n > 0:  # 0: all but the last token cached, and forks pending
                 chunks.append(PrefillChunk(seq, n))
@@ -228,23 +243,6 @@ class Scheduler:
         cached = self.cache.peek_prefix_length(seq.tokens[:-1]) // self.block_size
         room = self.pool.room(self.cache.evictable_blocks)
         return fits_whole_prompt(seq, cached, self.running, self.pool, room)
-
-    def _extend_from_disk(self, prompt: list[int], match: MatchResult) -> MatchResult:
-        """Mutates: the prompt's blocks after `match` that the disk tier holds, loaded into new
-        blocks (held, like the match's) and put back in the prefix cache; the longer match."""
-        start = len(match.block_ids)
-        wanted = len(prompt) // self.block_size - start
-        if self.disk is None or wanted <= 0 or not self.config.enable_prefix_cache:
-            return match
-        hits = self.disk.find(prompt, start, wanted)
-        if not hits or not self.make_room(len(hits)):
-            return match
-        loaded = self.pool.allocate(len(hits))
-        self.disk.load(loaded, hits)
-        block_ids = match.block_ids + loaded
-        num_tokens = len(block_ids) * self.block_size
-        self.cache.insert(prompt[:num_tokens], block_ids)
-        return MatchResult(match.node, block_ids, num_tokens)
 
     def _start(self, seq: Sequence, match, need: int, partial: PartialHit | None) -> None:
         """Admit `seq` on its (already locked and held) prefix match plus `need` new blocks,
@@ -275,6 +273,7 @@ class Scheduler:
             return
         for choice in range(1, parent.forks + 1):
             child = parent.fork(choice)
+            self.states.fork(parent, child)
             self.pool.incref(child.block_ids)
             if partial_tail:
                 child.block_ids[-1] = self.pool.copy_on_write(child.block_ids[-1])
@@ -335,6 +334,7 @@ class Scheduler:
         return known if self.config.enable_prefix_cache and seq.inserted_tokens == full else 0
 
     def _release(self, seq: Sequence) -> None:
+        self.states.release(seq)
         self.cache.partials.forget_live(seq.block_ids)  # (a tail from here on, maybe)
         if (known := self.cache_computed(seq)) % self.block_size:
             self.cache.insert_tail(seq.tokens[:known], seq.block_ids)  # kept for copying

@@ -35,6 +35,9 @@ class Sequence:
     lock_node: object | None = None  # radix node locked for this sequence
     inserted_tokens: int = 0  # tokens already handed to the radix cache
     window_released: int = 0  # leading blocks whose window pages it gave up (window_pages)
+    state_slot: int = -1  # its recurrent layers' state slot (hybrid models: worker.state)
+    # where a snapshot of its states is taken (block-aligned positions -> the block's hash)
+    snapshot_at: dict[int, int] = field(default_factory=dict)
     rng_key: mx.array | None = None
     logprobs: list[float] = field(default_factory=list)
     num_preemptions: int = 0

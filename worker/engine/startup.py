@@ -24,6 +24,7 @@ from shared.protocol import KVGroupReport
 from shared.sampling import SamplingParams
 from worker.attention.prefix_kv import PREFIX_KV, PREFIX_KV_BYTES
 from worker.engine.sequence import Sequence
+from worker.engine.states import plan_states
 from worker.engine.stats import EngineStats
 from worker.engine.step_kind import forward_costs
 from worker.kv.block_io import block_layout, model_fingerprint
@@ -68,7 +69,7 @@ def size_memory(
     budget and the largest prefill chunk cut to fit) and the KV pool (as large as the KV
     setting asks, within what is left). Raises MemoryBudgetTooSmall."""
     if config.num_blocks is not None:
-        return config, config.num_blocks, None
+        return plan_states(config, shape, None)[0], config.num_blocks, None
     budget = config.memory_budget_bytes or default_budget_bytes()
     weights = sum(v.nbytes for _, v in tree_flatten(model.parameters()))
     kv_wanted = config.kv_memory_bytes or memory_budget_bytes(config.kv_memory_fraction)
@@ -82,14 +83,29 @@ def size_memory(
     step = plan.step_tokens
     config = replace(config, step_token_budget=step, prefill_chunk=min(config.prefill_chunk, step))
     quant = kv_quantization(config)
+    config, kv_bytes = plan_states(config, shape, plan.kv)
+    if not shape.num_layers:  # recurrent layers only: blocks keep tokens' hashes, no K/V
+        log.info("%s; %d state slots", plan.describe(), config.max_running)
+        return config, 4 * config.max_running * -(-config.prefill_chunk // config.block_size), plan
     shapes, windowed = shape.shapes(), _window_layers(config, shape)
     # a pool with window pages is units of its full layers' size (worker/kv/window_pages.py)
     unit = [s for i, s in enumerate(shapes) if i not in windowed] if windowed else shapes
-    blocks = plan.kv // layers_bytes_per_block(config.block_size, unit, shape.kv_dtype, **quant)
+    blocks = kv_bytes // layers_bytes_per_block(config.block_size, unit, shape.kv_dtype, **quant)
     if blocks < 2:  # the scratch block and one to serve with
         raise MemoryBudgetTooSmall(f"no room for the KV pool: {plan.describe()}")
     log.info("%s; %d KV blocks", plan.describe(), blocks)
     return config, blocks, plan
+
+
+def make_pool(config: EngineConfig, shape: ModelShape, num_blocks: int) -> BlockPool:
+    """The paged K/V pool `size_memory` sized, with its window pages and quantization."""
+    from worker.kv.block_pool import BlockPool
+
+    return BlockPool(
+        num_blocks, config.block_size, num_layers=shape.num_layers,
+        num_kv_heads=shape.num_kv_heads, head_dim=shape.head_dim, dtype=shape.kv_dtype,
+        layer_shapes=shape.shapes(), **window_layout(config, shape), **kv_quantization(config),
+    )  # fmt: skip
 
 
 def _window_layers(config: EngineConfig, shape: ModelShape) -> list[int]:
@@ -200,6 +216,7 @@ def check_model(engine: Engine) -> None:
     for length in (1, 2):
         probe = Sequence("__probe__", 1, [0] * length, SamplingParams(max_tokens=1), arrival=-1)
         probe.block_ids = [engine.scratch_block]
+        probe.state_slot = engine.states.pool.allocate() if engine.states else -1
         probe.num_computed = length - 1
         probes.append(PrefillChunk(probe, 1))
     plan = StepPlan(StepKind.PREFILL, [], probes, [])
@@ -215,6 +232,8 @@ def check_model(engine: Engine) -> None:
             f"model type {name!r} failed a one-token forward over the paged KV "
             f"({type(exc).__name__}: {exc})"
         ) from exc
+    for probe in (c.seq for c in probes if c.seq.state_slot >= 0):
+        engine.states.pool.free(probe.state_slot)
     gathered = decide_modes(engine.model, kinds, runner.last_caches, inner.uncached_attention)
     runner.last_caches = []
     set_layer_modes(runner, kinds, gathered)

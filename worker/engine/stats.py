@@ -219,6 +219,9 @@ class EngineLoad(NamedTuple):
     evicted_blocks: int
     kv_checks: int = 0
     kv_check_failures: int = 0
+    cached_partial_blocks: int = 0  # partial tails beside the tree (cached_blocks: full only)
+    state_snapshots: int = 0  # hybrid models: snapshots of the recurrent states kept
+    state_snapshot_bytes: int = 0
 
     @classmethod
     def of(
@@ -236,7 +239,16 @@ class EngineLoad(NamedTuple):
             evicted_blocks=cache.evicted_blocks,
             kv_checks=audit.checks if audit else 0,
             kv_check_failures=audit.failures if audit else 0,
+            cached_partial_blocks=len(cache.partials),
+            **_snapshots(scheduler),
         )
+
+
+def _snapshots(scheduler: Scheduler) -> dict:
+    pool = getattr(scheduler.states, "pool", None)
+    if pool is None:
+        return {}
+    return {"state_snapshots": len(pool.snapshots), "state_snapshot_bytes": pool.snapshot_bytes}
 
 
 def engine_stats(
@@ -253,6 +265,7 @@ def engine_stats(
         "total_blocks": pool.num_blocks,
         "free_blocks": load.free_blocks,
         "cached_blocks": load.cached_blocks,
+        "cached_partial_blocks": load.cached_partial_blocks,
         "evictable_blocks": load.evictable_blocks,
         "held_blocks": pool.usage().held,
         "cache_hit_tokens": cache.hit_tokens,

@@ -87,11 +87,22 @@ def plan_step(
     preempted: list[Sequence],
     costs: ForwardCosts,
     block_size: int,
+    states: bool | None = None,
 ) -> StepPlan:
     """The step's plan: the cheapest number of chunks to fold (cheapest first), the rest in
-    padded prefill forwards grouped by length."""
+    padded prefill forwards grouped by length.
+
+    `states` (a hybrid model's recurrent layers) not None: nothing folds (a recurrent state
+    takes a row's tokens in order, and a folded token is a row of its own), and with `states`
+    False (layers that do not honour right padding) a prefill forward holds chunks of one
+    length only."""
     if not prefill:
         return StepPlan(StepKind.DECODE if decode else StepKind.IDLE, decode, [], preempted)
+    if states is not None:
+        groups = pack(prefill, costs) if states else _equal_lengths(prefill)
+        kind = StepKind.SEPARATE if decode else StepKind.PREFILL
+        chunks = [c for g in groups for c in g]
+        return StepPlan(kind, decode, chunks, preempted, 0, tuple(len(g) for g in groups))
     tables: list[list[int]] = []
     lengths: list[int] = []
     for seq in decode:
@@ -134,6 +145,13 @@ def pack(chunks: list[PrefillChunk], costs: ForwardCosts) -> list[list[PrefillCh
                 continue
         groups.append([chunk])
     return groups
+
+
+def _equal_lengths(chunks: list[PrefillChunk]) -> list[list[PrefillChunk]]:
+    by_length: dict[int, list[PrefillChunk]] = {}
+    for chunk in chunks:
+        by_length.setdefault(chunk.num_tokens, []).append(chunk)
+    return list(by_length.values())
 
 
 def prefill_cost(groups: list[list[PrefillChunk]], costs: ForwardCosts) -> float:

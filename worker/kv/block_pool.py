@@ -73,7 +73,7 @@ class BlockPool:
             ("num_blocks", num_blocks), ("block_size", block_size), ("num_layers", num_layers),
             ("num_kv_heads", num_kv_heads), ("head_dim", head_dim),
         ):  # fmt: skip
-            if value < 1:
+            if value < (0 if name == "num_layers" else 1):  # 0: a model of recurrent layers only
                 raise ValueError(f"{name} must be >= 1, got {value}")
         self.num_blocks = num_blocks
         self.block_size = block_size

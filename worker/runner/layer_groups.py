@@ -6,10 +6,13 @@ keys (each query sees itself and the W - 1 positions before it: mlx-lm's
 `create_causal_mask(window_size=W)`). Every group shares the pool's pages and block hashes;
 a windowed group reads only the keys its window can see (`GroupSpan`).
 
-Anything else is refused at load with one sentence that says what it uses and what to do
-instead: recurrent state (linear attention, state space: the hybrid-state work), two caches per
-layer (an indexer's keys, two attention blocks), chunked local attention, a window that keeps
-its first tokens.
+An `ArraysCache` is a recurrent layer's state (linear attention, state space, short
+convolution: `STATE`), kept per sequence in the state pool (`worker.state`) rather than in
+pages; a `CacheList` of one state and one attention cache (Falcon-H1's parallel mixer and
+attention) is both, opened into its members. Anything else is refused at load with one
+sentence that says what it uses and what to do instead: two attention caches per layer (an
+indexer's keys, two attention blocks), chunked local attention, a window that keeps its first
+tokens.
 
 Two ways a layer reads its K/V (`LayerCache`, `worker.runner.layer_cache`):
 - **paged**: full attention through `mlx_lm.models.base.scaled_dot_product_attention`, with
@@ -30,7 +33,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 import mlx.nn as nn
 
-FULL, WINDOW = "full", "window"
+FULL, WINDOW, STATE = "full", "window", "state"
 
 
 class UnsupportedModel(ValueError):
@@ -39,12 +42,15 @@ class UnsupportedModel(ValueError):
 
 @dataclass(frozen=True)
 class LayerKind:
-    """What one cache slot of the model keeps: full attention, or a window of `window` keys."""
+    """What one cache slot of the model keeps: full attention, a window of `window` keys, or
+    a recurrent state."""
 
     kind: str = FULL
     window: int | None = None
 
     def describe(self) -> str:
+        if self.kind == STATE:
+            return "recurrent state"
         return "full attention" if self.kind == FULL else f"sliding window {self.window}"
 
 
@@ -84,10 +90,9 @@ CPU_CRASHES = {"phi3small": "a forward that crashes MLX's CPU back-end (mlx 0.32
 
 
 def layer_kinds(model: nn.Module, caches: list) -> list[LayerKind]:
-    """The kind of each of `caches` (mlx-lm's own, from `make_prompt_cache(model)`); raises
-    UnsupportedModel, in one sentence, for a cache the paged KV cannot stand in for."""
-    from mlx_lm.models import cache as mlx_cache
-
+    """The kind of each of `caches` (mlx-lm's own, from `make_prompt_cache(model)`), a
+    `CacheList` opened into its members (`entry_sizes` says how); raises UnsupportedModel, in
+    one sentence, for a cache neither the paged KV nor the state pool can stand in for."""
     name = model_type(model)
     if name in CPU_CRASHES and not mx.metal.is_available():
         raise UnsupportedModel(
@@ -103,33 +108,51 @@ def layer_kinds(model: nn.Module, caches: list) -> list[LayerKind]:
         )
     kinds = []
     for c in caches:
-        kind = type(c).__name__
-        if type(c) in (mlx_cache.KVCache, mlx_cache.ConcatenateKVCache):
-            kinds.append(LayerKind())
-        elif type(c) is mlx_cache.RotatingKVCache and c.keep == 0:
-            kinds.append(LayerKind(WINDOW, int(c.max_size)))
-        elif type(c) is mlx_cache.RotatingKVCache:
-            raise _refusal(name, f"a sliding window that keeps its first {c.keep} tokens", _INSTEAD)
-        elif isinstance(c, mlx_cache.ArraysCache) or "Mamba" in kind:
-            raise _refusal(
-                name,
-                f"recurrent layers ({kind}: linear attention or state space)",
-                "hybrid recurrent models are the hybrid-state work; " + _INSTEAD,
-            )
-        elif isinstance(c, mlx_cache.CacheList):
-            raise _refusal(
-                name, "two caches per layer (CacheList: an indexer's keys or two attention "
-                "blocks)", _INSTEAD,
-            )  # fmt: skip
-        elif kind == "ChunkedKVCache":
-            raise _refusal(
-                name,
-                "chunked local attention (its mask is built from one sequence's position)",
-                "serve its text-only variant or use mlx_lm.server meanwhile",
-            )
-        else:
-            raise _refusal(name, f"a cache of its own ({kind})", _INSTEAD)
+        members = _members(name, c)
+        kinds.extend(_kind(name, m) for m in members)
     return kinds
+
+
+def entry_sizes(caches: list) -> list[int]:
+    """How many of `layer_kinds`' slots each cache entry is (a CacheList: its members)."""
+    from mlx_lm.models import cache as mlx_cache
+
+    return [len(c.caches) if isinstance(c, mlx_cache.CacheList) else 1 for c in caches]
+
+
+def _members(name: str, c) -> list:
+    from mlx_lm.models import cache as mlx_cache
+
+    if not isinstance(c, mlx_cache.CacheList):
+        return [c]
+    states = sum(isinstance(m, mlx_cache.ArraysCache) for m in c.caches)
+    if states != 1 or any(isinstance(m, mlx_cache.CacheList) for m in c.caches):
+        raise _refusal(
+            name, "two caches per layer (CacheList: an indexer's keys or two attention "
+            "blocks)", _INSTEAD,
+        )  # fmt: skip
+    return list(c.caches)
+
+
+def _kind(name: str, c) -> LayerKind:
+    from mlx_lm.models import cache as mlx_cache
+
+    kind = type(c).__name__
+    if type(c) in (mlx_cache.KVCache, mlx_cache.ConcatenateKVCache):
+        return LayerKind()
+    if type(c) is mlx_cache.RotatingKVCache and c.keep == 0:
+        return LayerKind(WINDOW, int(c.max_size))
+    if type(c) is mlx_cache.RotatingKVCache:
+        raise _refusal(name, f"a sliding window that keeps its first {c.keep} tokens", _INSTEAD)
+    if isinstance(c, mlx_cache.ArraysCache):
+        return LayerKind(STATE)
+    if kind == "ChunkedKVCache":
+        raise _refusal(
+            name,
+            "chunked local attention (its mask is built from one sequence's position)",
+            "serve its text-only variant or use mlx_lm.server meanwhile",
+        )
+    raise _refusal(name, f"a cache of its own ({kind})", _INSTEAD)
 
 
 def group_layers(kinds: list[LayerKind]) -> list[LayerGroup]:

@@ -28,11 +28,13 @@ from worker.runner.layer_groups import LayerKind, grouped_scores
 from worker.runner.model_hooks import install_model_hooks, our_forward
 from worker.runner.plan import StepKind, StepPlan
 from worker.runner.sampler import PromptLogprobs, TokenLogprobs, prompt_logprobs, sample
+from worker.runner.state_cache import StateCache
 from worker.runner.trunk import Trunk
 
 if TYPE_CHECKING:
     from worker.engine.sequence import Sequence
     from worker.kv.block_pool import BlockPool
+    from worker.state import StatePool
 
 
 class Row(NamedTuple):
@@ -41,6 +43,7 @@ class Row(NamedTuple):
     tokens: list[int]
     start: int
     block_ids: list[int]
+    slot: int = -1  # its state slot (hybrid models: `worker.state`)
 
 
 @dataclass(frozen=True)
@@ -64,7 +67,7 @@ class BatchLayout:
 def build_layout(rows: list[Row], block_size: int, scratch_block: int) -> BatchLayout:
     width = max(len(r.tokens) for r in rows)
     tokens, offsets, slots, last = [], [], [], []
-    for toks, start, blocks in rows:
+    for toks, start, blocks, _ in rows:
         tokens.append(toks + [0] * (width - len(toks)))
         offsets.append(start)
         last.append(len(toks) - 1)
@@ -73,7 +76,8 @@ def build_layout(rows: list[Row], block_size: int, scratch_block: int) -> BatchL
         slots.extend(scratch_block * block_size + i % block_size for i in range(width - len(toks)))
     max_blocks = max(-(-(r.start + width) // block_size) for r in rows)
     tables = [
-        blocks[:max_blocks] + [scratch_block] * (max_blocks - len(blocks)) for _, _, blocks in rows
+        blocks[:max_blocks] + [scratch_block] * (max_blocks - len(blocks))
+        for _, _, blocks, _ in rows
     ]
     return BatchLayout(
         tokens=mx.array(tokens, dtype=mx.int32),
@@ -128,6 +132,12 @@ class ModelRunner:
         self.gathered: list[bool] = [False] * pool.num_layers
         self.grouped_scores = grouped_scores(model, self.trunk.module)
         self.uncached_attention = 0  # of the latest forward: layers attending K/V passed along
+        # hybrid models: the recurrent layers' state pool, and where the K/V layers and the
+        # states sit among mlx-lm's cache entries (`ModelShape.slot_map`, `entry_sizes`)
+        self.states: StatePool | None = None
+        self.slot_map: tuple[int, ...] = ()
+        self.entry_sizes: tuple[int, ...] = ()
+        self._state_written: list[mx.array] = []
 
     def run(
         self, plan: StepPlan, device_tokens: mx.array | None = None, times: LayerTimes | None = None
@@ -144,6 +154,7 @@ class ModelRunner:
         prompt = self._score_prompts(hidden, points.prompt) if points.prompt else None
         if not points.seqs:
             outputs = prompt.arrays() if prompt is not None else self.pool.k + self.pool.v
+            outputs = outputs + self._state_written
             return StepOutput([], [], None, None, outputs, prompt)
         # The output projection at the sampling points only: projecting every prefill
         # position onto the vocabulary is wasted work.
@@ -205,11 +216,37 @@ class ModelRunner:
             for i, (kind, gathered) in enumerate(zip(self.kinds, self.gathered, strict=True))
         ]
         self.last_caches = caches
+        states = self._state_caches(rows, tokens.shape[1])
         before = UNCACHED.calls
         with our_forward(layout.offsets):
-            hidden = self.trunk.forward(tokens, caches)
+            hidden = self.trunk.forward(tokens, self._entries(caches, states))
         self.uncached_attention = UNCACHED.calls - before  # read by the load-time probe
+        self._state_written = [a for c in states for a in c.scatter()]
         return hidden, layout
+
+    def _state_caches(self, rows: list[Row], width: int) -> list[StateCache]:
+        """The recurrent layers' caches of one forward: the rows' slots gathered, and each
+        row's real length where rows are padded."""
+        if self.states is None:
+            return []
+        slots = mx.array([r.slot for r in rows], dtype=mx.int32)
+        lengths = [len(r.tokens) for r in rows]
+        padded = lengths if any(n != width for n in lengths) else None
+        return [StateCache(self.states, s, slots, padded) for s in range(len(self.states.shapes))]
+
+    def _entries(self, caches: list[LayerCache], states: list[StateCache]) -> list:
+        """mlx-lm's cache list for the model: K/V layers and states in its order, a layer
+        with both (a CacheList) given both."""
+        if not states:
+            return caches
+        from mlx_lm.models.cache import CacheList
+
+        flat = [caches[k] if k >= 0 else states[-1 - k] for k in self.slot_map]
+        entries, at = [], 0
+        for size in self.entry_sizes:
+            entries.append(flat[at] if size == 1 else CacheList(*flat[at : at + size]))
+            at += size
+        return entries
 
     def plan_rows(self, plan: StepPlan, on_device: bool) -> tuple[list[Row], Points]:
         """The rows of `plan` and where they sample. A decode row is its last token; its
@@ -231,7 +268,7 @@ class ModelRunner:
             start = s.num_computed
             toks = [0] if on_device else [s.tokens[start], *s.draft]
             for i, tok in enumerate(toks):
-                add(Row([tok], start + i, s.block_ids), s, [0])
+                add(Row([tok], start + i, s.block_ids, s.state_slot), s, [0])
         for s, n in plan.prefill:
             start = s.num_computed
             samples = start + n == len(s.tokens)  # the prompt's last token: sample the next
@@ -245,7 +282,7 @@ class ModelRunner:
                         points.prompt.append((len(rows) - 1, 0, s, p + 1))
             else:
                 add(
-                    Row(s.tokens[start : start + n], start, s.block_ids),
+                    Row(s.tokens[start : start + n], start, s.block_ids, s.state_slot),
                     s,
                     [None] if samples else [],
                 )

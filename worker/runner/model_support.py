@@ -20,12 +20,15 @@ import mlx.nn as nn
 
 from worker.runner.layer_groups import (
     FULL,
+    STATE,
     WINDOW,
     LayerKind,
     UnsupportedModel,
+    entry_sizes,
     layer_kinds,
     model_type,
 )
+from worker.state import StateShape
 
 COVERED_ARCHITECTURES = frozenset({"llama", "mistral", "qwen2", "qwen3"})
 
@@ -44,6 +47,12 @@ class ModelShape:
     num_heads: int = 0  # query heads (0: unknown)
     layer_kinds: tuple[LayerKind, ...] = ()  # per cache slot (empty: all full attention)
     layer_shapes: tuple[KVShape, ...] = ()  # per cache slot (empty: all the first's)
+    # recurrent layers (hybrid models): each one's state arrays, per sequence
+    states: tuple[StateShape, ...] = ()
+    # per mlx-lm cache slot (CacheLists opened), in order: K/V layer k >= 0, or state -1 - s
+    # (empty: every slot a K/V layer); and how many slots each cache entry is (a CacheList >1)
+    slot_map: tuple[int, ...] = ()
+    entry_sizes: tuple[int, ...] = ()
 
     def kinds(self) -> list[LayerKind]:
         return list(self.layer_kinds) or [LayerKind()] * self.num_layers
@@ -59,6 +68,10 @@ class ModelShape:
             kind.kind != FULL or (h, d) != (hv, dv)
             for kind, (h, d, hv, dv) in zip(self.kinds(), self.shapes(), strict=True)
         ]
+
+    @property
+    def recurrent(self) -> bool:
+        return bool(self.states)
 
     @property
     def uniform(self) -> bool:
@@ -79,7 +92,7 @@ def probe_shape(model: nn.Module) -> ModelShape:
     from mlx_lm.models.cache import make_prompt_cache
 
     cache = make_prompt_cache(model)
-    kinds = layer_kinds(model, cache)
+    flat = layer_kinds(model, cache)
     try:
         logits = model(mx.array([[0]]), cache=cache)
     except Exception as exc:  # noqa: BLE001 - any failure of a plain forward is a refusal
@@ -87,17 +100,39 @@ def probe_shape(model: nn.Module) -> ModelShape:
             f"model type {model_type(model)!r} failed a one-token forward under mlx-lm "
             f"itself ({type(exc).__name__}: {exc})"
         ) from exc
+    members = [m for c in cache for m in (c.caches if hasattr(c, "caches") else [c])]
+    kv = [c for c, k in zip(members, flat, strict=True) if k.kind != STATE]
+    kinds = tuple(k for k in flat if k.kind != STATE)
     shapes = tuple(
-        (c.keys.shape[1], c.keys.shape[3], c.values.shape[1], c.values.shape[3]) for c in cache
+        (c.keys.shape[1], c.keys.shape[3], c.values.shape[1], c.values.shape[3]) for c in kv
     )
-    keys = cache[0].keys
-    heads = getattr(getattr(model, "args", None), "num_attention_heads", 0) or keys.shape[1]
+    states = tuple(
+        _state_shape(model, c) for c, k in zip(members, flat, strict=True) if k.kind == STATE
+    )
+    slot_map, counts = [], {True: 0, False: 0}
+    for k in flat:
+        state = k.kind == STATE
+        slot_map.append(-1 - counts[True] if state else counts[False])
+        counts[state] += 1
+    first = shapes[0] if shapes else (1, 1, 1, 1)
+    dtype = kv[0].keys.dtype if kv else states[0][0][1]
+    heads = getattr(getattr(model, "args", None), "num_attention_heads", 0) or first[0]
     if not isinstance(heads, int):
-        heads = keys.shape[1]
+        heads = first[0]
     return ModelShape(
-        len(cache), shapes[0][0], shapes[0][1], keys.dtype, logits.shape[-1], int(heads),
-        tuple(kinds), shapes,
+        len(kv), first[0], first[1], dtype, logits.shape[-1], int(heads), kinds, shapes,
+        states, tuple(slot_map) if states else (), tuple(entry_sizes(cache)) if states else (),
     )  # fmt: skip
+
+
+def _state_shape(model: nn.Module, c) -> StateShape:
+    """A recurrent layer's state arrays, per sequence, as one mlx-lm forward left them."""
+    if any(a is None for a in c.cache):
+        raise UnsupportedModel(
+            f"model type {model_type(model)!r} has a recurrent layer that leaves part of its "
+            "state unset after a forward, which the state pool cannot size"
+        )
+    return tuple((tuple(a.shape[1:]), a.dtype) for a in c.cache)
 
 
 def decide_modes(

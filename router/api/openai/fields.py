@@ -1,6 +1,7 @@
 """Every OpenAI request field, declared once: which endpoint knows it and how it is handled.
 
-No field is silently ignored (docs/api.md lists every one; tests/unit/router/api/test_known_fields.py
+A field sent as null is absent, whatever its status (generated clients send every unset
+field as null). No field is silently ignored (docs/api.md lists every one; tests/unit/router/api/test_known_fields.py
 keeps that list and this table equal). A field not in the table is a 400 naming it. A no-op
 field is still checked for its type, and a field we cannot honour is a 400 naming it rather
 than an answer that quietly differs from what was asked.
@@ -72,6 +73,8 @@ FIELDS: dict[str, Field] = {
     "metadata": Field(CHAT, dict, "stored completions are not kept"),
     "store": Field(CHAT, bool, "stored completions are not kept"),
     "service_tier": Field(CHAT, str, "one tier here"),
+    "prompt_cache_retention": Field(CHAT, str, "cached prefixes stay until evicted (LRU)"),
+    "prompt_cache_options": Field(CHAT, dict, "cached prefixes stay until evicted (LRU)"),
     # honoured for one value only
     "best_of": Field(TEXT, honoured_if=lambda v: v == 1),
     "suffix": Field(TEXT, honoured_if=lambda v: v == ""),
@@ -92,6 +95,7 @@ FIELDS: dict[str, Field] = {
         CHAT, refused=True, note="reasoning effort is not adjustable; see chat_template_kwargs"
     ),
     "verbosity": Field(CHAT, refused=True, note="verbosity is not adjustable"),
+    "moderation": Field(CHAT, refused=True, note="moderation is not run by this server"),
 }
 
 CHAT_FIELDS = frozenset(name for name, f in FIELDS.items() if CHAT in f.endpoints)

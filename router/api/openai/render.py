@@ -31,7 +31,7 @@ class ResponseBuilder:
         `scored`: vLLM's `prompt_logprobs`, when asked for."""
         logprobs = self._logprobs(entries)
         if self.kind == "chat":
-            message = text if isinstance(text, dict) else {"role": "assistant", "content": text}
+            message = text if isinstance(text, dict) else plain_message(text)
             choice = {
                 "index": 0,
                 "message": message,
@@ -91,8 +91,8 @@ class ResponseBuilder:
                 "finish_reason": finish_reason,
             }
             body = self._envelope("text_completion", choice, None)
-        if not include_usage:
-            del body["usage"]
+        if not include_usage or self.kind == "text":
+            del body["usage"]  # completions' usage is not nullable in OpenAI's schema
         return body
 
     def usage_chunk(self, usage: UsageCount) -> dict:
@@ -114,10 +114,15 @@ class ResponseBuilder:
             "object": obj,
             "created": self.created,
             "model": self.model,
-            "system_fingerprint": None,
             "choices": [choice] if choice is not None else [],
             "usage": usage,
         }
+
+
+def plain_message(content: str | None) -> dict:
+    """An assistant message; `refusal` is required (nullable) in OpenAI's schema, and a
+    refusal here is only ever the model's own text, so it is always null."""
+    return {"role": "assistant", "content": content, "refusal": None}
 
 
 def chat_message(events) -> dict:
@@ -127,7 +132,7 @@ def chat_message(events) -> dict:
     calls = [_tool_call_json(e) for e in events if e.kind == "tool_call"]
     if calls:  # the whitespace that separated the text from the markup goes with the markup
         content = content.strip()
-    message = {"role": "assistant", "content": content if content or not calls else None}
+    message = plain_message(content if content or not calls else None)
     if reasoning:
         message["reasoning_content"] = reasoning
     if calls:

@@ -1,7 +1,7 @@
 """Every /v1/responses request field, declared once: honoured, an accepted no-op, or refused.
 
 docs/api.md's Responses table lists the same names (tests/unit/router/api/test_known_fields.py
-keeps them equal); a field in neither is a 400 naming it.
+keeps them equal); a field in neither is a 400 naming it. A field sent as null is absent.
 """
 
 from __future__ import annotations
@@ -42,6 +42,8 @@ FIELDS: dict[str, Field] = {
     "client_metadata": Field(no_op=dict),  # Codex CLI's ids of its session and turn
     "service_tier": Field(no_op=str),
     "stream_options": Field(no_op=dict),
+    "prompt_cache_retention": Field(no_op=str),  # cached prefixes stay until evicted (LRU)
+    "prompt_cache_options": Field(no_op=dict),
     "include": Field(
         refused="'include' asks for data this server does not produce (encrypted reasoning, "
         "logprobs, tool sources)",
@@ -66,6 +68,7 @@ FIELDS: dict[str, Field] = {
     ),
     "prompt": Field(refused="stored prompt templates are not supported; send 'input'"),
     "context_management": Field(refused="context management (compaction) is not supported"),
+    "moderation": Field(refused="moderation is not run by this server"),
 }
 RESPONSES_FIELDS = frozenset(FIELDS)
 _SUMMARIES = (None, "auto", "concise", "detailed")

@@ -209,9 +209,15 @@ def _echo(body: dict, max_output: int | None, sampling: SamplingParams) -> dict:
         "temperature": sampling.temperature,
         "text": {"format": text.get("format") or {"type": "text"}},
         "tool_choice": body.get("tool_choice") or "auto",
-        "tools": body.get("tools") or [],
+        "tools": [_echoed_tool(t) for t in body.get("tools") or []],
         "top_p": sampling.top_p,
         "truncation": body.get("truncation") or "disabled",
         "user": body.get("user"),
         "store": typed_field(body, "store", bool, True),
     }
+
+
+def _echoed_tool(tool: dict) -> dict:
+    """A function tool as the response repeats it: `strict` and `parameters` are required
+    (nullable) there, so one the request left out is echoed as null."""
+    return {"strict": None, "parameters": None} | tool

@@ -22,24 +22,37 @@ def response_object(
     usage: dict | None = None,
     error: ApiError | None = None,
 ) -> dict:
+    """The response object. OpenAI's schema types `usage` and `user` as optional but never
+    null: until a response finishes, and when the request named no user, they are left out."""
     incomplete = {"reason": "max_output_tokens"} if status == "incomplete" else None
-    return {
+    body = {
         "id": response_id,
         "object": "response",
         "created_at": created_at,
         "status": status,
         "background": False,
-        "error": {"code": error.code or "server_error", "message": error.message}
-        if error is not None
-        else None,
+        "error": _error_json(error) if error is not None else None,
         "incomplete_details": incomplete,
         "model": req.model,
         "output": output,
         "reasoning": {"effort": None, "summary": None},
         "service_tier": "default",
-        "usage": usage,
+        **({"usage": usage} if usage is not None else {}),
         **req.context.echo,
     }
+    if body.get("user") is None:
+        body.pop("user", None)
+    return body
+
+
+# The codes of OpenAI's ResponseErrorCode that can describe our failures; the `error` event
+# before response.failed carries our own code, which the schema leaves free.
+RESPONSE_ERROR_CODES = ("server_error", "rate_limit_exceeded", "invalid_prompt")
+
+
+def _error_json(error: ApiError) -> dict:
+    code = error.code if error.code in RESPONSE_ERROR_CODES else "server_error"
+    return {"code": code, "message": error.message}
 
 
 def now() -> int:
@@ -53,7 +66,8 @@ def status_of(finish_reason: str | None) -> str:
 def usage_json(usage: UsageCount, reasoning_tokens: int) -> dict:
     return {
         "input_tokens": usage.prompt_tokens,
-        "input_tokens_details": {"cached_tokens": usage.cached_tokens},
+        # we keep no paid cache tier, so no prompt token is ever billed as a cache write
+        "input_tokens_details": {"cached_tokens": usage.cached_tokens, "cache_write_tokens": 0},
         "output_tokens": usage.completion_tokens,
         "output_tokens_details": {"reasoning_tokens": reasoning_tokens},
         "total_tokens": usage.prompt_tokens + usage.completion_tokens,

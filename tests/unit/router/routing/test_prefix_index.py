@@ -266,3 +266,25 @@ def test_an_inventory_raced_by_events_converges(ops, data, per_part):
     assert index.num_blocks("w1") == len(held)
     want = window_usable(chain, held, windowless, 2)
     assert index.match(chain, ["w1"]) == {"w1": want}
+
+
+def test_a_hybrid_model_hit_ends_only_at_a_snapshot_of_its_states():
+    """As the worker's scheduler cuts a hit (worker/engine/states.py `cut`): the deepest
+    matched block with a snapshot; a worker without the rule counts every block."""
+    from shared.kv_events import StateSnapshotsDropped, StateSnapshotsStored
+
+    index = PrefixIndex()
+    a = hash_blocks(list(range(24)), 4)  # six blocks
+    for worker in ("hybrid", "plain"):
+        for ev in stored(a[:5]):
+            index.apply(worker, ev)
+    index.set_snapshots("hybrid", True)
+    assert index.match(a, ["hybrid", "plain"]) == {"hybrid": 0, "plain": 5}
+    index.apply("hybrid", StateSnapshotsStored((a[1], a[3], a[5])))  # a[5]: not held
+    assert index.match(a, ["hybrid"]) == {"hybrid": 4}
+    index.apply("hybrid", StateSnapshotsDropped((a[3],)))
+    assert index.match(a, ["hybrid"]) == {"hybrid": 2}
+    index.apply("hybrid", AllBlocksCleared())
+    for ev in stored(a[:5]):
+        index.apply("hybrid", ev)
+    assert index.match(a, ["hybrid"]) == {"hybrid": 0}  # its snapshots went with the cache

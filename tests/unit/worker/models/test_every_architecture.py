@@ -1,5 +1,5 @@
 """Every architecture the installed mlx-lm builds (tiny random weights, `tests.support.arch_zoo`),
-except the hybrid recurrent ones (the hybrid-state work), is served over the paged KV with
+except the hybrid recurrent ones (test_hybrid_state.py), is served over the paged KV with
 greedy output equal to mlx-lm's own `generate_step`, or refused at load in one sentence.
 
 One engine per architecture covers: prompts of different lengths decoded together, each

@@ -117,17 +117,17 @@ def test_attention_sinks_are_served_paged_or_gathered(gathered):
 @pytest.mark.parametrize(
     ("cache", "says"),
     [
-        ("arrays", r"'llama' is not served: it uses recurrent layers \(ArraysCache"),
+        ("own", r"'llama' is not served: it uses a cache of its own \(QuantizedKVCache\)"),
         ("list", r"'llama' is not served: it uses two caches per layer"),
         ("chunked", r"'llama' is not served: it uses chunked local attention"),
     ],
 )
 def test_caches_the_paged_kv_cannot_stand_in_for_are_refused_in_one_sentence(cache, says):
-    from mlx_lm.models.cache import ArraysCache, CacheList, ChunkedKVCache
+    from mlx_lm.models.cache import CacheList, ChunkedKVCache, QuantizedKVCache
 
     model = tiny_model("llama")
     make = {
-        "arrays": lambda: ArraysCache(2),
+        "own": lambda: QuantizedKVCache(),
         "list": lambda: CacheList(KVCache(), KVCache()),
         "chunked": lambda: ChunkedKVCache(8),
     }[cache]

@@ -1,0 +1,126 @@
+"""Hybrid models (recurrent layers beside or instead of attention: `tests.support.arch_zoo`'s
+RECURRENT) are served with their states in the state pool (`worker.state`), with greedy
+output equal to mlx-lm's own `generate_step` alone:
+
+- prompts of different lengths decoded together, in 16-token prefill chunks;
+- a second conversation turn (the first prompt, its reply and a new message) starting from
+  the snapshot at the first prompt's last whole block: only the tokens after it computed;
+- forked into two choices from one prefill (n = 2), each choice with its own state;
+- preempted and resumed under a pool too small for the batch;
+- a prefix several prompts share: the second prompt snapshots where it left the cached
+  tree, and the third starts there.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from shared.kv_events import StateSnapshotsDropped, StateSnapshotsStored
+from tests.support.arch_zoo import ARCHITECTURES, RECURRENT, build, runs_here
+from tests.support.engine_fixtures import make_engine, reference_greedy
+from tests.unit.worker.models.test_every_architecture import MAX_TOKENS, _prompt, _run
+from worker.runner.model_support import UnsupportedModel
+
+REFUSED = {"longcat_flash_ngram": "two caches per layer"}
+HYBRIDS = sorted(a for a in RECURRENT if a in ARCHITECTURES and runs_here(a) and a not in REFUSED)
+# the issue's list: each also runs preempted
+REQUIRED = [
+    "qwen3_5", "qwen3_next", "nemotron_h", "granitemoehybrid", "lfm2", "kimi_linear", "mamba2",
+    "falcon_h1",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("arch", HYBRIDS)
+def test_hybrid_served_batched_chunked_and_from_a_snapshot(arch):
+    model = build(arch)
+    engine = make_engine(model, prefill_chunk=16, step_token_budget=48)
+    assert engine.states is not None
+    prompts = {"a": _prompt(5, 0), "b": _prompt(23, 1), "c": _prompt(41, 2)}
+    expected = {rid: reference_greedy(model, p, MAX_TOKENS) for rid, p in prompts.items()}
+    tokens, _ = _run(engine, {rid: (p, 1) for rid, p in prompts.items()})
+    assert {rid: tokens[(rid, 0)] for rid in prompts} == expected
+
+    # the next turn: "c", its reply, a new message; from the snapshot at "c"'s block 40
+    turn = prompts["c"] + expected["c"] + _prompt(11, 3)
+    want = reference_greedy(model, turn, MAX_TOKENS)
+    tokens, usage = _run(engine, {"d": (turn, 2)})
+    assert tokens[("d", 0)] == tokens[("d", 1)] == want
+    assert usage["d"].cached_tokens == 40  # (41 - 1) // 8 * 8: only what follows computed
+    assert engine.states.pool.snapshot_hits >= 1
+    engine.check_integrity()
+
+
+@pytest.mark.parametrize("arch", REQUIRED)
+def test_hybrid_preempted_and_resumed_match_mlx_lm(arch):
+    model = build(arch)
+    # 10 blocks of 8 tokens: the batch outgrows them while it decodes (a prefill is never
+    # folded for these models, so admission paces itself and 12 blocks would not preempt)
+    engine = make_engine(model, num_blocks=10, max_running=6, prefill_chunk=16)
+    prompts = {f"p{i}": _prompt(17 + 6 * i, i) for i in range(5)}
+    expected = {rid: reference_greedy(model, p, MAX_TOKENS) for rid, p in prompts.items()}
+    tokens, _ = _run(engine, {rid: (p, 1) for rid, p in prompts.items()})
+    assert {rid: tokens[(rid, 0)] for rid in prompts} == expected
+    assert engine.stats()["preemptions"] > 0
+    engine.check_integrity()
+
+
+def test_shared_prefix_snapshot_where_the_prompt_left_the_tree():
+    model = build("qwen3_next")
+    engine = make_engine(model, prefill_chunk=64)
+    system = _prompt(24, 7)  # three blocks of 8
+    first, second, third = (system + _prompt(13, salt) for salt in (1, 2, 3))
+    _, usage = _run(engine, {"first": (first, 1)})
+    assert usage["first"].cached_tokens == 0
+    # the tree holds the system prompt's K/V but no state there: computed again, and
+    # snapshotted where this prompt leaves the tree
+    _, usage = _run(engine, {"second": (second, 1)})
+    assert usage["second"].cached_tokens == 0
+    tokens, usage = _run(engine, {"third": (third, 1)})
+    assert usage["third"].cached_tokens == 24
+    assert tokens[("third", 0)] == reference_greedy(model, third, MAX_TOKENS)
+    events = engine.kv_events.drain()  # what the worker sends the router
+    stored = [h for e in events if isinstance(e, StateSnapshotsStored) for h in e.block_hashes]
+    # each prompt's last whole block, and the second's branch point (24)
+    assert len(stored) == len(set(stored)) == 4
+    engine.check_integrity()
+
+
+def test_snapshots_are_bounded_and_their_drops_announced():
+    model = build("mamba2")
+    engine = make_engine(model, max_running=2, state_snapshots=2)
+    pool = engine.states.pool
+    taken = pool.snapshots_taken  # (the load-time check's, forgotten since)
+    assert not pool.snapshots
+    for salt in range(4):
+        _run(engine, {f"r{salt}": (_prompt(20, 10 * salt), 1)})
+    assert len(pool.snapshots) == 2 and pool.snapshots_taken - taken == 4
+    assert pool.snapshot_bytes == 2 * pool.bytes_per_slot
+    load = engine.load()  # what the heartbeat reports (/v1/cluster, /metrics)
+    assert (load.state_snapshots, load.state_snapshot_bytes) == (2, pool.snapshot_bytes)
+    events = engine.kv_events.drain()
+    dropped = [h for e in events if isinstance(e, StateSnapshotsDropped) for h in e.block_hashes]
+    assert len(dropped) == 2
+    engine.check_integrity()
+
+
+def test_no_snapshots_no_hits():
+    model = build("lfm2")
+    engine = make_engine(model, state_snapshots=0)
+    prompt = _prompt(30, 5)
+    _run(engine, {"a": (prompt, 1)})
+    tokens, usage = _run(engine, {"b": (prompt + _prompt(9, 1), 1)})
+    assert usage["b"].cached_tokens == 0
+    assert tokens[("b", 0)] == reference_greedy(model, prompt + _prompt(9, 1), MAX_TOKENS)
+
+
+@pytest.mark.parametrize("arch", sorted(REFUSED))
+def test_refused_hybrids_in_one_sentence(arch):
+    with pytest.raises(UnsupportedModel, match=REFUSED[arch]) as refused:
+        make_engine(build(arch))
+    assert "\n" not in str(refused.value)
+
+
+def test_every_hybrid_is_served_or_refused():
+    built = {a for a in RECURRENT if a in ARCHITECTURES and runs_here(a)}
+    assert set(HYBRIDS) | set(REFUSED) == built
+    assert set(REQUIRED) <= set(HYBRIDS)

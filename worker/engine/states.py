@@ -1,0 +1,217 @@
+"""The scheduler's side of a hybrid model's recurrent state (`worker.state.StatePool`).
+
+A running sequence owns a state slot from admission to its end (a preempted one gives it
+back and starts again from a snapshot or from nothing). A prefix hit needs the states as they
+were where the hit ends, so for these models a hit is the deepest matched block that has a
+snapshot (`cut`); the K/V blocks past it are computed again with the states.
+
+Where snapshots are taken decides what later prompts can hit (vLLM #45238), and each costs a
+whole state, so a sequence takes at most two, at block boundaries its prefill chunks are cut
+to end on (`chunk`):
+- **where its prompt left the cached tree**, when the tree held K/V blocks there but no
+  snapshot: the radix tree branches there, so that prefix is one that several prompts
+  share (a system prompt, a document asked about twice); the next prompt that shares it hits
+  all of it. No client has to mark anything, and it works the same on every API;
+- **at its prompt's last whole block**: a chat's next turn extends this prompt, so the next
+  turn computes only this turn's reply and its new message.
+A snapshot per block is never taken: it would cost a state per block.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import math
+import sys
+from collections.abc import Callable
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from shared.hashing import hash_blocks
+from shared.kv_events import (
+    AllBlocksCleared,
+    BlockRemoved,
+    KVEvent,
+    StateSnapshotsDropped,
+    StateSnapshotsStored,
+)
+from worker.runner.model_support import UnsupportedModel
+from worker.state import StatePool
+
+if TYPE_CHECKING:
+    import mlx.nn as nn
+
+    from worker.config import EngineConfig
+    from worker.engine.engine import Engine
+    from worker.engine.sequence import Sequence
+    from worker.kv.radix_cache import MatchResult, RadixCache
+    from worker.runner.model_support import ModelShape
+
+
+log = logging.getLogger(__name__)
+
+
+class NoStates:
+    """A model without recurrent layers: every question answered as if there were none."""
+
+    active = False
+
+    def room(self, seq: Sequence, running: list[Sequence]) -> bool:
+        return True
+
+    def cut(self, cache, prompt, match):
+        return match, match.num_tokens, None
+
+    def plan(self, seq: Sequence, start: int, kv_tokens: int) -> None: ...
+
+    def start(self, seq: Sequence, snapshot: int | None) -> None: ...
+
+    def chunk(self, seq: Sequence, n: int, start: int | None = None) -> int:
+        return n
+
+    def computed(self, seq: Sequence) -> None: ...
+
+    def fork(self, parent: Sequence, child: Sequence) -> None: ...
+
+    def release(self, seq: Sequence) -> None: ...
+
+
+class SequenceStates:
+    """State slots and snapshots for the scheduler's sequences."""
+
+    active = True
+
+    def __init__(self, pool: StatePool, block_size: int, emit: Callable[[KVEvent], None]):
+        self.pool, self.block_size, self._emit = pool, block_size, emit
+        pool.on_drop = lambda hashes: emit(StateSnapshotsDropped(tuple(hashes)))
+
+    def room(self, seq: Sequence, running: list[Sequence]) -> bool:
+        """Whether `seq` (and its n > 1 choices) can have state slots now, beside the
+        choices running sequences have still to fork."""
+        return self.pool.room() >= 1 + seq.forks + sum(s.forks for s in running)
+
+    def cut(
+        self, cache: RadixCache, prompt: list[int], match: MatchResult
+    ) -> tuple[MatchResult, int, int | None]:
+        """(the match cut back to its deepest snapshot, the K/V match's length in tokens,
+        that snapshot's block hash or None). Mutates the tree's LRU like `match_prefix`."""
+        bs = self.block_size
+        hashes = hash_blocks(prompt[: match.num_tokens], bs)
+        deepest = self.pool.deepest(hashes)
+        if deepest < len(match.block_ids):
+            match = cache.match_prefix(prompt[: deepest * bs])
+        return match, len(hashes) * bs, hashes[deepest - 1] if deepest else None
+
+    def plan(self, seq: Sequence, start: int, kv_tokens: int) -> None:
+        """Mutates: where `seq`, to be admitted at `start`, takes its snapshots."""
+        bs = self.block_size
+        last = (len(seq.tokens) - 1) // bs * bs  # a later prompt hits up to here, at most
+        points = {p for p in (kv_tokens, last) if start < p}
+        hashes = hash_blocks(seq.tokens[: max(points)], bs) if points else []
+        seq.snapshot_at = {p: hashes[p // bs - 1] for p in sorted(points)}
+
+    def start(self, seq: Sequence, snapshot: int | None) -> None:
+        """Mutates: admitted `seq` gets its slot, from `snapshot` or zeros."""
+        seq.state_slot = self.pool.allocate() if snapshot is None else self.pool.restore(snapshot)
+
+    def chunk(self, seq: Sequence, n: int, start: int | None = None) -> int:
+        """`n` prefill tokens from `start` (`seq.num_computed`) cut to end at its next
+        snapshot point."""
+        start = seq.num_computed if start is None else start
+        return min([n, *(p - start for p in seq.snapshot_at if p > start)])
+
+    def computed(self, seq: Sequence) -> None:
+        """Mutates: after a forward; the snapshot where `seq`'s computed tokens now end."""
+        block_hash = seq.snapshot_at.pop(seq.num_computed, None)
+        if block_hash is not None and self.pool.snapshot(seq.state_slot, block_hash):
+            self._emit(StateSnapshotsStored((block_hash,)))
+
+    def fork(self, parent: Sequence, child: Sequence) -> None:
+        child.state_slot = self.pool.fork(parent.state_slot)
+        child.snapshot_at = {}
+
+    def release(self, seq: Sequence) -> None:
+        """Mutates: `seq` stops running (finished, aborted or preempted)."""
+        if seq.state_slot >= 0:
+            self.pool.free(seq.state_slot)
+        seq.state_slot, seq.snapshot_at = -1, {}
+
+    def on_event(self, event: KVEvent) -> None:
+        """The radix cache's news: blocks that left it take their snapshots along."""
+        if isinstance(event, BlockRemoved):
+            self.pool.forget(event.block_hashes)
+        elif isinstance(event, AllBlocksCleared):
+            self.pool.clear()
+
+
+NO_STATES = NoStates()
+
+
+# ---- at load (worker.engine.startup) ----
+
+
+def plan_states(
+    config: EngineConfig, shape: ModelShape, kv_bytes: int | None
+) -> tuple[EngineConfig, int]:
+    """A hybrid model's state slots out of the KV memory (at most half of it): one per
+    running sequence (fewer running sequences if they do not fit) and `state_snapshots`;
+    returns the config with both set, and the KV bytes left for the pool."""
+    if not shape.recurrent:
+        return config, kv_bytes or 0
+    running, snapshots = config.max_running, config.state_snapshots
+    snapshots = 2 * running if snapshots is None else snapshots
+    if kv_bytes is not None:
+        per = state_bytes(shape)
+        fit = max(1, kv_bytes // 2 // per)
+        if fit < running:
+            log.warning("%d sequences' states fit in half the KV memory: max_running %d -> %d",
+                        fit, running, fit)  # fmt: skip
+        running = min(running, fit)
+        snapshots = min(snapshots, fit - running)
+        kv_bytes -= (running + snapshots) * per
+    return replace(config, max_running=running, state_snapshots=snapshots), kv_bytes or 0
+
+
+def state_bytes(shape: ModelShape) -> int:
+    """One sequence's recurrent states, in bytes."""
+    return sum(d.size * math.prod(s) for layer in shape.states for s, d in layer)
+
+
+def make_states(config: EngineConfig, shape: ModelShape, emit) -> SequenceStates | None:
+    """The state pool of a hybrid model (`plan_states` sized it), None for others."""
+    if not shape.recurrent:
+        return None
+    slots = config.max_running + (config.state_snapshots or 0)
+    log.info("recurrent states: %d layers, %.1f MiB per sequence, %d slots (%d for snapshots)",
+             len(shape.states), state_bytes(shape) / 2**20, slots, config.state_snapshots or 0)  # fmt: skip
+    return SequenceStates(StatePool(list(shape.states), slots, config.max_running),
+                          config.block_size, emit)  # fmt: skip
+
+
+def attach_states(engine: Engine, shape: ModelShape) -> None:
+    """A hybrid model's runner reads its states from the pool, and its scheduler pads
+    prefill rows only where the model's recurrent layers honour right padding."""
+    if engine.states is None:
+        return
+    inner = getattr(engine.runner, "inner", engine.runner)
+    if inner is not engine.runner:
+        raise UnsupportedModel(
+            "tensor-parallel groups do not serve models with recurrent layers yet; serve "
+            "this one with one worker per model replica"
+        )
+    inner.states, inner.slot_map, inner.entry_sizes = (
+        engine.states.pool, shape.slot_map, shape.entry_sizes
+    )  # fmt: skip
+    engine.scheduler.pad_states = honours_padding(engine.model)
+    if engine.config.speculative != "off":
+        log.info("speculative decoding off: recurrent states cannot take back rejected drafts")
+        engine.config = replace(engine.config, speculative="off")
+    log.info("KV disk tier and peer transfers off: they carry no recurrent states yet")
+
+
+def honours_padding(model: nn.Module) -> bool:
+    """Whether the model's recurrent layers keep each row's state where its real tokens end
+    when rows are right-padded (mlx-lm's `ArraysCache.lengths`, which its batched generation
+    sets): read off the model's own source, as no forward can show it without a reference."""
+    source = inspect.getsource(sys.modules[type(model).__module__])
+    return "cache.lengths" in source or "lengths = cache.lengths" in source

@@ -1,0 +1,163 @@
+"""The state pool: what a hybrid model's recurrent layers keep per sequence, in slots.
+
+A recurrent layer (mlx-lm's `ArraysCache`: a convolution's last inputs, a linear-attention or
+state-space matrix) keeps a fixed-size state per sequence instead of a K/V that grows. Each
+state array of each recurrent layer is one `mx.array` of shape `(num_slots, *shape)`; a
+running sequence owns one slot (the same index in every array), which the forward gathers and
+scatters back (`worker.runner.state_cache`).
+
+Snapshots make prefix caching possible: a copy of a sequence's states taken where its
+computed tokens end on a block boundary, keyed by the chained hash of the block that ends
+there (the same hash the radix tree and the router know the block by), so a later prompt that
+shares the prefix up to that block starts from the snapshot instead of from nothing. Slots are
+one free list for both: a running sequence takes the free slot or, failing that, the least
+recently used snapshot; a snapshot is taken only into a free slot beyond the slots kept for
+running sequences (`reserved`), so snapshots never starve running work. States are large (tens
+of MiB per sequence for big hybrids): snapshots are few, counted, and evicted LRU.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
+
+import mlx.core as mx
+
+# one recurrent layer's arrays: (per-sequence shape, dtype) of each
+StateShape = tuple[tuple[tuple[int, ...], mx.Dtype], ...]
+
+
+class StatePool:
+    """Slots of every recurrent layer's state arrays, and the snapshots among them."""
+
+    def __init__(self, shapes: list[StateShape], num_slots: int, reserved: int):
+        if num_slots < reserved or reserved < 1:
+            raise ValueError(f"{num_slots} state slots cannot keep {reserved} for running work")
+        self.shapes, self.num_slots, self.reserved = list(shapes), num_slots, reserved
+        self.arrays: list[list[mx.array]] = [
+            [mx.zeros((num_slots, *shape), dtype=dtype) for shape, dtype in layer]
+            for layer in self.shapes
+        ]
+        mx.eval(self.arrays)
+        self._free = list(range(num_slots - 1, -1, -1))
+        self._running: set[int] = set()
+        self.snapshots: OrderedDict[int, int] = OrderedDict()  # block hash -> slot, LRU first
+        self.on_drop: Callable[[list[int]], None] | None = None  # hashes of dropped snapshots
+        self.snapshots_taken = self.snapshot_hits = 0  # cumulative
+
+    @property
+    def bytes_per_slot(self) -> int:
+        return sum(dtype.size * _count(shape) for layer in self.shapes for shape, dtype in layer)
+
+    @property
+    def snapshot_bytes(self) -> int:
+        return len(self.snapshots) * self.bytes_per_slot
+
+    def room(self) -> int:
+        """Slots a running sequence could take now (free or held by a snapshot)."""
+        return len(self._free) + len(self.snapshots)
+
+    # ---- running sequences ----
+
+    def allocate(self) -> int:
+        """Mutates: a slot of zeros for a new sequence; the LRU snapshot goes if none is free.
+        Raises RuntimeError when every slot runs a sequence (check `room()` first)."""
+        slot = self._take()
+        self._write([slot], None)
+        return slot
+
+    def fork(self, slot: int) -> int:
+        """Mutates: a new running slot holding a copy of `slot`'s states (an n > 1 choice)."""
+        child = self._take()
+        self._copy(slot, child)
+        return child
+
+    def free(self, slot: int) -> None:
+        """Mutates: a running sequence gives its slot back."""
+        self._running.remove(slot)
+        self._free.append(slot)
+
+    # ---- snapshots ----
+
+    def snapshot(self, slot: int, block_hash: int) -> bool:
+        """Mutates: keep a copy of running `slot`'s states as the state after the block
+        `block_hash`; False (nothing kept) when no slot is spare beyond the reserved ones."""
+        if block_hash in self.snapshots:
+            self.snapshots.move_to_end(block_hash)
+            return True
+        spare = len(self._free) - max(0, self.reserved - len(self._running))
+        if spare <= 0:
+            if not self.snapshots:
+                return False
+            self._drop([next(iter(self.snapshots))])
+        target = self._free.pop()
+        self._copy(slot, target)
+        self.snapshots[block_hash] = target
+        self.snapshots_taken += 1
+        return True
+
+    def deepest(self, block_hashes: list[int]) -> int:
+        """How many of `block_hashes` (a prefix's chain, in order) lead up to the deepest one
+        with a snapshot (0: none)."""
+        for i in range(len(block_hashes), 0, -1):
+            if block_hashes[i - 1] in self.snapshots:
+                return i
+        return 0
+
+    def restore(self, block_hash: int) -> int:
+        """Mutates: a new running slot starting from the snapshot after `block_hash`."""
+        source = self.snapshots[block_hash]
+        self.snapshots.move_to_end(block_hash)
+        self.snapshot_hits += 1
+        slot = self._take(keep=source)
+        self._copy(source, slot)
+        return slot
+
+    def forget(self, block_hashes: Iterable[int]) -> None:
+        """Mutates: the blocks left the prefix cache; their snapshots go with them."""
+        self._drop([h for h in block_hashes if h in self.snapshots])
+
+    def clear(self) -> None:
+        self._drop(list(self.snapshots))
+
+    # ---- internals ----
+
+    def _take(self, keep: int | None = None) -> int:
+        if not self._free:
+            victim = next((h for h, s in self.snapshots.items() if s != keep), None)
+            if victim is None:
+                raise RuntimeError("no state slot left for a running sequence")
+            self._drop([victim])
+        slot = self._free.pop()
+        self._running.add(slot)
+        return slot
+
+    def _drop(self, hashes: list[int]) -> None:
+        for h in hashes:
+            self._free.append(self.snapshots.pop(h))
+        if hashes and self.on_drop is not None:
+            self.on_drop(hashes)
+
+    def _copy(self, src: int, dst: int) -> None:
+        self._write([dst], src)
+
+    def _write(self, slots: list[int], src: int | None) -> None:
+        """Slots set to zeros (`src` None) or to a copy of slot `src`, in every array."""
+        idx = mx.array(slots, dtype=mx.int32)
+        for layer in self.arrays:
+            for i, arr in enumerate(layer):
+                value = mx.zeros_like(arr[idx]) if src is None else arr[src : src + 1]
+                arr[idx] = value
+                layer[i] = arr
+
+    def check(self) -> None:
+        """Raise AssertionError unless every slot is exactly one of free, running, snapshot."""
+        kinds = [*self._free, *self._running, *self.snapshots.values()]
+        assert sorted(kinds) == list(range(self.num_slots)), "state slots double-booked or lost"
+
+
+def _count(shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
