@@ -223,13 +223,15 @@ class KVInventory:
     sent back to back on the socket that carries the worker's KVEvents to that router, so
     events emitted before the snapshot arrive before it and later ones after it; the router
     replaces what it knew of the worker once the last part has come. `windowless`: those
-    blocks whose sliding-window pages were taken back (as BlockWindowsDropped says)."""
+    blocks whose sliding-window pages were taken back (as BlockWindowsDropped says);
+    `snapshots`: a hybrid model's blocks with a snapshot of the states (StateSnapshotsStored)."""
 
     worker_id: str
     block_hashes: tuple[int, ...]
     windowless: tuple[int, ...] = ()
     part: int = 0
     parts: int = 1
+    snapshots: tuple[int, ...] = ()
 
 
 # ---------------------------------------------------------------- router -> worker

@@ -8,7 +8,8 @@ before the snapshot reach the router before it, events after it reach the router
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, NamedTuple
 
 from shared.protocol import KVInventory
 
@@ -21,9 +22,14 @@ if TYPE_CHECKING:
 PART_BLOCKS = 8_192
 
 
-def held_blocks(engine: Engine) -> tuple[list[int], set[int]]:
-    """(the hash of every block the worker holds: its prefix cache's full blocks, then its
-    disk tier's; those among them whose window pages were taken back). Reads only."""
+class Held(NamedTuple):
+    blocks: list[int]  # every block: the prefix cache's full blocks, then the disk tier's
+    windowless: set[int]  # those whose window pages were taken back
+    snapshots: list[int]  # a hybrid model's blocks with a snapshot of the states after them
+
+
+def held_blocks(engine: Engine) -> Held:
+    """What the worker holds, by block hash. Reads only."""
     pages = engine.pool.pages
     blocks, windowless = [], set()
     for node in engine.cache.root.walk():
@@ -34,14 +40,20 @@ def held_blocks(engine: Engine) -> tuple[list[int], set[int]]:
     if engine.disk is not None:  # evicted to disk: still this worker's (kv_event_log.py)
         in_tree = set(blocks)
         blocks += sorted(engine.disk.store.hashes() - in_tree)
-    return blocks, windowless
+    snapshots = list(engine.states.pool.snapshots) if engine.states is not None else []
+    return Held(blocks, windowless, snapshots)
 
 
 def inventory_parts(
-    worker_id: str, blocks: list[int], windowless: set[int], per_part: int = PART_BLOCKS
+    worker_id: str,
+    blocks: list[int],
+    windowless: set[int],
+    snapshots: Sequence[int] = (),
+    per_part: int = PART_BLOCKS,
 ) -> list[KVInventory]:
     """`blocks` in parts of at most `per_part` hashes (one part when there are none), each
-    with the windowless blocks among its own."""
+    with the windowless blocks among its own; the snapshots (at most one per slot of the
+    state pool: few) ride in the first part."""
     chunks = [blocks[i : i + per_part] for i in range(0, len(blocks), per_part)] or [[]]
     return [
         KVInventory(
@@ -50,6 +62,7 @@ def inventory_parts(
             tuple(h for h in chunk if h in windowless),
             part=i,
             parts=len(chunks),
+            snapshots=tuple(snapshots) if i == 0 else (),
         )
         for i, chunk in enumerate(chunks)
     ]

@@ -79,7 +79,8 @@ class Cluster:
         """One part of what a (re-)registered worker holds; the last replaces its entries."""
         index = self._model_of(worker).index
         wid = worker.worker_id
-        if index.receive_inventory(wid, msg.part, msg.parts, msg.block_hashes, msg.windowless):
+        parts = (msg.part, msg.parts, msg.block_hashes, msg.windowless, msg.snapshots)
+        if index.receive_inventory(wid, *parts):
             log.info("worker %s holds %d blocks (its inventory, %d part(s))",
                      wid, index.num_blocks(wid), msg.parts)  # fmt: skip
 

@@ -45,12 +45,13 @@ from shared.kv_events import (
 class _Incoming:
     """An inventory whose parts are still coming, and the events that came meanwhile."""
 
-    __slots__ = ("parts", "next_part", "blocks", "windowless", "events")
+    __slots__ = ("parts", "next_part", "blocks", "windowless", "snapshots", "events")
 
     def __init__(self, parts: int) -> None:
         self.parts, self.next_part = parts, 0
         self.blocks: set[int] = set()
         self.windowless: set[int] = set()
+        self.snapshots: set[int] = set()
         self.events: list[KVEvent] = []
 
 
@@ -98,6 +99,7 @@ class PrefixIndex:
         parts: int,
         block_hashes: Iterable[int],
         windowless: Iterable[int] = (),
+        snapshots: Iterable[int] = (),
     ) -> bool:
         """Mutates: part `part` of `parts` of `worker_id`'s inventory. With the last one, its
         confirmed blocks become exactly the inventory's (the events that came between the
@@ -111,11 +113,14 @@ class PrefixIndex:
             return False
         incoming.blocks.update(block_hashes)
         incoming.windowless.update(windowless)
+        incoming.snapshots.update(snapshots)
         incoming.next_part += 1
         if incoming.next_part < parts:
             return False
         del self._incoming[worker_id]
         self._replace(worker_id, incoming.blocks, incoming.windowless & incoming.blocks)
+        if worker_id in self._snapshots:  # a hybrid model's worker (`set_snapshots`)
+            self._snapshots[worker_id] = incoming.snapshots
         for event in incoming.events:
             self.apply(worker_id, event)
         return True

@@ -7,7 +7,14 @@ from hypothesis import strategies as st
 
 from router.routing.prefix_index import PrefixIndex
 from shared.hashing import hash_blocks
-from shared.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, BlockWindowsDropped
+from shared.kv_events import (
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    BlockWindowsDropped,
+    StateSnapshotsDropped,
+    StateSnapshotsStored,
+)
 
 
 class FakeClock:
@@ -195,6 +202,22 @@ def test_an_inventory_carries_which_blocks_lost_their_windows():
     assert index.match(a, ["w1"]) == {"w1": 4}  # as if BlockWindowsDropped had come
     index.apply("w1", stored([a[4]])[0])  # computed again: whole
     assert index.match(a, ["w1"]) == {"w1": 6}
+
+
+def test_an_inventory_carries_a_hybrid_workers_state_snapshots():
+    index = PrefixIndex()
+    a = hash_blocks(list(range(24)), 4)  # six blocks
+    index.set_snapshots("w1", True)
+    index.apply("w1", StateSnapshotsStored((a[0],)))  # stale: before the router restarted
+    assert not index.receive_inventory("w1", 0, 2, a[:3], snapshots=(a[1], a[4]))
+    assert index.receive_inventory("w1", 1, 2, a[3:5])
+    assert index.match(a, ["w1"]) == {"w1": 5}
+    index.apply("w1", StateSnapshotsDropped((a[4],)))
+    assert index.match(a, ["w1"]) == {"w1": 2}
+    index.apply("w1", StateSnapshotsDropped((a[1],)))
+    assert index.match(a, ["w1"]) == {"w1": 0}  # the stale a[0] went with the replace
+    inventory(index, "w2", a[:5])  # a worker without the rule: snapshots are no matter
+    assert index.match(a, ["w2"]) == {"w2": 5}
 
 
 def window_usable(chain, held, windowless, need):

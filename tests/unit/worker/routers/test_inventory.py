@@ -31,8 +31,11 @@ def follow(index: PrefixIndex, worker: str, events) -> None:
 def from_inventory(engine, worker: str, window: int = 0) -> PrefixIndex:
     index = PrefixIndex()
     index.set_window(worker, window)
+    index.set_snapshots(worker, engine.states is not None)
     for part in inventory(engine, worker):
-        index.receive_inventory(worker, part.part, part.parts, part.block_hashes, part.windowless)
+        index.receive_inventory(
+            worker, part.part, part.parts, part.block_hashes, part.windowless, part.snapshots
+        )
     return index
 
 
@@ -43,7 +46,8 @@ def test_the_inventory_holds_what_the_events_announced():
     for rid, tokens in prompts.items():  # 24 blocks of 8: later prompts evict earlier ones
         serve(engine, {rid: tokens})
         follow(by_events, "w", engine.drain_kv_events())
-    blocks, windowless = held_blocks(engine)
+    blocks, windowless, snapshots = held_blocks(engine)
+    assert snapshots == []
     assert len(blocks) == len(set(blocks)) == engine.cache.cached_blocks > 0
     assert windowless == set()
     by_inventory = from_inventory(engine, "w")
@@ -65,7 +69,7 @@ def test_the_inventory_says_which_blocks_lost_their_window_pages(arch):
     serve(engine, {"first": first, "other": prompt(40, 7)})
     engine.pool.pages.make_free(engine.pool.num_blocks)  # every spare page taken back
     follow(by_events, "w", engine.drain_kv_events())
-    _, windowless = held_blocks(engine)
+    _, windowless, _ = held_blocks(engine)
     assert windowless  # some cached blocks lost their pages
     by_inventory = from_inventory(engine, "w", window)
     for tokens in (first, first[:40] + prompt(20, 6), prompt(40, 7)):
@@ -74,15 +78,34 @@ def test_the_inventory_says_which_blocks_lost_their_window_pages(arch):
     assert by_inventory.match(hash_blocks(first[:40], 8), ["w"]) == {"w": 0}
 
 
+def test_the_inventory_says_where_a_hybrid_model_keeps_state_snapshots():
+    engine = make_engine(build("qwen3_next"), prefill_chunk=64)
+    by_events = PrefixIndex()
+    by_events.set_snapshots("w", True)
+    system = prompt(24, 7)  # three blocks: the second prompt snapshots at its end
+    prompts = [system + prompt(13, salt) for salt in (1, 2)] + [prompt(30, 9)]
+    for i, tokens in enumerate(prompts):
+        serve(engine, {f"r{i}": tokens})
+    follow(by_events, "w", engine.drain_kv_events())
+    held = held_blocks(engine)
+    assert set(held.snapshots) == set(engine.states.pool.snapshots) != set()
+    by_inventory = from_inventory(engine, "w")
+    for tokens in [*prompts, system + prompt(13, 3)]:
+        chain = hash_blocks(tokens, 8)
+        assert by_inventory.match(chain, ["w"]) == by_events.match(chain, ["w"])
+    assert by_inventory.match(hash_blocks(system + prompt(13, 3), 8), ["w"]) == {"w": 3}
+
+
 def test_a_big_inventory_comes_in_parts():
     blocks = list(range(1, 40_001))
-    parts = inventory_parts("w", blocks, {5, 20_000, 39_999}, per_part=16_384)
+    parts = inventory_parts("w", blocks, {5, 20_000, 39_999}, [7, 8], per_part=16_384)
     assert [(p.part, p.parts, len(p.block_hashes)) for p in parts] == [
         (0, 3, 16_384),
         (1, 3, 16_384),
         (2, 3, 7_232),
     ]
     assert [p.windowless for p in parts] == [(5,), (20_000,), (39_999,)]
+    assert [p.snapshots for p in parts] == [(7, 8), (), ()]
     assert [h for p in parts for h in p.block_hashes] == blocks
     (empty,) = inventory_parts("w", [], set())
     assert (empty.part, empty.parts, empty.block_hashes) == (0, 1, ())
