@@ -155,7 +155,8 @@ def _check_config(role: str, path: Path, model_id: str | None = None) -> FleetCo
         if any(m.path is None for m in config.served_models):
             _warn(f"{path}: [model] path is not set; the router will not start without it")
     else:
-        require_curve(config.worker.router, config.worker.curve_enabled, "worker.router")
+        for router in config.worker.router:
+            require_curve(router, config.worker.curve_enabled, "worker.router")
     section = config.router if role == "router" else config.worker
     for key_file in (section.curve_secret_key, getattr(section, "curve_server_key", None)):
         if key_file is not None and not key_file.exists():

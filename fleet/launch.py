@@ -1,6 +1,6 @@
-"""`launch-cluster`: a router and N workers on this machine, supervised.
+"""`launch-cluster`: a router (or several, `--routers`) and N workers on this machine, supervised.
 
-Starts the router, then the workers (this machine's cores divided between them), waits until
+Starts the router(s), then the workers (this machine's cores divided between them), waits until
 every worker has registered, prints the URL, and then supervises: a child that dies (a worker or
 the router) is restarted at once, with exponential backoff only if it dies again within a
 minute. A restarted router starts empty: workers register with it again on their own, and
@@ -44,7 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--config", help="fleet TOML file (deploy/fleet.example.toml); flags override it"
     )
-    add_flags(p, ClusterSection, ["workers", "prefill_workers", "tp"])
+    add_flags(p, ClusterSection, ["workers", "prefill_workers", "tp", "routers"])
     p.add_argument(
         "--model", action="append",
         help="model dir, .gguf, HF repo id or gemma3-270m; repeat it to serve several "
@@ -53,7 +53,9 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     add_flags(p, RouterSection, ["host", "port"])
     p.add_argument(
-        "--zmq-port", type=int, help="router's ZeroMQ port on 127.0.0.1 (default: a free one)"
+        "--zmq-port",
+        type=int,
+        help="router's ZeroMQ port on 127.0.0.1, the next ones for --routers (default: free ones)",
     )
     add_flags(p, RouterSection, ["policy", "log_requests", "otlp_endpoint", "kv_pulls"])
     notes = {"kv_memory": "KV budget per worker, e.g. 2GiB (default: 25% of memory / workers)"}
@@ -92,12 +94,22 @@ class Served:
         return self.section.name
 
 
-def commands(args, fleet, models: list[Served], zmq_port: int) -> tuple[list[str], list[list[str]]]:
+def routers(args, fleet) -> int:
+    return args.routers or fleet.cluster.routers
+
+
+def commands(
+    args, fleet, models: list[Served], zmq_port: int | list[int]
+) -> tuple[list[list[str]], list[list[str]]]:
+    """(a command per router, a command per worker). Router i listens on the HTTP port + i
+    and its ZeroMQ port (`zmq_port` + i when one is given); each worker connects to all."""
+    count = routers(args, fleet)
+    zmq_ports = [zmq_port + i for i in range(count)] if isinstance(zmq_port, int) else zmq_port
+    router_zmq = [f"tcp://127.0.0.1:{port}" for port in zmq_ports]
     py = [sys.executable, "-m"]
     config = ["--config", args.config] if args.config else []
     r = fleet.router
-    router = py + ["router", *config, "--host", r.host, "--port", str(r.port),
-                   "--zmq-bind", f"tcp://127.0.0.1:{zmq_port}", "--policy", r.policy]  # fmt: skip
+    router = py + ["router", *config, "--host", r.host, "--policy", r.policy]
     if r.log_requests:
         router.append("--log-requests")
     if not r.kv_pulls:  # the file's or --kv-pulls false: the router is told either way
@@ -124,18 +136,22 @@ def commands(args, fleet, models: list[Served], zmq_port: int) -> tuple[list[str
         # every rank holds a pool (of its KV heads)
         processes = sum(m.workers for m in models) * fleet.cluster.tp
         extra += ["--kv-fraction", f"{min(0.9, DEFAULT_KV_FRACTION / processes):.4f}"]
+    router_cmds = [
+        router + ["--port", str(r.port + i), "--zmq-bind", zmq] for i, zmq in enumerate(router_zmq)
+    ]
+    connect = [x for zmq in router_zmq for x in ("--router", zmq)]
     worker_cmds = []
     for m in models:
         for role in m.roles or ("both",) * m.workers:
             i = len(worker_cmds)
             worker_cmds.append(
-                py + ["worker", *config, "--router", f"tcp://127.0.0.1:{zmq_port}",
+                py + ["worker", *config, *connect,
                       "--model", str(m.model_dir), "--model-id", m.name,
                       "--worker-id", f"worker-{i}", *extra, *disk_dir(args, fleet, i)]
                 + extra_traces + (["--role", role] if role != "both" else [])
                 + (["--kv-events-publish", offset_port(publish, i)] if publish else [])
             )  # fmt: skip
-    return router, worker_cmds
+    return router_cmds, worker_cmds
 
 
 def offset_port(endpoint: str, offset: int) -> str:
@@ -221,17 +237,19 @@ def cluster_state(url: str) -> dict | None:
         return None
 
 
-def wait_until_ready(sup: Supervisor, url: str, workers: int, timeout: float) -> bool:
+def wait_until_ready(sup: Supervisor, urls: list[str], workers: int, timeout: float) -> bool:
+    """Until every router (router i at urls[i]) has `workers` healthy workers."""
     deadline, last = time.monotonic() + timeout, None
     while time.monotonic() < deadline and not sup.stopping:
         sup.poll()
         if sup.router_dead():
             return False
-        state = cluster_state(url)
-        if state is not None:
-            # it came up once: from now on a crash is healed, even before the workers are in
-            sup.router.restart = True
-        healthy = sum(w["healthy"] for w in state["workers"]) if state else 0
+        states = [cluster_state(url) for url in urls]
+        for router, state in zip(sup.routers, states, strict=True):
+            if state is not None:
+                # it came up once: from now on a crash is healed, even before workers are in
+                router.restart = True
+        healthy = min(sum(w["healthy"] for w in s["workers"]) if s else 0 for s in states)
         if healthy != last:
             print(
                 f"[launch-cluster] workers registered: {healthy}/{workers}",
@@ -286,13 +304,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"launch-cluster: error: {models}", file=sys.stderr)
         return 2
     workers = sum(m.workers for m in models)
-    zmq_port = args.zmq_port or free_port()
+    count = routers(args, fleet)
+    zmq_ports = args.zmq_port or [free_port() for _ in range(count)]
     tp = fleet.cluster.tp
     threads = args.threads or max(1, (os.cpu_count() or 1) // (workers * tp))
-    router_cmd, worker_cmds = commands(args, fleet, models, zmq_port)
+    router_cmds, worker_cmds = commands(args, fleet, models, zmq_ports)
     env = child_env(threads)
     sup = Supervisor(
-        Child("router", router_cmd, env, restart=False, log_dir=args.log_dir),
+        [
+            Child("router" + (f"-{i}" if i else ""), cmd, env, restart=False, log_dir=args.log_dir)
+            for i, cmd in enumerate(router_cmds)
+        ],
         [
             worker_child(f"worker-{i}", cmd, env, tp, args.log_dir)
             for i, cmd in enumerate(worker_cmds)
@@ -300,10 +322,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: sup.request_stop())
-    url = f"http://{fleet.router.host}:{fleet.router.port}"
+    urls = [f"http://{fleet.router.host}:{fleet.router.port + i}" for i in range(count)]
     sup.start()
     try:
-        if not wait_until_ready(sup, url, workers, args.startup_timeout):
+        if not wait_until_ready(sup, urls, workers, args.startup_timeout):
             if not sup.stopping:
                 print(
                     "[launch-cluster] the cluster did not come up; see the logs above",
@@ -317,7 +339,8 @@ def main(argv: list[str] | None = None) -> int:
         else:
             shape = "; ".join(f"{m.name}: {m.workers} workers{ranks}" for m in models)
         names = ", ".join(m.name for m in models)
-        print(f"mlx-fleet is serving {names} at {url}/v1 ({shape}, policy {policy})", flush=True)
+        at = " and ".join(f"{url}/v1" for url in urls)
+        print(f"mlx-fleet is serving {names} at {at} ({shape}, policy {policy})", flush=True)
         return sup.supervise()
     finally:
         sup.shutdown()

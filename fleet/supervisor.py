@@ -158,30 +158,32 @@ def ring_hostfile(size: int) -> Path:
 
 
 class Supervisor:
-    def __init__(self, router: Child, workers: list[Child | RankGroup]):
-        self.router, self.workers = router, workers
+    def __init__(self, router: Child | list[Child], workers: list[Child | RankGroup]):
+        """`router`: the router, or several (each serving every worker)."""
+        self.routers = router if isinstance(router, list) else [router]
+        self.router, self.workers = self.routers[0], workers
         self.stopping = False
 
     def start(self) -> None:
-        self.router.start()
-        for w in self.workers:
-            w.start()
+        for child in [*self.routers, *self.workers]:
+            child.start()
 
     def request_stop(self) -> None:
         self.stopping = True
 
     def router_dead(self) -> bool:
-        """The router exited for good: before it ever answered (a bad config, a busy port)."""
-        if self.router.exited and not self.router.restart and not self.stopping:
-            say(f"the router exited with code {self.router.proc.returncode}")
-            return True
+        """A router exited for good: before it ever answered (a bad config, a busy port)."""
+        for router in self.routers:
+            if router.exited and not router.restart and not self.stopping:
+                say(f"{router.name} exited with code {router.exit_code}")
+                return True
         return False
 
     def poll(self) -> None:
         """Restart children that died (the router too, once serving), each after its backoff.
         Workers re-register with a restarted router on their own (ReRegister)."""
         now = time.monotonic()
-        for w in [self.router, *self.workers]:
+        for w in [*self.routers, *self.workers]:
             if self.stopping:
                 return
             if w.restart_at is not None and now >= w.restart_at:
@@ -197,18 +199,19 @@ class Supervisor:
                 w.backoff = min(BACKOFF_MAX_S, max(BACKOFF_FIRST_S, w.backoff * 2))
 
     def supervise(self) -> int:
-        """Until told to stop: restart whatever dies, the router included."""
-        self.router.restart = True
+        """Until told to stop: restart whatever dies, the routers included."""
+        for router in self.routers:
+            router.restart = True
         while not self.stopping:
             self.poll()
             time.sleep(0.2)
         return 0
 
     def shutdown(self) -> None:
-        """Router first (it ends open streams), then the workers; SIGKILL what lingers."""
+        """Routers first (they end open streams), then the workers; SIGKILL what lingers."""
         self.stopping = True
         say("shutting down")
-        for group in ([self.router], self.workers):
+        for group in (self.routers, self.workers):
             for c in group:
                 c.signal(signal.SIGTERM)
             deadline = time.monotonic() + STOP_GRACE_S

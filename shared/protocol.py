@@ -215,6 +215,25 @@ class KVEvents:
     events: tuple[KVEvent, ...]
 
 
+@dataclass(frozen=True, slots=True)
+class KVInventory:
+    """Every block a worker holds (its prefix cache's full blocks and its disk tier's), sent
+    after each accepted Register so that a router that restarted or joined a running fleet
+    knows what the worker caches. One snapshot travels as `parts` messages (`part` 0, 1, ...)
+    sent back to back on the socket that carries the worker's KVEvents to that router, so
+    events emitted before the snapshot arrive before it and later ones after it; the router
+    replaces what it knew of the worker once the last part has come. `windowless`: those
+    blocks whose sliding-window pages were taken back (as BlockWindowsDropped says);
+    `snapshots`: a hybrid model's blocks with a snapshot of the states (StateSnapshotsStored)."""
+
+    worker_id: str
+    block_hashes: tuple[int, ...]
+    windowless: tuple[int, ...] = ()
+    part: int = 0
+    parts: int = 1
+    snapshots: tuple[int, ...] = ()
+
+
 # ---------------------------------------------------------------- router -> worker
 
 
@@ -286,6 +305,7 @@ Message = (
     | Heartbeat
     | TokenDelta
     | KVEvents
+    | KVInventory
     | RegisterAck
     | Generate
     | Abort
@@ -299,6 +319,7 @@ MESSAGE_TYPES: dict[int, type] = {
     2: Heartbeat,
     3: TokenDelta,
     4: KVEvents,
+    5: KVInventory,  # an older router drops it (a logged ProtocolError) and works as before
     10: RegisterAck,
     11: Generate,
     12: Abort,

@@ -89,7 +89,8 @@ def load_settings(parser: argparse.ArgumentParser, argv: list[str] | None):
     renames = {"worker": {}, "model": {"model": "path", "model_id": "id"}}
     try:
         args, fleet = load_with_flags(parser, argv, renames)
-        require_curve(fleet.worker.router, fleet.worker.curve_enabled, "--router")
+        for router in fleet.worker.router:
+            require_curve(router, fleet.worker.curve_enabled, "--router")
         peer_channel(fleet.worker)  # refuses a KV endpoint off loopback without a key
     except (ConfigError, CurveError) as exc:
         parser.error(str(exc))

@@ -3,7 +3,12 @@
 ZeroMQ sockets belong to one thread, and the engine thread spends most of its time inside
 MLX (which releases the GIL), so a separate I/O thread can register, heartbeat and pass
 messages at any moment, a long prefill step included. The engine thread hands frames to it
-through an inproc PUSH/PULL pair and reads what arrives from a queue.
+through an inproc PUSH/PULL pair and reads what arrives from a queue, as (this link, message).
+
+Sends to the router never block: with the router gone (restarting, or one of several that
+died), frames queue up to ZeroMQ's high-water mark and the rest are dropped (counted), so
+neither this thread nor the engine thread behind it stalls. Nothing is lost that matters: a
+router that comes back asks the worker to register again and gets its inventory.
 """
 
 from __future__ import annotations
@@ -45,10 +50,14 @@ class RouterConnection:
         register: Register,
         heartbeat: Callable[[], Message],
         configure_socket: Callable[[zmq.Socket], object] | None = None,
+        inbound: queue.Queue[tuple[RouterConnection, Message] | None] | None = None,
     ):
+        """`inbound`: where what the router sends goes, as (this link, message) (a queue
+        shared by several links; default: one of its own)."""
         self.endpoint, self.register, self.heartbeat = endpoint, register, heartbeat
         self.configure_socket = configure_socket
-        self.inbound: queue.Queue[Message] = queue.Queue()
+        self.inbound = queue.Queue() if inbound is None else inbound
+        self.dropped = 0  # frames not sent: the router was unreachable and the queue full
         self.registered = threading.Event()
         self.refused: str | None = None
         self._ctx = zmq.Context()
@@ -98,19 +107,27 @@ class RouterConnection:
             while not self._stop.is_set():
                 now = time.monotonic()
                 if not self.registered.is_set() and now >= self._next_register:
-                    dealer.send(encode(self.register))
+                    self._send(dealer, encode(self.register))
                     self._next_register = now + REGISTER_RETRY_S
                 if self.registered.is_set() and now >= next_heartbeat:
-                    dealer.send(encode(self.heartbeat()))
+                    self._send(dealer, encode(self.heartbeat()))
                     next_heartbeat = now + self._heartbeat_interval
                 for sock, _ in poller.poll(timeout=50):
                     if sock is dealer:
                         self._receive(dealer.recv())
                     else:
-                        dealer.send(self._pull.recv())
+                        self._send(dealer, self._pull.recv())
         finally:
             dealer.close(linger=0)
             self._pull.close(linger=0)
+
+    def _send(self, dealer: zmq.Socket, frame: bytes) -> None:
+        try:
+            dealer.send(frame, zmq.NOBLOCK)
+        except zmq.Again:
+            if not self.dropped:
+                log.warning("the router at %s is unreachable: dropping frames", self.endpoint)
+            self.dropped += 1
 
     def _receive(self, frame: bytes) -> None:
         try:
@@ -125,17 +142,18 @@ class RouterConnection:
             self.registered.clear()
             self._next_register = 0.0
         else:
-            self.inbound.put(msg)
+            self.inbound.put((self, msg))
 
     def _on_ack(self, ack: RegisterAck) -> None:
         if not ack.accepted:
             self.refused = ack.reason or "no reason given"
             log.error("the router refused this worker: %s", self.refused)
             self._stop.set()
-            self.inbound.put(ack)  # wakes the engine thread so it can exit
+            self.inbound.put((self, ack))  # wakes the engine thread so it can exit
             return
         self._heartbeat_interval = max(0.05, ack.heartbeat_interval_s)
         if not self.registered.is_set():
             log.info("registered with the router at %s", self.endpoint)
         self.registered.set()
-        self.inbound.put(ack)  # its peers, to fetch KV blocks from (worker/peer)
+        # the engine thread answers with the inventory; the peers are to fetch KV blocks from
+        self.inbound.put((self, ack))

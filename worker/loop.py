@@ -13,7 +13,7 @@ import queue
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from shared.protocol import (
     Abort,
@@ -31,9 +31,11 @@ from shared.protocol import (
 from shared.sampling import InvalidRequest
 from worker.connection import RouterConnection
 from worker.engine.engine import Engine, EngineOverloaded
+from worker.inventory import inventory
 from worker.peer.channel import PeerChannel
 from worker.peer.node import PeerNode
 from worker.peer.prefill import PrefillOnly
+from worker.routers import RouterLinks
 from worker.tracing import WorkerTracing
 from worker.watchdog import LoopWatchdog
 
@@ -50,7 +52,7 @@ class WorkerLoop:
     def __init__(
         self,
         engine: Engine,
-        endpoint: str,
+        endpoint: str | Sequence[str],
         worker_id: str,
         model_id: str,
         configure_socket=None,
@@ -62,7 +64,9 @@ class WorkerLoop:
         peers: PeerChannel | None = None,
         role: str = "both",
     ):
-        """`group` and `on_idle`: for a tensor-parallel group's leader, the ranks it reports
+        """`endpoint`: the router's ZeroMQ address, or several routers' (each gets it all:
+        registration, heartbeats, KV events, the inventory; requests come from any);
+        `group` and `on_idle`: for a tensor-parallel group's leader, the ranks it reports
         and what it runs between idle waits (the keepalive its followers expect);
         `watchdog_s`: the process exits when the loop is stuck this long (0: never);
         `peers`: this worker's KV endpoint for peer block transfer (None: none); `role`:
@@ -96,7 +100,8 @@ class WorkerLoop:
         self._phases, self._phases_at = None, 0.0
         self.turns, self.watchdog = 0, LoopWatchdog(watchdog_s)  # loop progress (issue 24)
         self._load = self._heartbeat()
-        self.link = RouterConnection(endpoint, register, lambda: self._load, configure_socket)
+        endpoints = (endpoint,) if isinstance(endpoint, str) else tuple(endpoint)
+        self.routers = RouterLinks(endpoints, register, lambda: self._load, configure_socket)
         self.stopping = threading.Event()
         # None unless an OTLP endpoint is configured (the setting or $OTEL_EXPORTER_OTLP_ENDPOINT)
         self.tracing = engine.tracing = WorkerTracing.start(worker_id, otlp_endpoint)
@@ -105,7 +110,7 @@ class WorkerLoop:
         """Run until Shutdown, stop(), or the router refuses us; the exit code."""
         if self.peer is not None:
             self.peer.start()
-        self.link.start()
+        self.routers.start()
         self.watchdog.start()
         try:
             while not self.stopping.is_set():
@@ -121,59 +126,68 @@ class WorkerLoop:
                 self.watchdog.turned()
         finally:
             self.watchdog.stop()
-            self.link.stop()
+            self.routers.stop()
             if self.kv_publisher is not None:
                 self.kv_publisher.close()
             if self.peer is not None:
                 self.peer.stop()
-        return 1 if self.link.refused else 0
+        return 1 if self.routers.refused else 0
 
     def stop(self) -> None:
         self.stopping.set()
 
     def _wake(self) -> None:
         """Wakes the loop from its idle wait: a peer's fetch to serve, or a pull done."""
-        self.link.inbound.put(None)
+        self.routers.wake()
 
     def _handle_inbound(self, block: bool) -> None:
         try:
             msg = (
-                self.link.inbound.get(timeout=IDLE_WAIT_S)
+                self.routers.inbound.get(timeout=IDLE_WAIT_S)
                 if block
-                else self.link.inbound.get_nowait()
+                else self.routers.inbound.get_nowait()
             )
         except queue.Empty:
             return
         while True:
             self._handle(msg)
             try:
-                msg = self.link.inbound.get_nowait()
+                msg = self.routers.inbound.get_nowait()
             except queue.Empty:
                 return
 
-    def _handle(self, msg: Message) -> None:
-        if msg is None:  # a wake-up (`_wake`)
+    def _handle(self, arrival: tuple[RouterConnection, Message] | None) -> None:
+        if arrival is None:  # a wake-up (`_wake`)
             return
+        link, msg = arrival
         if isinstance(msg, Generate):
+            self.routers.accepted(link, msg)
             if self.peer is None or not self.peer.park(msg):
                 self._generate(msg)
         elif isinstance(msg, Abort):
-            if self.peer is None or msg.index is not None or not self.peer.abort(msg.request_id):
-                self.engine.abort(msg.request_id, msg.index)
-            if msg.index is None:
-                self.prefill_only.forget(msg.request_id)
-            if self.tracing is not None:
-                self.tracing.aborted(msg.request_id, msg.index)
+            self._abort(msg)
         elif isinstance(msg, Shutdown):
             log.info("shutdown requested by the router: %s", msg.reason or "no reason")
             self.stop()
-        elif isinstance(msg, RegisterAck):  # a refusal, or the peers, passed on by the link
+        elif isinstance(msg, RegisterAck):  # a refusal, or an acceptance, passed on by the link
             if not msg.accepted:
                 self.stop()
-            elif self.peer is not None:
-                self.peer.set_peers(msg.peers)
+                return
+            self._send_inventory(link)
+            if self.peer is not None:
+                self.peer.set_peers(self.routers.peers(link, msg.peers))
         else:
             log.warning("ignored an unexpected %s from the router", type(msg).__name__)
+
+    def _abort(self, msg: Abort) -> None:
+        parked = msg.index is None and self.peer is not None and self.peer.abort(msg.request_id)
+        if not parked and self.engine.abort(msg.request_id, msg.index) and msg.index is not None:
+            self.routers.choice_done(msg.request_id)  # that choice sends no final delta
+        if msg.index is None:
+            self.prefill_only.forget(msg.request_id)
+            self.routers.forget(msg.request_id)
+        if self.tracing is not None:
+            self.tracing.aborted(msg.request_id, msg.index)
 
     def _generate(self, msg: Generate) -> None:
         sampling, n = msg.sampling, msg.n
@@ -184,7 +198,8 @@ class WorkerLoop:
         except (InvalidRequest, EngineOverloaded) as exc:
             self.prefill_only.forget(msg.request_id)
             usage = Usage(len(msg.token_ids), 0, 0)
-            self.link.send(TokenDelta(msg.request_id, (), "error", usage, error=str(exc)))
+            self.routers.reply(TokenDelta(msg.request_id, (), "error", usage, error=str(exc)))
+            self.routers.forget(msg.request_id)
         else:
             if self.tracing is not None:
                 self.tracing.queued(msg)
@@ -202,12 +217,28 @@ class WorkerLoop:
         for delta in filter(None, map(self.prefill_only.translate, deltas)):
             if self.tracing is not None:
                 self.tracing.delta(delta)
-            self.link.send(delta)
+            self.routers.reply(delta)
+        self._send_events()
+
+    def _send_events(self) -> None:
         events = self.engine.drain_kv_events()
         if events:
-            self.link.send(KVEvents(self.worker_id, tuple(events)))
+            self.routers.broadcast(KVEvents(self.worker_id, tuple(events)))
             if self.kv_publisher is not None:
                 self.kv_publisher.publish(events)
+
+    def _send_inventory(self, link: RouterConnection) -> None:
+        """Everything this worker holds, to a router that just accepted it: the events due
+        first (so that every event after the snapshot follows it on the link), then the
+        snapshot's parts back to back. See worker/inventory.py."""
+        self._send_events()
+        start = time.perf_counter()
+        parts = inventory(self.engine, self.worker_id)
+        for part in parts:
+            link.send(part)
+        log.info("inventory of %d blocks (%d parts) sent to %s in %.1f ms",
+                 sum(len(p.block_hashes) for p in parts), len(parts), link.endpoint,
+                 (time.perf_counter() - start) * 1e3)  # fmt: skip
 
     def _heartbeat(self) -> Heartbeat:
         now = time.monotonic()

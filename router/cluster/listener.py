@@ -13,6 +13,7 @@ from shared.protocol import (
     PROTOCOL_VERSION,
     Heartbeat,
     KVEvents,
+    KVInventory,
     Message,
     Register,
     RegisterAck,
@@ -69,8 +70,19 @@ class Cluster:
             index = self._model_of(worker).index
             for event in msg.events:
                 index.apply(worker.worker_id, event)
+        elif isinstance(msg, KVInventory):
+            self._inventory(worker, msg)
         else:
             log.warning("dropped %s: not a worker-to-router message", type(msg).__name__)
+
+    def _inventory(self, worker: WorkerState, msg: KVInventory) -> None:
+        """One part of what a (re-)registered worker holds; the last replaces its entries."""
+        index = self._model_of(worker).index
+        wid = worker.worker_id
+        parts = (msg.part, msg.parts, msg.block_hashes, msg.windowless, msg.snapshots)
+        if index.receive_inventory(wid, *parts):
+            log.info("worker %s holds %d blocks (its inventory, %d part(s))",
+                     wid, index.num_blocks(wid), msg.parts)  # fmt: skip
 
     def _ask_to_register(self, identity: bytes, msg: Message) -> None:
         """A peer we don't know (this router restarted, say) talks: ask it to register,

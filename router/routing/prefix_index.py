@@ -17,6 +17,13 @@ Hybrid models (recurrent layers; `Register.state_snapshots`): a worker can end a
 where it keeps a snapshot of the states (`StateSnapshotsStored` / `StateSnapshotsDropped`), so
 a match is cut back to the deepest block with a snapshot, as the worker's scheduler cuts it
 (worker/engine/states.py `cut`).
+
+Inventories (`receive_inventory`): a worker that registers sends every block it holds, in
+parts; once the last part is in, the worker's confirmed set *is* the inventory. The parts of
+one snapshot come back to back on the socket that carries the worker's events, so any event
+seen between its first and last part happened after the snapshot: it is applied again on
+top. Replaying an event that the snapshot already reflects changes nothing (each event sets a
+block's state outright), so the index converges whatever the interleaving.
 """
 
 from __future__ import annotations
@@ -35,6 +42,19 @@ from shared.kv_events import (
 )
 
 
+class _Incoming:
+    """An inventory whose parts are still coming, and the events that came meanwhile."""
+
+    __slots__ = ("parts", "next_part", "blocks", "windowless", "snapshots", "events")
+
+    def __init__(self, parts: int) -> None:
+        self.parts, self.next_part = parts, 0
+        self.blocks: set[int] = set()
+        self.windowless: set[int] = set()
+        self.snapshots: set[int] = set()
+        self.events: list[KVEvent] = []
+
+
 class PrefixIndex:
     def __init__(self, ttl_s: float = 10.0, clock: Callable[[], float] = time.monotonic):
         self._ttl_s = ttl_s
@@ -45,11 +65,14 @@ class PrefixIndex:
         self._window_blocks: dict[str, int] = {}  # worker -> k (sliding-window models)
         self._windowless: dict[str, set[int]] = {}  # worker -> blocks without window K/V
         self._snapshots: dict[str, set[int]] = {}  # hybrid models' workers -> snapshot hashes
+        self._incoming: dict[str, _Incoming] = {}  # worker -> its inventory being received
 
     # ------------------------------------------------------------ mutations
 
     def apply(self, worker_id: str, event: KVEvent) -> None:
         """Follow one KV event of `worker_id`."""
+        if (incoming := self._incoming.get(worker_id)) is not None:
+            incoming.events.append(event)  # applied again once its inventory is whole
         if isinstance(event, BlockStored):
             self._holders.setdefault(event.block_hash, set()).add(worker_id)
             self._blocks_of.setdefault(worker_id, set()).add(event.block_hash)
@@ -68,6 +91,39 @@ class PrefixIndex:
         elif isinstance(event, AllBlocksCleared):
             self.drop_worker(worker_id)
             self._snapshots.get(worker_id, set()).clear()
+
+    def receive_inventory(
+        self,
+        worker_id: str,
+        part: int,
+        parts: int,
+        block_hashes: Iterable[int],
+        windowless: Iterable[int] = (),
+        snapshots: Iterable[int] = (),
+    ) -> bool:
+        """Mutates: part `part` of `parts` of `worker_id`'s inventory. With the last one, its
+        confirmed blocks become exactly the inventory's (the events that came between the
+        parts applied on top) and True is returned. A part out of sequence drops what was
+        gathered: the worker's next inventory (it sends one per registration) replaces it."""
+        if part == 0:
+            self._incoming[worker_id] = _Incoming(parts)
+        incoming = self._incoming.get(worker_id)
+        if incoming is None or (part, parts) != (incoming.next_part, incoming.parts):
+            self._incoming.pop(worker_id, None)
+            return False
+        incoming.blocks.update(block_hashes)
+        incoming.windowless.update(windowless)
+        incoming.snapshots.update(snapshots)
+        incoming.next_part += 1
+        if incoming.next_part < parts:
+            return False
+        del self._incoming[worker_id]
+        self._replace(worker_id, incoming.blocks, incoming.windowless & incoming.blocks)
+        if worker_id in self._snapshots:  # a hybrid model's worker (`set_snapshots`)
+            self._snapshots[worker_id] = incoming.snapshots
+        for event in incoming.events:
+            self.apply(worker_id, event)
+        return True
 
     def set_window(self, worker_id: str, blocks: int) -> None:
         """`worker_id` serves a sliding-window model: a hit needs the window layers of the
@@ -92,6 +148,7 @@ class PrefixIndex:
         self._windowless.pop(worker_id, None)
         if worker_id in self._snapshots:
             self._snapshots[worker_id] = set()
+        self._incoming.pop(worker_id, None)
         for block_hash in self._blocks_of.pop(worker_id, set()):
             self._discard_holder(block_hash, worker_id)
         for block_hash in [h for h, w in self._optimistic.items() if worker_id in w]:
@@ -147,6 +204,16 @@ class PrefixIndex:
         return sum(len(ws) for ws in self._optimistic.values())
 
     # ------------------------------------------------------------ internals
+
+    def _replace(self, worker_id: str, blocks: set[int], windowless: set[int]) -> None:
+        """Mutates: `worker_id`'s confirmed blocks are `blocks` (its optimistic entries stay
+        until they expire: a prefill in flight is not in a snapshot yet)."""
+        for block_hash in self._blocks_of.pop(worker_id, set()) - blocks:
+            self._discard_holder(block_hash, worker_id)
+        for block_hash in blocks:
+            self._holders.setdefault(block_hash, set()).add(worker_id)
+        self._blocks_of[worker_id] = blocks
+        self._windowless[worker_id] = windowless
 
     def _workers_holding(self, block_hash: int, now: float) -> set[str]:
         holders = set(self._holders.get(block_hash, ()))

@@ -59,11 +59,14 @@ def spec(
     return field(default=default, metadata=metadata, **kwargs)
 
 
-def _parses(parse: Callable[[str], Any], choices: Sequence[str] | None = None):
-    """Mark a check with how a flag's text becomes a value it takes (and its choices)."""
+def _parses(
+    parse: Callable[[str], Any], choices: Sequence[str] | None = None, repeat: bool = False
+):
+    """Mark a check with how a flag's text becomes a value it takes (and its choices);
+    `repeat`: the flag may be given several times, the check gets the list."""
 
     def mark(check: Check) -> Check:
-        check.parse, check.choices = parse, choices
+        check.parse, check.choices, check.repeat = parse, choices, repeat
         return check
 
     return mark
@@ -150,6 +153,20 @@ def strings() -> Check:
         if not isinstance(value, list | tuple) or not all(isinstance(v, str) and v for v in value):
             raise Expected("a list of non-empty strings")
         return tuple(value)
+
+    return check
+
+
+def endpoints() -> Check:
+    """One ZeroMQ address or several (a TOML string or array, a repeated flag): a tuple."""
+    one = endpoint()
+
+    @_parses(str, repeat=True)
+    def check(value, base):
+        items = [value] if isinstance(value, str) else value
+        if not isinstance(items, list | tuple) or not items:
+            raise Expected("a ZeroMQ address like tcp://HOST:PORT, or a list of them")
+        return tuple(dict.fromkeys(one(item, base) for item in items))
 
     return check
 

@@ -54,7 +54,8 @@ def add_flags(
         else:
             kwargs = {"default": None}
             if default is not None and default != () and name not in notes:
-                help_text += f" (default {default})"
+                shown = ", ".join(map(str, default)) if isinstance(default, tuple) else default
+                help_text += f" (default {shown})"
         if field.metadata["show_choices"] and check.choices is not None:
             kwargs["choices"] = check.choices
         if "choices" not in kwargs:  # named for the flag, not the field: --prefix-ttl PREFIX_TTL
@@ -63,6 +64,8 @@ def add_flags(
             kwargs["type"] = check.parse
         if check.parse is parse_bool:  # the flag alone means true
             kwargs |= {"nargs": "?", "const": True, "metavar": "BOOL"}
+        if check.repeat:  # given again, it adds one (the check gets the list)
+            kwargs["action"] = "append"
         parser.add_argument(flag, dest=name, help=help_text, **kwargs)
 
 

@@ -28,6 +28,7 @@ from shared.config.choices import (
 )
 from shared.config.fields import (
     endpoint,
+    endpoints,
     integer,
     number,
     path,
@@ -74,7 +75,12 @@ class ModelSection:
 class WorkerSection:
     """Engine knobs left unset (None) take the engine's defaults, declared here as `unset`."""
 
-    router: str = spec(DEFAULT_ZMQ_ADDRESS, endpoint(), "the router's ZeroMQ address")
+    router: tuple[str, ...] = spec(
+        (DEFAULT_ZMQ_ADDRESS,),
+        endpoints(),
+        "the router's ZeroMQ address; several routers serving one fleet: repeat the flag "
+        "(or a TOML list), and the worker serves each of them",
+    )
     worker_id: str | None = spec(
         None, string(optional=True), "unique name of this worker (default: HOST-PID)"
     )
@@ -228,6 +234,12 @@ class ClusterSection:
         integer(1, 64),
         "ranks per worker: each worker is one model replica sharded over K processes with "
         "tensor parallelism (mx.distributed ring); K must divide the model's heads",
+    )
+    routers: int = spec(
+        1,
+        integer(1, 16),
+        "launch-cluster: routers on this machine, each serving every worker (HTTP and ZeroMQ "
+        "ports in sequence from the first's); put a TCP load balancer in front (docs/deploy.md)",
     )
     prefill_workers: int = spec(
         0,

@@ -101,6 +101,11 @@ class DiskKVStore:
             removed, self.removed = self.removed, []
         return removed
 
+    def hashes(self) -> set[int]:
+        """Every block it holds or is writing (what the router may count on it)."""
+        with self._lock:
+            return set(self._index) | self._pending
+
     def blocks(self) -> list[StoredBlock]:
         """What is on disk, parents before their children where both are (for announcing)."""
         with self._lock:

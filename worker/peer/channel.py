@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import socket
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,9 +32,13 @@ class PeerChannel:
     key: Path | None = None
 
     @classmethod
-    def from_settings(cls, bind: str, key: Path | None, router: str) -> PeerChannel | None:
-        """None when the channel is off. Raises CurveError off loopback without a key."""
-        if bind == "off" or (bind == "auto" and not is_loopback_endpoint(router)):
+    def from_settings(
+        cls, bind: str, key: Path | None, router: str | Sequence[str]
+    ) -> PeerChannel | None:
+        """None when the channel is off ("auto": on when every router is on loopback). Raises
+        CurveError off loopback without a key."""
+        routers = (router,) if isinstance(router, str) else router
+        if bind == "off" or (bind == "auto" and not all(map(is_loopback_endpoint, routers))):
             return None
         bind = LOOPBACK_BIND if bind == "auto" else bind
         require_curve(bind, key is not None, "--kv-peer-bind")

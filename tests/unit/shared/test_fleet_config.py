@@ -224,7 +224,7 @@ def test_load_with_flags_for_a_worker_command_line(tmp_path):
     args, config = fleet_config.load_with_flags(
         worker_like_parser(), argv, {"worker": {}, "model": {"model": "path"}}
     )
-    assert config.worker.router == "tcp://10.0.0.2:5555"  # the file's, not argparse's default
+    assert config.worker.router == ("tcp://10.0.0.2:5555",)  # the file's, not argparse's default
     assert (config.worker.block_size, config.worker.kv_memory) == (32, 2 * 2**30)
     assert config.model.path == "/m/b"  # the flag wins
     assert config.worker.curve_server_key == tmp_path.resolve() / "k/router.key"

@@ -85,5 +85,5 @@ def test_log_requests_is_a_router_flag_and_launch_cluster_passes_it_on(tiny_mode
     args, fleet = load_settings(launch_parser(), [*model, "--log-requests"])
     assert fleet.router.log_requests is True
     one = Served(ModelSection(path=str(tiny_model_dir)), tiny_model_dir, 1)
-    router_cmd, _ = commands(args, fleet, [one], 5555)
+    (router_cmd,), _ = commands(args, fleet, [one], 5555)
     assert "--log-requests" in router_cmd

@@ -257,7 +257,7 @@ def test_launch_cluster_starts_workers_per_model(tmp_path):
     args, fleet = load_with_flags(build_parser(), ["--config", str(path)], {"cluster": {}})
     models = served_models(args, fleet)
     assert [(m.name, m.workers) for m in models] == [("smol", 3), ("B", 2)]
-    router, workers = commands(args, fleet, models, 5999)
+    (router,), workers = commands(args, fleet, models, 5999)
     assert router[router.index("--model") :][:4] == [
         "--model",
         str(a),

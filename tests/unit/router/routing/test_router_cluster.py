@@ -225,3 +225,32 @@ async def test_unknown_peer_is_asked_to_register(make_cluster):
     finally:
         sock.close(linger=0)
         ctx.term()
+
+
+async def test_an_inventory_restores_a_registered_workers_index(make_cluster):
+    """A worker registering with a router that knows nothing of it (restarted, or new to the
+    fleet) sends what it holds; the index then equals it, events after it applied on top."""
+    from shared.hashing import hash_blocks
+    from shared.kv_events import BlockRemoved, BlockStored
+    from shared.protocol import KVEvents, KVInventory, Register, decode, encode
+
+    cluster = await make_cluster()
+    index = cluster.app[app_keys.MODELS].default.index
+    chain = hash_blocks(list(range(64)), 8)  # 8 blocks
+    ctx = zmq.asyncio.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.connect(cluster.zmq_endpoint)
+    try:
+        await sock.send(encode(Register("w9", "tiny", 8, 100, "host", 1)))
+        assert await sock.poll(5000) and decode(await sock.recv()).accepted
+        await sock.send(encode(KVEvents("w9", (BlockStored(chain[7], 0, (), 8),))))  # raced
+        for part, blocks in enumerate((chain[:3], chain[3:5])):
+            await sock.send(encode(KVInventory("w9", tuple(blocks), part=part, parts=2)))
+        await sock.send(encode(KVEvents("w9", (BlockRemoved((chain[4],)),))))  # after it
+        await cluster.wait_until(lambda: index.num_blocks("w9") == 4)
+        assert index.match(chain, ["w9"]) == {"w9": 4}
+        state = await (await cluster.client.get("/v1/cluster")).json()
+        assert {w["id"]: w["index_blocks"] for w in state["workers"]} == {"w9": 4}
+    finally:
+        sock.close(linger=0)
+        ctx.term()

@@ -172,7 +172,7 @@ def test_shutdown_message_stops_the_worker(model):
 def test_refused_registration_exits_nonzero(model):
     refusal = RegisterAck(accepted=False, reason="protocol version mismatch")
     server, result = serve_once(model, FakeRouter(), refusal)
-    assert result == [1] and server.link.refused == "protocol version mismatch"
+    assert result == [1] and server.routers.refused == "protocol version mismatch"
 
 
 def test_worker_registers_again_when_asked(running):
