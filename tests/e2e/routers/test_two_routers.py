@@ -1,17 +1,17 @@
 """Two routers, one set of workers (launch-cluster --routers 2), real processes: requests
 through either router succeed, each router's index follows the workers' caches, and with
-one router SIGKILLed mid-load every request sent to the other afterwards succeeds.
-
-Not here yet: a Responses conversation started on one router and continued on the other
-through a shared Redis store. That store is branch store35's work, not in main when this was
-written; once it is, add it here with its Redis test helper."""
+one router SIGKILLed mid-load every request sent to the other afterwards succeeds; and a
+Responses conversation started on one router continues on the other through the routers'
+shared Redis store (`state_url`, a real redis-server: tests/support/redis_server.py)."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import threading
 import time
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -31,9 +31,19 @@ pytestmark = pytest.mark.slow
 PORT, ZMQ_PORT = 18751, 18761  # router 2: 18752 and 18762
 
 
-def test_two_routers_serve_one_fleet_and_survive_each_other(model_cache, tmp_path):
+def _post(url: str, path: str, body: dict) -> dict:
+    req = urllib.request.Request(
+        url + path, json.dumps(body).encode(), {"content-type": "application/json"}
+    )
+    with urllib.request.urlopen(req, timeout=120) as r:
+        return json.loads(r.read())
+
+
+def test_two_routers_serve_one_fleet_and_survive_each_other(model_cache, tmp_path, redis_url):
     first, second = f"http://127.0.0.1:{PORT}", f"http://127.0.0.1:{PORT + 1}"
-    args = ["--workers", "2", "--routers", "2", "--kv-memory", "256MiB"]
+    config = tmp_path / "fleet.toml"
+    config.write_text(f'[router]\nstate_url = "{redis_url}"\n')
+    args = ["--workers", "2", "--routers", "2", "--kv-memory", "256MiB", "--config", str(config)]
     with launched(args, PORT, ZMQ_PORT, tmp_path / "logs") as launcher:
         for url in (first, second):
             assert set(cluster(url)) == {"worker-0", "worker-1"}
@@ -41,6 +51,18 @@ def test_two_routers_serve_one_fleet_and_survive_each_other(model_cache, tmp_pat
         assert reply["choices"][0]["message"]["content"]
         again = chat(second, "What is the code of item 3?")  # the other router, same prefix
         assert again["usage"]["prompt_tokens_details"]["cached_tokens"] > 0, again["usage"]
+        # a conversation started on one router continues on the other (the shared store)
+        model = "SmolLM2-135M-Instruct"
+        turn = _post(first, "/v1/responses", {"model": model, "input": "Name a colour.",
+                                               "max_output_tokens": 8, "temperature": 0})  # fmt: skip
+        follow = _post(second, "/v1/responses", {
+            "model": model, "input": "And another?", "previous_response_id": turn["id"],
+            "max_output_tokens": 8, "temperature": 0})  # fmt: skip
+        # (an unknown previous_response_id would be a 404; 8 tokens end it "incomplete")
+        assert follow["status"] in ("completed", "incomplete") and follow["output"], follow
+        assert follow["previous_response_id"] == turn["id"]
+        with urllib.request.urlopen(f"{second}/v1/responses/{turn['id']}", timeout=30) as r:
+            assert json.loads(r.read())["id"] == turn["id"]
         for url in (first, second):  # each router's index holds the workers' blocks
             index = wait_for(lambda u=url: index_matches_caches(u), timeout=10)
             assert index and sum(index.values()) > 0, cluster(url)
