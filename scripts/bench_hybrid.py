@@ -30,7 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from scripts.bench_engine import run_engine, run_mlx_lm  # noqa: E402  (the same runs)
+from scripts.bench_windows import bench_throughput  # noqa: E402  (the same runs)
 from shared.blas import active_blas, reexec_with_blas  # noqa: E402
 
 VOCAB = 49152  # the default model's tokenizer drives mlx-lm's batch_generate
@@ -59,30 +59,6 @@ def build():
 
 def words(rng: random.Random, n: int) -> list[int]:
     return [rng.randrange(100, VOCAB) for _ in range(n)]
-
-
-def bench_throughput(model, tokenizer, args) -> None:
-    for batch in args.batch_sizes:
-        rng = random.Random(batch)
-        prompts = [words(rng, args.prompt_tokens + 7 * i) for i in range(batch)]
-        run_mlx_lm(model, tokenizer, prompts[:1], 2)  # warm both
-        run_engine(model, tokenizer, prompts[:1], 2, max_running=8)
-        ours, theirs, same = [], [], 0
-        for _ in range(args.repeats):
-            t_mlx, out_mlx = run_mlx_lm(model, tokenizer, prompts, args.max_tokens)
-            t_ours, out_ours, _ = run_engine(
-                model, tokenizer, prompts, args.max_tokens, max_running=max(8, batch)
-            )
-            theirs.append(sum(map(len, out_mlx)) / t_mlx)
-            ours.append(sum(map(len, out_ours)) / t_ours)
-            same = sum(a == b for a, b in zip(out_mlx, out_ours, strict=True))
-        print(json.dumps({
-            "bench": "throughput", "model": "qwen3_next", "batch": batch,
-            "repeats": args.repeats, "mlx_lm_tok_s": round(statistics.median(theirs), 1),
-            "engine_tok_s": round(statistics.median(ours), 1),
-            "ratio": round(statistics.median(ours) / statistics.median(theirs), 2),
-            "identical_outputs": f"{same}/{batch}",
-        }), flush=True)  # fmt: skip
 
 
 def chat(model, args, snapshots: int | None) -> dict:
@@ -178,7 +154,7 @@ def main() -> None:
     if "chat" not in args.skip:
         bench_chat(model, args)
     if "throughput" not in args.skip:
-        bench_throughput(model, tokenizer, args)
+        bench_throughput("qwen3_next", model, tokenizer, args)
 
 
 if __name__ == "__main__":

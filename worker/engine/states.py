@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import inspect
 import logging
-import math
 import sys
 from collections.abc import Callable
 from dataclasses import replace
@@ -37,6 +36,7 @@ from shared.kv_events import (
 )
 from worker.runner.model_support import UnsupportedModel
 from worker.state import StatePool
+from worker.state.pool import state_bytes
 
 if TYPE_CHECKING:
     import mlx.nn as nn
@@ -161,7 +161,7 @@ def plan_states(
     running, snapshots = config.max_running, config.state_snapshots
     snapshots = 2 * running if snapshots is None else snapshots
     if kv_bytes is not None:
-        per = state_bytes(shape)
+        per = state_bytes(shape.states)
         fit = max(1, kv_bytes // 2 // per)
         if fit < running:
             log.warning("%d sequences' states fit in half the KV memory: max_running %d -> %d",
@@ -172,18 +172,13 @@ def plan_states(
     return replace(config, max_running=running, state_snapshots=snapshots), kv_bytes or 0
 
 
-def state_bytes(shape: ModelShape) -> int:
-    """One sequence's recurrent states, in bytes."""
-    return sum(d.size * math.prod(s) for layer in shape.states for s, d in layer)
-
-
 def make_states(config: EngineConfig, shape: ModelShape, emit) -> SequenceStates | None:
     """The state pool of a hybrid model (`plan_states` sized it), None for others."""
     if not shape.recurrent:
         return None
     slots = config.max_running + (config.state_snapshots or 0)
     log.info("recurrent states: %d layers, %.1f MiB per sequence, %d slots (%d for snapshots)",
-             len(shape.states), state_bytes(shape) / 2**20, slots, config.state_snapshots or 0)  # fmt: skip
+             len(shape.states), state_bytes(shape.states) / 2**20, slots, config.state_snapshots or 0)  # fmt: skip
     return SequenceStates(StatePool(list(shape.states), slots, config.max_running),
                           config.block_size, emit)  # fmt: skip
 
@@ -214,4 +209,4 @@ def honours_padding(model: nn.Module) -> bool:
     when rows are right-padded (mlx-lm's `ArraysCache.lengths`, which its batched generation
     sets): read off the model's own source, as no forward can show it without a reference."""
     source = inspect.getsource(sys.modules[type(model).__module__])
-    return "cache.lengths" in source or "lengths = cache.lengths" in source
+    return "cache.lengths" in source

@@ -24,7 +24,7 @@ class StateCache(ArraysCache):
     """One recurrent layer's states for one forward's rows (an `ArraysCache`: some layers
     write their state back only into one)."""
 
-    def __init__(self, states: StatePool, layer: int, slots: mx.array, lengths: list[int] | None):  # noqa: E501
+    def __init__(self, states: StatePool, layer: int, slots: mx.array, lengths: list[int] | None):
         self.states, self.layer, self.slots = states, layer, slots
         self.cache: list[mx.array | None] = [a[slots] for a in states.arrays[layer]]
         self.lengths = None if lengths is None else mx.array(lengths, dtype=mx.int32)

@@ -18,6 +18,7 @@ of MiB per sequence for big hybrids): snapshots are few, counted, and evicted LR
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 
@@ -25,6 +26,11 @@ import mlx.core as mx
 
 # one recurrent layer's arrays: (per-sequence shape, dtype) of each
 StateShape = tuple[tuple[tuple[int, ...], mx.Dtype], ...]
+
+
+def state_bytes(shapes: Iterable[StateShape]) -> int:
+    """One sequence's states in every recurrent layer of `shapes`, in bytes."""
+    return sum(dtype.size * math.prod(shape) for layer in shapes for shape, dtype in layer)
 
 
 class StatePool:
@@ -47,7 +53,7 @@ class StatePool:
 
     @property
     def bytes_per_slot(self) -> int:
-        return sum(dtype.size * _count(shape) for layer in self.shapes for shape, dtype in layer)
+        return state_bytes(self.shapes)
 
     @property
     def snapshot_bytes(self) -> int:
@@ -154,10 +160,3 @@ class StatePool:
         """Raise AssertionError unless every slot is exactly one of free, running, snapshot."""
         kinds = [*self._free, *self._running, *self.snapshots.values()]
         assert sorted(kinds) == list(range(self.num_slots)), "state slots double-booked or lost"
-
-
-def _count(shape: tuple[int, ...]) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
