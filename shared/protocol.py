@@ -100,6 +100,10 @@ class Register:
     # hybrid models (recurrent layers): a hit ends only where the worker keeps a snapshot of
     # the states (`StateSnapshotsStored`), so the router counts hits up to those
     state_snapshots: bool = False
+    # vision-language models: this worker takes images (mlx-vlm installed, family served);
+    # "" or the reason it does not (the router says it in its 400)
+    vision: bool = False
+    vision_note: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -265,6 +269,15 @@ class PullHint:
 
 
 @dataclass(frozen=True, slots=True)
+class ImageInput:
+    """One image of a prompt, in prompt order: its encoded file (PNG, JPEG, ...) and how many
+    of the prompt's image keys (`shared.vision`) stand for it."""
+
+    data: bytes
+    tokens: int
+
+
+@dataclass(frozen=True, slots=True)
 class Generate:
     """Start a request. The worker answers with TokenDeltas, or one error delta."""
 
@@ -278,6 +291,8 @@ class Generate:
     # disaggregated prefill: compute and cache the prompt's full blocks, answer one delta
     # (finish_reason "prefilled", no tokens) and keep them for the decode worker's pull
     prefill_only: bool = False
+    # images: `token_ids` hold image keys where their tokens go, `images` their files
+    images: tuple[ImageInput, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

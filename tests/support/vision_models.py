@@ -1,0 +1,134 @@
+"""Tiny random-weight vision-language model directories that both mlx-lm and mlx-vlm load.
+
+`build_vision_model(family, directory)` writes what a hub checkpoint has: config.json (the
+text and vision configs, the image token ids), model.safetensors in mlx-vlm's layout (the
+language model under `language_model.`, the vision tower, the projector), a byte-level BPE
+tokenizer with the family's image tokens added, a ChatML template and preprocessor_config.json
+for the family's image processor. Two families, each on its own rule for how many tokens an
+image becomes:
+
+- gemma3: a SigLIP tower over 56×56 pixels (4×4 patches of 14) pooled to 4 tokens an image,
+  between <start_of_image> and <end_of_image>; sliding-window and full layers.
+- mistral3: a Pixtral tower over images fitted within 64 pixels, one token per 16×16 (patch 8
+  merged 2×2), rows ended by [IMG_BREAK] and the image by [IMG_END].
+
+Needs mlx-vlm (the `vision` extra); tests skip without it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tests.support.tiny_model import build_tiny_model
+
+FAMILIES = ("gemma3", "mistral3")
+_SPECIALS = {
+    "gemma3": ["<start_of_image>", "<end_of_image>", "<image_soft_token>"],
+    "mistral3": ["[IMG]", "[IMG_BREAK]", "[IMG_END]"],
+}
+
+
+def _text_config(family: str, vocab: int) -> dict:
+    if family == "gemma3":
+        return dict(
+            model_type="gemma3_text", hidden_size=64, num_hidden_layers=2, intermediate_size=128,
+            num_attention_heads=4, head_dim=16, num_key_value_heads=1, vocab_size=vocab,
+            sliding_window=8, sliding_window_pattern=2, mm_tokens_per_image=4,
+            query_pre_attn_scalar=16, max_position_embeddings=512,
+        )  # fmt: skip
+    return dict(
+        model_type="mistral", hidden_size=64, num_hidden_layers=2, intermediate_size=128,
+        num_attention_heads=4, head_dim=16, num_key_value_heads=2, vocab_size=vocab,
+        rms_norm_eps=1e-5, rope_theta=10000.0, max_position_embeddings=512,
+    )  # fmt: skip
+
+
+def _vision_config(family: str) -> dict:
+    if family == "gemma3":
+        return dict(
+            model_type="siglip_vision_model", num_hidden_layers=2, hidden_size=32,
+            intermediate_size=64, num_attention_heads=2, patch_size=14, image_size=56,
+        )  # fmt: skip
+    return dict(
+        model_type="pixtral", num_hidden_layers=2, hidden_size=32, head_dim=16,
+        intermediate_size=64, num_attention_heads=2, image_size=64, patch_size=8,
+    )  # fmt: skip
+
+
+def _preprocessor(family: str) -> dict:
+    if family == "gemma3":
+        return {
+            "image_processor_type": "Gemma3ImageProcessor",
+            "size": {"height": 56, "width": 56},
+            "image_mean": [0.5, 0.5, 0.5],
+            "image_std": [0.5, 0.5, 0.5],
+            "do_pan_and_scan": False,
+        }
+    return {
+        "image_processor_type": "PixtralImageProcessor",
+        "size": {"longest_edge": 64},
+        "patch_size": 8,
+        "image_break_token": "[IMG_BREAK]",
+        "image_end_token": "[IMG_END]",
+    }
+
+
+def build_vision_model(family: str, directory: Path, seed: int = 0) -> Path:
+    """Write a tiny `family` checkpoint into `directory`; return it."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+    from tokenizers import Tokenizer
+
+    directory = build_tiny_model(Path(directory), context_length=512)
+    eos = json.loads((directory / "config.json").read_text())["eos_token_id"]
+    tokenizer = Tokenizer.from_file(str(directory / "tokenizer.json"))
+    tokenizer.add_special_tokens(_SPECIALS[family])
+    tokenizer.save(str(directory / "tokenizer.json"))
+    ids = [tokenizer.token_to_id(t) for t in _SPECIALS[family]]
+    vocab = tokenizer.get_vocab_size()
+    text, vision = _text_config(family, vocab), _vision_config(family)
+    config: dict = {"model_type": family, "text_config": text, "vision_config": vision}
+    config |= {"eos_token_id": eos, "vocab_size": vocab}
+    if family == "gemma3":
+        from mlx_vlm.models.gemma3 import Model, ModelConfig, TextConfig, VisionConfig
+
+        config |= dict(
+            boi_token_index=ids[0], eoi_token_index=ids[1], image_token_index=ids[2],
+            mm_tokens_per_image=4, hidden_size=64, pad_token_id=0,
+        )  # fmt: skip
+    else:
+        from mlx_vlm.models.mistral3 import Model, ModelConfig, TextConfig, VisionConfig
+
+        config |= dict(image_token_index=ids[0], spatial_merge_size=2)
+    model_config = ModelConfig.from_dict(
+        config
+        | {
+            "text_config": TextConfig.from_dict(text),
+            "vision_config": VisionConfig.from_dict(vision),
+        }
+    )
+    mx.random.seed(seed)
+    model = Model(model_config)
+    weights = dict(tree_flatten(model.parameters()))
+    if family == "gemma3":  # Gemma ties its output projection to the embedding
+        weights["language_model.lm_head.weight"] = weights[
+            "language_model.model.embed_tokens.weight"
+        ]
+    mx.save_safetensors(str(directory / "model.safetensors"), weights)
+    (directory / "config.json").write_text(json.dumps(config))
+    (directory / "preprocessor_config.json").write_text(json.dumps(_preprocessor(family)))
+    return directory
+
+
+def sample_image(width: int = 40, height: int = 60, seed: int = 0, fmt: str = "PNG") -> bytes:
+    """An encoded random RGB image."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    pixels = (np.random.default_rng(seed).random((height, width, 3)) * 255).astype("uint8")
+    out = io.BytesIO()
+    Image.fromarray(pixels).save(out, format=fmt)
+    return out.getvalue()
