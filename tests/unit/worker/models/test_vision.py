@@ -120,8 +120,11 @@ def test_greedy_with_an_image_equals_mlx_vlm_batched_with_text_and_chunked(loade
     # 8-token chunks: the image's tokens straddle chunk boundaries
     engine = _engine(loaded, prefill_chunk=8, step_token_budget=24)
     assert engine.intake.vision is not None
-    tokens, usage = _run(engine, {"img": (keyed, images), "text": (text_ids, ())})
+    engine.add_request("img", keyed, SamplingParams(max_tokens=MAX_TOKENS), images=images)
+    seq = engine.scheduler.sequences_of("img")[0]
+    tokens, usage = _run(engine, {"text": (text_ids, ())})
     assert tokens["img"] == want
+    assert seq.images.encodings == 1  # once for the prompt, not once per chunk
     assert tokens["text"] == reference_greedy(loaded[2], text_ids, MAX_TOKENS)
     assert usage["img"].prompt_tokens == len(ids)
     engine.check_integrity()
