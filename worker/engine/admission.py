@@ -65,8 +65,13 @@ def window_hit(cache: RadixCache, pool: BlockPool, prompt: list[int]) -> tuple[M
 
 
 def window_tail(pool: BlockPool, partial: PartialHit | None) -> PartialHit | None:
-    """A partial tail to copy, unless window layers lost its page (nothing to copy then)."""
-    if partial is None or pool.pages is None or pool.pages.has_page(partial.block_id):
+    """A partial tail to copy, unless window layers lost its page (nothing to copy then).
+    Mutates: its pages are kept from being taken back until it is copied (making room for
+    the new blocks first would otherwise reuse them, and the copy would read another's)."""
+    if partial is None or pool.pages is None:
+        return partial
+    if pool.pages.has_page(partial.block_id):
+        pool.pages.unspare(partial.block_id)
         return partial
     return None
 
@@ -97,3 +102,15 @@ def from_disk(sched: Scheduler, prompt: list[int], match: MatchResult) -> MatchR
     block_ids = match.block_ids + loaded
     sched.cache.insert(prompt[: len(block_ids) * bs], block_ids)
     return MatchResult(match.node, block_ids, len(block_ids) * bs)
+
+
+def chunk_that_fits(sched: Scheduler, room: int, matched_blocks: int, done: int, n: int) -> int:
+    """`n`, cut so the chunk's new blocks fit in `room` units (free, spare, evictable), when
+    nothing runs: then nothing will free more, and a chunk that does not fit would leave the
+    request waiting for ever (a long prompt near the pool's size, beside a held partial
+    hit). At least one token: the intake already checked that the prompt fits."""
+    if sched.running:
+        return n
+    pool = sched.pool
+    fit = (matched_blocks + room // pool.unit_cost) * pool.block_size - done
+    return min(n, max(1, fit))

@@ -5,9 +5,8 @@ crosses a boundary); what is left of the step's token budget goes to prefill chu
 first sequences already mid-prompt, then newly admitted ones (FIFO), each admitted with
 its longest cached prefix, and only when its whole prompt fits beside what the running
 sequences still need for theirs (no overcommit). When blocks run out, the prefix cache
-gives back its least recently used unreferenced blocks; when that is not enough, the
-newest running sequence is preempted (its computed blocks go to the prefix cache, so
-recomputing it is cheap) and requeued at the front.
+gives back its least recently used unreferenced blocks; when that is not enough, the newest
+running sequence is preempted (its computed blocks stay cached: cheap to recompute), requeued.
 """
 
 from __future__ import annotations
@@ -208,17 +207,18 @@ class Scheduler:
             self.pool.incref(match.block_ids)
             extended = admission.from_disk(self, prompt, match)
             tails = tails and extended is match  # (a partial hit follows a node)
-            partial = admission.window_tail(self.pool, self.cache.partials.match(prompt, match))
-            partial = partial if tails else None
+            tail = self.cache.partials.match(prompt, match) if tails else None
+            partial = admission.window_tail(self.pool, tail)
             hit, match = match, extended
             self.pool.incref([partial.block_id] if partial else [])  # held too, until copied
             done = match.num_tokens + (partial.num_tokens if partial else 0)
             left = len(seq.tokens) - done - (1 if seq.forks else 0)
             n = min(self.config.prefill_chunk, left, budget)
             self.states.plan(seq, done, kv_tokens)
-            n = self.states.chunk(seq, n, done)
-            need = self.pool.blocks_for_tokens(done + n) - len(match.block_ids)
             room = self.pool.room(self.cache.evictable_blocks)
+            n = self.states.chunk(seq, n, done)
+            n = admission.chunk_that_fits(self, room, len(match.block_ids), done, n)
+            need = self.pool.blocks_for_tokens(done + n) - len(match.block_ids)
             fits = fits_whole_prompt(seq, len(match.block_ids), self.running, self.pool, room)
             if not fits or not self.make_room(need):
                 self.cache.unlock(match.node)

@@ -195,3 +195,25 @@ def test_the_image_keys_stand_for_pixels_not_file_bytes():
     keys = image_keys(hashes.pop(), 4)
     assert len(set(keys)) == 4 and all(k >= 1 << 30 for k in keys)
     assert np.all(np.array(keys) < 1 << 31)
+
+
+def test_image_requests_in_a_tight_pool_preempted_and_resumed(loaded):
+    # 10 blocks of 8 tokens: Mistral 3's batch outgrows them while it decodes (preempted,
+    # resumed: the images embedded again); Gemma 3's window layers give back their pages
+    # behind the window, so its batch fits, but its prompts share a partial tail block
+    # whose window pages the admission must keep until copied (they were reused, and
+    # outputs went wrong) and a lone prompt must be admitted in a chunk that fits (it
+    # waited for ever)
+    engine = _engine(loaded, num_blocks=10, max_running=4, prefill_chunk=16)
+    requests, want = {}, {}
+    for i in range(4):
+        image = sample_image(40 + 8 * i, 60, seed=10 + i)
+        ids, keyed, images = _prompt(
+            loaded, f"the quick brown fox {i} ", image, " what is the capital of france?"
+        )
+        requests[f"r{i}"] = (keyed, images)
+        want[f"r{i}"] = _mlx_vlm_greedy(loaded, ids, image)
+    tokens, _ = _run(engine, requests)
+    assert tokens == want
+    assert engine.stats()["preemptions"] > 0 or loaded[0] == "gemma3"
+    engine.check_integrity()
