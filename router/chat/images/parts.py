@@ -137,7 +137,7 @@ def user_image_parts(body: dict) -> Iterator[tuple[dict, str]]:
 
 
 def message_image_parts(items, key: str) -> Iterator[tuple[dict, str]]:
-    if not isinstance(items, list):
+    if not isinstance(items, list | tuple):  # a body's array, or stored history
         return
     for i, message in enumerate(items):
         if not isinstance(message, dict) or message.get("role") != "user":
