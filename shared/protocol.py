@@ -100,8 +100,7 @@ class Register:
     # hybrid models (recurrent layers): a hit ends only where the worker keeps a snapshot of
     # the states (`StateSnapshotsStored`), so the router counts hits up to those
     state_snapshots: bool = False
-    # vision-language models: this worker takes images (mlx-vlm installed, family served);
-    # "" or the reason it does not (the router says it in its 400)
+    # vision-language models: this worker takes images, or why not (the router's 400 says it)
     vision: bool = False
     vision_note: str = ""
 
@@ -271,7 +270,7 @@ class PullHint:
 @dataclass(frozen=True, slots=True)
 class ImageInput:
     """One image of a prompt, in prompt order: its encoded file (PNG, JPEG, ...) and how many
-    of the prompt's image keys (`shared.vision`) stand for it."""
+    of the prompt's image keys (`shared.models.vision`) stand for it."""
 
     data: bytes
     tokens: int

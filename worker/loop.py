@@ -96,6 +96,8 @@ class WorkerLoop:
             role=role,
             window_blocks=engine.pool.pages.blocks_before_match if engine.pool.pages else 0,
             state_snapshots=engine.states is not None,
+            vision=engine.intake.vision is not None,
+            vision_note="" if engine.intake.vision is not None else engine.intake.vision_note,
         )
         self._phases, self._phases_at = None, 0.0
         self.turns, self.watchdog = 0, LoopWatchdog(watchdog_s)  # loop progress (issue 24)
@@ -194,7 +196,7 @@ class WorkerLoop:
         if msg.prefill_only:
             sampling, n = self.prefill_only.start(msg.request_id), 1
         try:
-            self.engine.add_request(msg.request_id, list(msg.token_ids), sampling, n)
+            self.engine.add_request(msg.request_id, list(msg.token_ids), sampling, n, msg.images)
         except (InvalidRequest, EngineOverloaded) as exc:
             self.prefill_only.forget(msg.request_id)
             usage = Usage(len(msg.token_ids), 0, 0)

@@ -37,7 +37,7 @@ from worker.runner.plan import StepKind, StepPlan
 
 if TYPE_CHECKING:
     from shared.kv_events import KVEvent
-    from shared.protocol import TokenDelta, WorkerPhases
+    from shared.protocol import ImageInput, TokenDelta, WorkerPhases
     from shared.sampling import SamplingParams
     from worker.runner.sampler import TokenLogprobs
     from worker.tracing import WorkerTracing
@@ -130,7 +130,8 @@ class Engine:
         config = config or EngineConfig()
         model, tokenizer = load_model(model_dir, config.compute_dtype)
         grammars = GrammarCompiler.from_hf_tokenizer(tokenizer, probe_shape(model).vocab_size)
-        return cls.create(model, config, max_context=context_length(model_dir), grammars=grammars)
+        engine = cls.create(model, config, max_context=context_length(model_dir), grammars=grammars)
+        return startup.open_vision(engine, model_dir, tokenizer)
 
     # ---- what the worker loop reads ----------------------------------------------------
 
@@ -154,15 +155,14 @@ class Engine:
 
     # ---- requests ----------------------------------------------------------------------
 
-    def add_request(
-        self, request_id: str, token_ids: list[int], sampling: SamplingParams, n: int = 1
-    ) -> None:
-        """Queue a request for `n` choices (sampled after one prefill; choice i's deltas carry
-        index i); raise InvalidRequest (or EngineOverloaded) without side effects."""
-        self.intake.check(request_id, token_ids, sampling, n, self.outputs.is_open)
+    def add_request(self, request_id: str, token_ids: list[int], sampling: SamplingParams,
+                    n: int = 1, images: tuple[ImageInput, ...] = ()) -> None:  # fmt: skip
+        """Queue a request for `n` choices (choice i's deltas carry index i) with its prompt's
+        `images`; raise InvalidRequest (or EngineOverloaded) without side effects."""
+        self.intake.check(request_id, token_ids, sampling, n, self.outputs.is_open, images)
         if len(self.scheduler.waiting) >= self.config.max_waiting:
             raise EngineOverloaded(f"{len(self.scheduler.waiting)} requests are already waiting")
-        seq = self.intake.sequence(request_id, token_ids, sampling, n)
+        seq = self.intake.sequence(request_id, token_ids, sampling, n, images)
         self.outputs.open(request_id, n)
         self.scheduler.add(seq)
 

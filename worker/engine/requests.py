@@ -10,15 +10,18 @@ from typing import TYPE_CHECKING
 
 import mlx.core as mx
 
+from shared.models.vision import IMAGE_KEY_BASE, image_positions
 from shared.sampling import InvalidRequest, SamplingParams
 from worker.engine.sequence import Sequence
 from worker.engine.speculative import DraftState
 from worker.runner.logits_processors import LogitsState
 
 if TYPE_CHECKING:
+    from shared.protocol import ImageInput
     from worker.config import EngineConfig
     from worker.kv.block_pool import BlockPool
     from worker.runner.grammar import GrammarCompiler
+    from worker.vision.encoder import VisionEncoder
 
 
 class RequestIntake:
@@ -35,6 +38,9 @@ class RequestIntake:
         self.config, self.vocab_size, self.max_context = config, vocab_size, max_context
         self.pool, self.grammars = pool, grammars
         self._arrivals = itertools.count()
+        # vision models with the extra: the image side (None: images are refused, saying why)
+        self.vision: VisionEncoder | None = None
+        self.vision_note = "this model does not take images"
 
     def check(
         self,
@@ -43,23 +49,33 @@ class RequestIntake:
         sampling: SamplingParams,
         n: int,
         is_running: Callable[[str], bool],
+        images: tuple[ImageInput, ...] = (),
     ) -> None:
         """Raise InvalidRequest naming the first thing wrong with the request."""
         if not isinstance(request_id, str) or not request_id:
             raise InvalidRequest("request_id must be a non-empty string")
         if is_running(request_id):
             raise InvalidRequest(f"request {request_id!r} is already running")
-        self._check_prompt(token_ids)
+        self._check_prompt(token_ids, images)
+        if images and sampling.prompt_logprobs is not None:
+            raise InvalidRequest("prompt logprobs are not served for prompts with images")
         sampling.validate(self.vocab_size)
         if not isinstance(n, int) or not 1 <= n <= self.config.max_running:
             raise InvalidRequest(f"n must be an integer in [1, {self.config.max_running}]")
 
-    def _check_prompt(self, token_ids: list[int]) -> None:
+    def _check_prompt(self, token_ids: list[int], images: tuple[ImageInput, ...]) -> None:
         if not token_ids:
             raise InvalidRequest("the prompt is empty")
         vocab = self.vocab_size
-        if any(not isinstance(t, int) or not 0 <= t < vocab for t in token_ids):
+        if any(not isinstance(t, int) or t < 0 or vocab <= t < IMAGE_KEY_BASE for t in token_ids):
             raise InvalidRequest(f"prompt token ids must be integers in [0, {vocab})")
+        keys = len(image_positions(token_ids))
+        if keys or images:
+            if self.vision is None:
+                raise InvalidRequest(self.vision_note)
+            if keys != sum(image.tokens for image in images):
+                raise InvalidRequest(f"the prompt holds {keys} image keys for its images' "
+                                     f"{sum(i.tokens for i in images)} tokens")  # fmt: skip
         if len(token_ids) >= self.max_context:
             raise InvalidRequest(
                 f"the prompt has {len(token_ids)} tokens; this model's context is {self.max_context} "
@@ -74,10 +90,21 @@ class RequestIntake:
             )
 
     def sequence(
-        self, request_id: str, token_ids: list[int], sampling: SamplingParams, n: int
+        self,
+        request_id: str,
+        token_ids: list[int],
+        sampling: SamplingParams,
+        n: int,
+        images: tuple[ImageInput, ...] = (),
     ) -> Sequence:
-        """The sequence of a checked request: its seed, sampling state and drafting state."""
+        """The sequence of a checked request: its seed, sampling state, drafting state and
+        images (decoded and preprocessed here: InvalidRequest if one is not an image)."""
         seed = sampling.seed if sampling.seed is not None else random.getrandbits(63)
+        prompt_images = None
+        if images and self.vision is not None:
+            from worker.vision.prompt_images import PromptImages
+
+            prompt_images = PromptImages(token_ids, self.vision.prepare(images), self.vision)
         return Sequence(
             request_id=request_id,
             prompt_len=len(token_ids),
@@ -88,7 +115,8 @@ class RequestIntake:
             seed=seed,
             forks=n - 1,
             logits_state=LogitsState.create(sampling, token_ids, self.vocab_size, self.grammars),
-            drafting=DraftState() if self._may_draft(sampling, n) else None,
+            drafting=DraftState() if self._may_draft(sampling, n) and not images else None,
+            images=prompt_images,
         )
 
     def _may_draft(self, sampling: SamplingParams, n: int) -> bool:

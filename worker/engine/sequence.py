@@ -12,6 +12,7 @@ if TYPE_CHECKING:
     from shared.sampling import SamplingParams
     from worker.engine.speculative import DraftState
     from worker.runner.logits_processors import LogitsState
+    from worker.vision.prompt_images import PromptImages
 
 
 class Status(enum.Enum):
@@ -50,6 +51,7 @@ class Sequence:
     # with sampling.prompt_logprobs: (logprob, rank, top) of prompt tokens 1.. as computed
     prompt_logprobs: list[tuple] = field(default_factory=list)
     prompt_logprobs_sent: bool = False  # handed out (with the first delta)
+    images: PromptImages | None = None  # its prompt's images (vision models)
 
     def fork(self, choice: int) -> Sequence:
         """A copy that shares the prompt computed so far (the caller shares its blocks)."""

@@ -300,3 +300,18 @@ def run_together(engine: Engine, prompts: list[list[int]], max_tokens: int) -> l
             tokens[delta.request_id] += delta.token_ids
     engine.forget_cache()
     return [tokens[rid] for rid in ids]
+
+
+def open_vision(engine: Engine, model_dir: Path, tokenizer) -> Engine:
+    """A vision model's image side (worker/vision), on the intake; or, on the intake, why
+    its images are refused (no `vision` extra, a family not served). Returns the engine."""
+    from shared.models.loading import resolve_compute_dtype
+    from worker.vision.encoder import open_vision as open_encoder
+
+    name = resolve_compute_dtype(engine.config.compute_dtype)
+    dtype = getattr(mx, name) if name != "quantized" else None
+    embed = engine.runner.trunk.embedding
+    encoder, note = open_encoder(model_dir, embed, dtype, tokenizer.convert_ids_to_tokens)
+    engine.intake.vision = encoder
+    engine.intake.vision_note = note or engine.intake.vision_note
+    return engine

@@ -75,6 +75,7 @@ class LogitsState:
         grammar or one this worker cannot serve. Host work only, no device reads."""
         if not params.processes_logits:
             return None
+        prompt = [t for t in prompt if t < vocab_size]  # not image keys (shared.models.vision)
         earlier_output = prompt[len(prompt) - params.prior_output_tokens :]
         bias = counts = seen = None
         if params.logit_bias:

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, NamedTuple
 import mlx.core as mx
 import mlx.nn as nn
 
+from shared.models.vision import IMAGE_KEY_BASE
 from worker.attention import UNCACHED, AttentionBackend, install_attention_hook
 from worker.runner.layer_cache import ForwardGroups, LayerCache, LayerTimes
 from worker.runner.layer_groups import LayerKind, grouped_scores
@@ -44,6 +45,8 @@ class Row(NamedTuple):
     start: int
     block_ids: list[int]
     slot: int = -1  # its state slot (hybrid models: `worker.state`)
+    # image tokens among `tokens`: their columns and embeddings (worker/vision)
+    image: tuple[list[int], mx.array] | None = None
 
 
 @dataclass(frozen=True)
@@ -67,7 +70,7 @@ class BatchLayout:
 def build_layout(rows: list[Row], block_size: int, scratch_block: int) -> BatchLayout:
     width = max(len(r.tokens) for r in rows)
     tokens, offsets, slots, last = [], [], [], []
-    for toks, start, blocks, _ in rows:
+    for toks, start, blocks, *_ in rows:
         tokens.append(toks + [0] * (width - len(toks)))
         offsets.append(start)
         last.append(len(toks) - 1)
@@ -77,7 +80,7 @@ def build_layout(rows: list[Row], block_size: int, scratch_block: int) -> BatchL
     max_blocks = max(-(-(r.start + width) // block_size) for r in rows)
     tables = [
         blocks[:max_blocks] + [scratch_block] * (max_blocks - len(blocks))
-        for _, _, blocks, _ in rows
+        for _, _, blocks, *_ in rows
     ]
     return BatchLayout(
         tokens=mx.array(tokens, dtype=mx.int32),
@@ -218,11 +221,25 @@ class ModelRunner:
         self.last_caches = caches
         states = self._state_caches(rows, tokens.shape[1])
         before = UNCACHED.calls
+        embeddings = self._embeddings(rows, tokens) if device_tokens is None else None
         with our_forward(layout.offsets):
-            hidden = self.trunk.forward(tokens, self._entries(caches, states))
+            hidden = self.trunk.forward(tokens, self._entries(caches, states), embeddings)
         self.uncached_attention = UNCACHED.calls - before  # read by the load-time probe
         self._state_written = [a for c in states for a in c.scatter()]
         return hidden, layout
+
+    def _embeddings(self, rows: list[Row], tokens: mx.array) -> mx.array | None:
+        """Input embeddings with the rows' image tokens' put in (None: no row has any).
+        Image keys (ids past the vocabulary) are embedded as token 0, then overwritten."""
+        if all(r.image is None for r in rows):
+            return None
+        batch, width = tokens.shape
+        embedded = self.trunk.embed(mx.where(tokens >= IMAGE_KEY_BASE, 0, tokens))
+        at = [b * width + c for b, r in enumerate(rows) if r.image for c in r.image[0]]
+        images = mx.concatenate([r.image[1] for r in rows if r.image]).astype(embedded.dtype)
+        flat = embedded.reshape(batch * width, -1)
+        flat[mx.array(at, dtype=mx.int32)] = images
+        return flat.reshape(batch, width, -1)
 
     def _state_caches(self, rows: list[Row], width: int) -> list[StateCache]:
         """The recurrent layers' caches of one forward: the rows' slots gathered, and each
@@ -274,15 +291,27 @@ class ModelRunner:
             samples = start + n == len(s.tokens)  # the prompt's last token: sample the next
             # positions whose next token is a prompt token whose logprob was asked for
             scored = range(start, min(start + n, s.prompt_len - 1) if s.scores_prompt else start)
+            images = s.images
             if flat:
                 for p in range(start, start + n):
                     last = samples and p == start + n - 1
-                    add(Row(s.tokens[p : p + 1], p, s.block_ids), s, [0] if last else [])
+                    image = images.rows(p, 1) if images else None
+                    add(
+                        Row(s.tokens[p : p + 1], p, s.block_ids, image=image),
+                        s,
+                        [0] if last else [],
+                    )
                     if p in scored:
                         points.prompt.append((len(rows) - 1, 0, s, p + 1))
             else:
                 add(
-                    Row(s.tokens[start : start + n], start, s.block_ids, s.state_slot),
+                    Row(
+                        s.tokens[start : start + n],
+                        start,
+                        s.block_ids,
+                        s.state_slot,
+                        images.rows(start, n) if images else None,
+                    ),  # fmt: skip
                     s,
                     [None] if samples else [],
                 )

@@ -85,13 +85,32 @@ class Trunk:
         mask = params.get("mask")  # a trunk that takes the mask from its model (phixtral)
         self._needs_mask = mask is not None and mask.default is inspect.Parameter.empty
 
-    def forward(self, tokens: mx.array, caches: list) -> mx.array:
+    def forward(
+        self, tokens: mx.array, caches: list, embeddings: mx.array | None = None
+    ) -> mx.array:
+        """`embeddings` (B, L, hidden), when given, stand for the tokens' own (images)."""
+        if embeddings is not None:
+            return self.module(tokens, cache=caches, input_embeddings=embeddings)
         if self._needs_mask:
             mask = caches[0].make_mask(tokens.shape[1])
             return self.module(tokens, mask, caches)
         if self._cache_keyword:
             return self.module(tokens, cache=caches)
         return self.module(tokens, caches)
+
+    @property
+    def embedding(self) -> nn.Module:
+        """The token embedding the trunk uses (`embed_tokens`, breadth first below it)."""
+        queue = [self.module]
+        while queue:
+            module = queue.pop(0)
+            if isinstance(found := module.get("embed_tokens"), nn.Module):
+                return found
+            queue.extend(c for c in module.children().values() if isinstance(c, nn.Module))
+        raise AttributeError("the model has no embed_tokens")
+
+    def embed(self, tokens: mx.array) -> mx.array:
+        return self.embedding(tokens)
 
     def head(self, hidden: mx.array) -> mx.array:
         """Logits of hidden states `(n, hidden)` -> `(n, vocab)`."""

@@ -130,7 +130,7 @@ def encode_step(step: WireStep) -> list[int]:
     for src, dst in step.copies:
         ints += [src, dst]
     ints.append(len(step.rows))
-    for tokens, start, blocks, _ in step.rows:  # (TP serves no recurrent states)
+    for tokens, start, blocks, *_ in step.rows:  # (TP serves no states, no images)
         ints += [len(tokens), start, len(blocks), *tokens, *blocks]
     return ints
 

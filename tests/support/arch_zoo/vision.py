@@ -74,8 +74,15 @@ def _preprocessor(family: str) -> dict:
     }
 
 
-def build_vision_model(family: str, directory: Path, seed: int = 0) -> Path:
-    """Write a tiny `family` checkpoint into `directory`; return it."""
+def build_vision_model(
+    family: str,
+    directory: Path,
+    seed: int = 0,
+    text: dict | None = None,
+    vision: dict | None = None,
+) -> Path:
+    """Write a tiny `family` checkpoint into `directory`; return it. `text` and `vision`:
+    settings over the tiny ones (a benchmark's bigger model)."""
     import mlx.core as mx
     from mlx.utils import tree_flatten
     from tokenizers import Tokenizer
@@ -87,7 +94,8 @@ def build_vision_model(family: str, directory: Path, seed: int = 0) -> Path:
     tokenizer.save(str(directory / "tokenizer.json"))
     ids = [tokenizer.token_to_id(t) for t in _SPECIALS[family]]
     vocab = tokenizer.get_vocab_size()
-    text, vision = _text_config(family, vocab), _vision_config(family)
+    text = _text_config(family, vocab) | (text or {})
+    vision = _vision_config(family) | (vision or {})
     config: dict = {"model_type": family, "text_config": text, "vision_config": vision}
     config |= {"eos_token_id": eos, "vocab_size": vocab}
     if family == "gemma3":
@@ -95,7 +103,8 @@ def build_vision_model(family: str, directory: Path, seed: int = 0) -> Path:
 
         config |= dict(
             boi_token_index=ids[0], eoi_token_index=ids[1], image_token_index=ids[2],
-            mm_tokens_per_image=4, hidden_size=64, pad_token_id=0,
+            mm_tokens_per_image=text["mm_tokens_per_image"], hidden_size=text["hidden_size"],
+            pad_token_id=0,
         )  # fmt: skip
     else:
         from mlx_vlm.models.mistral3 import Model, ModelConfig, TextConfig, VisionConfig
@@ -117,7 +126,10 @@ def build_vision_model(family: str, directory: Path, seed: int = 0) -> Path:
         ]
     mx.save_safetensors(str(directory / "model.safetensors"), weights)
     (directory / "config.json").write_text(json.dumps(config))
-    (directory / "preprocessor_config.json").write_text(json.dumps(_preprocessor(family)))
+    pre = _preprocessor(family)
+    if family == "gemma3":
+        pre["size"] = {"height": vision["image_size"], "width": vision["image_size"]}
+    (directory / "preprocessor_config.json").write_text(json.dumps(pre))
     return directory
 
 

@@ -121,6 +121,8 @@ def vision_spec(model_dir: Path, token_text: Callable[[int], str]) -> VisionSpec
             f"images are not served for {family!r} models yet (served: {', '.join(VISION_FAMILIES)})"
         )
     image_id = config.get("image_token_index", config.get("image_token_id"))
+    if not isinstance(image_id, int):
+        raise ValueError(f"the {family} config names no image token (image_token_index)")
     if family == "gemma3":
         count = config.get("mm_tokens_per_image") or config["text_config"]["mm_tokens_per_image"]
         boi = token_text(config["boi_token_index"])

@@ -1,0 +1,197 @@
+"""Vision-language models (issue 36): images through mlx-vlm's vision side into our paged
+language model, over tiny random-weight Gemma 3 and Mistral 3 checkpoints
+(`tests.support.arch_zoo.vision`), with greedy output equal to mlx-vlm's own `generate_step`
+on the same model, image and prompt:
+
+- alone, and batched with text-only prompts, in prefill chunks that cut through the image;
+- repeated: served from the prefix cache (the vision tower does not run again), same output;
+- the same prompt with another image: no hit past the image's first token;
+- refused, in one sentence, where images cannot be taken.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("mlx_vlm")
+
+import mlx.core as mx  # noqa: E402
+import numpy as np  # noqa: E402
+
+from shared.models.loading import load_model  # noqa: E402
+from shared.models.vision import image_hash, image_keys, vision_spec  # noqa: E402
+from shared.protocol import ImageInput  # noqa: E402
+from shared.sampling import InvalidRequest, SamplingParams  # noqa: E402
+from tests.support.arch_zoo.vision import FAMILIES, build_vision_model, sample_image  # noqa: E402
+from tests.support.engine_fixtures import make_engine, reference_greedy  # noqa: E402
+from worker.engine import startup  # noqa: E402
+
+MAX_TOKENS = 8
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def family_dir(request, tmp_path_factory):
+    return request.param, build_vision_model(request.param, tmp_path_factory.mktemp(request.param))
+
+
+@pytest.fixture(scope="module")
+def loaded(family_dir):
+    family, directory = family_dir
+    model, tokenizer = load_model(directory, "float32")
+    spec = vision_spec(directory, tokenizer.convert_ids_to_tokens)
+    return family, directory, model, tokenizer, spec
+
+
+def _engine(loaded, **overrides):
+    _, directory, model, tokenizer, _ = loaded
+    engine = make_engine(model, **overrides)
+    return startup.open_vision(engine, directory, tokenizer)
+
+
+def _prompt(loaded, text_before: str, image: bytes | None, text_after: str):
+    """(real ids, keyed ids, images) the way the router builds them (shared.models.vision)."""
+    from io import BytesIO
+
+    from PIL import Image
+
+    _, _, _, tokenizer, spec = loaded
+    if image is None:
+        ids = tokenizer.encode(text_before + text_after, add_special_tokens=False)
+        return ids, ids, ()
+    decoded = Image.open(BytesIO(image)).convert("RGB")
+    text = text_before + spec.expand(*decoded.size) + text_after
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    count = spec.image_tokens(*decoded.size)
+    keys = iter(image_keys(image_hash(decoded.tobytes(), "RGB", decoded.size), count))
+    keyed = [next(keys) if t == spec.image_token_id else t for t in ids]
+    assert sum(t == spec.image_token_id for t in ids) == count
+    return ids, keyed, (ImageInput(image, count),)
+
+
+def _mlx_vlm_greedy(loaded, ids: list[int], image: bytes) -> list[int]:
+    """mlx-vlm's own generation: its model, its image processor, greedy."""
+    from io import BytesIO
+
+    from mlx_vlm.generate.ar import generate_step
+    from mlx_vlm.utils import load_model as load_vlm
+    from PIL import Image
+    from transformers import AutoImageProcessor
+
+    family, directory, _, _, spec = loaded
+    vlm = load_vlm(directory)
+    processor = AutoImageProcessor.from_pretrained(str(directory))
+    kwargs = {"patch_size": spec.patch} if family == "mistral3" else {}
+    pixels = processor(
+        images=[Image.open(BytesIO(image)).convert("RGB")], return_tensors="np", **kwargs
+    )
+    extras = {"image_sizes": mx.array(pixels["image_sizes"])} if "image_sizes" in pixels else {}
+    x = mx.array([ids])
+    out = []
+    steps = generate_step(
+        x, vlm, mx.array(pixels["pixel_values"]), mx.ones(x.shape), max_tokens=MAX_TOKENS,
+        temperature=0.0, **extras,
+    )  # fmt: skip
+    for token, _ in steps:
+        out.append(int(token.item() if hasattr(token, "item") else token))
+    return out
+
+
+def _run(engine, requests: dict):
+    """Submit `requests` (id -> (keyed ids, images)) together: tokens and usage of each."""
+    for rid, (ids, images) in requests.items():
+        engine.add_request(rid, ids, SamplingParams(max_tokens=MAX_TOKENS), images=images)
+    tokens, usage = {}, {}
+    while engine.has_work():
+        for delta in engine.step():
+            assert delta.error is None, delta.error
+            tokens.setdefault(delta.request_id, []).extend(delta.token_ids)
+            if delta.usage is not None:
+                usage[delta.request_id] = delta.usage
+    return tokens, usage
+
+
+def test_greedy_with_an_image_equals_mlx_vlm_batched_with_text_and_chunked(loaded):
+    image = sample_image(40, 60, seed=1)
+    ids, keyed, images = _prompt(
+        loaded, "what is the capital of france? ", image, " answer the user"
+    )
+    want = _mlx_vlm_greedy(loaded, ids, image)
+    text_ids, _, _ = _prompt(loaded, "the quick brown fox jumps over the lazy dog", None, "")
+    # 8-token chunks: the image's tokens straddle chunk boundaries
+    engine = _engine(loaded, prefill_chunk=8, step_token_budget=24)
+    assert engine.intake.vision is not None
+    engine.add_request("img", keyed, SamplingParams(max_tokens=MAX_TOKENS), images=images)
+    seq = engine.scheduler.sequences_of("img")[0]
+    tokens, usage = _run(engine, {"text": (text_ids, ())})
+    assert tokens["img"] == want
+    assert seq.images.encodings == 1  # once for the prompt, not once per chunk
+    assert tokens["text"] == reference_greedy(loaded[2], text_ids, MAX_TOKENS)
+    assert usage["img"].prompt_tokens == len(ids)
+    engine.check_integrity()
+
+
+def test_repeated_image_hits_the_cache_and_a_different_image_does_not(loaded):
+    engine = _engine(loaded, prefill_chunk=16)
+    image, other = sample_image(40, 60, seed=2), sample_image(40, 60, seed=3)
+    before, after = "hello world, you are a helpful assistant; answer the user. ", " what is it?"
+    ids, keyed, images = _prompt(loaded, before, image, after)
+    first, usage = _run(engine, {"a": (keyed, images)})
+    assert usage["a"].cached_tokens == 0
+    again, usage = _run(engine, {"b": (keyed, images)})
+    assert again["b"] == first["a"]
+    assert usage["b"].cached_tokens >= len(ids) - 8  # all its whole blocks
+    ids_other, keyed_other, images_other = _prompt(loaded, before, other, after)
+    assert keyed_other != keyed
+    first_key = next(i for i, (a, b) in enumerate(zip(keyed, keyed_other, strict=True)) if a != b)
+    got, usage = _run(engine, {"c": (keyed_other, images_other)})
+    assert usage["c"].cached_tokens <= first_key  # nothing past the image's first token
+    assert got["c"] == _mlx_vlm_greedy(loaded, ids_other, other)
+    engine.check_integrity()
+
+
+def test_the_vision_tower_does_not_run_for_a_cached_image(loaded):
+    engine = _engine(loaded, prefill_chunk=8)
+    image = sample_image(40, 60, seed=4)
+    ids, keyed, images = _prompt(loaded, "the quick brown fox ", image, " jumps over the lazy dog")
+    _run(engine, {"a": (keyed, images)})
+    engine.add_request("b", keyed, SamplingParams(max_tokens=2), images=images)
+    seq = engine.scheduler.sequences_of("b")[0]
+    while engine.has_work():
+        engine.step()
+    covered = max(seq.images.positions) < seq.num_cached
+    assert covered and seq.images.encodings == 0
+
+
+def test_images_refused_in_one_sentence(loaded, tmp_path):
+    engine = _engine(loaded)
+    image = sample_image(40, 60, seed=5)
+    _, keyed, images = _prompt(loaded, "hello ", image, " world")
+    with pytest.raises(InvalidRequest, match="image 0 could not be decoded"):
+        engine.add_request(
+            "bad", keyed, SamplingParams(), images=(ImageInput(b"nope", images[0].tokens),)
+        )
+    with pytest.raises(InvalidRequest, match="image keys"):
+        engine.add_request("count", keyed, SamplingParams(), images=(ImageInput(image, 1),))
+    with pytest.raises(InvalidRequest, match="image keys"):
+        engine.add_request("missing", keyed, SamplingParams())
+    # a worker without the image side (a text model, or no extra) says why
+    engine.intake.vision, engine.intake.vision_note = None, "this model does not take images"
+    with pytest.raises(InvalidRequest, match="does not take images"):
+        engine.add_request("text", keyed, SamplingParams(), images=images)
+    assert not engine.has_work()
+
+
+def test_the_image_keys_stand_for_pixels_not_file_bytes():
+    png, bmp = sample_image(20, 20, seed=6, fmt="PNG"), sample_image(20, 20, seed=6, fmt="BMP")
+    from io import BytesIO
+
+    from PIL import Image
+
+    hashes = {
+        image_hash(img.tobytes(), "RGB", img.size)
+        for img in (Image.open(BytesIO(b)).convert("RGB") for b in (png, bmp))
+    }
+    assert len(hashes) == 1
+    keys = image_keys(hashes.pop(), 4)
+    assert len(set(keys)) == 4 and all(k >= 1 << 30 for k in keys)
+    assert np.all(np.array(keys) < 1 << 31)

@@ -1,0 +1,1 @@
+"""Images in prompts: the vision tower (mlx-vlm's) in front of our paged language model."""

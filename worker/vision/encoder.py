@@ -1,0 +1,120 @@
+"""The vision side of a vision-language model, from mlx-vlm: its image processor and its
+`get_input_embeddings` (vision tower, projector, the merge at the image tokens), no forked
+model files. The language model stays mlx-lm's, over our paged KV: mlx-vlm's merged input
+embeddings fed to mlx-lm's text backbone give logits equal to mlx-vlm's own language model
+(max difference 0.0 on tiny Gemma 3 and Mistral 3; tests/unit/worker/models/test_vision.py).
+
+mlx-vlm pulls a lot (datasets, opencv, mlx-audio), so it is the optional `vision` extra;
+without it a vision model is served as text and image requests get a 400 saying so.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import mlx.core as mx
+import numpy as np
+
+from shared.models.vision import IMAGE_KEY_BASE, VisionSpec, has_vision, read_config, vision_spec
+from shared.sampling import InvalidRequest
+
+if TYPE_CHECKING:
+    import mlx.nn as nn
+
+    from shared.protocol import ImageInput
+
+log = logging.getLogger(__name__)
+
+NO_EXTRA = (
+    "the workers run without the vision extra: install it with pip install 'mlx-fleet[vision]'"
+)
+
+
+@dataclass
+class Pixels:
+    """A prompt's images, preprocessed (host arrays): what the vision tower takes."""
+
+    values: np.ndarray  # (images, channels, height, width)
+    extras: dict  # e.g. Pixtral's image_sizes
+
+
+class VisionEncoder:
+    """Preprocesses a prompt's images (`prepare`, host work, at intake) and computes their
+    embeddings (`encode`, lazily on the device, once per prompt)."""
+
+    def __init__(self, model_dir: Path, spec: VisionSpec, embed_tokens: nn.Module, dtype):
+        from mlx.utils import tree_flatten
+        from mlx_vlm.utils import load_model
+        from transformers import AutoImageProcessor
+
+        self.spec = spec
+        self.model = load_model(Path(model_dir), lazy=True)
+        # the language model's own embedding (ours: shared, not loaded twice); its layers
+        # are never run here, so they are dropped before anything of them is read
+        self.model.language_model.model.embed_tokens = embed_tokens
+        self.model.language_model.model.layers = []
+        if dtype is not None:  # else as saved (quantized, on Metal)
+            self.model.set_dtype(dtype)
+        mx.eval([v for _, v in tree_flatten(self.model.parameters())])
+        self.processor = AutoImageProcessor.from_pretrained(str(model_dir))
+
+    def prepare(self, images: tuple[ImageInput, ...]) -> Pixels:
+        """Decode and preprocess; InvalidRequest when an image is not one, or when the token
+        count the router gave an image is not what the processor makes of it."""
+        from PIL import Image
+
+        decoded = []
+        for i, image in enumerate(images):
+            try:
+                decoded.append(Image.open(io.BytesIO(image.data)).convert("RGB"))
+            except Exception as exc:  # PIL raises many kinds on a bad file
+                raise InvalidRequest(f"image {i} could not be decoded: {exc}") from None
+        kwargs = {"patch_size": self.spec.patch} if self.spec.family == "mistral3" else {}
+        out = self.processor(images=decoded, return_tensors="np", **kwargs)
+        extras = {"image_sizes": out["image_sizes"]} if "image_sizes" in out else {}
+        for i, image in enumerate(images):
+            made = self._tokens(decoded[i], extras, i)
+            if made != image.tokens:
+                raise InvalidRequest(f"image {i} was given {image.tokens} tokens; it makes {made}")
+        return Pixels(np.asarray(out["pixel_values"]), extras)
+
+    def _tokens(self, image, extras: dict, i: int) -> int:
+        if "image_sizes" in extras:
+            height, width = (int(x) for x in extras["image_sizes"][i])
+            return (height // self.spec.patch) * (width // self.spec.patch)
+        return self.spec.image_tokens(*image.size)
+
+    def encode(self, token_ids: list[int], pixels: Pixels) -> mx.array:
+        """(image tokens, hidden) embeddings, in prompt order, of the prompt's images: rows
+        of mlx-vlm's merged input embeddings at the image keys (lazy)."""
+        keys = np.asarray(token_ids) >= IMAGE_KEY_BASE
+        ids = np.where(keys, self.spec.image_token_id, np.asarray(token_ids))[None]
+        merged = self.model.get_input_embeddings(
+            mx.array(ids, dtype=mx.int32),
+            mx.array(pixels.values),
+            mask=mx.ones(ids.shape, dtype=mx.int32),
+            **{k: mx.array(v) for k, v in pixels.extras.items()},
+        ).inputs_embeds
+        return merged[0, mx.array(np.flatnonzero(keys), dtype=mx.int32)]
+
+
+def open_vision(model_dir: Path, embed_tokens: nn.Module, dtype, token_text) -> tuple:
+    """(encoder, "") for a vision model this worker can serve images for; (None, why not)
+    otherwise ("" for a text model). Logs the reason once."""
+    if not has_vision(read_config(model_dir)):
+        return None, ""
+    try:
+        spec = vision_spec(model_dir, token_text)
+    except ValueError as exc:
+        log.warning("serving this model as text: %s", exc)
+        return None, str(exc)
+    try:
+        import mlx_vlm  # noqa: F401
+    except ImportError:
+        log.warning("serving this vision model as text: %s", NO_EXTRA)
+        return None, NO_EXTRA
+    return VisionEncoder(model_dir, spec, embed_tokens, dtype), ""
