@@ -9,7 +9,7 @@ from pathlib import Path
 
 from router.text.detokenize import IncrementalDetokenizer
 from shared.models.store import DEFAULT_CONTEXT_LENGTH, config_context_length
-from shared.vision import VisionSpec, vision_spec
+from shared.models.vision import VisionSpec, vision_spec
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +49,7 @@ class ModelTokenizer:
         return tokenizer
 
     def load_vision(self, model_dir: Path) -> None:
-        """Read how the model places images (shared.vision), or why it can't take them."""
+        """Read how the model places images (shared.models.vision), or why it can't take them."""
         try:
             self.vision = vision_spec(Path(model_dir), self._tok.convert_ids_to_tokens)
         except ValueError as e:  # a vision family whose images are not placed yet

@@ -16,7 +16,7 @@ import warnings
 from dataclasses import dataclass
 
 from router.errors import bad_image, no_vision
-from shared.vision import image_hash
+from shared.models.vision import image_hash
 
 # what the router reads and every mlx-vlm processor takes (through Pillow); a GIF is read
 # as its first frame
@@ -48,7 +48,7 @@ class DecodedImage:
     data: bytes  # the file as sent: what the worker's processor reads
     width: int
     height: int
-    content_hash: int  # shared.vision.image_hash of its RGB pixels
+    content_hash: int  # shared.models.vision.image_hash of its RGB pixels
 
 
 def file_bytes(text: str, param: str, limits: ImageLimits) -> bytes:

@@ -4,7 +4,7 @@ What the model's processor does (HF's and mlx-vlm's): the chat text holds the mo
 placeholder where each image goes; each placeholder is replaced, as text, by the image's
 expansion (`VisionSpec.expand`: its image tokens and their markers), then the text is
 tokenized. We do the same, then check that the image-token ids found are exactly the images'
-counts, in order, and replace them by each image's keys (shared.vision.image_keys) for
+counts, in order, and replace them by each image's keys (shared.models.vision.image_keys) for
 routing and the worker's caches; what a user is shown (/tokenize, counts) keeps the real ids.
 """
 
@@ -16,12 +16,12 @@ from typing import TYPE_CHECKING
 
 from router.chat.images.parts import MARK, MARK_OPEN
 from router.errors import bad_image, no_vision
+from shared.models.vision import image_keys
 from shared.protocol import ImageInput
-from shared.vision import image_keys
 
 if TYPE_CHECKING:
     from router.chat.images.decode import DecodedImage
-    from shared.vision import VisionSpec
+    from shared.models.vision import VisionSpec
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ VLM = "vlm"
 @pytest.fixture(scope="session")
 def vision_dirs(tmp_path_factory):
     pytest.importorskip("mlx_vlm", reason="the vision extra builds the tiny checkpoints")
-    from tests.support.vision_models import FAMILIES, build_vision_model
+    from tests.support.arch_zoo.vision import FAMILIES, build_vision_model
 
     root = tmp_path_factory.mktemp("vision-models")
     return {family: build_vision_model(family, root / family) for family in FAMILIES}
@@ -31,7 +31,7 @@ def data_url(data: bytes, media_type: str = "image/png") -> str:
 
 
 def png(width: int = 40, height: int = 60, seed: int = 0) -> bytes:
-    from tests.support.vision_models import sample_image
+    from tests.support.arch_zoo.vision import sample_image
 
     return sample_image(width, height, seed)
 

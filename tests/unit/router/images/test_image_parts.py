@@ -12,7 +12,7 @@ import pytest
 from router.chat.images.decode import ImageLimits, decode_image, file_bytes
 from router.chat.images.parts import image_mark, image_source, user_image_parts
 from router.errors import ApiError
-from shared.vision import image_hash
+from shared.models.vision import image_hash
 from tests.unit.router.images.conftest import data_url, png
 
 LIMITS = ImageLimits()

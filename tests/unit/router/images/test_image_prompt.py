@@ -13,7 +13,7 @@ from router.chat.images.parts import image_source, user_image_parts
 from router.chat.images.placement import PromptImages
 from router.errors import ApiError
 from router.text.tokenizer import ModelTokenizer
-from shared.vision import IMAGE_KEY_BASE, image_keys
+from shared.models.vision import IMAGE_KEY_BASE, image_keys
 from tests.unit.router.images.conftest import VLM, chat_image, png
 
 

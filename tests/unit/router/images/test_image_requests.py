@@ -10,7 +10,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from shared.vision import IMAGE_KEY_BASE
+from shared.models.vision import IMAGE_KEY_BASE
 from tests.unit.router.images.conftest import VLM, chat_image, data_url, png
 
 
