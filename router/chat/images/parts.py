@@ -5,13 +5,18 @@ OpenAI chat: `{"type": "image_url", "image_url": {"url": "data:image/png;base64,
 `{"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "..."}}`.
 Each becomes an ImageSource (base64 text or an http(s) URL). A content parser writes the
 source's *mark* where the image goes; the prompt builder (router/chat/images/placement.py)
-turns marks into the model's image tokens. A mark is a private-use character around a digest
-of the source, so the same image sent twice has the same mark and is decoded once.
+turns marks into the model's image tokens. A mark is a private-use character around a key of
+the source's text, so the same image sent twice has the same mark and is decoded once.
+
+The key is Python's string hash, on purpose: marks never leave the process, the hash is
+keyed per process (no one can make two images collide) and cached on the string, so the
+content parser's second look at a part the router already read costs nothing. Measured on a
+26 MiB base64 string: hash() 9 ms, blake2b 58 ms (and slicing the payload out of its data URL
+another 18 ms, so the payload is only sliced where it is decoded, off the loop).
 """
 
 from __future__ import annotations
 
-import hashlib
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -21,22 +26,31 @@ from router.errors import bad_image, bad_request
 IMAGE_PARTS = ("image_url", "input_image", "image")  # OpenAI chat, Responses, Anthropic
 DETAILS = ("auto", "low", "high")  # accepted; the model's processor decides the resolution
 MARK_OPEN, MARK_CLOSE = "\U000f0000", "\U000f0001"
-MARK = re.compile(f"{MARK_OPEN}([0-9a-f]{{24}}){MARK_CLOSE}")
+MARK = re.compile(f"{MARK_OPEN}([0-9a-f]{{16}}){MARK_CLOSE}")
 _URL_SCHEMES = ("http://", "https://")
 
 
 @dataclass(frozen=True)
 class ImageSource:
-    """Where one image part's file is: `base64` text, or an http(s) `url` to fetch."""
+    """Where one image part's file is: base64 text from `start` on in `text` (a data URL or
+    an Anthropic base64 block's data), or an http(s) URL (`text`) to fetch."""
 
     param: str  # the field that holds it, for errors
-    base64: str | None = None
-    url: str | None = None
+    text: str  # the field's string as sent
+    inline: bool  # base64 in `text`; else `text` is a URL
+    start: int = 0  # where the base64 starts (after a data URL's comma)
+
+    @property
+    def base64(self) -> str | None:
+        return self.text[self.start :] if self.inline else None
+
+    @property
+    def url(self) -> str | None:
+        return None if self.inline else self.text
 
     @property
     def key(self) -> str:
-        text = self.base64 if self.base64 is not None else self.url or ""
-        return hashlib.blake2b(text.encode(), digest_size=12).hexdigest()
+        return f"{hash(self.text) & 0xFFFF_FFFF_FFFF_FFFF:016x}"
 
     @property
     def mark(self) -> str:
@@ -87,17 +101,17 @@ def _from_url(url, param: str) -> ImageSource:
     if not isinstance(url, str) or not url:
         raise bad_image(f"{param} must be a data URL or an http(s) URL (a string)", param)
     if url.startswith(_URL_SCHEMES):
-        return ImageSource(param, url=url)
+        return ImageSource(param, url, inline=False)
     if not url.startswith("data:"):
         raise bad_image(
             f"{param} must be a data URL (data:image/png;base64,...) or an http(s) URL", param
         )
-    header, comma, data = url[5:].partition(",")
-    media_type, _, encoding = header.rpartition(";")
-    if not comma or encoding != "base64":
+    comma = url.find(",", 0, 256)  # the header is short; the payload is not searched
+    media_type, _, encoding = url[5:comma].rpartition(";") if comma > 0 else ("", "", "")
+    if encoding != "base64":
         raise bad_image(f"{param}: a data URL must be base64: data:image/png;base64,...", param)
     _media_type(media_type, param, optional=True)
-    return ImageSource(param, base64=data)
+    return ImageSource(param, url, inline=True, start=comma + 1)
 
 
 def _anthropic_source(source, param: str) -> ImageSource:
@@ -107,12 +121,12 @@ def _anthropic_source(source, param: str) -> ImageSource:
         data = source.get("data")
         if not isinstance(data, str):
             raise bad_image(f"{param}.data must be a base64 string", f"{param}.data")
-        return ImageSource(f"{param}.data", base64=data)
+        return ImageSource(f"{param}.data", data, inline=True)
     if kind == "url":
         url = source.get("url")
         if not (isinstance(url, str) and url.startswith(_URL_SCHEMES)):
             raise bad_image(f"{param}.url must be an http(s) URL", f"{param}.url")
-        return ImageSource(f"{param}.url", url=url)
+        return ImageSource(f"{param}.url", url, inline=False)
     raise bad_image(
         f"{param} must be {{'type': 'base64', 'media_type', 'data'}} or {{'type': 'url', "
         "'url'}}; file sources are not supported",
