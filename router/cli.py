@@ -44,6 +44,10 @@ SECURITY_FLAGS = (
     "key_tpm",
     "curve_secret_key", "curve_authorized_keys",
 )  # fmt: skip
+IMAGE_FLAGS = (
+    "max_images", "max_image_bytes", "max_request_image_bytes", "max_image_pixels",
+    "image_fetch", "image_fetch_timeout_s",
+)  # fmt: skip
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -73,6 +77,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_flags(p, RouterSection, ROUTER_FLAGS, parser_defaults=True)
     security = p.add_argument_group("security (see docs/deploy.md)")
     add_flags(security, RouterSection, SECURITY_FLAGS, parser_defaults=True)
+    images = p.add_argument_group("images in prompts (see docs/api.md, Images)")
+    add_flags(images, RouterSection, IMAGE_FLAGS, parser_defaults=True)
     add_flags(
         p, RouterSection, ["log_level", "log_requests", "otlp_endpoint"], parser_defaults=True
     )

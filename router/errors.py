@@ -51,17 +51,18 @@ def bad_request(message: str, param: str | None = None, code: str | None = None)
     return ApiError(400, message, param, code)
 
 
-IMAGE_PARTS = ("image_url", "input_image", "image")  # OpenAI chat, Responses, Anthropic
+NO_VISION = "image_input_unsupported"  # the code of every "this model takes no images" 400
 
 
-def image_input(param: str, kind: str) -> ApiError:
-    """An image part: named, and refused (vision-language models are served as text)."""
-    return bad_request(
-        f"{param}: '{kind}' parts are not accepted: image input is not served yet (vision "
-        "models answer from their text backbone); send text parts only",
-        param,
-        code="image_input_unsupported",
-    )
+def bad_image(message: str, param: str | None, code: str = "invalid_image") -> ApiError:
+    """An image part that can't be used (docs/api.md, "Images", lists the codes)."""
+    return bad_request(message, param, code)
+
+
+def no_vision(message: str, param: str | None = None) -> ApiError:
+    """An image sent where images are not served: a text-only model, a vision family not
+    placed yet, or workers started without the vision extra."""
+    return bad_request(message, param, NO_VISION)
 
 
 def no_workers(model: str) -> ApiError:

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from router.api.request import GenerationRequest
+    from router.chat.images.placement import PromptImages
     from router.errors import ApiError
     from router.text.logprobs import LogprobEntry
     from router.text.pieces import Piece, UsageCount
@@ -57,8 +58,19 @@ class Api(Protocol):
     endpoint: str  # the path, for error messages
 
     def parse(
-        self, body: dict, tokenizer: ModelTokenizer, model_id: str, max_tokens_cap: int | None
+        self,
+        body: dict,
+        tokenizer: ModelTokenizer,
+        model_id: str,
+        max_tokens_cap: int | None,
+        images: PromptImages = ...,  # the body's decoded images (router/http/images.py)
     ) -> GenerationRequest: ...
+
+    def image_parts(self, body: dict) -> list[tuple[dict, str]]:
+        """The image parts the prompt will hold (each with the field naming it), decoded
+        before `parse`: the body's user messages, and for a continued conversation its
+        stored history's."""
+        ...
 
     def new_id(self) -> str: ...
 

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from shared.protocol import ImageInput
     from shared.sampling import SamplingParams
 
 
@@ -35,3 +36,5 @@ class GenerationRequest:
     # /v1/completions with several prompts: every prompt (prompt_ids is the first), each its
     # own job with n choices; choice index = prompt index x n + choice (OpenAI's order)
     batch: tuple[tuple[int, ...], ...] = ()
+    # images (chat APIs): prompt_ids hold their keys where their tokens go, in this order
+    images: tuple[ImageInput, ...] = ()

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from router.api.anthropic.parse import MESSAGES_FIELDS, messages_prompt
 from router.api.checks import refuse_unknown_fields, typed_field
+from router.chat.images.placement import NO_IMAGES, PromptImages
 from router.chat.prompt import build_chat_prompt, template_kwargs
 from router.chat.tools import chat_messages, parse_tools
 from router.errors import bad_request
@@ -37,9 +38,10 @@ COUNT_TOKENS_FIELDS = (
 )
 
 
-def tokenize(body: dict, tokenizer: ModelTokenizer) -> dict:
+def tokenize(body: dict, tokenizer: ModelTokenizer, images: PromptImages = NO_IMAGES) -> dict:
     """vLLM's /tokenize: a `prompt` (string) or chat `messages` -> `tokens`, `count`,
-    `max_model_len` (and `token_strs` when `return_token_strs` is true)."""
+    `max_model_len` (and `token_strs` when `return_token_strs` is true). Images count as the
+    tokens they become, shown with the real image-token id."""
     if "messages" in body and "prompt" in body:
         raise bad_request("send either 'prompt' or 'messages', not both", "messages")
     if body.get("messages") is not None:
@@ -52,6 +54,7 @@ def tokenize(body: dict, tokenizer: ModelTokenizer) -> dict:
             template_kwargs(body),
             add_generation_prompt=typed_field(body, "add_generation_prompt", bool, True),
             add_special_tokens=typed_field(body, "add_special_tokens", bool, False),
+            images=images,
         ).token_ids
     else:
         refuse_unknown_fields(body, TOKENIZE_PROMPT_FIELDS, "/tokenize")
@@ -69,7 +72,7 @@ def tokenize(body: dict, tokenizer: ModelTokenizer) -> dict:
     return out
 
 
-def detokenize(body: dict, tokenizer: ModelTokenizer) -> dict:
+def detokenize(body: dict, tokenizer: ModelTokenizer, images: PromptImages = NO_IMAGES) -> dict:
     """vLLM's /detokenize: `tokens` -> `prompt` (special tokens kept, as vLLM does)."""
     refuse_unknown_fields(body, DETOKENIZE_FIELDS, "/detokenize")
     tokens = body.get("tokens")
@@ -82,7 +85,7 @@ def detokenize(body: dict, tokenizer: ModelTokenizer) -> dict:
     return {"prompt": tokenizer.decode(tokens, skip_special_tokens=False)}
 
 
-def count_tokens(body: dict, tokenizer: ModelTokenizer) -> dict:
+def count_tokens(body: dict, tokenizer: ModelTokenizer, images: PromptImages = NO_IMAGES) -> dict:
     """Anthropic's /v1/messages/count_tokens: the prompt a /v1/messages body would make."""
     refuse_unknown_fields(body, COUNT_TOKENS_FIELDS, "/v1/messages/count_tokens")
-    return {"input_tokens": len(messages_prompt(body, tokenizer).token_ids)}
+    return {"input_tokens": len(messages_prompt(body, tokenizer, images).token_ids)}

@@ -10,8 +10,16 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from router.chat.images.placement import (
+    NO_IMAGES,
+    PromptImages,
+    count_marks,
+    key_image_tokens,
+    place_images,
+)
 from router.chat.tools import ToolSet, fallback_messages
 from router.errors import bad_request
+from shared.protocol import ImageInput
 
 if TYPE_CHECKING:
     from router.text.tokenizer import ModelTokenizer
@@ -22,10 +30,18 @@ _MENTIONS_TOOLS = re.compile(r"\btools\b")
 
 @dataclass(frozen=True)
 class ChatPrompt:
-    token_ids: list[int]
+    token_ids: list[int]  # the real ids (what /tokenize shows, what the context counts)
     tools: ToolSet | None
     tool_family: str | None  # the parser for calls in the reply; None when tools are off
     starts_in_reasoning: bool  # the template opened a <think> block for the model
+    # with images: the ids sent and hashed (image keys at the image positions), and the
+    # images in prompt order (router/chat/images/placement.py)
+    keyed_ids: list[int] | None = None
+    images: tuple[ImageInput, ...] = ()
+
+    @property
+    def wire_ids(self) -> list[int]:
+        return self.token_ids if self.keyed_ids is None else self.keyed_ids
 
 
 def template_supports_tools(tokenizer: ModelTokenizer) -> bool:
@@ -68,6 +84,7 @@ def build_chat_prompt(
     *,
     add_generation_prompt: bool = True,
     add_special_tokens: bool = False,  # /tokenize's: the template usually writes its own BOS
+    images: PromptImages = NO_IMAGES,  # the decoded images the messages' marks name
 ) -> ChatPrompt:
     if not tokenizer.has_chat_template:
         raise bad_request("this model has no chat template; use /v1/completions", "messages")
@@ -78,8 +95,13 @@ def build_chat_prompt(
     schemas = list(tools.functions) if tools is not None and native else None
     text = _render(tokenizer, messages, schemas, kwargs, add_generation_prompt)
     family = tool_family_of(tokenizer, tokenizer.tool_call_parser) if tools is not None else None
+    thinks = text.rstrip().endswith("<think>")
+    text, placed = place_images(text, count_marks(messages), images, tokenizer.vision)
     ids = tokenizer.encode_prompt(text) if add_special_tokens else tokenizer.encode_text(text)
-    return ChatPrompt(ids, tools, family, text.rstrip().endswith("<think>"))
+    keyed = key_image_tokens(ids, placed, tokenizer.vision)
+    if not keyed.images:
+        return ChatPrompt(ids, tools, family, thinks)
+    return ChatPrompt(ids, tools, family, thinks, keyed.keyed_ids, keyed.images)
 
 
 def _render(tokenizer: ModelTokenizer, messages, schemas, kwargs, generation: bool) -> str:

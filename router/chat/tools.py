@@ -14,7 +14,8 @@ import json
 import re
 from dataclasses import dataclass
 
-from router.errors import IMAGE_PARTS, bad_request, image_input
+from router.chat.images.parts import image_mark, is_image_part
+from router.errors import bad_request
 from router.text import strict_json
 
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -120,9 +121,8 @@ def _message(message, i: int) -> dict:
         text = "" if content is None else content_text(content, f"{param}.content")
         out = {"role": role, "content": text, "tool_calls": _history_calls(calls, param)}
         return out | _name(message, param)
-    out = {"role": role, "content": content_text(content, f"{param}.content")} | _name(
-        message, param
-    )
+    text = content_text(content, f"{param}.content", images=role == "user")
+    out = {"role": role, "content": text} | _name(message, param)
     if role == "tool":
         call_id = message.get("tool_call_id")
         if not isinstance(call_id, str):
@@ -141,20 +141,23 @@ def _name(message: dict, param: str) -> dict:
     return {"name": name}
 
 
-def content_text(content, param: str) -> str:
+def content_text(content, param: str, images: bool = False) -> str:
+    """The text of a message's content; an image part becomes its mark
+    (router/chat/images/parts.py) where `images` are allowed (user messages)."""
     if isinstance(content, str):
         return content
     if isinstance(content, list):
         parts = []
-        for part in content:
-            if isinstance(part, dict) and part.get("type") in IMAGE_PARTS:
-                raise image_input(param, part["type"])
+        for j, part in enumerate(content):
+            if is_image_part(part):
+                parts.append(image_mark(part, f"{param}[{j}]", images))
+                continue
             if not (
                 isinstance(part, dict)
                 and part.get("type") == "text"
                 and isinstance(part.get("text"), str)
             ):
-                raise bad_request(f"{param}: only text parts are supported", param)
+                raise bad_request(f"{param}: only text and image parts are supported", param)
             parts.append(part["text"])
         return "".join(parts)
     raise bad_request(f"{param} must be a string or an array of text parts", param)

@@ -180,6 +180,8 @@ class WorkerState:
             "phases": _as_json(hb.phases if hb else None),
             "kv_endpoint": self.kv_endpoint,
             "role": self.role,
+            "vision": self.info.vision,  # takes images (mlx-vlm installed, family served)
+            "vision_note": self.info.vision_note or None,  # why not, when not
             "prefill_tokens_per_s": self.prefill_tokens_per_s,
             "links": [dataclasses.asdict(link) for link in self.links.values()],
             "pulled_blocks": self.pulled_blocks,

@@ -24,6 +24,7 @@ from router.errors import ApiError, no_workers, overloaded
 from router.http import app_keys, sse
 from router.http.access_log import note
 from router.http.body import json_object_body
+from router.http.images import request_images
 from router.http.security import charge_tokens
 from router.metrics.tracing import RequestTrace
 from router.routing.dispatcher import Job, NoWorkerAvailable, Overloaded
@@ -44,7 +45,11 @@ async def generate(
     body = await json_object_body(request)
     served = app[app_keys.MODELS].for_request(body)
     max_tokens_cap = app[app_keys.CONFIG].max_tokens_cap
-    req = await parse_off_loop(app, api.parse, body, served.tokenizer, served.id, max_tokens_cap)
+    workers = app[app_keys.CLUSTER].registry.healthy(served.id)
+    images = await request_images(app, served, api.image_parts(body), workers)
+    req = await parse_off_loop(
+        app, api.parse, body, served.tokenizer, served.id, max_tokens_cap, images
+    )
     request_id = api.new_id()
     note(request, request_id=request_id, model=served.id, stream=req.stream)
     if trace is not None:
@@ -90,7 +95,13 @@ def start_job(
 ) -> Job:
     try:
         return served.dispatcher.start(
-            request_id, req.prompt_ids, req.sampling, req.n, cache_key=req.cache_key, trace=trace
+            request_id,
+            req.prompt_ids,
+            req.sampling,
+            req.n,
+            cache_key=req.cache_key,
+            trace=trace,
+            images=req.images,
         )
     except Overloaded:
         raise overloaded() from None

@@ -21,7 +21,7 @@ from router.routing import disagg
 from router.routing.affinity import PrefixAffinity
 from router.routing.choose import PULL, choose
 from router.routing.job import Job as Job  # the handlers import it from here
-from shared.protocol import Abort, Message, TokenDelta, Usage
+from shared.protocol import Abort, ImageInput, Message, TokenDelta, Usage
 
 if TYPE_CHECKING:
     from router.cluster.registry import WorkerRegistry, WorkerState
@@ -86,12 +86,14 @@ class Dispatcher:
         n: int = 1,
         cache_key: str | None = None,
         trace: RequestTrace | None = None,
+        images: tuple[ImageInput, ...] = (),
     ) -> Job:
         """Route a new job and send it; Overloaded or NoWorkerAvailable if it cannot be.
         With n > 1 the handler reads each choice from `job.choices`."""
         if len(self._jobs) >= self._max_pending:
             raise Overloaded
         job = Job(request_id, tuple(prompt_ids), sampling, n=n, cache_key=cache_key, trace=trace)
+        job.images = images
         if n > 1:
             job.choices = [
                 Job(request_id, job.prompt_ids, sampling, parent=job, index=i) for i in range(n)
@@ -213,6 +215,8 @@ class Dispatcher:
 
     def _route(self, job: Job) -> None:
         workers = self._registry.healthy(self.model)
+        if job.images:  # only workers with the vision extra can place them
+            workers = [w for w in workers if w.info.vision]
         if not workers:
             raise NoWorkerAvailable
         target = disagg.prefill_target(workers, job, self._index, self._prefill_min_tokens)

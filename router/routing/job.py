@@ -8,7 +8,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from shared.protocol import Generate, PullHint, TokenDelta
+from shared.protocol import Generate, ImageInput, PullHint, TokenDelta
 
 if TYPE_CHECKING:
     from router.metrics.tracing import RequestTrace
@@ -40,6 +40,9 @@ class Job:
     prefill_tried: bool = False
     handover: PullHint | None = None
     prefill_timer: asyncio.TimerHandle | None = None
+    # the prompt's images, in order (prompt_ids hold their keys): every leg and retry
+    # carries them, and only workers that take images are sent the job
+    images: tuple[ImageInput, ...] = ()
 
     @property
     def wire_id(self) -> str:
@@ -60,4 +63,5 @@ class Job:
             max_tokens=self.tokens_left,
             prior_output_tokens=len(self.generated),  # penalties and the grammar count them
         )
-        return Generate(self.wire_id, self.prompt_ids + tuple(self.generated), sampling, self.n)
+        ids = self.prompt_ids + tuple(self.generated)
+        return Generate(self.wire_id, ids, sampling, self.n, images=self.images)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from router.text.detokenize import IncrementalDetokenizer
 from shared.models.store import DEFAULT_CONTEXT_LENGTH, config_context_length
+from shared.models.vision import VisionSpec, vision_spec
 
 log = logging.getLogger(__name__)
 
@@ -28,6 +29,10 @@ class ModelTokenizer:
         self.chat_stop_token_ids = tuple(sorted(eos | self._chat_end_tokens()))
         self.tool_call_parser: str | None = None  # --tool-call-parser; None = from the template
         self._ll_tokenizer = None  # llguidance's, for token bytes
+        # images: how the model's processor places them (None: it takes none; then
+        # `vision_error` says why when it has a vision tower we do not serve)
+        self.vision: VisionSpec | None = None
+        self.vision_error: str | None = None
 
     @classmethod
     def load(cls, model_dir: Path, context_length: int | None = None) -> ModelTokenizer:
@@ -39,7 +44,20 @@ class ModelTokenizer:
         eos = _as_ids(config.get("eos_token_id")) + _as_ids(generation.get("eos_token_id"))
         if context_length is None:
             context_length = _context_length(config, hf_tokenizer)
-        return cls(hf_tokenizer, int(context_length), eos)
+        tokenizer = cls(hf_tokenizer, int(context_length), eos)
+        tokenizer.load_vision(model_dir)
+        return tokenizer
+
+    def load_vision(self, model_dir: Path) -> None:
+        """Read how the model places images (shared.models.vision), or why it can't take them."""
+        try:
+            self.vision = vision_spec(Path(model_dir), self._tok.convert_ids_to_tokens)
+        except ValueError as e:  # a vision family whose images are not placed yet
+            self.vision_error = str(e)
+        except (KeyError, TypeError) as e:  # a config without the keys its family needs
+            self.vision_error = f"its config.json does not say how images are placed ({e})"
+        if self.vision_error:
+            log.warning("%s: image input is off: %s", model_dir, self.vision_error)
 
     @property
     def vocab_size(self) -> int:

@@ -142,7 +142,39 @@ class RouterSection:
         metavar="FILE",
     )
     max_body_bytes: int = spec(
-        8 * 2**20, size(optional=False), "larger request bodies are refused with 413"
+        48 * 2**20,
+        size(optional=False),
+        "larger request bodies are refused with 413 (images travel in the body, as base64: "
+        "keep it above 4/3 of max_request_image_bytes)",
+    )
+    # Images in prompts (vision-language models; docs/api.md "Images").
+    max_images: int = spec(8, integer(0), "images one request may hold; more get 400")
+    max_image_bytes: int = spec(
+        20 * 2**20, size(optional=False), "an image's encoded size (PNG, JPEG...); larger get 400"
+    )
+    max_request_image_bytes: int = spec(
+        32 * 2**20,
+        size(optional=False),
+        "all of one request's images together (they travel to the worker in one frame, "
+        "capped at 64 MiB)",
+    )
+    max_image_pixels: int = spec(
+        40_000_000,
+        integer(1),
+        "an image's width x height, read from its header before it is decoded (a "
+        "decompression bomb is refused unread)",
+    )
+    image_fetch: bool = spec(
+        False,
+        boolean(),
+        "fetch http(s) image URLs that requests name (off: only data URLs and base64 blocks; "
+        "on, the router reaches any address a client names: keep it off on a shared network)",
+    )
+    image_fetch_timeout_s: float = spec(
+        10.0,
+        number(0.0, low_open=True),
+        "seconds one image URL may take to fetch (image_fetch)",
+        flag="--image-fetch-timeout",
     )
     max_tokens_cap: int | None = spec(
         None, integer(1, optional=True), "clamp every request's max_tokens to this"

@@ -70,6 +70,8 @@ class FakeWorkerConfig:
     pulled_blocks: int = 0
     prefill_error: str | None = None  # answer prefill_only requests with this error
     partial_blocks: int = 0  # partial tails its cache reports keeping beside the full blocks
+    vision: bool = False  # registers as taking images...
+    vision_note: str = ""  # ...or why it does not
 
 
 @dataclass
@@ -255,6 +257,8 @@ class FakeWorker:
             attention=attention,
             kv_endpoint=self.config.kv_endpoint,
             role=self.config.role,
+            vision=self.config.vision,
+            vision_note=self.config.vision_note,
         )
 
     async def _send(self, msg: Message) -> None:

@@ -19,6 +19,8 @@ from router.api.anthropic.render import (
     stop_reason,
     usage_json,
 )
+from router.chat.images.parts import user_image_parts
+from router.chat.images.placement import NO_IMAGES, PromptImages
 from router.chat.output import ChatReader
 
 if TYPE_CHECKING:
@@ -33,9 +35,17 @@ class MessagesApi:
     endpoint = "/v1/messages"
 
     def parse(
-        self, body: dict, tokenizer: ModelTokenizer, model_id: str, max_tokens_cap: int | None
+        self,
+        body: dict,
+        tokenizer: ModelTokenizer,
+        model_id: str,
+        max_tokens_cap: int | None,
+        images: PromptImages = NO_IMAGES,
     ) -> GenerationRequest:
-        return parse_messages_request(body, tokenizer, model_id, max_tokens_cap)
+        return parse_messages_request(body, tokenizer, model_id, max_tokens_cap, images)
+
+    def image_parts(self, body: dict) -> list[tuple[dict, str]]:
+        return list(user_image_parts(body))
 
     def new_id(self) -> str:
         return f"msg_{uuid.uuid4().hex[:24]}"

@@ -11,10 +11,12 @@ from typing import TYPE_CHECKING
 
 from router.api.checks import completion_budget, refuse_unknown_fields, typed_field
 from router.api.request import GenerationRequest
+from router.chat.images.parts import image_mark, is_image_part
+from router.chat.images.placement import NO_IMAGES, PromptImages
 from router.chat.prompt import build_chat_prompt, template_kwargs
 from router.chat.tool_grammar import enforce_tool_choice, required_call_schema
 from router.chat.tools import ToolSet, parse_tools
-from router.errors import IMAGE_PARTS, bad_request, image_input
+from router.errors import bad_request
 from shared.sampling import InvalidRequest, SamplingParams
 
 if TYPE_CHECKING:
@@ -32,13 +34,17 @@ MESSAGES_FIELDS = frozenset(
 
 
 def parse_messages_request(
-    body: dict, tokenizer: ModelTokenizer, model_id: str, max_tokens_cap: int | None = None
+    body: dict,
+    tokenizer: ModelTokenizer,
+    model_id: str,
+    max_tokens_cap: int | None = None,
+    images: PromptImages = NO_IMAGES,
 ) -> GenerationRequest:
     refuse_unknown_fields(body, MESSAGES_FIELDS, "/v1/messages")
     max_tokens = body.get("max_tokens")
     if type(max_tokens) is not int:
         raise bad_request("'max_tokens' is required and must be an integer", "max_tokens")
-    prompt = messages_prompt(body, tokenizer)
+    prompt = messages_prompt(body, tokenizer, images)
     tools = prompt.tools
     max_tokens = completion_budget(
         len(prompt.token_ids), max_tokens, tokenizer.context_length, max_tokens_cap
@@ -47,7 +53,7 @@ def parse_messages_request(
     return GenerationRequest(
         "chat",
         model_id,
-        tuple(prompt.token_ids),
+        tuple(prompt.wire_ids),
         enforce_tool_choice(
             _sampling(body, max_tokens, tokenizer.chat_stop_token_ids), tools, prompt.tool_family
         ),
@@ -57,16 +63,19 @@ def parse_messages_request(
         tool_family=prompt.tool_family,
         tool_grammar=required_call_schema(tools),
         starts_in_reasoning=prompt.starts_in_reasoning,
+        images=prompt.images,
     )
 
 
-def messages_prompt(body: dict, tokenizer: ModelTokenizer) -> ChatPrompt:
+def messages_prompt(
+    body: dict, tokenizer: ModelTokenizer, images: PromptImages = NO_IMAGES
+) -> ChatPrompt:
     """The templated prompt of a /v1/messages body (also /v1/messages/count_tokens')."""
     check_messages_no_ops(body)
     _check_thinking(body)
     tools = _tools(body)
     messages = _system(body.get("system")) + _messages(body.get("messages"))
-    return build_chat_prompt(messages, tools, tokenizer, template_kwargs(body))
+    return build_chat_prompt(messages, tools, tokenizer, template_kwargs(body), images=images)
 
 
 def check_messages_no_ops(body: dict) -> None:
@@ -210,7 +219,7 @@ def _messages(messages) -> list[dict]:
 
 def _turn(role: str, content, param: str) -> list[dict]:
     allowed = ("text", "tool_result") if role == "user" else ("text", "tool_use")
-    text, blocks = _text_of(content, f"{param}.content", allowed)
+    text, blocks = _text_of(content, f"{param}.content", allowed, images=role == "user")
     if role == "assistant":
         calls = [_tool_use(b, f"{param}.content") for b in blocks if b["type"] == "tool_use"]
         return [{"role": "assistant", "content": text} | ({"tool_calls": calls} if calls else {})]
@@ -218,22 +227,30 @@ def _turn(role: str, content, param: str) -> list[dict]:
     return results + ([{"role": "user", "content": text}] if text or not results else [])
 
 
-def _text_of(content, param: str, allowed: tuple[str, ...]) -> tuple[str, list[dict]]:
-    """(the text blocks joined, all blocks) of a string or an array of content blocks."""
+def _text_of(
+    content, param: str, allowed: tuple[str, ...], images: bool = False
+) -> tuple[str, list[dict]]:
+    """(the text blocks joined, all blocks) of a string or an array of content blocks; an
+    image block becomes its mark (router/chat/images/parts.py) where `images` are allowed
+    (a user turn's own content)."""
     if isinstance(content, str):
         return content, []
     if not isinstance(content, list):
         raise bad_request(f"{param} must be a string or an array of content blocks", param)
+    texts = []
     for j, block in enumerate(content):
-        if isinstance(block, dict) and block.get("type") in IMAGE_PARTS:
-            raise image_input(param, block["type"])
+        if is_image_part(block):
+            texts.append(image_mark(block, f"{param}[{j}]", images))
+            continue
         if not isinstance(block, dict) or block.get("type") not in allowed:
             raise bad_request(
                 f"{param}[{j}]: block types allowed here: {', '.join(allowed)}", param
             )
-        if block["type"] == "text" and not isinstance(block.get("text"), str):
-            raise bad_request(f"{param}[{j}].text must be a string", param)
-    return "".join(b["text"] for b in content if b["type"] == "text"), content
+        if block["type"] == "text":
+            if not isinstance(block.get("text"), str):
+                raise bad_request(f"{param}[{j}].text must be a string", param)
+            texts.append(block["text"])
+    return "".join(texts), content
 
 
 def _tool_use(block: dict, param: str) -> dict:

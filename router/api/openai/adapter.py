@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING
 from router.api.adapter import ChoiceText, StreamEvent
 from router.api.openai.parse import parse_chat, parse_completion
 from router.api.openai.render import ResponseBuilder, chat_deltas, chat_message
+from router.chat.images.parts import user_image_parts
+from router.chat.images.placement import NO_IMAGES, PromptImages
 from router.chat.output import ChatReader
 from router.text.logprobs import LogprobsRenderer, vllm_prompt_logprobs
 
@@ -24,15 +26,30 @@ DONE = StreamEvent("[DONE]")
 
 
 class OpenAIApi:
-    def __init__(self, endpoint: str, parse: Callable[..., GenerationRequest], id_prefix: str):
+    def __init__(
+        self,
+        endpoint: str,
+        parse: Callable[..., GenerationRequest],
+        id_prefix: str,
+        takes_images: bool = False,
+    ):
         self.endpoint = endpoint
         self._parse = parse
         self._id_prefix = id_prefix
+        self._takes_images = takes_images  # chat's messages may hold image parts
+
+    def image_parts(self, body: dict) -> list[tuple[dict, str]]:
+        return list(user_image_parts(body)) if self._takes_images else []
 
     def parse(
-        self, body: dict, tokenizer: ModelTokenizer, model_id: str, max_tokens_cap: int | None
+        self,
+        body: dict,
+        tokenizer: ModelTokenizer,
+        model_id: str,
+        max_tokens_cap: int | None,
+        images: PromptImages = NO_IMAGES,
     ) -> GenerationRequest:
-        return self._parse(body, tokenizer, model_id, max_tokens_cap)
+        return self._parse(body, tokenizer, model_id, max_tokens_cap, images)
 
     def new_id(self) -> str:
         return f"{self._id_prefix}-{uuid.uuid4().hex}"
@@ -47,7 +64,7 @@ class OpenAIApi:
         return OpenAIReply(req, builder, tokenizer)
 
 
-CHAT = OpenAIApi("/v1/chat/completions", parse_chat, "chatcmpl")
+CHAT = OpenAIApi("/v1/chat/completions", parse_chat, "chatcmpl", takes_images=True)
 COMPLETIONS = OpenAIApi("/v1/completions", parse_completion, "cmpl")
 
 

@@ -15,6 +15,7 @@ from router.api.openai.fields import (
 )
 from router.api.openai.sampling import echo_of, sampling_fields
 from router.api.request import GenerationRequest
+from router.chat.images.placement import NO_IMAGES, PromptImages
 from router.chat.prompt import build_chat_prompt, template_kwargs
 from router.chat.tool_grammar import enforce_tool_choice, required_call_schema
 from router.chat.tools import chat_messages, parse_tools
@@ -28,12 +29,21 @@ MAX_STOP_STRINGS = 4
 
 
 def parse_chat(
-    body: dict, tokenizer: ModelTokenizer, model_id: str, max_tokens_cap: int | None = None
+    body: dict,
+    tokenizer: ModelTokenizer,
+    model_id: str,
+    max_tokens_cap: int | None = None,
+    images: PromptImages = NO_IMAGES,
 ) -> GenerationRequest:
     refuse_unknown_fields(body, CHAT_FIELDS, "/v1/chat/completions")
     check_chat_fields(body)
     tools = parse_tools(body)
-    prompt = build_chat_prompt(chat_messages(body), tools, tokenizer, template_kwargs(body))
+    messages, kwargs = chat_messages(body), template_kwargs(body)
+    prompt = build_chat_prompt(messages, tools, tokenizer, kwargs, images=images)
+    if prompt.images and body.get("prompt_logprobs") is not None:
+        raise bad_request(
+            "'prompt_logprobs' is not available for a prompt with images", "prompt_logprobs"
+        )
     max_tokens = typed_field(body, "max_completion_tokens", int, None)
     if max_tokens is None:
         max_tokens = typed_field(body, "max_tokens", int, None)
@@ -41,7 +51,7 @@ def parse_chat(
         "chat",
         body,
         model_id,
-        prompt.token_ids,
+        prompt.wire_ids,
         max_tokens,
         max_tokens_cap,
         tokenizer,
@@ -53,11 +63,16 @@ def parse_chat(
         tool_family=prompt.tool_family,
         tool_grammar=required_call_schema(tools),
         starts_in_reasoning=prompt.starts_in_reasoning,
+        images=prompt.images,
     )
 
 
 def parse_completion(
-    body: dict, tokenizer: ModelTokenizer, model_id: str, max_tokens_cap: int | None = None
+    body: dict,
+    tokenizer: ModelTokenizer,
+    model_id: str,
+    max_tokens_cap: int | None = None,
+    images: PromptImages = NO_IMAGES,  # a text prompt holds none (for the adapter's call)
 ) -> GenerationRequest:
     refuse_unknown_fields(body, COMPLETION_FIELDS, "/v1/completions")
     prompts = _completion_prompts(body, tokenizer)

@@ -12,9 +12,16 @@ from __future__ import annotations
 import uuid
 from typing import TYPE_CHECKING
 
-from router.api.responses.parse import ENDPOINT, ResponsesRequest, parse_responses
+from router.api.responses.parse import (
+    ENDPOINT,
+    ResponsesRequest,
+    history_items,
+    parse_responses,
+)
 from router.api.responses.render import now, response_object, status_of, usage_json
 from router.api.responses.stream import ItemStream
+from router.chat.images.parts import message_image_parts, user_image_parts
+from router.chat.images.placement import NO_IMAGES, PromptImages
 from router.chat.output import ChatReader
 
 if TYPE_CHECKING:
@@ -32,9 +39,20 @@ class ResponsesApi:
         self._store = store
 
     def parse(
-        self, body: dict, tokenizer: ModelTokenizer, model_id: str, max_tokens_cap: int | None
+        self,
+        body: dict,
+        tokenizer: ModelTokenizer,
+        model_id: str,
+        max_tokens_cap: int | None,
+        images: PromptImages = NO_IMAGES,
     ) -> ResponsesRequest:
-        return parse_responses(body, tokenizer, model_id, max_tokens_cap, self._store)
+        return parse_responses(body, tokenizer, model_id, max_tokens_cap, self._store, images)
+
+    def image_parts(self, body: dict) -> list[tuple[dict, str]]:
+        """The input's images, and the stored conversation's it continues (its earlier
+        turns' images are in the prompt again)."""
+        history = history_items(body, self._store)
+        return [*message_image_parts(history, "previous_response_id"), *user_image_parts(body)]
 
     def new_id(self) -> str:
         return f"resp_{uuid.uuid4().hex}"

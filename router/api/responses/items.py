@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import uuid
 
-from router.errors import IMAGE_PARTS, bad_request, image_input
+from router.chat.images.parts import image_mark, is_image_part
+from router.errors import bad_request
 from router.text import strict_json
 
 ROLES = ("user", "system", "developer", "assistant")
@@ -69,24 +70,30 @@ def _message(item: dict, param: str) -> dict:
         part = {"type": kind, "text": content}
         parts = [part | {"annotations": []} if kind == "output_text" else part]
     else:
-        _parts_text(content, f"{param}.content")
+        _parts_text(content, f"{param}.content", images=role == "user")
         parts = content
     out = {"type": "message", "role": role, "content": parts, "status": "completed"}
     return _with_id(item, "message") | out
 
 
-def _parts_text(parts, param: str) -> str:
+def _parts_text(parts, param: str, images: bool = False) -> str:
+    """The parts' text; an image part (`images`: allowed here, in user messages) becomes its
+    mark (router/chat/images/parts.py)."""
     if not isinstance(parts, list):
         raise bad_request(f"{param} must be a string or an array of text parts", param)
+    texts = []
     for j, part in enumerate(parts):
-        if isinstance(part, dict) and part.get("type") in IMAGE_PARTS:
-            raise image_input(param, part["type"])
+        if is_image_part(part):
+            texts.append(image_mark(part, f"{param}[{j}]", images))
+            continue
         if not (isinstance(part, dict) and part.get("type") in TEXT_PARTS
                 and isinstance(part.get("text"), str)):  # fmt: skip
             raise bad_request(
-                f"{param}[{j}]: only input_text / output_text parts are supported", param
+                f"{param}[{j}]: only input_text / output_text / input_image parts are supported",
+                param,
             )
-    return "".join(part["text"] for part in parts)
+        texts.append(part["text"])
+    return "".join(texts)
 
 
 def _reasoning(item: dict, param: str) -> dict:
@@ -135,7 +142,8 @@ def chat_messages(items: list[dict]) -> list[dict]:
             messages.append({"role": "tool", "tool_call_id": item["call_id"],
                              "content": item["output"]})  # fmt: skip
         elif kind == "message" and item["role"] != "assistant":
-            messages.append({"role": item["role"], "content": _parts_text(item["content"], "")})
+            text = _parts_text(item["content"], "input", images=item["role"] == "user")
+            messages.append({"role": item["role"], "content": text})
         else:
             last = messages[-1] if messages else None
             if kind == "message" or last is None or last["role"] != "assistant":

@@ -15,6 +15,7 @@ from router.api.responses.fields import RESPONSES_FIELDS, check_responses_fields
 from router.api.responses.items import chat_messages, input_items
 from router.api.responses.store import previous_not_found
 from router.api.responses.tools import responses_tools
+from router.chat.images.placement import NO_IMAGES, PromptImages
 from router.chat.prompt import build_chat_prompt
 from router.chat.tool_grammar import enforce_tool_choice, required_call_schema
 from router.errors import bad_request
@@ -52,6 +53,7 @@ def parse_responses(
     model_id: str,
     max_tokens_cap: int | None,
     store: ScopedStore,
+    images: PromptImages = NO_IMAGES,
 ) -> ResponsesRequest:
     refuse_unknown_fields(body, RESPONSES_FIELDS, ENDPOINT)
     check_responses_fields(body)
@@ -65,7 +67,7 @@ def parse_responses(
     if max_output is not None and max_output < 1:
         raise bad_request("'max_output_tokens' must be at least 1", "max_output_tokens")
     room = output_room(max_output, max_tokens_cap, tokenizer.context_length)
-    kept, prompt = _fit(body, system, [*history, *items], tools, tokenizer, room)
+    kept, prompt = _fit(body, system, [*history, *items], tools, tokenizer, room, images)
     max_tokens = completion_budget(
         len(prompt.token_ids), max_output, tokenizer.context_length, max_tokens_cap
     )
@@ -74,7 +76,7 @@ def parse_responses(
     return ResponsesRequest(
         "chat",
         model_id,
-        tuple(prompt.token_ids),
+        tuple(prompt.wire_ids),
         enforce_tool_choice(sampling, tools, prompt.tool_family),
         (),
         typed_field(body, "stream", bool, False),
@@ -83,6 +85,7 @@ def parse_responses(
         tool_grammar=required_call_schema(tools),
         starts_in_reasoning=prompt.starts_in_reasoning,
         cache_key=_cache_key(body, previous_key, keep),
+        images=prompt.images,
         context=ResponseContext(
             _echo(body, max_output, sampling) | {"parallel_tool_calls": parallel},
             items,
@@ -91,6 +94,14 @@ def parse_responses(
             parallel,
         ),
     )
+
+
+def history_items(body: dict, store: ScopedStore) -> tuple[dict, ...]:
+    """The stored items a `previous_response_id` continues (none when absent or unknown:
+    parse_responses answers that)."""
+    previous = body.get("previous_response_id")
+    stored = store.get(previous) if isinstance(previous, str) else None
+    return stored.context if stored is not None else ()
 
 
 def _history(body: dict, store: ScopedStore) -> tuple[tuple[dict, ...], str | None]:
@@ -134,6 +145,7 @@ def _fit(
     tools: ToolSet | None,
     tokenizer: ModelTokenizer,
     room: int,
+    images: PromptImages,
 ) -> tuple[list[dict], ChatPrompt]:
     """The prompt; with `truncation: "auto"`, the oldest items are dropped (a call's output
     goes with its call) until the prompt and `room` output tokens fit the context."""
@@ -141,7 +153,8 @@ def _fit(
     if truncation not in ("auto", "disabled"):
         raise bad_request("'truncation' must be 'auto' or 'disabled'", "truncation")
     while True:
-        prompt = build_chat_prompt(system + chat_messages(items), tools, tokenizer, {})
+        messages = system + chat_messages(items)
+        prompt = build_chat_prompt(messages, tools, tokenizer, {}, images=images)
         fits = len(prompt.token_ids) + room <= tokenizer.context_length
         if fits or truncation == "disabled" or len(items) == 1:
             return items, prompt

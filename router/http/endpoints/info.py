@@ -26,14 +26,20 @@ async def model(request: web.Request) -> web.Response:
 
 
 def _model_json(app: web.Application, served: ServedModel) -> dict:
+    """OpenAI's model object, plus what vLLM and OpenRouter add: the context length, and the
+    kinds of input the model takes (`input_modalities`, OpenRouter's name: "image" when the
+    model has a vision tower whose images we place; docs/api.md, "Images")."""
+    tokenizer = served.tokenizer
+    modalities = ["text", "image"] if tokenizer.vision is not None else ["text"]
     return {
         "id": served.id,
         "object": "model",
         "created": 0,
         "owned_by": "mlx-fleet",
-        "max_model_len": served.tokenizer.context_length,
+        "max_model_len": tokenizer.context_length,
         "aliases": list(served.spec.aliases),
         "healthy_workers": len(app[app_keys.CLUSTER].registry.healthy(served.id)),
+        "input_modalities": modalities,
     }
 
 

@@ -7,9 +7,11 @@ from __future__ import annotations
 from aiohttp import web
 
 from router.api import tokenize as shapes
+from router.chat.images.parts import user_image_parts
 from router.http import app_keys
 from router.http.body import json_object_body
 from router.http.generate import parse_off_loop
+from router.http.images import request_images
 
 
 async def tokenize(request: web.Request) -> web.Response:
@@ -33,4 +35,5 @@ async def _answer(request: web.Request, shape, model_optional: bool) -> web.Resp
     served = models.default if model_optional and body.get("model") is None else None
     if served is None:
         served = models.for_request(body)
-    return web.json_response(await parse_off_loop(app, shape, body, served.tokenizer))
+    images = await request_images(app, served, list(user_image_parts(body)))
+    return web.json_response(await parse_off_loop(app, shape, body, served.tokenizer, images))

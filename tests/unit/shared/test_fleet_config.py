@@ -190,7 +190,7 @@ def test_the_shipped_example_loads():
     example = ROOT / "deploy" / "fleet.example.toml"
     config = load_config(example)
     assert config.router.curve_enabled and config.worker.curve_enabled
-    assert config.router.max_body_bytes == 8 * 2**20 and config.worker.kv_fraction == 0.5
+    assert config.router.max_body_bytes == 48 * 2**20 and config.worker.kv_fraction == 0.5
 
 
 def test_every_key_is_documented():

@@ -84,7 +84,10 @@ async def test_store_size_setting_reaches_the_router(make_cluster):
         ({"truncation": "sometimes"}, "truncation"),
         ({"text": {"format": {"type": "xml"}}}, "text.format"),
         ({"input": [{"type": "item_reference", "id": "x"}]}, "input[0].type"),
-        ({"input": [{"role": "user", "content": [{"type": "input_image"}]}]}, "input[0].content"),
+        (
+            {"input": [{"role": "user", "content": [{"type": "input_image"}]}]},
+            "input[0].content[0]",
+        ),
         ({"max_output_tokens": 0}, "max_output_tokens"),
         ({"user": 5}, "user"),
         ({"previous_response_id": "resp_missing"}, "previous_response_id"),
