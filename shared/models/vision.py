@@ -29,7 +29,9 @@ _KEY_MASK = IMAGE_KEY_BASE - 1
 
 # families whose image tokens we place; the text backbone of each is mlx-lm's, the vision
 # tower and projector mlx-vlm's (greedy output equal to mlx-vlm's, checked in the tests)
-VISION_FAMILIES = ("gemma3", "mistral3")
+VISION_FAMILIES = ("gemma3", "mistral3", "qwen2_5_vl")
+# of those, the families whose language model places image tokens at 3-D (M-RoPE) positions
+MROPE_FAMILIES = ("qwen2_5_vl",)
 
 
 def image_hash(pixels: bytes, mode: str, size: tuple[int, int]) -> int:
@@ -75,10 +77,18 @@ class VisionSpec:
     patch: int = 0  # the vision patch times the spatial merge: one token per patch²
     image_break: str = ""
     image_end: str = ""
+    min_pixels: int = 0  # Qwen-VL: the resized image's area bounds (`smart_resize`)
+    max_pixels: int = 0
 
     def grid(self, width: int, height: int) -> tuple[int, int]:
         """(rows, columns) of image tokens for an image of this size (Pixtral's rule: fit
-        within the longest edge, keeping the aspect, then one token per merged patch)."""
+        within the longest edge, keeping the aspect, then one token per merged patch;
+        Qwen-VL's: resized to multiples of the merged patch with the area within bounds)."""
+        if self.family in MROPE_FAMILIES:
+            from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
+
+            h, w = smart_resize(height, width, self.patch, self.min_pixels, self.max_pixels)
+            return h // self.patch, w // self.patch
         ratio = max(height / self.longest_edge, width / self.longest_edge)
         if ratio > 1:
             height, width = int(math.floor(height / ratio)), int(math.floor(width / ratio))
@@ -93,6 +103,8 @@ class VisionSpec:
     def expand(self, width: int, height: int) -> str:
         if self.family == "gemma3":
             return f"\n\n{self.boi}{self.image_token * self.tokens_per_image}{self.eoi}\n\n"
+        if self.family in MROPE_FAMILIES:
+            return self.boi + self.image_token * self.image_tokens(width, height) + self.eoi
         rows, cols = self.grid(width, height)
         text = (self.image_token * cols + self.image_break) * rows
         return text[: -len(self.image_break)] + self.image_end
@@ -132,6 +144,8 @@ def vision_spec(model_dir: Path, token_text: Callable[[int], str]) -> VisionSpec
         )  # fmt: skip
     vision = config["vision_config"]
     pre = _preprocessor(model_dir)
+    if family in MROPE_FAMILIES:
+        return _qwen_spec(config, pre, token_text)
     size = pre.get("size") or {}
     edge = size.get("longest_edge") if isinstance(size, dict) else None
     image = token_text(image_id)
@@ -141,6 +155,29 @@ def vision_spec(model_dir: Path, token_text: Callable[[int], str]) -> VisionSpec
         patch=vision.get("patch_size", 16) * config.get("spatial_merge_size", 1),
         image_break=_token(pre, "image_break_token", "[IMG_BREAK]"),
         image_end=_token(pre, "image_end_token", "[IMG_END]"),
+    )  # fmt: skip
+
+
+def _qwen_spec(config: dict, pre: dict, token_text: Callable[[int], str]) -> VisionSpec:
+    """Qwen-VL: `<|vision_start|>`, the image pads, `<|vision_end|>` (the chat template's
+    marker, whose one pad the processor repeats); the pixel bounds read as mlx-vlm's
+    processor reads them (`size` then `min_pixels` / `max_pixels`)."""
+    vision = config["vision_config"]
+    size = pre.get("size")
+    size = size if isinstance(size, dict) else {}
+    low = pre.get("min_pixels") or size.get("shortest_edge") or 56 * 56
+    high = pre.get("max_pixels") or size.get("longest_edge") or 14 * 14 * 4 * 1280
+    image_id = config["image_token_id"]
+    boi, eoi = (
+        token_text(config["vision_start_token_id"]),
+        token_text(config["vision_end_token_id"]),
+    )
+    image = token_text(image_id)
+    return VisionSpec(
+        config["model_type"], image_id, image, placeholder=boi + image + eoi, boi=boi, eoi=eoi,
+        patch=pre.get("patch_size", vision.get("patch_size", 14))
+        * pre.get("merge_size", vision.get("spatial_merge_size", 2)),
+        min_pixels=low, max_pixels=high,
     )  # fmt: skip
 
 

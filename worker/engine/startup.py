@@ -312,6 +312,10 @@ def open_vision(engine: Engine, model_dir: Path, tokenizer) -> Engine:
     dtype = getattr(mx, name) if name != "quantized" else None
     embed = engine.runner.trunk.embedding
     encoder, note = open_encoder(model_dir, embed, dtype, tokenizer.convert_ids_to_tokens)
+    if encoder is not None and encoder.mrope is not None:  # Qwen-VL: 3-D image positions
+        from worker.vision.mrope import install_mrope
+
+        install_mrope(engine.runner.trunk.module, *encoder.mrope)
     engine.intake.vision = encoder
     engine.intake.vision_note = note or engine.intake.vision_note
     return engine

@@ -31,8 +31,11 @@ from worker.runner.plan import StepKind, StepPlan
 from worker.runner.sampler import PromptLogprobs, TokenLogprobs, prompt_logprobs, sample
 from worker.runner.state_cache import StateCache
 from worker.runner.trunk import Trunk
+from worker.vision.mrope import forward_positions, mrope_positions
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from worker.engine.sequence import Sequence
     from worker.kv.block_pool import BlockPool
     from worker.state import StatePool
@@ -47,6 +50,8 @@ class Row(NamedTuple):
     slot: int = -1  # its state slot (hybrid models: `worker.state`)
     # image tokens among `tokens`: their columns and embeddings (worker/vision)
     image: tuple[list[int], mx.array] | None = None
+    # M-RoPE models' image prompts (and their decodes): the tokens' 3-D positions (3, n)
+    positions: np.ndarray | None = None
 
 
 @dataclass(frozen=True)
@@ -222,7 +227,10 @@ class ModelRunner:
         states = self._state_caches(rows, tokens.shape[1])
         before = UNCACHED.calls
         embeddings = self._embeddings(rows, tokens) if device_tokens is None else None
-        with our_forward(layout.offsets):
+        at = forward_positions(
+            [r.start for r in rows], [r.positions for r in rows], tokens.shape[1]
+        )
+        with our_forward(layout.offsets), mrope_positions(at):
             hidden = self.trunk.forward(tokens, self._entries(caches, states), embeddings)
         self.uncached_attention = UNCACHED.calls - before  # read by the load-time probe
         self._state_written = [a for c in states for a in c.scatter()]
@@ -285,7 +293,8 @@ class ModelRunner:
             start = s.num_computed
             toks = [0] if on_device else [s.tokens[start], *s.draft]
             for i, tok in enumerate(toks):
-                add(Row([tok], start + i, s.block_ids, s.state_slot), s, [0])
+                at = s.images.rope_positions(start + i, 1) if s.images else None
+                add(Row([tok], start + i, s.block_ids, s.state_slot, positions=at), s, [0])
         for s, n in plan.prefill:
             start = s.num_computed
             samples = start + n == len(s.tokens)  # the prompt's last token: sample the next
@@ -296,8 +305,9 @@ class ModelRunner:
                 for p in range(start, start + n):
                     last = samples and p == start + n - 1
                     image = images.rows(p, 1) if images else None
+                    at = images.rope_positions(p, 1) if images else None
                     add(
-                        Row(s.tokens[p : p + 1], p, s.block_ids, image=image),
+                        Row(s.tokens[p : p + 1], p, s.block_ids, image=image, positions=at),
                         s,
                         [0] if last else [],
                     )
@@ -311,6 +321,7 @@ class ModelRunner:
                         s.block_ids,
                         s.state_slot,
                         images.rows(start, n) if images else None,
+                        images.rope_positions(start, n) if images else None,
                     ),  # fmt: skip
                     s,
                     [None] if samples else [],

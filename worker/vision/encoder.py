@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import io
 import logging
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -19,10 +20,19 @@ from typing import TYPE_CHECKING
 import mlx.core as mx
 import numpy as np
 
-from shared.models.vision import IMAGE_KEY_BASE, VisionSpec, has_vision, read_config, vision_spec
+from shared.models.vision import (
+    IMAGE_KEY_BASE,
+    MROPE_FAMILIES,
+    VisionSpec,
+    has_vision,
+    read_config,
+    vision_spec,
+)
 from shared.sampling import InvalidRequest
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     import mlx.nn as nn
 
     from shared.protocol import ImageInput
@@ -38,8 +48,8 @@ NO_EXTRA = (
 class Pixels:
     """A prompt's images, preprocessed (host arrays): what the vision tower takes."""
 
-    values: np.ndarray  # (images, channels, height, width)
-    extras: dict  # e.g. Pixtral's image_sizes
+    values: np.ndarray  # (images, channels, height, width); Qwen-VL: (patches, features)
+    extras: dict  # e.g. Pixtral's image_sizes, Qwen-VL's image_grid_thw
 
 
 class VisionEncoder:
@@ -53,14 +63,29 @@ class VisionEncoder:
 
         self.spec = spec
         self.model = load_model(Path(model_dir), lazy=True)
+        language = self.model.language_model.model
+        # M-RoPE families: the language model's rotary embedding (no weights), for our
+        # layers (worker.vision.mrope), and its apply function
+        self.mrope: tuple[nn.Module, Callable] | None = None
+        if spec.family in MROPE_FAMILIES:
+            rotary = language.layers[0].self_attn.rotary_emb
+            self.mrope = (
+                rotary,
+                sys.modules[type(rotary).__module__].apply_multimodal_rotary_pos_emb,
+            )
         # the language model's own embedding (ours: shared, not loaded twice); its layers
         # are never run here, so they are dropped before anything of them is read
-        self.model.language_model.model.embed_tokens = embed_tokens
-        self.model.language_model.model.layers = []
+        language.embed_tokens = embed_tokens
+        language.layers = []
         if dtype is not None:  # else as saved (quantized, on Metal)
             self.model.set_dtype(dtype)
         mx.eval([v for _, v in tree_flatten(self.model.parameters())])
-        self.processor = AutoImageProcessor.from_pretrained(str(model_dir))
+        if spec.family in MROPE_FAMILIES:  # mlx-vlm's own (numpy) processor, as it runs it
+            from mlx_vlm.utils import load_processor
+
+            self.processor = load_processor(Path(model_dir)).image_processor
+        else:
+            self.processor = AutoImageProcessor.from_pretrained(str(model_dir))
 
     def prepare(self, images: tuple[ImageInput, ...]) -> Pixels:
         """Decode and preprocess; InvalidRequest when an image is not one, or when the token
@@ -74,8 +99,11 @@ class VisionEncoder:
             except Exception as exc:  # PIL raises many kinds on a bad file
                 raise InvalidRequest(f"image {i} could not be decoded: {exc}") from None
         kwargs = {"patch_size": self.spec.patch} if self.spec.family == "mistral3" else {}
-        out = self.processor(images=decoded, return_tensors="np", **kwargs)
-        extras = {"image_sizes": out["image_sizes"]} if "image_sizes" in out else {}
+        try:
+            out = self.processor(images=decoded, return_tensors="np", **kwargs)
+        except ValueError as exc:  # Qwen-VL's resize refuses an aspect ratio past 200
+            raise InvalidRequest(f"the images could not be preprocessed: {exc}") from None
+        extras = {k: out[k] for k in ("image_sizes", "image_grid_thw") if k in out}
         for i, image in enumerate(images):
             made = self._tokens(decoded[i], extras, i)
             if made != image.tokens:
@@ -86,13 +114,32 @@ class VisionEncoder:
         if "image_sizes" in extras:
             height, width = (int(x) for x in extras["image_sizes"][i])
             return (height // self.spec.patch) * (width // self.spec.patch)
+        if "image_grid_thw" in extras:
+            return int(np.prod(extras["image_grid_thw"][i])) // self.processor.merge_size**2
         return self.spec.image_tokens(*image.size)
+
+    def _real_ids(self, token_ids: list[int]) -> tuple[np.ndarray, np.ndarray]:
+        """(where the image keys are, the ids with the image token there) of a prompt."""
+        keys = np.asarray(token_ids) >= IMAGE_KEY_BASE
+        return keys, np.where(keys, self.spec.image_token_id, np.asarray(token_ids))
+
+    def rope_index(self, token_ids: list[int], pixels: Pixels) -> tuple[np.ndarray, int] | None:
+        """M-RoPE families: the prompt's positions (3, prompt length) and its rope delta
+        (a token past the prompt sits at index + delta), by mlx-vlm's `get_rope_index` (index
+        arithmetic on the ids and the image grids, no vision tower); None for the others."""
+        if self.mrope is None:
+            return None
+        _, ids = self._real_ids(token_ids)
+        positions, delta = self.model.language_model.get_rope_index(
+            mx.array(ids[None], dtype=mx.int32), mx.array(pixels.extras["image_grid_thw"])
+        )
+        return np.array(positions[:, 0], dtype=np.int32), int(delta.reshape(-1)[0].item())
 
     def encode(self, token_ids: list[int], pixels: Pixels) -> mx.array:
         """(image tokens, hidden) embeddings, in prompt order, of the prompt's images: rows
         of mlx-vlm's merged input embeddings at the image keys (lazy)."""
-        keys = np.asarray(token_ids) >= IMAGE_KEY_BASE
-        ids = np.where(keys, self.spec.image_token_id, np.asarray(token_ids))[None]
+        keys, ids = self._real_ids(token_ids)
+        ids = ids[None]
         merged = self.model.get_input_embeddings(
             mx.array(ids, dtype=mx.int32),
             mx.array(pixels.values),

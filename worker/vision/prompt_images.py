@@ -1,6 +1,7 @@
 """A prompt's images inside the engine: where their tokens are, and their embeddings,
 computed once when a prefill chunk first needs them (a prompt whose image is already in the
-prefix cache never runs the vision tower) and kept until the prompt is computed."""
+prefix cache never runs the vision tower) and kept until the prompt is computed; and, for
+M-RoPE families (Qwen-VL), every token's 3-D rope positions (worker/vision/mrope.py)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from bisect import bisect_left
 from typing import TYPE_CHECKING
 
 import mlx.core as mx
+import numpy as np
 
 from shared.models.vision import image_positions
 
@@ -22,6 +24,20 @@ class PromptImages:
         self.pixels, self.encoder = pixels, encoder
         self._embeddings: mx.array | None = None
         self.encodings = 0  # times the vision tower ran for this prompt
+        # M-RoPE: the prompt's positions (3, prompt length) and the delta of those after it
+        self.rope = encoder.rope_index(token_ids, pixels)
+
+    def rope_positions(self, start: int, length: int) -> np.ndarray | None:
+        """M-RoPE families: positions (3, length) of tokens `start`.. (the prompt's as
+        computed at intake; past it, index + delta); None for 1-D rope families."""
+        if self.rope is None:
+            return None
+        prompt, delta = self.rope
+        index = np.arange(start, start + length)
+        out = np.repeat((index + delta)[None], 3, axis=0).astype(np.int32)
+        inside = index < prompt.shape[1]
+        out[:, inside] = prompt[:, index[inside]]
+        return out
 
     def rows(self, start: int, length: int) -> tuple[list[int], mx.array] | None:
         """For tokens `start`..`start + length`: the columns (from `start`) that are image

@@ -11,6 +11,10 @@ image becomes:
   between <start_of_image> and <end_of_image>; sliding-window and full layers.
 - mistral3: a Pixtral tower over images fitted within 64 pixels, one token per 16×16 (patch 8
   merged 2×2), rows ended by [IMG_BREAK] and the image by [IMG_END].
+- qwen2_5_vl: Qwen2.5-VL's windowed tower over images resized (`smart_resize`) to between 4
+  and 16 tokens of 28×28 (patch 14 merged 2×2), between <|vision_start|> and <|vision_end|>;
+  its language model places them at 3-D (M-RoPE) positions. The config is flat (the text
+  settings at the top), as on the hub.
 
 Needs mlx-vlm (the `vision` extra); tests skip without it.
 """
@@ -22,11 +26,13 @@ from pathlib import Path
 
 from tests.support.tiny_model import build_tiny_model
 
-FAMILIES = ("gemma3", "mistral3")
+FAMILIES = ("gemma3", "mistral3", "qwen2_5_vl")
 _SPECIALS = {
     "gemma3": ["<start_of_image>", "<end_of_image>", "<image_soft_token>"],
     "mistral3": ["[IMG]", "[IMG_BREAK]", "[IMG_END]"],
+    "qwen2_5_vl": ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"],
 }
+_QWEN_PIXELS = 28 * 28  # one merged 2×2 patch of 14
 
 
 def _text_config(family: str, vocab: int) -> dict:
@@ -36,6 +42,13 @@ def _text_config(family: str, vocab: int) -> dict:
             num_attention_heads=4, head_dim=16, num_key_value_heads=1, vocab_size=vocab,
             sliding_window=8, sliding_window_pattern=2, mm_tokens_per_image=4,
             query_pre_attn_scalar=16, max_position_embeddings=512,
+        )  # fmt: skip
+    if family == "qwen2_5_vl":  # head_dim 16: 8 rotated pairs in t, h, w sections
+        return dict(
+            model_type="qwen2_5_vl", hidden_size=64, num_hidden_layers=2, intermediate_size=128,
+            num_attention_heads=4, num_key_value_heads=2, vocab_size=vocab, rms_norm_eps=1e-6,
+            rope_theta=10000.0, max_position_embeddings=512, tie_word_embeddings=True,
+            rope_scaling={"type": "mrope", "mrope_section": [2, 3, 3]},
         )  # fmt: skip
     return dict(
         model_type="mistral", hidden_size=64, num_hidden_layers=2, intermediate_size=128,
@@ -49,6 +62,12 @@ def _vision_config(family: str) -> dict:
         return dict(
             model_type="siglip_vision_model", num_hidden_layers=2, hidden_size=32,
             intermediate_size=64, num_attention_heads=2, patch_size=14, image_size=56,
+        )  # fmt: skip
+    if family == "qwen2_5_vl":
+        return dict(
+            model_type="qwen2_5_vl", depth=2, hidden_size=32, intermediate_size=64,
+            out_hidden_size=64, num_heads=2, patch_size=14, spatial_merge_size=2,
+            temporal_patch_size=2, window_size=56, fullatt_block_indexes=[1],
         )  # fmt: skip
     return dict(
         model_type="pixtral", num_hidden_layers=2, hidden_size=32, head_dim=16,
@@ -65,6 +84,15 @@ def _preprocessor(family: str) -> dict:
             "image_std": [0.5, 0.5, 0.5],
             "do_pan_and_scan": False,
         }
+    if family == "qwen2_5_vl":
+        return {
+            "image_processor_type": "Qwen2VLImageProcessor",
+            "patch_size": 14, "merge_size": 2, "temporal_patch_size": 2,
+            "min_pixels": 4 * _QWEN_PIXELS, "max_pixels": 16 * _QWEN_PIXELS,
+            "size": {"shortest_edge": 4 * _QWEN_PIXELS, "longest_edge": 16 * _QWEN_PIXELS},
+            "image_mean": [0.48145466, 0.4578275, 0.40821073],
+            "image_std": [0.26862954, 0.26130258, 0.27577711],
+        }  # fmt: skip
     return {
         "image_processor_type": "PixtralImageProcessor",
         "size": {"longest_edge": 64},
@@ -106,17 +134,22 @@ def build_vision_model(
             mm_tokens_per_image=text["mm_tokens_per_image"], hidden_size=text["hidden_size"],
             pad_token_id=0,
         )  # fmt: skip
-    else:
+    elif family == "mistral3":
         from mlx_vlm.models.mistral3 import Model, ModelConfig, TextConfig, VisionConfig
 
         config |= dict(image_token_index=ids[0], spatial_merge_size=2)
-    model_config = ModelConfig.from_dict(
-        config
-        | {
-            "text_config": TextConfig.from_dict(text),
-            "vision_config": VisionConfig.from_dict(vision),
-        }
-    )
+    else:
+        from mlx_vlm.models.qwen2_5_vl import Model, ModelConfig, TextConfig, VisionConfig
+
+        config = text | {"vision_config": vision, "eos_token_id": eos}
+        config |= dict(
+            vision_start_token_id=ids[0], vision_end_token_id=ids[1], image_token_id=ids[2],
+            video_token_id=ids[3],
+        )  # fmt: skip
+    model_config = ModelConfig.from_dict(config | {"vision_config": vision})
+    # the nested configs as mlx-vlm's loader makes them (its from_dict keeps dicts)
+    model_config.text_config = TextConfig.from_dict(text)
+    model_config.vision_config = VisionConfig.from_dict(vision)
     mx.random.seed(seed)
     model = Model(model_config)
     weights = dict(tree_flatten(model.parameters()))

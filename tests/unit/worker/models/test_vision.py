@@ -1,5 +1,6 @@
 """Vision-language models (issue 36): images through mlx-vlm's vision side into our paged
-language model, over tiny random-weight Gemma 3 and Mistral 3 checkpoints
+language model, over tiny random-weight Gemma 3, Mistral 3 and Qwen2.5-VL (3-D M-RoPE
+positions) checkpoints
 (`tests.support.arch_zoo.vision`), with greedy output equal to mlx-vlm's own `generate_step`
 on the same model, image and prompt:
 
@@ -68,8 +69,9 @@ def _prompt(loaded, text_before: str, image: bytes | None, text_after: str):
     return ids, keyed, (ImageInput(image, count),)
 
 
-def _mlx_vlm_greedy(loaded, ids: list[int], image: bytes) -> list[int]:
-    """mlx-vlm's own generation: its model, its image processor, greedy."""
+def _mlx_vlm_greedy(loaded, ids: list[int], image: bytes, logprobs: list | None = None):
+    """mlx-vlm's own generation: its model, its image processor, greedy (the tokens; each
+    one's logprob appended to `logprobs` when given)."""
     from io import BytesIO
 
     from mlx_vlm.generate.ar import generate_step
@@ -79,25 +81,33 @@ def _mlx_vlm_greedy(loaded, ids: list[int], image: bytes) -> list[int]:
 
     family, directory, _, _, spec = loaded
     vlm = load_vlm(directory)
-    processor = AutoImageProcessor.from_pretrained(str(directory))
+    if family == "qwen2_5_vl":  # mlx-vlm's own numpy processor
+        from mlx_vlm.utils import load_processor
+
+        processor = load_processor(directory).image_processor
+    else:
+        processor = AutoImageProcessor.from_pretrained(str(directory))
     kwargs = {"patch_size": spec.patch} if family == "mistral3" else {}
     pixels = processor(
         images=[Image.open(BytesIO(image)).convert("RGB")], return_tensors="np", **kwargs
     )
-    extras = {"image_sizes": mx.array(pixels["image_sizes"])} if "image_sizes" in pixels else {}
+    extras = {k: mx.array(pixels[k]) for k in ("image_sizes", "image_grid_thw") if k in pixels}
     x = mx.array([ids])
     out = []
     steps = generate_step(
         x, vlm, mx.array(pixels["pixel_values"]), mx.ones(x.shape), max_tokens=MAX_TOKENS,
         temperature=0.0, **extras,
     )  # fmt: skip
-    for token, _ in steps:
+    for token, scores in steps:
         out.append(int(token.item() if hasattr(token, "item") else token))
+        if logprobs is not None:
+            logprobs.append(scores.reshape(-1)[out[-1]].item())
     return out
 
 
-def _run(engine, requests: dict):
-    """Submit `requests` (id -> (keyed ids, images)) together: tokens and usage of each."""
+def _run(engine, requests: dict, logprobs: dict | None = None):
+    """Submit `requests` (id -> (keyed ids, images)) together: tokens and usage of each
+    (and into `logprobs`, those of the requests that asked)."""
     for rid, (ids, images) in requests.items():
         engine.add_request(rid, ids, SamplingParams(max_tokens=MAX_TOKENS), images=images)
     tokens, usage = {}, {}
@@ -105,6 +115,8 @@ def _run(engine, requests: dict):
         for delta in engine.step():
             assert delta.error is None, delta.error
             tokens.setdefault(delta.request_id, []).extend(delta.token_ids)
+            if logprobs is not None and delta.logprobs:
+                logprobs.setdefault(delta.request_id, []).extend(delta.logprobs)
             if delta.usage is not None:
                 usage[delta.request_id] = delta.usage
     return tokens, usage
@@ -115,15 +127,21 @@ def test_greedy_with_an_image_equals_mlx_vlm_batched_with_text_and_chunked(loade
     ids, keyed, images = _prompt(
         loaded, "what is the capital of france? ", image, " answer the user"
     )
-    want = _mlx_vlm_greedy(loaded, ids, image)
+    want_logprobs: list[float] = []
+    want = _mlx_vlm_greedy(loaded, ids, image, want_logprobs)
     text_ids, _, _ = _prompt(loaded, "the quick brown fox jumps over the lazy dog", None, "")
     # 8-token chunks: the image's tokens straddle chunk boundaries
     engine = _engine(loaded, prefill_chunk=8, step_token_budget=24)
     assert engine.intake.vision is not None
-    engine.add_request("img", keyed, SamplingParams(max_tokens=MAX_TOKENS), images=images)
+    sampling = SamplingParams(max_tokens=MAX_TOKENS, logprobs=True)
+    engine.add_request("img", keyed, sampling, images=images)
     seq = engine.scheduler.sequences_of("img")[0]
-    tokens, usage = _run(engine, {"text": (text_ids, ())})
+    logprobs: dict[str, list[float]] = {}
+    tokens, usage = _run(engine, {"text": (text_ids, ())}, logprobs)
     assert tokens["img"] == want
+    # the logprobs too: a tiny random model's greedy tokens can agree while its positions
+    # are wrong (Qwen-VL's 3-D positions forced to the index: greedy agrees here, these not)
+    np.testing.assert_allclose(logprobs["img"], want_logprobs, atol=1e-4)
     assert seq.images.encodings == 1  # once for the prompt, not once per chunk
     assert tokens["text"] == reference_greedy(loaded[2], text_ids, MAX_TOKENS)
     assert usage["img"].prompt_tokens == len(ids)
@@ -174,6 +192,9 @@ def test_images_refused_in_one_sentence(loaded, tmp_path):
         engine.add_request("count", keyed, SamplingParams(), images=(ImageInput(image, 1),))
     with pytest.raises(InvalidRequest, match="image keys"):
         engine.add_request("missing", keyed, SamplingParams())
+    if loaded[0] == "qwen2_5_vl":  # its resize refuses extreme aspect ratios
+        with pytest.raises(InvalidRequest, match="aspect ratio"):
+            engine.intake.vision.prepare((ImageInput(sample_image(1, 250), 4),))
     # a worker without the image side (a text model, or no extra) says why
     engine.intake.vision, engine.intake.vision_note = None, "this model does not take images"
     with pytest.raises(InvalidRequest, match="does not take images"):
@@ -217,3 +238,25 @@ def test_image_requests_in_a_tight_pool_preempted_and_resumed(loaded):
     assert tokens == want
     assert engine.stats()["preemptions"] > 0 or loaded[0] == "gemma3"
     engine.check_integrity()
+
+
+def test_mrope_at_index_positions_is_the_layers_own_rope(loaded):
+    """Text rows batched with a Qwen-VL image prompt go through M-RoPE at index positions:
+    the same rotation as the 1-D rope mlx-lm built the layer with."""
+    if loaded[0] != "qwen2_5_vl":
+        pytest.skip("a 1-D rope family")
+    from worker.vision.mrope import MRoPE, forward_positions, mrope_positions
+
+    rope = _engine(loaded).runner.trunk.module.layers[0].self_attn.rope
+    assert isinstance(rope, MRoPE)
+    x = mx.random.normal((2, 4, 5, 16), key=mx.random.key(1))
+    want = rope(x, offset=30)
+    index = np.repeat(np.arange(30, 35)[None], 3, axis=0)
+    with mrope_positions(forward_positions([30, 30], [index, None], 5)):
+        got = rope(x, offset=30)
+    np.testing.assert_allclose(np.array(got), np.array(want), atol=1e-5)
+    image = np.stack([np.full(5, 30), np.arange(30, 35), np.arange(30, 35) % 2 + 30])
+    with mrope_positions(forward_positions([30, 30], [image, None], 5)):
+        moved = rope(x, offset=30)
+    assert not np.allclose(np.array(moved[0]), np.array(want[0]), atol=1e-3)
+    np.testing.assert_allclose(np.array(moved[1]), np.array(want[1]), atol=1e-5)

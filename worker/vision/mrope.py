@@ -1,0 +1,103 @@
+"""Qwen-VL's 3-D rotary positions (M-RoPE) inside mlx-lm's attention, no forked model file.
+
+mlx-lm serves Qwen2.5-VL's language model as plain Qwen2 with 1-D RoPE, each attention calling
+`self.rope(x, offset=cache.offset)`: right for text, where a token's three positions (time,
+row, column) are equal and M-RoPE's three frequency sections all turn by the same angle (the
+tiny model's text logits match mlx-vlm's to 1e-6). An image's tokens sit at (t, row, column)
+from where it starts, and every token after it at its index plus the prompt's rope delta (an
+image of h×w merged patches advances positions by max(h, w), not h·w); fed 1-D positions the
+image prompts' logits are off by 0.5 on the tiny model.
+
+So while one of our forwards has 3-D positions (`mrope_positions(ids)` around the forward),
+each layer's rope, wrapped in an `MRoPE` by `install_mrope`, applies mlx-vlm's own M-RoPE: the
+family's rotary embedding (cos and sin made once per forward and dtype, shared by all layers)
+and its `apply_multimodal_rotary_pos_emb`. Outside that, the wrapped rope runs as before
+(text-only forwards keep the CPU table path of `worker.runner.model_hooks`). Nothing here is
+CPU-only.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+
+
+class _Forward:
+    """One forward's positions (3, B, L) and the cos / sin made of them, by dtype."""
+
+    def __init__(self, ids: mx.array):
+        self.ids = ids
+        self.tables: dict[mx.Dtype, tuple[mx.array, mx.array]] = {}
+
+
+_state = threading.local()  # .forward: a _Forward while a forward with 3-D positions is built
+
+
+def _current() -> _Forward | None:
+    return getattr(_state, "forward", None)
+
+
+@contextmanager
+def mrope_positions(ids: mx.array | None) -> Iterator[None]:
+    """While a forward's graph is built: its rows' positions (3, B, L), or None for index
+    positions (the layers' own rope)."""
+    before = _current()
+    _state.forward = _Forward(ids) if ids is not None else None
+    try:
+        yield
+    finally:
+        _state.forward = before
+
+
+def forward_positions(
+    starts: list[int], own: list[np.ndarray | None], width: int
+) -> mx.array | None:
+    """A forward's 3-D positions (3, B, width) when a row has its own (`own[b]`: (3, n),
+    an M-RoPE image prompt or its decode); the other rows, and the padding, at their index
+    from `starts[b]`. None when no row has any: the layers' own rope then."""
+    if all(p is None for p in own):
+        return None
+    index = np.array(starts)[:, None] + np.arange(width)
+    out = np.repeat(index[None], 3, axis=0).astype(np.int32)
+    for b, positions in enumerate(own):
+        if positions is not None:
+            out[:, b, : positions.shape[1]] = positions
+    return mx.array(out)
+
+
+class MRoPE(nn.Module):
+    """A layer's rope; inside `mrope_positions`, the family's M-RoPE at those positions."""
+
+    def __init__(self, rope: nn.Module, rotary: nn.Module, apply: Callable):
+        super().__init__()
+        self.inner = rope
+        self._mrope = (rotary, apply)  # a tuple: not a child module of the model
+
+    def __call__(self, x: mx.array, offset=0) -> mx.array:
+        forward = _current()
+        if forward is None:
+            return self.inner(x, offset=offset)
+        rotary, apply = self._mrope
+        if x.dtype not in forward.tables:
+            forward.tables[x.dtype] = rotary(x, forward.ids)
+        cos, sin = forward.tables[x.dtype]
+        return apply(x, x, cos, sin)[0]  # (queries, keys): the second is never evaluated
+
+
+def install_mrope(trunk: nn.Module, rotary: nn.Module, apply: Callable) -> int:
+    """Wrap the rope of every attention layer of `trunk` (outermost); idempotent. Returns
+    how many layers were wrapped."""
+    wrapped = 0
+    for layer in getattr(trunk, "layers", []):
+        attention = getattr(layer, "self_attn", None)
+        rope = getattr(attention, "rope", None)
+        if rope is None or isinstance(rope, MRoPE):
+            continue
+        attention.rope = MRoPE(rope, rotary, apply)
+        wrapped += 1
+    return wrapped
