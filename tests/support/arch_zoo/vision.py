@@ -15,6 +15,7 @@ image becomes:
   and 16 tokens of 28×28 (patch 14 merged 2×2), between <|vision_start|> and <|vision_end|>;
   its language model places them at 3-D (M-RoPE) positions. The config is flat (the text
   settings at the top), as on the hub.
+- qwen2_vl: the same with Qwen2-VL's tower (full attention, no window).
 
 Needs mlx-vlm (the `vision` extra); tests skip without it.
 """
@@ -26,12 +27,14 @@ from pathlib import Path
 
 from tests.support.tiny_model import build_tiny_model
 
-FAMILIES = ("gemma3", "mistral3", "qwen2_5_vl")
+FAMILIES = ("gemma3", "mistral3", "qwen2_5_vl", "qwen2_vl")
+QWEN = ("qwen2_5_vl", "qwen2_vl")
 _SPECIALS = {
     "gemma3": ["<start_of_image>", "<end_of_image>", "<image_soft_token>"],
     "mistral3": ["[IMG]", "[IMG_BREAK]", "[IMG_END]"],
     "qwen2_5_vl": ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"],
 }
+_SPECIALS["qwen2_vl"] = _SPECIALS["qwen2_5_vl"]
 _QWEN_PIXELS = 28 * 28  # one merged 2×2 patch of 14
 
 
@@ -43,9 +46,9 @@ def _text_config(family: str, vocab: int) -> dict:
             sliding_window=8, sliding_window_pattern=2, mm_tokens_per_image=4,
             query_pre_attn_scalar=16, max_position_embeddings=512,
         )  # fmt: skip
-    if family == "qwen2_5_vl":  # head_dim 16: 8 rotated pairs in t, h, w sections
+    if family in QWEN:  # head_dim 16: 8 rotated pairs in t, h, w sections
         return dict(
-            model_type="qwen2_5_vl", hidden_size=64, num_hidden_layers=2, intermediate_size=128,
+            model_type=family, hidden_size=64, num_hidden_layers=2, intermediate_size=128,
             num_attention_heads=4, num_key_value_heads=2, vocab_size=vocab, rms_norm_eps=1e-6,
             rope_theta=10000.0, max_position_embeddings=512, tie_word_embeddings=True,
             rope_scaling={"type": "mrope", "mrope_section": [2, 3, 3]},
@@ -69,6 +72,11 @@ def _vision_config(family: str) -> dict:
             out_hidden_size=64, num_heads=2, patch_size=14, spatial_merge_size=2,
             temporal_patch_size=2, window_size=56, fullatt_block_indexes=[1],
         )  # fmt: skip
+    if family == "qwen2_vl":
+        return dict(
+            model_type="qwen2_vl", depth=2, embed_dim=32, hidden_size=64, num_heads=2,
+            mlp_ratio=2, patch_size=14, spatial_merge_size=2, temporal_patch_size=2,
+        )  # fmt: skip
     return dict(
         model_type="pixtral", num_hidden_layers=2, hidden_size=32, head_dim=16,
         intermediate_size=64, num_attention_heads=2, image_size=64, patch_size=8,
@@ -84,7 +92,7 @@ def _preprocessor(family: str) -> dict:
             "image_std": [0.5, 0.5, 0.5],
             "do_pan_and_scan": False,
         }
-    if family == "qwen2_5_vl":
+    if family in QWEN:
         return {
             "image_processor_type": "Qwen2VLImageProcessor",
             "patch_size": 14, "merge_size": 2, "temporal_patch_size": 2,
@@ -139,8 +147,11 @@ def build_vision_model(
 
         config |= dict(image_token_index=ids[0], spatial_merge_size=2)
     else:
-        from mlx_vlm.models.qwen2_5_vl import Model, ModelConfig, TextConfig, VisionConfig
+        import importlib
 
+        module = importlib.import_module(f"mlx_vlm.models.{family}")
+        Model, ModelConfig = module.Model, module.ModelConfig
+        TextConfig, VisionConfig = module.TextConfig, module.VisionConfig
         config = text | {"vision_config": vision, "eos_token_id": eos}
         config |= dict(
             vision_start_token_id=ids[0], vision_end_token_id=ids[1], image_token_id=ids[2],

@@ -14,7 +14,7 @@ pytest.importorskip("mlx_vlm")
 from PIL import Image  # noqa: E402
 
 from shared.models.vision import image_hash, image_keys, vision_spec  # noqa: E402
-from tests.support.arch_zoo.vision import FAMILIES, build_vision_model, sample_image  # noqa: E402
+from tests.support.arch_zoo.vision import FAMILIES, QWEN, build_vision_model, sample_image  # noqa: E402
 
 SIZES = [(40, 60), (64, 64), (17, 5), (300, 90), (90, 300), (1000, 999), (1, 1)]
 
@@ -27,7 +27,7 @@ def model(request, tmp_path_factory):
     directory = build_vision_model(family, tmp_path_factory.mktemp(family))
     tokenizer = AutoTokenizer.from_pretrained(str(directory))
     spec = vision_spec(directory, tokenizer.convert_ids_to_tokens)
-    if family == "qwen2_5_vl":  # mlx-vlm's own processor, image side included
+    if family in QWEN:  # mlx-vlm's own processor, image side included
         from mlx_vlm.utils import load_processor
 
         return spec, tokenizer, load_processor(directory)

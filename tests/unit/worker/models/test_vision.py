@@ -23,7 +23,7 @@ from shared.models.loading import load_model  # noqa: E402
 from shared.models.vision import image_hash, image_keys, vision_spec  # noqa: E402
 from shared.protocol import ImageInput  # noqa: E402
 from shared.sampling import InvalidRequest, SamplingParams  # noqa: E402
-from tests.support.arch_zoo.vision import FAMILIES, build_vision_model, sample_image  # noqa: E402
+from tests.support.arch_zoo.vision import FAMILIES, QWEN, build_vision_model, sample_image  # noqa: E402
 from tests.support.engine_fixtures import make_engine, reference_greedy  # noqa: E402
 from worker.engine import startup  # noqa: E402
 
@@ -81,7 +81,7 @@ def _mlx_vlm_greedy(loaded, ids: list[int], image: bytes, logprobs: list | None 
 
     family, directory, _, _, spec = loaded
     vlm = load_vlm(directory)
-    if family == "qwen2_5_vl":  # mlx-vlm's own numpy processor
+    if family in QWEN:  # mlx-vlm's own numpy processor
         from mlx_vlm.utils import load_processor
 
         processor = load_processor(directory).image_processor
@@ -192,7 +192,7 @@ def test_images_refused_in_one_sentence(loaded, tmp_path):
         engine.add_request("count", keyed, SamplingParams(), images=(ImageInput(image, 1),))
     with pytest.raises(InvalidRequest, match="image keys"):
         engine.add_request("missing", keyed, SamplingParams())
-    if loaded[0] == "qwen2_5_vl":  # its resize refuses extreme aspect ratios
+    if loaded[0] in QWEN:  # its resize refuses extreme aspect ratios
         with pytest.raises(InvalidRequest, match="aspect ratio"):
             engine.intake.vision.prepare((ImageInput(sample_image(1, 250), 4),))
     # a worker without the image side (a text model, or no extra) says why
@@ -243,7 +243,7 @@ def test_image_requests_in_a_tight_pool_preempted_and_resumed(loaded):
 def test_mrope_at_index_positions_is_the_layers_own_rope(loaded):
     """Text rows batched with a Qwen-VL image prompt go through M-RoPE at index positions:
     the same rotation as the 1-D rope mlx-lm built the layer with."""
-    if loaded[0] != "qwen2_5_vl":
+    if loaded[0] not in QWEN:
         pytest.skip("a 1-D rope family")
     from worker.vision.mrope import MRoPE, forward_positions, mrope_positions
 
