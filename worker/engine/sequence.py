@@ -72,6 +72,7 @@ class Sequence:
             choice=choice,
             logits_state=self.logits_state.fork() if self.logits_state is not None else None,
             prompt_logprobs=list(self.prompt_logprobs),
+            images=self.images,  # shared: M-RoPE positions for its last prompt token and on
         )
 
     def advance_grammar(self, token: int) -> bool:

@@ -260,3 +260,26 @@ def test_mrope_at_index_positions_is_the_layers_own_rope(loaded):
         moved = rope(x, offset=30)
     assert not np.allclose(np.array(moved[0]), np.array(want[0]), atol=1e-3)
     np.testing.assert_allclose(np.array(moved[1]), np.array(want[1]), atol=1e-5)
+
+
+def test_each_choice_of_an_image_prompt_equals_mlx_vlm(loaded):
+    # the choices fork off once the prompt (but its last token) is computed: each fork keeps
+    # the images (Qwen-VL: the positions of its last prompt token and of every token after)
+    engine = _engine(loaded, prefill_chunk=16)
+    image = sample_image(48, 60, seed=20)
+    ids, keyed, images = _prompt(loaded, "the quick brown fox ", image, " what is it?")
+    want_logprobs: list[float] = []
+    want = _mlx_vlm_greedy(loaded, ids, image, want_logprobs)
+    sampling = SamplingParams(max_tokens=MAX_TOKENS, logprobs=True)
+    engine.add_request("n", keyed, sampling, n=2, images=images)
+    tokens: dict[int, list[int]] = {}
+    logprobs: dict[int, list[float]] = {}
+    while engine.has_work():
+        for delta in engine.step():
+            assert delta.error is None, delta.error
+            tokens.setdefault(delta.index, []).extend(delta.token_ids)
+            logprobs.setdefault(delta.index, []).extend(delta.logprobs or ())
+    assert tokens == {0: want, 1: want}
+    for choice in (0, 1):
+        np.testing.assert_allclose(logprobs[choice], want_logprobs, atol=1e-4)
+    engine.check_integrity()
