@@ -29,9 +29,9 @@ _KEY_MASK = IMAGE_KEY_BASE - 1
 
 # families whose image tokens we place; the text backbone of each is mlx-lm's, the vision
 # tower and projector mlx-vlm's (greedy output equal to mlx-vlm's, checked in the tests)
-VISION_FAMILIES = ("gemma3", "mistral3", "qwen2_5_vl", "qwen2_vl")
+VISION_FAMILIES = ("gemma3", "mistral3", "qwen2_5_vl", "qwen2_vl", "qwen3_vl")
 # of those, the families whose language model places image tokens at 3-D (M-RoPE) positions
-MROPE_FAMILIES = ("qwen2_5_vl", "qwen2_vl")
+MROPE_FAMILIES = ("qwen2_5_vl", "qwen2_vl", "qwen3_vl")
 
 
 def image_hash(pixels: bytes, mode: str, size: tuple[int, int]) -> int:

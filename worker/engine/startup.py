@@ -316,6 +316,10 @@ def open_vision(engine: Engine, model_dir: Path, tokenizer) -> Engine:
         from worker.vision.mrope import install_mrope
 
         install_mrope(engine.runner.trunk.module, *encoder.mrope)
+    if encoder is not None and encoder.deepstack_layers:  # Qwen3-VL
+        from worker.vision.deepstack import install_deepstack
+
+        install_deepstack(engine.runner.trunk.module, encoder.deepstack_layers)
     engine.intake.vision = encoder
     engine.intake.vision_note = note or engine.intake.vision_note
     return engine

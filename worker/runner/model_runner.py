@@ -31,6 +31,7 @@ from worker.runner.plan import StepKind, StepPlan
 from worker.runner.sampler import PromptLogprobs, TokenLogprobs, prompt_logprobs, sample
 from worker.runner.state_cache import StateCache
 from worker.runner.trunk import Trunk
+from worker.vision.deepstack import deepstack_adds, scattered_adds
 from worker.vision.mrope import forward_positions, mrope_positions
 
 if TYPE_CHECKING:
@@ -226,28 +227,31 @@ class ModelRunner:
         self.last_caches = caches
         states = self._state_caches(rows, tokens.shape[1])
         before = UNCACHED.calls
-        embeddings = self._embeddings(rows, tokens) if device_tokens is None else None
+        embeddings, adds = self._embeddings(rows, tokens) if device_tokens is None else (None,) * 2
         at = forward_positions(
             [r.start for r in rows], [r.positions for r in rows], tokens.shape[1]
         )
-        with our_forward(layout.offsets), mrope_positions(at):
+        with our_forward(layout.offsets), mrope_positions(at), deepstack_adds(adds):
             hidden = self.trunk.forward(tokens, self._entries(caches, states), embeddings)
         self.uncached_attention = UNCACHED.calls - before  # read by the load-time probe
         self._state_written = [a for c in states for a in c.scatter()]
         return hidden, layout
 
-    def _embeddings(self, rows: list[Row], tokens: mx.array) -> mx.array | None:
-        """Input embeddings with the rows' image tokens' put in (None: no row has any).
-        Image keys (ids past the vocabulary) are embedded as token 0, then overwritten."""
+    def _embeddings(self, rows: list[Row], tokens: mx.array) -> tuple:
+        """Input embeddings with the rows' image tokens' put in, and with deepstack (image
+        rows (n, 1 + layers, hidden): Qwen3-VL) each deepstack layer's addition; (None, None)
+        when no row has any. Image keys (ids past the vocabulary) are embedded as token 0,
+        then overwritten."""
         if all(r.image is None for r in rows):
-            return None
+            return None, None
         batch, width = tokens.shape
         embedded = self.trunk.embed(mx.where(tokens >= IMAGE_KEY_BASE, 0, tokens))
         at = [b * width + c for b, r in enumerate(rows) if r.image for c in r.image[0]]
         images = mx.concatenate([r.image[1] for r in rows if r.image]).astype(embedded.dtype)
-        flat = embedded.reshape(batch * width, -1)
-        flat[mx.array(at, dtype=mx.int32)] = images
-        return flat.reshape(batch, width, -1)
+        flat, index = embedded.reshape(batch * width, -1), mx.array(at, dtype=mx.int32)
+        flat[index] = images if images.ndim == 2 else images[:, 0]
+        adds = scattered_adds(images[:, 1:], index, batch, width) if images.ndim == 3 else None
+        return flat.reshape(batch, width, -1), adds
 
     def _state_caches(self, rows: list[Row], width: int) -> list[StateCache]:
         """The recurrent layers' caches of one forward: the rows' slots gathered, and each

@@ -65,8 +65,10 @@ class VisionEncoder:
         self.model = load_model(Path(model_dir), lazy=True)
         language = self.model.language_model.model
         # M-RoPE families: the language model's rotary embedding (no weights), for our
-        # layers (worker.vision.mrope), and its apply function
+        # layers (worker.vision.mrope), and its apply function; deepstack: how many layers
         self.mrope: tuple[nn.Module, Callable] | None = None
+        vision = getattr(self.model.config, "vision_config", None)
+        self.deepstack_layers = len(getattr(vision, "deepstack_visual_indexes", None) or ())
         if spec.family in MROPE_FAMILIES:
             rotary = language.layers[0].self_attn.rotary_emb
             self.mrope = (
@@ -137,16 +139,22 @@ class VisionEncoder:
 
     def encode(self, token_ids: list[int], pixels: Pixels) -> mx.array:
         """(image tokens, hidden) embeddings, in prompt order, of the prompt's images: rows
-        of mlx-vlm's merged input embeddings at the image keys (lazy)."""
+        of mlx-vlm's merged input embeddings at the image keys (lazy). Deepstack families
+        (Qwen3-VL): (image tokens, 1 + deepstack layers, hidden), the input embeddings then
+        what is added to the image tokens' hidden states after each of the first layers."""
         keys, ids = self._real_ids(token_ids)
         ids = ids[None]
-        merged = self.model.get_input_embeddings(
+        features = self.model.get_input_embeddings(
             mx.array(ids, dtype=mx.int32),
             mx.array(pixels.values),
             mask=mx.ones(ids.shape, dtype=mx.int32),
             **{k: mx.array(v) for k, v in pixels.extras.items()},
-        ).inputs_embeds
-        return merged[0, mx.array(np.flatnonzero(keys), dtype=mx.int32)]
+        )
+        rows = features.inputs_embeds[0, mx.array(np.flatnonzero(keys), dtype=mx.int32)]
+        deepstack = getattr(features, "deepstack_visual_embeds", None)
+        if not deepstack:
+            return rows
+        return mx.stack([rows, *(d.astype(rows.dtype) for d in deepstack)], axis=1)
 
 
 def open_vision(model_dir: Path, embed_tokens: nn.Module, dtype, token_text) -> tuple:

@@ -16,6 +16,9 @@ image becomes:
   its language model places them at 3-D (M-RoPE) positions. The config is flat (the text
   settings at the top), as on the hub.
 - qwen2_vl: the same with Qwen2-VL's tower (full attention, no window).
+- qwen3_vl: Qwen3-VL, patch 16 merged 2×2 (32×32 a token), its text config nested, and
+  deepstack: the tower's features of one middle layer added to the image tokens' hidden states
+  after the first language layer.
 
 Needs mlx-vlm (the `vision` extra); tests skip without it.
 """
@@ -27,15 +30,14 @@ from pathlib import Path
 
 from tests.support.tiny_model import build_tiny_model
 
-FAMILIES = ("gemma3", "mistral3", "qwen2_5_vl", "qwen2_vl")
-QWEN = ("qwen2_5_vl", "qwen2_vl")
+FAMILIES = ("gemma3", "mistral3", "qwen2_5_vl", "qwen2_vl", "qwen3_vl")
+QWEN = ("qwen2_5_vl", "qwen2_vl", "qwen3_vl")
 _SPECIALS = {
     "gemma3": ["<start_of_image>", "<end_of_image>", "<image_soft_token>"],
     "mistral3": ["[IMG]", "[IMG_BREAK]", "[IMG_END]"],
     "qwen2_5_vl": ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"],
 }
-_SPECIALS["qwen2_vl"] = _SPECIALS["qwen2_5_vl"]
-_QWEN_PIXELS = 28 * 28  # one merged 2×2 patch of 14
+_SPECIALS["qwen2_vl"] = _SPECIALS["qwen3_vl"] = _SPECIALS["qwen2_5_vl"]
 
 
 def _text_config(family: str, vocab: int) -> dict:
@@ -45,6 +47,14 @@ def _text_config(family: str, vocab: int) -> dict:
             num_attention_heads=4, head_dim=16, num_key_value_heads=1, vocab_size=vocab,
             sliding_window=8, sliding_window_pattern=2, mm_tokens_per_image=4,
             query_pre_attn_scalar=16, max_position_embeddings=512,
+        )  # fmt: skip
+    if family == "qwen3_vl":  # head_dim 16: 8 rotated pairs, t, h, w interleaved
+        return dict(
+            model_type="qwen3_vl_text", hidden_size=64, num_hidden_layers=2,
+            intermediate_size=128, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+            vocab_size=vocab, rms_norm_eps=1e-6, rope_theta=10000.0,
+            max_position_embeddings=512, tie_word_embeddings=True,
+            rope_scaling={"type": "mrope", "mrope_section": [2, 3, 3], "mrope_interleaved": True},
         )  # fmt: skip
     if family in QWEN:  # head_dim 16: 8 rotated pairs in t, h, w sections
         return dict(
@@ -72,6 +82,12 @@ def _vision_config(family: str) -> dict:
             out_hidden_size=64, num_heads=2, patch_size=14, spatial_merge_size=2,
             temporal_patch_size=2, window_size=56, fullatt_block_indexes=[1],
         )  # fmt: skip
+    if family == "qwen3_vl":
+        return dict(
+            model_type="qwen3_vl", depth=2, hidden_size=32, intermediate_size=64,
+            out_hidden_size=64, num_heads=2, patch_size=16, spatial_merge_size=2,
+            temporal_patch_size=2, num_position_embeddings=16, deepstack_visual_indexes=[0],
+        )  # fmt: skip
     if family == "qwen2_vl":
         return dict(
             model_type="qwen2_vl", depth=2, embed_dim=32, hidden_size=64, num_heads=2,
@@ -93,11 +109,13 @@ def _preprocessor(family: str) -> dict:
             "do_pan_and_scan": False,
         }
     if family in QWEN:
+        patch = 16 if family == "qwen3_vl" else 14
+        pixels = (2 * patch) ** 2  # one merged 2×2 patch
         return {
             "image_processor_type": "Qwen2VLImageProcessor",
-            "patch_size": 14, "merge_size": 2, "temporal_patch_size": 2,
-            "min_pixels": 4 * _QWEN_PIXELS, "max_pixels": 16 * _QWEN_PIXELS,
-            "size": {"shortest_edge": 4 * _QWEN_PIXELS, "longest_edge": 16 * _QWEN_PIXELS},
+            "patch_size": patch, "merge_size": 2, "temporal_patch_size": 2,
+            "min_pixels": 4 * pixels, "max_pixels": 16 * pixels,
+            "size": {"shortest_edge": 4 * pixels, "longest_edge": 16 * pixels},
             "image_mean": [0.48145466, 0.4578275, 0.40821073],
             "image_std": [0.26862954, 0.26130258, 0.27577711],
         }  # fmt: skip
@@ -153,6 +171,9 @@ def build_vision_model(
         Model, ModelConfig = module.Model, module.ModelConfig
         TextConfig, VisionConfig = module.TextConfig, module.VisionConfig
         config = text | {"vision_config": vision, "eos_token_id": eos}
+        if family == "qwen3_vl":  # nested, as its hub configs are
+            config = {"model_type": family, "text_config": text, "vision_config": vision}
+            config |= {"eos_token_id": eos, "tie_word_embeddings": True}
         config |= dict(
             vision_start_token_id=ids[0], vision_end_token_id=ids[1], image_token_id=ids[2],
             video_token_id=ids[3],

@@ -76,9 +76,9 @@ def test_a_vision_model_we_do_not_place_is_named(tmp_path):
     import json
 
     (tmp_path / "config.json").write_text(
-        json.dumps({"model_type": "qwen3_vl", "vision_config": {}, "image_token_id": 5})
+        json.dumps({"model_type": "llava", "vision_config": {}, "image_token_id": 5})
     )
-    with pytest.raises(ValueError, match="'qwen3_vl'"):
+    with pytest.raises(ValueError, match="'llava'"):
         vision_spec(tmp_path, str)
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}))
     assert vision_spec(tmp_path, str) is None

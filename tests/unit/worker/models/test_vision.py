@@ -1,10 +1,11 @@
 """Vision-language models (issue 36): images through mlx-vlm's vision side into our paged
-language model, over tiny random-weight Gemma 3, Mistral 3 and Qwen2.5-VL (3-D M-RoPE
-positions) checkpoints
-(`tests.support.arch_zoo.vision`), with greedy output equal to mlx-vlm's own `generate_step`
-on the same model, image and prompt:
+language model, over tiny random-weight Gemma 3, Mistral 3 and Qwen2-VL / Qwen2.5-VL /
+Qwen3-VL (3-D M-RoPE positions; Qwen3-VL's deepstack) checkpoints
+(`tests.support.arch_zoo.vision`), with greedy output (and logprobs) equal to mlx-vlm's own
+`generate_step` on the same model, image and prompt:
 
 - alone, and batched with text-only prompts, in prefill chunks that cut through the image;
+- each of n choices (forked off the prompt);
 - repeated: served from the prefix cache (the vision tower does not run again), same output;
 - the same prompt with another image: no hit past the image's first token;
 - refused, in one sentence, where images cannot be taken.
