@@ -1,4 +1,4 @@
-"""Tiny vision-language model directories (both families the router places images for), the
+"""Tiny vision-language model directories (the families the router places images for), the
 images sent in the tests, and a router serving one of them before stand-in workers."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ def vision_dirs(tmp_path_factory):
     return {family: build_vision_model(family, root / family) for family in FAMILIES}
 
 
-@pytest.fixture(params=["gemma3", "mistral3"])
+@pytest.fixture(params=["gemma3", "mistral3", "qwen2_5_vl", "qwen3_vl"])
 def vision_dir(request, vision_dirs):
     return vision_dirs[request.param]
 

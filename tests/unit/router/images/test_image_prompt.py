@@ -145,9 +145,9 @@ def test_a_vision_family_not_served_says_which(tmp_path, vision_dirs):
     from router.chat.images.placement import vision_spec_of
 
     model = shutil.copytree(vision_dirs["gemma3"], tmp_path / "qwen")
-    config = json.loads((model / "config.json").read_text()) | {"model_type": "qwen2_5_vl"}
+    config = json.loads((model / "config.json").read_text()) | {"model_type": "llava"}
     (model / "config.json").write_text(json.dumps(config))
     tokenizer = ModelTokenizer.load(model)
     assert tokenizer.vision is None
-    with pytest.raises(ApiError, match="images are not served for 'qwen2_5_vl' models"):
+    with pytest.raises(ApiError, match="images are not served for 'llava' models"):
         vision_spec_of(tokenizer, "qwen")
