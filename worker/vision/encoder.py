@@ -3,6 +3,13 @@
 model files. The language model stays mlx-lm's, over our paged KV: mlx-vlm's merged input
 embeddings fed to mlx-lm's text backbone give logits equal to mlx-vlm's own language model
 (max difference 0.0 on tiny Gemma 3 and Mistral 3; tests/unit/worker/models/test_vision.py).
+Qwen-VL's language model also needs the image tokens' 3-D positions (`rope_index`, at intake;
+`worker/vision/mrope.py`) and, Qwen3-VL, its deepstack features (`encode`;
+`worker/vision/deepstack.py`).
+
+`encode` calls `get_input_embeddings`, which for Mistral 3 and the Qwen families reads a few
+values on the host (token counts; Qwen-VL its rope index): once per image prompt, at the
+step whose chunk first reaches an image.
 
 mlx-vlm pulls a lot (datasets, opencv, mlx-audio), so it is the optional `vision` extra;
 without it a vision model is served as text and image requests get a 400 saying so.
