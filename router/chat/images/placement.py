@@ -88,7 +88,12 @@ def place_images(
         raise _marker_typed(spec, len(pieces) - 1 - len(ordered))
     out = [pieces[0]]
     for image, piece in zip(ordered, pieces[1:], strict=True):
-        out += [spec.expand(image.width, image.height), piece]
+        try:
+            out += [spec.expand(image.width, image.height), piece]
+        except ValueError as exc:  # the processor's size rule refuses it (Qwen: aspect > 200)
+            raise bad_image(
+                f"a {image.width}x{image.height} image cannot be used: {exc}", "messages"
+            ) from None
     return "".join(out), ordered
 
 

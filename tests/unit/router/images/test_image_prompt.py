@@ -151,3 +151,14 @@ def test_a_vision_family_not_served_says_which(tmp_path, vision_dirs):
     assert tokenizer.vision is None
     with pytest.raises(ApiError, match="images are not served for 'llava' models"):
         vision_spec_of(tokenizer, "qwen")
+
+
+def test_an_image_the_size_rule_refuses_is_a_400_naming_it(tokenizer):
+    """Qwen-VL's resize refuses an aspect ratio over 200: a 400, not a 500."""
+    body = chat_image(png(402, 2))
+    if tokenizer.vision.family not in ("qwen2_5_vl", "qwen3_vl"):
+        chat(body, tokenizer)  # the other families take it
+        return
+    with pytest.raises(ApiError) as caught:
+        chat(body, tokenizer)
+    assert caught.value.status == 400 and "402x2 image cannot be used" in caught.value.message
