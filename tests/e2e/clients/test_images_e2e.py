@@ -1,9 +1,9 @@
-"""Images end to end, real processes: launch-cluster serving tiny random-weight Gemma 3 and
-Mistral 3 vision models (tests/support/arch_zoo/vision.py) and a tiny text model, one worker
-each, asked through the official openai and anthropic SDKs. An image sent as a data URL or a
-base64 block is answered with usage; the same image again hits the worker's cache; every
-malformed image is a 4xx with an error body, never a 5xx or a hang; the text model asked with an
-image says it takes none."""
+"""Images end to end, real processes: launch-cluster serving tiny random-weight Gemma 3,
+Mistral 3 and Qwen2.5-VL vision models (tests/support/arch_zoo/vision.py) and a tiny text
+model, one worker each, asked through the official openai and anthropic SDKs. An image sent
+as a data URL or a base64 block is answered with usage; the same image again hits the
+worker's cache; every malformed image is a 4xx with an error body, never a 5xx or a hang;
+the text model asked with an image says it takes none."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from tests.support.tp_group import save_tiny_model
 pytest.importorskip("mlx_vlm", reason="the vision extra (pip install 'mlx-fleet[vision]')")
 pytestmark = pytest.mark.slow
 
-MODELS = {"gemma": "gemma3", "mistral": "mistral3"}  # served id -> family
+MODELS = {"gemma": "gemma3", "mistral": "mistral3", "qwen": "qwen2_5_vl"}  # id -> family
 
 
 def get_json(url: str) -> dict:
@@ -200,6 +200,6 @@ def test_a_text_model_asked_with_an_image_says_it_takes_none(oai, claude):
 
 def test_models_say_which_take_images(oai, url):
     listed = {m["id"]: m["input_modalities"] for m in get_json(f"{url}/v1/models")["data"]}
-    assert listed == {"gemma": ["text", "image"], "mistral": ["text", "image"], "text": ["text"]}
+    assert listed == {**dict.fromkeys(MODELS, ["text", "image"]), "text": ["text"]}
     vision = {w["model"]: w["vision"] for w in get_json(f"{url}/v1/cluster")["workers"]}
-    assert vision == {"gemma": True, "mistral": True, "text": False}
+    assert vision == {**dict.fromkeys(MODELS, True), "text": False}
