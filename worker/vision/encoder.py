@@ -179,4 +179,9 @@ def open_vision(model_dir: Path, embed_tokens: nn.Module, dtype, token_text) -> 
     except ImportError:
         log.warning("serving this vision model as text: %s", NO_EXTRA)
         return None, NO_EXTRA
-    return VisionEncoder(model_dir, spec, embed_tokens, dtype), ""
+    try:
+        return VisionEncoder(model_dir, spec, embed_tokens, dtype), ""
+    except Exception as exc:  # a checkpoint mlx-vlm cannot load: serve its text, say why
+        note = f"the vision tower could not be loaded ({type(exc).__name__}: {exc})"
+        log.exception("serving this vision model as text: %s", note)
+        return None, note

@@ -284,3 +284,23 @@ def test_each_choice_of_an_image_prompt_equals_mlx_vlm(loaded):
     for choice in (0, 1):
         np.testing.assert_allclose(logprobs[choice], want_logprobs, atol=1e-4)
     engine.check_integrity()
+
+
+def test_a_vision_tower_that_cannot_load_serves_text_and_says_why(loaded, tmp_path):
+    """A checkpoint mlx-vlm cannot load (here: its weights file gone, after the language
+    model was loaded) does not stop the worker: the text is served, and images are refused
+    with the reason."""
+    import shutil
+
+    _, directory, model, tokenizer, _ = loaded
+    broken = tmp_path / "broken"
+    shutil.copytree(directory, broken)
+    (broken / "model.safetensors").unlink()
+    engine = startup.open_vision(make_engine(model), broken, tokenizer)
+    assert engine.intake.vision is None
+    assert "vision tower could not be loaded" in engine.intake.vision_note
+    _, keyed, images = _prompt(loaded, "hello ", sample_image(seed=8), " world")
+    with pytest.raises(InvalidRequest, match="could not be loaded"):
+        engine.add_request("img", keyed, SamplingParams(), images=images)
+    text, _, _ = _prompt(loaded, "hello world", None, "")
+    assert _run(engine, {"t": (text, ())})[0]["t"] == reference_greedy(model, text, MAX_TOKENS)
