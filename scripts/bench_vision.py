@@ -1,8 +1,9 @@
 #!/usr/bin/env python
 """Images in prompts: time to first token of a request with an image, in one process.
 
-Model: a Gemma-3-shaped vision-language model (a SigLIP tower over 224×224 pixels pooled to
-64 image tokens; a 12-layer language model with sliding-window and full layers), random
+Model (`--family`): a Gemma-3-shaped vision-language model (a SigLIP tower over 224×224
+pixels pooled to 64 image tokens; a 12-layer language model with sliding-window and full
+layers), or a Qwen2.5-VL-shaped one (its windowed tower, 16 image tokens, M-RoPE), random
 weights, written as a checkpoint both mlx-lm and mlx-vlm load (`tests.support.arch_zoo.vision`).
 Prompt: a ~300-token system text, the image, a question. Measured, medians of `--repeats`:
 
@@ -28,15 +29,32 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from shared.blas import active_blas, reexec_with_blas  # noqa: E402
 
-TEXT = dict(
-    hidden_size=512, num_hidden_layers=12, intermediate_size=1536, num_attention_heads=8,
-    head_dim=64, num_key_value_heads=2, sliding_window=512, sliding_window_pattern=6,
-    mm_tokens_per_image=64, query_pre_attn_scalar=64, max_position_embeddings=4096,
-)  # fmt: skip
-VISION = dict(
-    num_hidden_layers=6, hidden_size=384, intermediate_size=1536, num_attention_heads=6,
-    patch_size=14, image_size=224,
-)  # fmt: skip
+SHAPES = {  # family -> (text settings, vision settings) over the tiny ones
+    "gemma3": (
+        dict(
+            hidden_size=512, num_hidden_layers=12, intermediate_size=1536, num_attention_heads=8,
+            head_dim=64, num_key_value_heads=2, sliding_window=512, sliding_window_pattern=6,
+            mm_tokens_per_image=64, query_pre_attn_scalar=64, max_position_embeddings=4096,
+        ),
+        dict(
+            num_hidden_layers=6, hidden_size=384, intermediate_size=1536, num_attention_heads=6,
+            patch_size=14, image_size=224,
+        ),
+    ),
+    # Qwen2.5-VL: M-RoPE positions (head_dim 64: 32 rotated pairs in t, h, w sections); its
+    # processor's pixel bounds in the tiny checkpoint give an image 16 tokens
+    "qwen2_5_vl": (
+        dict(
+            hidden_size=512, num_hidden_layers=12, intermediate_size=1536, num_attention_heads=8,
+            num_key_value_heads=2, max_position_embeddings=4096,
+            rope_scaling={"type": "mrope", "mrope_section": [8, 12, 12]},
+        ),
+        dict(
+            depth=6, hidden_size=384, intermediate_size=1536, num_heads=6, out_hidden_size=512,
+            window_size=112, fullatt_block_indexes=[2, 5],
+        ),
+    ),
+}  # fmt: skip
 SYSTEM = "you are a helpful assistant; answer the user. " * 30
 
 
@@ -77,6 +95,7 @@ def ours_ttft(engine, keyed, images) -> tuple[float, int]:
 
 
 def mlx_vlm_ttft(vlm, processor, ids, image: bytes) -> float:
+    """mlx-vlm's own prefill to its first token (its image processor included)."""
     from io import BytesIO
 
     import mlx.core as mx
@@ -85,8 +104,10 @@ def mlx_vlm_ttft(vlm, processor, ids, image: bytes) -> float:
 
     start = time.perf_counter()
     pixels = processor(images=[Image.open(BytesIO(image)).convert("RGB")], return_tensors="np")
+    extras = {k: mx.array(pixels[k]) for k in ("image_grid_thw",) if k in pixels}
     x = mx.array([ids])
-    steps = generate_step(x, vlm, mx.array(pixels["pixel_values"]), mx.ones(x.shape), max_tokens=1)
+    pixel_values = mx.array(pixels["pixel_values"])
+    steps = generate_step(x, vlm, pixel_values, mx.ones(x.shape), max_tokens=1, **extras)
     token, _ = next(steps)
     mx.eval(token)
     return time.perf_counter() - start
@@ -95,20 +116,29 @@ def mlx_vlm_ttft(vlm, processor, ids, image: bytes) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=3, help="runs per measurement (median)")
+    parser.add_argument(
+        "--family", choices=sorted(SHAPES), default="gemma3", help="the model's shape"
+    )
     args = parser.parse_args()
     reexec_with_blas()
     from mlx_vlm.utils import load_model as load_vlm
+    from mlx_vlm.utils import load_processor
     from transformers import AutoImageProcessor
 
     from tests.support.arch_zoo.vision import build_vision_model, sample_image
     from worker.config import EngineConfig
     from worker.engine.engine import Engine
 
+    text, vision = SHAPES[args.family]
     directory = build_vision_model(
-        "gemma3", Path(tempfile.mkdtemp()) / "vlm", text=TEXT, vision=VISION
+        args.family, Path(tempfile.mkdtemp()) / "vlm", text=text, vision=vision
     )
     engine = Engine.from_path(directory, EngineConfig(block_size=16, num_blocks=1024))
-    vlm, processor = load_vlm(directory), AutoImageProcessor.from_pretrained(str(directory))
+    vlm = load_vlm(directory)
+    if args.family == "gemma3":
+        processor = AutoImageProcessor.from_pretrained(str(directory))
+    else:  # mlx-vlm's own processor for Qwen-VL
+        processor = load_processor(directory).image_processor
     image = sample_image(640, 480, seed=1)
     ids, keyed, images = prompt(directory, image)
     runs: dict[str, list[float]] = {"ours_no_hit": [], "ours_repeat": [], "mlx_vlm": []}
@@ -121,7 +151,8 @@ def main() -> None:
         runs["mlx_vlm"].append(mlx_vlm_ttft(vlm, processor, ids, image))
     medians = {name: statistics.median(v) for name, v in runs.items()}
     for name, seconds in medians.items():
-        print(json.dumps({"measure": f"ttft_{name}", "seconds": round(seconds, 4),
+        print(json.dumps({"measure": f"ttft_{name}", "family": args.family,
+                          "seconds": round(seconds, 4),
                           "prompt_tokens": len(ids), "runs": [round(s, 4) for s in runs[name]]}))  # fmt: skip
     print(json.dumps({
         "measure": "ratios", "blas": active_blas(), "repeat_cached_tokens": cached,
