@@ -4,10 +4,13 @@ SIGKILL to its process group) however the test ends."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
 import sys
+import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -38,3 +41,21 @@ def launch_cluster(
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+
+
+def get_json(url: str, timeout: float = 5) -> dict:
+    with urllib.request.urlopen(url, timeout=timeout) as r:
+        return json.loads(r.read())
+
+
+def wait_for_models(url: str, workers: dict[str, int], timeout: float = 300) -> None:
+    """Until the router's /health counts `workers` (model id -> registered workers)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if get_json(f"{url}/health")["models"] == workers:
+                return
+        except (OSError, KeyError, ValueError):
+            pass
+        time.sleep(0.5)
+    raise AssertionError(f"the workers {workers} did not register in {timeout}s")

@@ -8,40 +8,20 @@ the text model asked with an image says it takes none."""
 from __future__ import annotations
 
 import base64
-import json
 import struct
-import time
-import urllib.request
 import zlib
 
 import anthropic
 import openai
 import pytest
 
-from tests.support.launched import launch_cluster
+from tests.support.launched import get_json, launch_cluster, wait_for_models
 from tests.support.tp_group import save_tiny_model
 
 pytest.importorskip("mlx_vlm", reason="the vision extra (pip install 'mlx-fleet[vision]')")
 pytestmark = pytest.mark.slow
 
 MODELS = {"gemma": "gemma3", "mistral": "mistral3", "qwen": "qwen2_5_vl"}  # id -> family
-
-
-def get_json(url: str) -> dict:
-    with urllib.request.urlopen(url, timeout=5) as r:
-        return json.loads(r.read())
-
-
-def wait_for_workers(url: str, models: list[str], timeout: float = 300) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if get_json(f"{url}/health")["models"] == dict.fromkeys(models, 1):
-                return
-        except (OSError, KeyError, ValueError):
-            pass
-        time.sleep(0.5)
-    raise AssertionError(f"every model did not get a worker in {timeout}s")
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +40,7 @@ def url(tmp_path_factory):
     args = ["--config", str(config), "--workers", "1", "--kv-memory", "64MiB"]
     with launch_cluster(args, work) as (base, _):
         try:
-            wait_for_workers(base, [*MODELS, "text"])
+            wait_for_models(base, dict.fromkeys([*MODELS, "text"], 1))
             yield base
         finally:
             for log in work.glob("*.log"):

@@ -7,13 +7,11 @@ different screenshots are spread over both workers (the load balance is not lost
 from __future__ import annotations
 
 import base64
-import time
 
 import openai
 import pytest
 
-from tests.e2e.clients.test_images_e2e import get_json
-from tests.support.launched import launch_cluster
+from tests.support.launched import get_json, launch_cluster, wait_for_models
 
 pytest.importorskip("mlx_vlm", reason="the vision extra (pip install 'mlx-fleet[vision]')")
 pytestmark = pytest.mark.slow
@@ -27,16 +25,7 @@ def url(tmp_path_factory):
     path = build_vision_model("gemma3", work / "gemma")
     args = ["--model", str(path), "--workers", "2", "--kv-memory", "64MiB"]
     with launch_cluster(args, work) as (base, _):
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:
-            try:
-                if get_json(f"{base}/health")["models"] == {"gemma": 2}:
-                    break
-            except (OSError, KeyError, ValueError):
-                pass
-            time.sleep(0.5)
-        else:
-            raise AssertionError("two workers did not register in 300 s")
+        wait_for_models(base, {"gemma": 2})
         yield base
 
 

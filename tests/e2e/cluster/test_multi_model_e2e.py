@@ -5,35 +5,16 @@ unknown model is a 404 that lists both."""
 
 from __future__ import annotations
 
-import json
-import time
 import urllib.error
 import urllib.request
 
 import openai
 import pytest
 
-from tests.support.launched import launch_cluster
+from tests.support.launched import get_json, launch_cluster, wait_for_models
 from tests.support.tp_group import save_tiny_model
 
 pytestmark = pytest.mark.slow
-
-
-def get_json(url: str) -> dict:
-    with urllib.request.urlopen(url, timeout=5) as r:
-        return json.loads(r.read())
-
-
-def wait_for_both(url: str, timeout: float = 300) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if get_json(f"{url}/health")["models"] == {"smol": 1, "tiny-random": 1}:
-                return
-        except (OSError, KeyError, ValueError):
-            pass
-        time.sleep(0.5)
-    raise AssertionError(f"both models did not get a worker in {timeout}s")
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +28,7 @@ def url(default_model_dir, tmp_path_factory):
     )
     args = ["--config", str(config), "--workers", "1", "--kv-memory", "128MiB"]
     with launch_cluster(args, work) as (base, _):
-        wait_for_both(base)
+        wait_for_models(base, {"smol": 1, "tiny-random": 1})
         yield base
 
 
