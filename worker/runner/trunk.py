@@ -15,6 +15,7 @@ and its logits are the "hidden states" (the head is then the identity).
 
 from __future__ import annotations
 
+import functools
 import inspect
 
 import mlx.core as mx
@@ -98,9 +99,10 @@ class Trunk:
             return self.module(tokens, cache=caches)
         return self.module(tokens, caches)
 
-    @property
+    @functools.cached_property
     def embedding(self) -> nn.Module:
-        """The token embedding the trunk uses (`embed_tokens`, breadth first below it)."""
+        """The token embedding the trunk uses (`embed_tokens`, breadth first below it; found
+        once, not on every forward that embeds images)."""
         queue = [self.module]
         while queue:
             module = queue.pop(0)
