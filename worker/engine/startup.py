@@ -306,8 +306,11 @@ def open_vision(engine: Engine, model_dir: Path, tokenizer) -> Engine:
     """A vision model's image side (worker/vision), on the intake; or, on the intake, why
     its images are refused (no `vision` extra, a family not served). Returns the engine."""
     from shared.models.loading import resolve_compute_dtype
+    from shared.models.vision import has_vision, read_config
     from worker.vision.encoder import open_vision as open_encoder
 
+    if not has_vision(read_config(model_dir)):  # a text model never touches the vision code
+        return engine
     name = resolve_compute_dtype(engine.config.compute_dtype)
     dtype = getattr(mx, name) if name != "quantized" else None
     embed = engine.runner.trunk.embedding
