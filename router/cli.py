@@ -36,6 +36,7 @@ ROUTER_FLAGS = (
     "host", "port", "zmq_bind", "policy", "prefill_weight", "balance_abs_threshold",
     "balance_rel_threshold", "kv_pulls", "prefill_timeout_s", "prefill_min_tokens", "prefix_ttl_s", "heartbeat_interval_s", "heartbeat_timeout_s",
     "wedged_after_s", "max_pending_requests", "tokenizer_threads", "context_length", "tool_call_parser",
+    "reasoning_parser",
     "chat_template", "state_url", "responses_store", "responses_store_path", "responses_store_size",
     "responses_store_bytes", "responses_store_ttl_s",
 )  # fmt: skip
@@ -137,7 +138,16 @@ def model_specs(args: argparse.Namespace, fleet) -> tuple[ModelSpec, ...]:
             f"the name '{name}' is given to two models "
             f"({sections[first].name} and {sections[second].name})"
         )
-    return tuple(ModelSpec(Path(m.path).expanduser(), m.name, tuple(m.aliases)) for m in sections)
+    return tuple(
+        ModelSpec(
+            Path(m.path).expanduser(),
+            m.name,
+            tuple(m.aliases),
+            m.tool_call_parser,
+            m.reasoning_parser,
+        )  # fmt: skip
+        for m in sections
+    )
 
 
 def _chat_template(file_or_text: str | None) -> str | None:

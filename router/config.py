@@ -16,6 +16,9 @@ class ModelSpec:
     path: Path  # a local model directory: tokenizer files + config.json
     id: str | None = None  # the name clients use; defaults to the directory's name
     aliases: tuple[str, ...] = ()  # other names accepted for it
+    # its dialect, when the operator names it ([[models]] keys; None: detected)
+    tool_call_parser: str | None = None
+    reasoning_parser: str | None = None
 
     @property
     def served_id(self) -> str:

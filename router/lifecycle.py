@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
+from router.chat.dialects import detect_dialect
+from router.chat.history import probe_arguments
 from router.cluster.listener import Cluster
 from router.cluster.models import ModelTable, ServedModel
 from router.cluster.registry import WorkerRegistry
@@ -50,7 +52,14 @@ async def tokenizer_ctx(app: web.Application) -> AsyncIterator[None]:
         tokenizer = await asyncio.to_thread(ModelTokenizer.load, spec.path, config.context_length)
         if config.chat_template is not None:
             tokenizer.set_chat_template(config.chat_template)
-        tokenizer.tool_call_parser = config.tool_call_parser
+        dialect = detect_dialect(
+            tokenizer.template_source,
+            tokenizer.vocab,
+            spec.tool_call_parser or config.tool_call_parser,
+            spec.reasoning_parser or config.reasoning_parser,
+        )
+        tokenizer.set_dialect(probe_arguments(dialect, tokenizer))
+        log.info("%s: %s", spec.served_id, tokenizer.dialect.describe())
         tokenizers[spec.served_id] = tokenizer
     app[app_keys.TOKENIZERS] = tokenizers
     threads = config.tokenizer_threads

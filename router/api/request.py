@@ -6,6 +6,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from router.chat.dialects import Dialect
+    from router.chat.tools import ToolSet
     from shared.protocol import ImageInput
     from shared.sampling import SamplingParams
 
@@ -25,6 +27,8 @@ class GenerationRequest:
     tool_family: str | None = None
     tool_grammar: dict | None = None
     starts_in_reasoning: bool = False
+    dialect: Dialect | None = None  # the model's (router/chat/dialects); None: not a chat
+    tools: ToolSet | None = None  # the request's functions (the reader checks calls by them)
     # Prompt scoring: the text `echo` puts before the completion (completions); vLLM's
     # `prompt_logprobs` as asked (sampling.prompt_logprobs is what the worker computes)
     echo_text: str | None = None
@@ -38,3 +42,9 @@ class GenerationRequest:
     batch: tuple[tuple[int, ...], ...] = ()
     # images (chat APIs): prompt_ids hold their keys where their tokens go, in this order
     images: tuple[ImageInput, ...] = ()
+
+    @property
+    def reads_chat(self) -> bool:
+        """A chat reply of one choice is read for reasoning and calls (router/chat/output.py):
+        it is decoded with its special tokens, which the reader consumes or cuts."""
+        return self.kind == "chat" and self.n == 1 and self.dialect is not None

@@ -10,6 +10,8 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from router.chat.dialects import Dialect, detect_dialect
+from router.chat.history import family_tool_prompt, history_for, probe_arguments
 from router.chat.images.placement import (
     NO_IMAGES,
     PromptImages,
@@ -33,11 +35,12 @@ class ChatPrompt:
     token_ids: list[int]  # the real ids (what /tokenize shows, what the context counts)
     tools: ToolSet | None
     tool_family: str | None  # the parser for calls in the reply; None when tools are off
-    starts_in_reasoning: bool  # the template opened a <think> block for the model
+    starts_in_reasoning: bool  # the template opened a reasoning block for the model
     # with images: the ids sent and hashed (image keys at the image positions), and the
     # images in prompt order (router/chat/images/placement.py)
     keyed_ids: list[int] | None = None
     images: tuple[ImageInput, ...] = ()
+    dialect: Dialect | None = None  # how the reply is read (router/chat/dialects)
 
     @property
     def wire_ids(self) -> list[int]:
@@ -48,18 +51,17 @@ def template_supports_tools(tokenizer: ModelTokenizer) -> bool:
     return bool(_MENTIONS_TOOLS.search(tokenizer.template_source))
 
 
-def tool_family_of(tokenizer: ModelTokenizer, override: str | None) -> str:
-    """The tool-call format the model writes: the --tool-call-parser flag, else its template's."""
-    if override is not None:
-        return override
-    source = tokenizer.template_source
-    if not template_supports_tools(tokenizer):
-        return "hermes"  # our fallback prompt asks for the Hermes format
-    if "[TOOL_CALLS]" in source:
-        return "mistral"
-    if "<|python_tag|>" in source or "ipython" in source:
-        return "llama3"
-    return "hermes"
+def dialect_of(tokenizer: ModelTokenizer) -> Dialect:
+    """The model's dialect: set at load (router/lifecycle.py), else detected now (tests)."""
+    if tokenizer.dialect is None:
+        dialect = detect_dialect(tokenizer.template_source, tokenizer.vocab)
+        tokenizer.set_dialect(probe_arguments(dialect, tokenizer))
+    return tokenizer.dialect
+
+
+def tool_family_of(tokenizer: ModelTokenizer, override: str | None = None) -> str:
+    """The tool-call format the model writes: the operator's name, else its dialect's."""
+    return override or dialect_of(tokenizer).tools
 
 
 def template_kwargs(body: dict) -> dict:
@@ -88,20 +90,24 @@ def build_chat_prompt(
 ) -> ChatPrompt:
     if not tokenizer.has_chat_template:
         raise bad_request("this model has no chat template; use /v1/completions", "messages")
-    native = template_supports_tools(tokenizer)
+    dialect = dialect_of(tokenizer)
     has_tool_turns = any("tool_calls" in m or m["role"] == "tool" for m in messages)
-    if not native and (tools is not None or has_tool_turns):
+    messages = history_for(dialect, messages)
+    if dialect.tool_prompt is not None and tools is not None:
+        messages = family_tool_prompt(dialect.tool_prompt, messages, tools)
+    elif not dialect.native_tools and (tools is not None or has_tool_turns):
         messages = fallback_messages(messages, tools)
-    schemas = list(tools.functions) if tools is not None and native else None
+    schemas = list(tools.functions) if tools is not None and dialect.native_tools else None
     text = _render(tokenizer, messages, schemas, kwargs, add_generation_prompt)
-    family = tool_family_of(tokenizer, tokenizer.tool_call_parser) if tools is not None else None
-    thinks = text.rstrip().endswith("<think>")
+    family = dialect.tools if tools is not None else None
+    opener = dialect.reasoning.open
+    thinks = bool(opener) and text.rstrip().endswith(opener)
     text, placed = place_images(text, count_marks(messages), images, tokenizer.vision)
     ids = tokenizer.encode_prompt(text) if add_special_tokens else tokenizer.encode_text(text)
     keyed = key_image_tokens(ids, placed, tokenizer.vision)
     if not keyed.images:
-        return ChatPrompt(ids, tools, family, thinks)
-    return ChatPrompt(ids, tools, family, thinks, keyed.keyed_ids, keyed.images)
+        return ChatPrompt(ids, tools, family, thinks, dialect=dialect)
+    return ChatPrompt(ids, tools, family, thinks, keyed.keyed_ids, keyed.images, dialect)
 
 
 def _render(tokenizer: ModelTokenizer, messages, schemas, kwargs, generation: bool) -> str:

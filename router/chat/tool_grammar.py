@@ -1,31 +1,40 @@
 """`tool_choice` "required" or a named function, enforced: a grammar the worker's constrained
-decoding holds the reply to, in the format the model's tool parser reads.
+decoding holds the reply to, in the model's own call format (router/chat/dialects/calls.py
+gives each format's pieces), so the same dialect reads the call back.
 
-- hermes: one or more `<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`;
-- llama3: `{"name": ..., "parameters": {...}}`, several joined by `; `;
-- mistral: the bare JSON array of calls (its `[TOOL_CALLS]` marker is a special token, which a
-  text grammar cannot ask for; the parser reads the bare array too).
+Markers that are added tokens of the model's vocabulary (harmony's channels, Mistral's
+[TOOL_CALLS] and [ARGS], Qwen's <tool_call>, Gemma 4's <|"|>) are written as token references
+(`<[id]>`): llguidance reads every added token as special, and a string literal cannot match
+one. When the template opened
+a reasoning block, the grammar closes it first (an empty reasoning, then the call).
+
+Formats without a grammar (kimi_k3, function_gemma, longcat, minicpm5, muse_spark) refuse a
+required tool choice with a 400 naming the format: "auto" is served for them.
+- Mistral templates without [ARGS] (Nemo, v3) get the bare JSON array of calls, as they write it.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from router.chat.dialects import CALL_FORMATS
+from router.chat.dialects.calls import _closed
 from router.errors import bad_request
 from shared.grammar import check_grammar
 from shared.sampling import Grammar, InvalidRequest, SamplingParams
 
 if TYPE_CHECKING:
+    from router.chat.dialects.calls import Piece
+    from router.chat.prompt import ChatPrompt
     from router.chat.tools import ToolSet
+    from router.text.tokenizer import ModelTokenizer
 
 
 def call_schema(tools: ToolSet, arguments_key: str = "arguments") -> dict:
     """The JSON schema of one call the tool choice allows."""
-    functions = [f["function"] for f in tools.functions]
-    if tools.choice != "required":
-        functions = [f for f in functions if f["name"] == tools.choice]
     options = [
         {
             "type": "object",
@@ -33,17 +42,16 @@ def call_schema(tools: ToolSet, arguments_key: str = "arguments") -> dict:
             "required": ["name", arguments_key],
             "additionalProperties": False,
         }
-        for f in functions
+        for f in _allowed(tools)
     ]
     return options[0] if len(options) == 1 else {"anyOf": options}
 
 
-def _closed(parameters: dict) -> dict:
-    """Arguments hold the declared properties only, unless the schema says otherwise (as
-    OpenAI's strict mode): a small model given room invents keys until max_tokens."""
-    if "properties" in parameters and "additionalProperties" not in parameters:
-        return parameters | {"additionalProperties": False}
-    return parameters
+def _allowed(tools: ToolSet) -> list[dict]:
+    functions = [f["function"] for f in tools.functions]
+    if tools.choice != "required":
+        functions = [f for f in functions if f["name"] == tools.choice]
+    return functions
 
 
 def required_call_schema(tools: ToolSet | None) -> dict | None:
@@ -53,34 +61,94 @@ def required_call_schema(tools: ToolSet | None) -> dict | None:
     return call_schema(tools)
 
 
-def tool_call_grammar(tools: ToolSet, family: str) -> Grammar:
-    """One call (an array of them for Mistral): the reply ends as soon as the grammar is
-    complete, so a small model cannot wander into a half-written second call."""
-    q = json.dumps  # a JSON string literal is a Lark string literal
-    if family == "llama3":
-        call = f"%json {q(call_schema(tools, 'parameters'))}"
-        return Grammar("lark", f"start: {call}\n")
-    if family == "mistral":
+def _harmony(name: str, params: dict) -> list[Piece]:
+    return [("text", f"<|channel|>commentary to=functions.{name} <|constrain|>json<|message|>"),
+            ("json", _closed(params))]  # fmt: skip
+
+
+def tool_call_grammar(
+    tools: ToolSet,
+    family: str,
+    tokenizer: ModelTokenizer | None = None,
+    close_reasoning: str = "",
+) -> Grammar:
+    """One call in `family`'s format (an array of them for Mistral's v3 form): the reply ends
+    as soon as the grammar is complete, so a small model cannot wander into a second call."""
+    if family == "mistral" and (tokenizer is None or tokenizer.token_id("[ARGS]") is None):
         array = {"type": "array", "items": call_schema(tools), "minItems": 1}
-        return Grammar("lark", f"start: %json {q(array)}\n")
-    call = (
-        f"{q('<tool_call>' + chr(10))} %json {q(call_schema(tools))} {q(chr(10) + '</tool_call>')}"
+        return Grammar(
+            "lark", f"start: {_lark([('text', close_reasoning), ('json', array)], tokenizer)}\n"
+        )
+    if family == "harmony":
+        build = _harmony
+    else:
+        fmt = CALL_FORMATS.get(family)
+        if fmt is None or fmt.grammar is None:
+            raise bad_request(
+                f"tool_choice 'required' or a named function is not available for this model: "
+                f"its tool-call format ({family}) cannot be constrained; use 'auto'",
+                "tool_choice",
+            )
+        build = fmt.grammar
+    head: list[Piece] = [("text", close_reasoning)] if close_reasoning else []
+    calls = [_lark(head + build(f["name"], f["parameters"]), tokenizer) for f in _allowed(tools)]
+    rules = "".join(f"call{i}: {c}\n" for i, c in enumerate(calls))
+    alternatives = " | ".join(f"call{i}" for i in range(len(calls)))
+    return Grammar("lark", f"start: {alternatives}\n{rules}")
+
+
+def _lark(pieces: list[Piece], tokenizer: ModelTokenizer | None) -> str:
+    out = []
+    for kind, value in pieces:
+        if kind == "text":
+            out += _literal(str(value), tokenizer)
+        elif kind == "json":
+            out.append(f"%json {json.dumps(value)}")
+        else:
+            out.append(str(value))
+    return " ".join(o for o in out if o)
+
+
+def _literal(text: str, tokenizer: ModelTokenizer | None) -> list[str]:
+    """`text` as Lark: string literals, with its special tokens as token references."""
+    if not text:
+        return []
+    specials = [t for t in (tokenizer.added_tokens if tokenizer else ()) if t and t in text]
+    if not specials:
+        return [json.dumps(text)]
+    pattern = re.compile(
+        "(" + "|".join(re.escape(t) for t in sorted(specials, key=len, reverse=True)) + ")"
     )
-    return Grammar("lark", f"start: {call}\n")
+    out = []
+    for part in pattern.split(text):
+        if not part:
+            continue
+        token_id = tokenizer.token_id(part) if part in specials else None  # type: ignore[union-attr]
+        out.append(f"<[{token_id}]>" if token_id is not None else json.dumps(part))
+    return out
 
 
 def enforce_tool_choice(
-    sampling: SamplingParams, tools: ToolSet | None, family: str | None
+    sampling: SamplingParams,
+    tools: ToolSet | None,
+    prompt: ChatPrompt | str | None,
+    tokenizer: ModelTokenizer | None = None,
 ) -> SamplingParams:
-    """`sampling` with the grammar of a required call; unchanged for "auto" or no tools."""
-    if tools is None or tools.choice == "auto" or family is None:
+    """`sampling` with the grammar of a required call; unchanged for "auto" or no tools.
+    `prompt` is the chat prompt (its dialect and whether it opened reasoning), or a family."""
+    if tools is None or tools.choice == "auto" or prompt is None:
         return sampling
     if sampling.grammar is not None:
         raise bad_request(
             "'response_format' and a required tool call cannot both constrain the reply",
             "tool_choice",
         )
-    grammar = tool_call_grammar(tools, family)
+    if isinstance(prompt, str):
+        grammar = tool_call_grammar(tools, prompt, tokenizer)
+    else:
+        assert prompt.dialect is not None and prompt.tool_family is not None
+        close = prompt.dialect.reasoning.close if prompt.starts_in_reasoning else ""
+        grammar = tool_call_grammar(tools, prompt.tool_family, tokenizer, close)
     try:
         check_grammar(grammar)
     except InvalidRequest as e:

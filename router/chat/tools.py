@@ -120,15 +120,30 @@ def _message(message, i: int) -> dict:
     if role == "assistant" and calls is not None:
         text = "" if content is None else content_text(content, f"{param}.content")
         out = {"role": role, "content": text, "tool_calls": _history_calls(calls, param)}
-        return out | _name(message, param)
+        return out | _name(message, param) | _reasoning(message, param)
     text = content_text(content, f"{param}.content", images=role == "user")
     out = {"role": role, "content": text} | _name(message, param)
+    if role == "assistant":
+        out |= _reasoning(message, param)
     if role == "tool":
         call_id = message.get("tool_call_id")
         if not isinstance(call_id, str):
             raise bad_request(f"{param}.tool_call_id must be a string", f"{param}.tool_call_id")
         out["tool_call_id"] = call_id
     return out
+
+
+def _reasoning(message: dict, param: str) -> dict:
+    """An earlier reply's reasoning (vLLM's `reasoning_content`, or `reasoning`), for templates
+    that show it (router/chat/history.py)."""
+    for key in ("reasoning_content", "reasoning"):
+        value = message.get(key)
+        if value is None:
+            continue
+        if not isinstance(value, str):
+            raise bad_request(f"{param}.{key} must be a string", f"{param}.{key}")
+        return {"reasoning_content": value}
+    return {}
 
 
 def _name(message: dict, param: str) -> dict:

@@ -63,7 +63,8 @@ async def generate(
         if not req.batch:
             jobs.append(start_job(served, request_id, req, trace))
         reply = api.reply(req, request_id, served.tokenizer)
-        options = TextOptions(req.include_stop_str, req.skip_special_tokens)
+        skip_special = req.skip_special_tokens and not req.reads_chat  # the reader cuts them
+        options = TextOptions(req.include_stop_str, skip_special)
         items = batch_pieces(jobs, req.n, served.tokenizer, served.dispatcher, req.stop, options)
         items = items if trace is None else trace.watch(items)
         async with contextlib.aclosing(items):

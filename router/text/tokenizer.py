@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 from collections.abc import Sequence
@@ -27,7 +28,9 @@ class ModelTokenizer:
             eos.add(hf_tokenizer.eos_token_id)
         self.eos_token_ids = tuple(sorted(eos))
         self.chat_stop_token_ids = tuple(sorted(eos | self._chat_end_tokens()))
-        self.tool_call_parser: str | None = None  # --tool-call-parser; None = from the template
+        # how the model writes calls and reasoning (router/chat/dialects): set by the router
+        # at load (set_dialect), from the template and vocabulary or the operator's names
+        self.dialect = None
         self._ll_tokenizer = None  # llguidance's, for token bytes
         # images: how the model's processor places them (None: it takes none; then
         # `vision_error` says why when it has a vision tower we do not serve)
@@ -79,6 +82,40 @@ class ModelTokenizer:
         """Replace the model's chat template (--chat-template)."""
         self._tok.chat_template = template
         self.chat_stop_token_ids = tuple(sorted(set(self.eos_token_ids) | self._chat_end_tokens()))
+
+    def set_dialect(self, dialect) -> None:
+        """The model's dialect (router/chat/dialects.Dialect); a dialect that names the tokens
+        ending a turn (harmony: <|return|>, <|call|>) replaces what the template probe found."""
+        self.dialect = dialect
+        ends = [self._tok.convert_tokens_to_ids(t) for t in dialect.end_tokens]
+        ends = [i for i in ends if isinstance(i, int) and i != self._tok.unk_token_id]
+        if ends:
+            self.chat_stop_token_ids = tuple(sorted(set(self.eos_token_ids) | set(ends)))
+
+    @property
+    def vocab(self) -> dict[str, int]:
+        return self._tok.get_vocab()
+
+    @functools.cached_property
+    def special_tokens(self) -> tuple[str, ...]:
+        """The strings of every special token (what skip_special_tokens drops)."""
+        decoder = getattr(self._tok, "added_tokens_decoder", {})
+        return tuple(sorted(set(self._tok.all_special_tokens) | {t.content for t in decoder.values()
+                                                                  if t.special}))  # fmt: skip
+
+    @functools.cached_property
+    def added_tokens(self) -> tuple[str, ...]:
+        """The strings of every added token, special or not (llguidance reads them all as
+        special: a grammar names them by id, `<[id]>`)."""
+        decoder = getattr(self._tok, "added_tokens_decoder", {})
+        return tuple(sorted({t.content for t in decoder.values()} | set(self.special_tokens)))
+
+    def token_id(self, text: str) -> int | None:
+        """The id of `text` when it is one token of the vocabulary, else None."""
+        token_id = self._tok.convert_tokens_to_ids(text)
+        return (
+            token_id if isinstance(token_id, int) and token_id != self._tok.unk_token_id else None
+        )
 
     def render_chat(
         self,

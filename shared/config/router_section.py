@@ -9,6 +9,7 @@ from shared.config.choices import (
     DEFAULT_ZMQ_ADDRESS,
     LOG_LEVELS,
     POLICY_NAMES,
+    REASONING_PARSERS,
     RESPONSE_STORES,
     TOOL_CALL_PARSERS,
 )
@@ -124,7 +125,14 @@ class RouterSection:
     tool_call_parser: str | None = spec(
         None,
         string(TOOL_CALL_PARSERS, optional=True),
-        "the tool-call format the model writes (default: read from its chat template)",
+        "the tool-call format every model writes (default: each model's own, read from its "
+        "chat template and vocabulary; [[models]] tool_call_parser sets one model's)",
+    )
+    reasoning_parser: str | None = spec(
+        None,
+        string(REASONING_PARSERS, optional=True),
+        "how every model marks its reasoning (default: each model's own, as detected; "
+        "[[models]] reasoning_parser sets one model's)",
     )
     chat_template: str | None = spec(
         None,

@@ -23,7 +23,9 @@ from shared.config.choices import (
     DEFAULT_ZMQ_ADDRESS,
     KV_BITS,
     LOG_LEVELS,
+    REASONING_PARSERS,
     SPECULATIVE_MODES,
+    TOOL_CALL_PARSERS,
     WORKER_ROLES,
 )
 from shared.config.fields import (
@@ -57,6 +59,16 @@ class ModelSection:
     aliases: tuple[str, ...] = spec((), strings(), "other names clients may send for it")
     workers: int | None = spec(
         None, integer(1, 256, optional=True), "launch-cluster: its workers (default cluster's)"
+    )
+    tool_call_parser: str | None = spec(
+        None,
+        string(TOOL_CALL_PARSERS, optional=True),
+        "the tool-call format this model writes (default: detected; docs/api.md lists them)",
+    )
+    reasoning_parser: str | None = spec(
+        None,
+        string(REASONING_PARSERS, optional=True),
+        "how this model marks its reasoning (default: detected)",
     )
 
     @property

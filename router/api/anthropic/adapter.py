@@ -21,7 +21,7 @@ from router.api.anthropic.render import (
 )
 from router.chat.images.parts import user_image_parts
 from router.chat.images.placement import NO_IMAGES, PromptImages
-from router.chat.output import ChatReader
+from router.chat.output import reply_reader
 
 if TYPE_CHECKING:
     from router.api.adapter import ChoiceText, StreamEvent
@@ -53,17 +53,17 @@ class MessagesApi:
     def reply(
         self, req: GenerationRequest, request_id: str, tokenizer: ModelTokenizer
     ) -> MessagesReply:
-        return MessagesReply(req, request_id)
+        return MessagesReply(req, request_id, tokenizer)
 
 
 MESSAGES = MessagesApi()
 
 
 class MessagesReply:
-    def __init__(self, req: GenerationRequest, message_id: str):
+    def __init__(self, req: GenerationRequest, message_id: str, tokenizer: ModelTokenizer):
         self._req = req
         self._id = message_id
-        self._reader = ChatReader(req.tool_family, req.starts_in_reasoning)
+        self._reader = reply_reader(req, tokenizer)
         self._blocks = BlockStream()
         self._last: Piece | None = None
 

@@ -55,12 +55,14 @@ def parse_messages_request(
         model_id,
         tuple(prompt.wire_ids),
         enforce_tool_choice(
-            _sampling(body, max_tokens, tokenizer.chat_stop_token_ids), tools, prompt.tool_family
+            _sampling(body, max_tokens, tokenizer.chat_stop_token_ids), tools, prompt, tokenizer
         ),
         _stop_sequences(body),
         stream,
         False,
         tool_family=prompt.tool_family,
+        dialect=prompt.dialect,
+        tools=tools,
         tool_grammar=required_call_schema(tools),
         starts_in_reasoning=prompt.starts_in_reasoning,
         images=prompt.images,

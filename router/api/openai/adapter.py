@@ -12,7 +12,7 @@ from router.api.openai.parse import parse_chat, parse_completion
 from router.api.openai.render import ResponseBuilder, chat_deltas, chat_message
 from router.chat.images.parts import user_image_parts
 from router.chat.images.placement import NO_IMAGES, PromptImages
-from router.chat.output import ChatReader
+from router.chat.output import ChatReader, reply_reader
 from router.text.logprobs import LogprobsRenderer, vllm_prompt_logprobs
 
 if TYPE_CHECKING:
@@ -142,7 +142,7 @@ class OpenAIReply:
         req = self._req
         if req.kind != "chat" or req.n > 1:
             return None
-        return ChatReader(req.tool_family, req.starts_in_reasoning)
+        return reply_reader(req, self._tokenizer)
 
 
 def _stream_parts(reader: ChatReader | None, text: str, done: bool) -> list:

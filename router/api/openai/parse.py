@@ -59,8 +59,10 @@ def parse_chat(
     )
     return replace(
         req,
-        sampling=enforce_tool_choice(req.sampling, tools, prompt.tool_family),
+        sampling=enforce_tool_choice(req.sampling, tools, prompt, tokenizer),
         tool_family=prompt.tool_family,
+        dialect=prompt.dialect,
+        tools=tools,
         tool_grammar=required_call_schema(tools),
         starts_in_reasoning=prompt.starts_in_reasoning,
         images=prompt.images,

@@ -22,7 +22,7 @@ from router.api.responses.render import now, response_object, status_of, usage_j
 from router.api.responses.stream import ItemStream
 from router.chat.images.parts import message_image_parts, user_image_parts
 from router.chat.images.placement import NO_IMAGES, PromptImages
-from router.chat.output import ChatReader
+from router.chat.output import reply_reader
 
 if TYPE_CHECKING:
     from router.api.adapter import ChoiceText, StreamEvent
@@ -70,7 +70,7 @@ class ResponsesReply:
         self._tokenizer = tokenizer
         self._store = store
         self._created_at = now()
-        self._reader = ChatReader(req.tool_family, req.starts_in_reasoning)
+        self._reader = reply_reader(req, tokenizer)
         self._items = ItemStream(req.context.parallel_tool_calls)
         self._last: Piece | None = None
 

@@ -28,7 +28,8 @@ async def model(request: web.Request) -> web.Response:
 def _model_json(app: web.Application, served: ServedModel) -> dict:
     """OpenAI's model object, plus what vLLM and OpenRouter add: the context length, and the
     kinds of input the model takes (`input_modalities`, OpenRouter's name: "image" when the
-    model has a vision tower whose images we place; docs/api.md, "Images")."""
+    model has a vision tower whose images we place; docs/api.md, "Images"), and its dialect:
+    the tool-call and reasoning formats the router reads in its replies."""
     tokenizer = served.tokenizer
     modalities = ["text", "image"] if tokenizer.vision is not None else ["text"]
     return {
@@ -40,7 +41,14 @@ def _model_json(app: web.Application, served: ServedModel) -> dict:
         "aliases": list(served.spec.aliases),
         "healthy_workers": len(app[app_keys.CLUSTER].registry.healthy(served.id)),
         "input_modalities": modalities,
+        "dialect": _dialect(served),
     }
+
+
+def _dialect(served: ServedModel) -> dict | None:
+    """How the model writes tool calls and reasoning (router/chat/dialects; docs/api.md)."""
+    dialect = served.tokenizer.dialect
+    return None if dialect is None else dialect.describe()
 
 
 async def health(request: web.Request) -> web.Response:
@@ -78,6 +86,7 @@ async def cluster(request: web.Request) -> web.Response:
     return web.json_response(
         {
             "models": app[app_keys.MODELS].ids,
+            "dialects": {m.id: _dialect(m) for m in app[app_keys.MODELS]},
             "policy": app[app_keys.CONFIG].policy,
             "pending_requests": _pending(app),
             "workers": workers,

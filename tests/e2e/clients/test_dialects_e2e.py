@@ -1,0 +1,262 @@
+"""Every dialect end to end: real router and worker processes (launch-cluster), one tiny
+checkpoint per family carrying the family's real chat template and special tokens, whose greedy
+reply is that family's real markup (tests/support/dialect_models.py), read back with the openai
+and anthropic SDKs, plain and streamed, on chat, Responses and Anthropic Messages.
+
+Each checkpoint answers two prompt lengths: at AUTO a reply with reasoning (where the family
+has it), content and one call; at REQUIRED exactly one call in the format the router's grammar
+for `tool_choice: "required"` writes (it is constrained to it; the greedy reply agrees).
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from dataclasses import dataclass
+
+import anthropic
+import openai
+import pytest
+
+from tests.support.dialect_families import FAMILIES
+from tests.support.dialect_models import build_dialect_model, pad_to_length
+from tests.support.launched import launch_cluster, wait_for_models
+
+pytestmark = pytest.mark.slow
+
+AUTO, REQUIRED = 1500, 2600
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}},
+            "required": ["city"],
+        },
+    },
+}
+ASK = [{"role": "user", "content": "weather in paris?"}]
+ARGS = '{"city": "Paris"}'
+CALL = ("get_weather", {"city": "Paris"})
+
+
+@dataclass(frozen=True)
+class Case:
+    reply: str  # AUTO's reply, its end token included
+    required: str  # REQUIRED's reply: the call as the grammar writes it, end token included
+    reasoning: str = ""  # what reasoning_content must be (stripped)
+    content: str = "Let me check."  # what content must be (stripped)
+
+
+def _hermes(end: str, think: bool = False) -> Case:
+    call = f'<tool_call>\n{{"name": "get_weather", "arguments": {ARGS}}}\n</tool_call>'
+    head = "<think>\nThe user wants the weather.\n</think>\n\n" if think else ""
+    return Case(f"{head}Let me check.\n{call}{end}", call + end,
+                "The user wants the weather." if think else "")  # fmt: skip
+
+
+_QWEN_CODER = (
+    "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n</function>\n"
+    "</tool_call>"
+)
+_GLM = "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n</tool_call>"
+_KIMI = (
+    "<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0"
+    f"<|tool_call_argument_begin|>{ARGS}<|tool_call_end|><|tool_calls_section_end|>"
+)
+_MINIMAX = (
+    '<minimax:tool_call>\n<invoke name="get_weather">\n<parameter name="city">Paris</parameter>\n'
+    "</invoke>\n</minimax:tool_call>"
+)
+_DS31 = (
+    f"<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{ARGS}"
+    "<｜tool▁call▁end｜><｜tool▁calls▁end｜>"
+)
+_DS3 = (
+    "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n"
+    f"{ARGS}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>"
+)
+_HARMONY_CALL = f"<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{ARGS}"
+_PYTHONIC = '<|tool_call_start|>[get_weather(city="Paris")]<|tool_call_end|>'
+_GEMMA4 = '<|tool_call>call:get_weather{city:<|"|>Paris<|"|>}<tool_call|>'
+THOUGHT = "The user wants the weather."
+
+CASES: dict[str, Case] = {
+    "qwen25": _hermes("<|im_end|>"),
+    "qwen3": _hermes("<|im_end|>", think=True),
+    "qwen3_coder": Case(f"Let me check.\n{_QWEN_CODER}<|im_end|>", _QWEN_CODER + "<|im_end|>"),
+    "glm45": Case(f"<think>{THOUGHT}</think>\nLet me check.\n{_GLM}<|observation|>",
+                  _GLM + "<|observation|>", THOUGHT),
+    # the template opened <think>: the reply starts inside it; required closes it at once
+    "glm47": Case(f"{THOUGHT}</think>Let me check.\n{_GLM}<|observation|>",
+                  f"</think>{_GLM}<|observation|>", THOUGHT),
+    "kimi_k2": Case(f"Let me check.{_KIMI}<|im_end|>", _KIMI + "<|im_end|>"),
+    "kimi_k2_thinking": Case(f"<think>{THOUGHT}</think>Let me check.{_KIMI}<|im_end|>",
+                             _KIMI + "<|im_end|>", THOUGHT),
+    "minimax_m2": Case(f"{THOUGHT}\n</think>\n\nLet me check.\n{_MINIMAX}[e~[",
+                       f"</think>{_MINIMAX}[e~[", THOUGHT),
+    "deepseek_v31": Case(f"Let me check.{_DS31}<｜end▁of▁sentence｜>", _DS31 + "<｜end▁of▁sentence｜>"),
+    "deepseek_r1": Case(f"<think>\n{THOUGHT}\n</think>\n\nLet me check.{_DS3}<｜end▁of▁sentence｜>",
+                        _DS3 + "<｜end▁of▁sentence｜>", THOUGHT),
+    "gpt_oss": Case(
+        f"<|channel|>analysis<|message|>{THOUGHT}<|end|><|start|>assistant<|channel|>commentary"
+        f"<|message|>Let me check.<|end|><|start|>assistant{_HARMONY_CALL}<|call|>",
+        _HARMONY_CALL + "<|call|>", THOUGHT),
+    "lfm2": Case(f"Let me check.{_PYTHONIC}<|im_end|>", _PYTHONIC + "<|im_end|>"),
+    "gemma4": Case(f"Let me check.{_GEMMA4}<turn|>", _GEMMA4 + "<turn|>"),
+    "mistral_nemo": Case(
+        f'[TOOL_CALLS][{{"name": "get_weather", "arguments": {ARGS}}}]</s>',
+        f'[{{"name": "get_weather", "arguments": {ARGS}}}]</s>', content=""),
+    "magistral": Case(f"[THINK]{THOUGHT}[/THINK]Let me check.[TOOL_CALLS]get_weather[ARGS]{ARGS}</s>",
+                      f"[TOOL_CALLS]get_weather[ARGS]{ARGS}</s>", THOUGHT),
+    "llama31": Case(f'{{"name": "get_weather", "parameters": {ARGS}}}<|eot_id|>',
+                    f'{{"name": "get_weather", "parameters": {ARGS}}}<|eot_id|>', content=""),
+    "laguna": Case(f"Let me check.\n{_GLM}〈|EOS|〉", _GLM + "〈|EOS|〉"),
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory):
+    work = tmp_path_factory.mktemp("dialects")
+    lines = []
+    for name, case in CASES.items():
+        path = build_dialect_model(
+            work / name, FAMILIES[name], {AUTO: case.reply, REQUIRED: case.required}
+        )
+        lines.append(f'[[models]]\npath = "{path}"\nid = "{name}"\n')
+    config = work / "fleet.toml"
+    config.write_text("".join(lines))
+    args = ["--config", str(config), "--workers", "1", "--kv-memory", "32MiB"]
+    with launch_cluster(args, work) as (base, _):
+        wait_for_models(base, dict.fromkeys(CASES, 1), timeout=600)
+        yield base
+
+
+def _count(base: str, model: str, tools: list[dict], choice: str):
+    def count(messages: list[dict]) -> int:
+        body = {"model": model, "messages": messages, "tools": tools, "tool_choice": choice}
+        body = json.dumps(body).encode()
+        request = urllib.request.Request(
+            f"{base}/tokenize", body, {"content-type": "application/json"}
+        )
+        with urllib.request.urlopen(request, timeout=30) as r:
+            return json.loads(r.read())["count"]
+
+    return count
+
+
+def _padded(base: str, model: str, length: int, choice: str = "auto") -> list[dict]:
+    """The question padded to `length` prompt tokens (the tool choice may change the prompt:
+    DeepSeek's tool prompt says a call is required)."""
+    return pad_to_length(_count(base, model, [WEATHER], choice), ASK, length)
+
+
+def _check(case: Case, reasoning: str, content: str, calls: list[tuple[str, dict]]) -> None:
+    assert calls == [CALL]
+    assert content.strip() == case.content
+    assert reasoning.strip() == case.reasoning
+
+
+@pytest.fixture(params=list(CASES))
+def family(request):
+    return request.param
+
+
+def test_chat(fleet, family):
+    case = CASES[family]
+    api = openai.OpenAI(base_url=f"{fleet}/v1", api_key="none", max_retries=0, timeout=60)
+    messages = _padded(fleet, family, AUTO)
+    reply = api.chat.completions.create(model=family, messages=messages, tools=[WEATHER],
+                                        max_tokens=200, temperature=0)  # fmt: skip
+    choice = reply.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    calls = [(c.function.name, json.loads(c.function.arguments)) for c in choice.message.tool_calls]
+    reasoning = getattr(choice.message, "reasoning_content", None) or ""
+    _check(case, reasoning, choice.message.content or "", calls)
+
+    stream = api.chat.completions.create(model=family, messages=messages, tools=[WEATHER],
+                                         max_tokens=200, temperature=0, stream=True)  # fmt: skip
+    content = reasoning = ""
+    streamed: dict[int, dict] = {}
+    finish = None
+    for chunk in stream:
+        if not chunk.choices:
+            continue
+        delta = chunk.choices[0].delta
+        content += delta.content or ""
+        reasoning += getattr(delta, "reasoning_content", None) or ""
+        for call in delta.tool_calls or ():
+            entry = streamed.setdefault(call.index, {"name": "", "arguments": ""})
+            entry["name"] += call.function.name or ""
+            entry["arguments"] += call.function.arguments or ""
+        finish = chunk.choices[0].finish_reason or finish
+    assert finish == "tool_calls"
+    calls = [(c["name"], json.loads(c["arguments"])) for c in streamed.values()]
+    _check(case, reasoning, content, calls)
+
+
+def test_required_tool_choice_gives_a_call_the_dialect_reads(fleet, family):
+    api = openai.OpenAI(base_url=f"{fleet}/v1", api_key="none", max_retries=0, timeout=60)
+    messages = _padded(fleet, family, REQUIRED, "required")
+    reply = api.chat.completions.create(model=family, messages=messages, tools=[WEATHER],
+                                        tool_choice="required", max_tokens=200, temperature=0)  # fmt: skip
+    choice = reply.choices[0]
+    calls = [
+        (c.function.name, json.loads(c.function.arguments)) for c in choice.message.tool_calls or ()
+    ]
+    assert calls == [CALL], choice.message
+    assert not (choice.message.content or "").strip()
+
+
+def test_responses(fleet, family):
+    case = CASES[family]
+    api = openai.OpenAI(base_url=f"{fleet}/v1", api_key="none", max_retries=0, timeout=60)
+    messages = _padded(fleet, family, AUTO)
+    tool = {"type": "function", **WEATHER["function"]}
+    for stream in (False, True):
+        kwargs = {"model": family, "input": messages, "tools": [tool], "max_output_tokens": 200,
+                  "temperature": 0, "store": False}  # fmt: skip
+        if stream:
+            events = list(api.responses.create(**kwargs, stream=True))
+            done = [e for e in events if e.type == "response.completed"]
+            response = done[0].response
+            text_deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+            assert text_deltas.strip() == case.content
+        else:
+            response = api.responses.create(**kwargs)
+        items = response.output
+        calls = [(i.name, json.loads(i.arguments)) for i in items if i.type == "function_call"]
+        reasoning = "".join(
+            c.text for i in items if i.type == "reasoning" for c in (i.content or ())
+        )
+        content = "".join(
+            c.text
+            for i in items
+            if i.type == "message"
+            for c in i.content
+            if c.type == "output_text"
+        )
+        _check(case, reasoning, content, calls)
+
+
+def test_anthropic_messages(fleet, family):
+    case = CASES[family]
+    client = anthropic.Anthropic(base_url=fleet, api_key="none", max_retries=0, timeout=60)
+    messages = _padded(fleet, family, AUTO)
+    fn = WEATHER["function"]
+    tool = {"name": fn["name"], "description": fn["description"], "input_schema": fn["parameters"]}
+    kwargs = {"model": family, "messages": messages, "tools": [tool], "max_tokens": 200,
+              "extra_body": {"temperature": 0}}  # fmt: skip
+    whole = client.messages.create(**kwargs)
+    with client.messages.stream(**kwargs) as stream:
+        text = "".join(stream.text_stream)
+        streamed = stream.get_final_message()
+    assert text.strip() == case.content
+    for message in (whole, streamed):
+        assert message.stop_reason == "tool_use"
+        calls = [(b.name, b.input) for b in message.content if b.type == "tool_use"]
+        reasoning = "".join(b.thinking for b in message.content if b.type == "thinking")
+        content = "".join(b.text for b in message.content if b.type == "text")
+        _check(case, reasoning, content, calls)
