@@ -69,13 +69,14 @@ class ChatReader:
             reads_calls = tools is not None
         self._strip = strip or (lambda text: text)
         self._harmony = None
-        self._reasoning = self._tools = None
+        self._reasoning = self._tools = self._layout = None
         if dialect.harmony:
             declared = frozenset(tools.names) if tools is not None else None
             self._harmony = HarmonyReader(declared)
             self._harmony_calls = 0
         else:
             self._reasoning = _ReasoningSplit(dialect.reasoning, starts_in_reasoning)
+            self._layout = _Dropper(dialect.layout) if dialect.layout else None
             fmt = dialect.call_format
             if reads_calls and fmt is not None:
                 self._tools = _ToolReader(fmt, None if any_name else tools)
@@ -103,6 +104,10 @@ class ChatReader:
 
     def _route(self, parts: list[tuple[str, str]], final: bool) -> list[ReplyEvent]:
         events = []
+        if self._layout is not None:
+            parts = [(k, self._layout.feed(t) if k == "content" else t) for k, t in parts]
+            if final:
+                parts.append(("content", self._layout.finish()))
         for kind, text in parts:
             if kind == "reasoning":
                 events.append(ReplyEvent("reasoning", text))
@@ -161,6 +166,26 @@ def held_suffix(text: str, marker: str) -> int:
         if text.endswith(marker[:n]):
             return n
     return 0
+
+
+class _Dropper:
+    """Content with the dialect's layout markers cut out (held while one may be arriving)."""
+
+    def __init__(self, markers: tuple[str, ...]):
+        self._markers = markers
+        self._held = ""
+
+    def feed(self, text: str) -> str:
+        buffer, self._held = self._held + text, ""
+        for marker in self._markers:
+            buffer = buffer.replace(marker, "")
+        hold = max(held_suffix(buffer, m) for m in self._markers)
+        self._held = buffer[len(buffer) - hold :] if hold else ""
+        return buffer[: len(buffer) - hold]
+
+    def finish(self) -> str:
+        held, self._held = self._held, ""
+        return held
 
 
 class _ReasoningSplit:

@@ -60,6 +60,8 @@ class Dialect:
     end_tokens: tuple[str, ...] = ()  # the tokens that end a turn, when the template's own
     # probe would get them wrong (harmony: <|return|> and <|call|>, never <|end|>)
     arguments_as_json: bool = False  # history's call arguments go to the template as JSON text
+    layout: tuple[str, ...] = ()  # markers around the answer that are neither content nor
+    # a call (Kimi K3's <|open|>response<|sep|> ... <|close|>response<|sep|>): dropped
     detected: bool = True  # False: the operator named it
 
     @property
@@ -110,6 +112,7 @@ _TEMPLATE_RULES: tuple[tuple[tuple[str, ...], str], ...] = (
 _XTML = ("<|open|>", "<|close|>", "<|sep|>", "<|end_of_msg|>")
 # turn ends the template probe gets wrong: harmony closes each message with <|end|> and the
 # turn with <|return|> or <|call|>; XTML closes every element with <|close|>
+_XTML_LAYOUT = ("<|open|>response<|sep|>", "<|close|>response<|sep|>", "<|close|>message<|sep|>")
 _END_TOKENS = {HARMONY: ("<|return|>", "<|call|>"), "kimi_k3": ("<|end_of_msg|>",)}
 
 
@@ -166,5 +169,6 @@ def detect_dialect(
         native_tools=bool(_MENTIONS_TOOLS.search(template)),
         tool_prompt=tool_prompt,
         end_tokens=_END_TOKENS.get(tools, ()),
+        layout=_XTML_LAYOUT if reasoning.name == "xtml" else (),
         detected=tool_parser is None and reasoning_parser is None,
     )
