@@ -1,9 +1,9 @@
 #!/usr/bin/env python
 """Which mlx-lm architectures the worker serves: every config of the architecture zoo
-(tests/support/arch_zoo), built with random weights and loaded into the worker's engine as a
-worker loads a model (`tests.support.engine_fixtures.make_engine`, which runs the load-time
-checks), then three prompts (5, 23 and 41 tokens) decoded together, greedy, 6 tokens each,
-and compared with mlx-lm's own `generate_step`.
+(tests/support/arch_zoo), built with random weights, saved as a model directory and loaded
+as a worker loads one (`Engine.from_path`: mlx-lm's loader, the load-time checks, the vision
+side where the config has one), then three prompts (5, 23 and 41 tokens) decoded together,
+greedy, 6 tokens each, and compared with mlx-lm's own `generate_step`.
 
 Each architecture gets a status:
   served   the engine's tokens equal mlx-lm's for all three prompts
@@ -78,37 +78,51 @@ def compare(got: list[list[int]], expected: list[list[int]]) -> str:
 
 
 def check(name: str) -> dict:
-    """Build `name`, load it into an engine, decode, compare: this process's one result."""
-    from tests.support.arch_zoo import ARCHITECTURES, build, cache_kinds, is_recurrent
-    from tests.support.engine_fixtures import make_engine, reference_greedy
-    from worker.runner.model_support import UnsupportedModel
+    """Build `name`, save it as a model directory, load that as a worker does
+    (`Engine.from_path`), decode, compare with mlx-lm's own load of the same directory (a
+    loader's `sanitize` may change weights: baichuan_m1 normalizes its head): one result."""
+    import tempfile
+
+    from tests.support.arch_zoo import build, cache_kinds, is_recurrent
 
     model = build(name)
-    kinds = sorted(set(cache_kinds(model)))
-    base = {"cache": kinds, "recurrent": is_recurrent(model)}
+    base = {"cache": sorted(set(cache_kinds(model))), "recurrent": is_recurrent(model)}
+    with tempfile.TemporaryDirectory(prefix=f"matrix-{name}-") as directory:
+        return {**base, **check_directory(name, Path(directory) / name)}
+
+
+def check_directory(name: str, directory: Path) -> dict:
+    from mlx_lm import load
+
+    from tests.support.arch_zoo import ARCHITECTURES
+    from tests.support.arch_zoo.saved import save
+    from tests.support.engine_fixtures import load_engine, reference_greedy
+    from worker.runner.model_support import UnsupportedModel
+
     try:
-        engine = make_engine(model)
+        engine = load_engine(save(name, directory))
     except UnsupportedModel as exc:
-        return {**base, "status": "refused", "detail": " ".join(str(exc).split())}
+        return {"status": "refused", "detail": " ".join(str(exc).split())}
     except Exception as exc:
-        return {**base, "status": "crash", "detail": f"at load: {one_line(exc)}"}
+        return {"status": "crash", "detail": f"at load: {one_line(exc)}"}
     batch = prompts(ARCHITECTURES[name].get("vocab_size", 128))
     try:
         got, errors = decode_batched(engine, batch)
-        expected = [reference_greedy(model, p, MAX_TOKENS) for p in batch]
+        reference = load(str(directory))[0]
+        expected = [reference_greedy(reference, p, MAX_TOKENS) for p in batch]
     except Exception as exc:
-        return {**base, "status": "crash", "detail": f"at run: {one_line(exc)}"}
+        return {"status": "crash", "detail": f"at run: {one_line(exc)}"}
     if errors:
         rid, error = sorted(errors.items())[0]
         detail = f"at run: request {rid} ended in error: {' '.join(error.split())}"
-        return {**base, "status": "crash", "detail": detail}
+        return {"status": "crash", "detail": detail}
     if got != expected:
-        return {**base, "status": "wrong", "detail": compare(got, expected)}
+        return {"status": "wrong", "detail": compare(got, expected)}
     detail = (
         f"prompts of {'/'.join(map(str, PROMPT_LENGTHS))} tokens batched, {MAX_TOKENS} greedy "
         "tokens each = mlx-lm generate_step"
     )
-    return {**base, "status": "served", "detail": detail}
+    return {"status": "served", "detail": detail}
 
 
 def run_child(name: str) -> None:

@@ -76,16 +76,28 @@ def reference_greedy(model, prompt: list[int], max_tokens: int) -> list[int]:
     return out
 
 
-def make_engine(model, grammars=None, **overrides) -> Engine:
+def _config(**overrides) -> EngineConfig:
     config = dict(
         block_size=8, num_blocks=256, prefill_chunk=64, step_token_budget=256, warmup=False
     )
-    config.update(overrides)
-    engine = Engine.create(model, EngineConfig(**config), max_context=512, grammars=grammars)
+    return EngineConfig(**{**config, **overrides})
+
+
+def _priced(engine: Engine) -> Engine:
     # the default model's prices: the tiny model's steps take the kinds the default model's
     # would (its own weight pass costs next to nothing, so it would never fold)
     engine.scheduler.costs = REFERENCE_COSTS
     return engine
+
+
+def make_engine(model, grammars=None, **overrides) -> Engine:
+    """An engine over an in-memory model (`Engine.create`)."""
+    return _priced(Engine.create(model, _config(**overrides), max_context=512, grammars=grammars))
+
+
+def load_engine(model_dir, **overrides) -> Engine:
+    """An engine over a model directory, loaded as a worker loads it (`Engine.from_path`)."""
+    return _priced(Engine.from_path(model_dir, _config(**overrides)))
 
 
 def run_to_completion(engine: Engine, max_steps: int = 10_000) -> dict[str, list[int]]:

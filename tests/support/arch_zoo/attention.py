@@ -91,7 +91,10 @@ LOCAL_ATTENTION = {
     "cohere2": dense("cohere2", num_hidden_layers=4, sliding_window=WINDOW,
                      sliding_window_pattern=2, layer_norm_eps=1e-5),
     "exaone4": dense("exaone4", num_hidden_layers=4, sliding_window=WINDOW,
-                     sliding_window_pattern="LLGL", rope_scaling=None),
+                     sliding_window_pattern="LLGL", rope_scaling=None,
+                     # as EXAONE 4's own configs do: transformers reads the pattern only as an
+                     # int, so without these its tokenizer load fails on the config
+                     layer_types=[SLIDING, SLIDING, FULL, SLIDING]),
     "gemma3_text": dense("gemma3_text", num_hidden_layers=4, sliding_window=WINDOW,
                          sliding_window_pattern=2),
     "gemma3": wrapped("gemma3", dense("gemma3_text", num_hidden_layers=4, sliding_window=WINDOW,

@@ -18,7 +18,7 @@ HYBRID = {
                    time_step_rank=8),
     "mamba2": dense("mamba2", num_heads=8, head_dim=16, state_size=16, layer_norm_epsilon=1e-5,
                     conv_kernel=3, n_groups=2, use_bias=False, use_conv_bias=True,
-                    tie_word_embeddings=True, time_step_limit=(0.01, 10), time_step_rank="auto"),
+                    tie_word_embeddings=True, time_step_limit=(0.01, 10.0), time_step_rank="auto"),
     "falcon_h1": dense("falcon_h1", **MAMBA, mamba_d_ssm=64, mamba_chunk_size=16),
     "jamba": cfg("jamba", DENSE, EXPERTS, num_hidden_layers=4, attn_layer_offset=1,
                  attn_layer_period=2, expert_layer_offset=1, expert_layer_period=2,

@@ -100,7 +100,10 @@ LOCAL_ATTENTION = {
                                             layer_types=[SLIDING, FULL], sliding_window=WINDOW,
                                             final_logit_softcapping=20.0, output_multiplier=0.2,
                                             moe_hidden_size=32, num_shared_experts=0,
-                                            mlp_layer_types=["sparse", "sparse"])),
+                                            mlp_layer_types=["sparse", "sparse"]))
+                  # transformers checks, on the tokenizer's load, that the audio encoder fits
+                  # the text (mlx-lm reads no audio_config; a vision_config would build a tower)
+                  | {"audio_config": {"out_hidden_size": 64}},
     "deepseek_v41": moe("deepseek_v41", head_dim=16, q_lora_rank=16, qk_rope_head_dim=8,
                         o_groups=2, o_lora_rank=16, sliding_window=WINDOW, index_n_heads=2,
                         index_head_dim=16, index_topk=4, hc_mult=2, candidate_topk_blocks=4),

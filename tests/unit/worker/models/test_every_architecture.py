@@ -1,6 +1,8 @@
 """Every architecture the installed mlx-lm builds (tiny random weights, `tests.support.arch_zoo`),
-except the hybrid recurrent ones (test_hybrid_state.py), is served over the paged KV with
-greedy output equal to mlx-lm's own `generate_step`, or refused at load in one sentence.
+except the hybrid recurrent ones (test_hybrid_state.py), saved as a model directory and loaded
+as a worker loads it (`Engine.from_path`), is served over the paged KV with greedy output equal
+to mlx-lm's own `generate_step` on mlx-lm's load of that directory, or refused at load in one
+sentence.
 
 One engine per architecture covers: prompts of different lengths decoded together, each
 longer than the zoo's 8-token sliding windows; chunked prefill (16-token chunks); a radix
@@ -12,10 +14,12 @@ pool too small for their batch.
 from __future__ import annotations
 
 import pytest
+from mlx_lm import load
 
 from shared.sampling import SamplingParams
-from tests.support.arch_zoo import ARCHITECTURES, RECURRENT, build, runs_here
-from tests.support.engine_fixtures import make_engine, reference_greedy
+from tests.support.arch_zoo import ARCHITECTURES, RECURRENT, runs_here
+from tests.support.arch_zoo.saved import save
+from tests.support.engine_fixtures import load_engine, reference_greedy
 from worker.runner.model_support import UnsupportedModel
 
 # refused at load, and the one sentence that says why
@@ -33,6 +37,12 @@ REFUSED = {
 CANDIDATES = sorted(a for a in ARCHITECTURES if a not in RECURRENT and runs_here(a))
 SERVED = [a for a in CANDIDATES if a not in REFUSED]
 MAX_TOKENS = 5
+
+
+def _loaded(arch: str, directory, **overrides):
+    """(the engine a worker would open on `arch` saved to `directory`, mlx-lm's own model)"""
+    path = save(arch, directory / arch)
+    return load_engine(path, **overrides), load(str(path))[0]
 
 
 def _prompt(length: int, salt: int) -> list[int]:
@@ -55,9 +65,8 @@ def _run(engine, requests: dict[str, tuple[list[int], int]]):
 
 
 @pytest.mark.parametrize("arch", SERVED)
-def test_served_with_greedy_output_equal_to_mlx_lm(arch):
-    model = build(arch)
-    engine = make_engine(model, prefill_chunk=16, step_token_budget=48)
+def test_served_with_greedy_output_equal_to_mlx_lm(arch, tmp_path):
+    engine, model = _loaded(arch, tmp_path, prefill_chunk=16, step_token_budget=48)
     prompts = {"a": _prompt(5, 0), "b": _prompt(23, 1), "c": _prompt(41, 2)}
     expected = {rid: reference_greedy(model, p, MAX_TOKENS) for rid, p in prompts.items()}
     tokens, _ = _run(engine, {rid: (p, 1) for rid, p in prompts.items()})
@@ -73,9 +82,9 @@ def test_served_with_greedy_output_equal_to_mlx_lm(arch):
 
 
 @pytest.mark.parametrize("arch", sorted(REFUSED))
-def test_refused_at_load_in_one_sentence(arch):
+def test_refused_at_load_in_one_sentence(arch, tmp_path):
     with pytest.raises(UnsupportedModel, match=REFUSED[arch]) as refused:
-        make_engine(build(arch))
+        load_engine(save(arch, tmp_path / arch))
     assert "\n" not in str(refused.value)
     assert f"{arch!r}" in str(refused.value) or "model type" in str(refused.value)
 
@@ -88,11 +97,10 @@ def test_the_sweep_covers_every_runnable_architecture():
 
 
 @pytest.mark.parametrize("arch", ["gpt_oss", "gemma3_text", "deepseek_v3", "gemma2", "gemma3n"])
-def test_preempted_and_resumed_sequences_match_mlx_lm(arch):
-    model = build(arch)
+def test_preempted_and_resumed_sequences_match_mlx_lm(arch, tmp_path):
     # 12 blocks; models with window pages take a unit per block and per page: 14 units
     units = {"gpt_oss": 14, "gemma3_text": 14, "gemma3n": 14}.get(arch, 12)
-    engine = make_engine(model, num_blocks=units, max_running=6, prefill_chunk=16)
+    engine, model = _loaded(arch, tmp_path, num_blocks=units, max_running=6, prefill_chunk=16)
     prompts = {f"p{i}": _prompt(17 + 6 * i, i) for i in range(5)}
     expected = {rid: reference_greedy(model, p, MAX_TOKENS) for rid, p in prompts.items()}
     tokens, _ = _run(engine, {rid: (p, 1) for rid, p in prompts.items()})
