@@ -56,18 +56,25 @@ def _json_arguments(call: dict) -> dict:
 
 def probe_arguments(dialect: Dialect, tokenizer: ModelTokenizer) -> Dialect:
     """`dialect` with `arguments_as_json` set when the template prints arguments as given."""
-    call = {"id": "call_0", "type": "function",
-            "function": {"name": "probe", "arguments": {_PROBE_KEY: 1}}}  # fmt: skip
-    turns = [
-        {"role": "user", "content": "hi"},
-        {"role": "assistant", "content": "", "tool_calls": [call]},
-        {"role": "tool", "tool_call_id": "call_0", "name": "probe", "content": "1"},
-    ]
-    try:
-        text = tokenizer.render_chat(turns, add_generation_prompt=True)
-    except Exception:  # DeepSeek's templates join the arguments to strings: JSON text
-        return replace(dialect, arguments_as_json=True)
-    return replace(dialect, arguments_as_json=f"{{'{_PROBE_KEY}'" in text)
+    def render(arguments) -> str | None:
+        call = {"id": "a1b2c3d4e", "type": "function",  # 9 characters: Mistral's rule
+                "function": {"name": "probe", "arguments": arguments}}  # fmt: skip
+        turns = [
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": "", "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "a1b2c3d4e", "name": "probe", "content": "1"},
+            {"role": "assistant", "content": "ok"},  # Mistral's: an answer after results
+            {"role": "user", "content": "hi"},
+        ]
+        try:
+            return tokenizer.render_chat(turns, add_generation_prompt=True)
+        except Exception:  # a template's raise_exception, or a dict joined to a string
+            return None
+
+    as_dict = render({_PROBE_KEY: 1})
+    if as_dict is None:  # DeepSeek's templates join the arguments to strings: JSON text
+        return replace(dialect, arguments_as_json=render(f'{{"{_PROBE_KEY}": 1}}') is not None)
+    return replace(dialect, arguments_as_json=f"{{'{_PROBE_KEY}'" in as_dict)
 
 
 def family_tool_prompt(kind: str, messages: list[dict], tools: ToolSet) -> list[dict]:

@@ -93,8 +93,9 @@ def build_chat_prompt(
     dialect = dialect_of(tokenizer)
     has_tool_turns = any("tool_calls" in m or m["role"] == "tool" for m in messages)
     messages = history_for(dialect, messages)
-    if dialect.tool_prompt is not None and tools is not None:
-        messages = family_tool_prompt(dialect.tool_prompt, messages, tools)
+    if dialect.tool_prompt is not None:  # the template renders calls and results itself
+        if tools is not None:
+            messages = family_tool_prompt(dialect.tool_prompt, messages, tools)
     elif not dialect.native_tools and (tools is not None or has_tool_turns):
         messages = fallback_messages(messages, tools)
     schemas = list(tools.functions) if tools is not None and dialect.native_tools else None

@@ -73,9 +73,10 @@ def _function_tool(tool, i: int) -> dict:
         parameters = {"type": "object", "properties": {}}
     if not isinstance(parameters, dict):
         raise bad_request(f"{param}.function.parameters must be a JSON schema object", param)
-    clean = {"name": name, "parameters": parameters}
+    clean = {"name": name}  # OpenAI's order: templates print it as it is
     if description:
         clean["description"] = description
+    clean["parameters"] = parameters
     return {"type": "function", "function": clean}
 
 

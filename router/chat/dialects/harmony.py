@@ -46,12 +46,13 @@ class HarmonyReader:
         out: list[tuple[str, object]] = []
         while buffer:
             if self._message is None:
-                i = buffer.find(MESSAGE)
+                header = (self._header or "") + buffer
+                i = header.find(MESSAGE)
                 if i < 0:
-                    self._header = (self._header or "") + buffer
+                    self._header = header
                     return out
-                self._open((self._header or "") + buffer[:i])
-                buffer = buffer[i + len(MESSAGE) :]
+                self._open(header[:i])
+                buffer = header[i + len(MESSAGE) :]
                 continue
             i = buffer.find(END)
             if i < 0:

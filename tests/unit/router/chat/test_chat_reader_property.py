@@ -27,6 +27,24 @@ FRAGMENTS = {
         '[{"name": "f", "arguments": {"a": 1}}]', "[TOOL_CALLS]", "[TOOL", "[", "]", "{",
         "prose ", " ", *THINK,
     ],
+    "qwen3_coder": [
+        "<tool_call>\n<function=f>\n<parameter=a>\n1\n</parameter>\n</function>\n</tool_call>",
+        "<tool_call>", "</tool_call>", "<function=", "<tool", "prose ", "\n", *THINK,
+    ],
+    "kimi_k2": [
+        "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>",
+        '<|tool_call_begin|>functions.f:0<|tool_call_argument_begin|>{"a": 1}<|tool_call_end|>',
+        "<|tool_call_end|>", "<|tool_calls", "prose ", *THINK,
+    ],
+    "deepseek_v31": [
+        "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>", "<｜tool▁call▁begin｜>f<｜tool▁sep｜>",
+        '{"a": 1}', "<｜tool▁call▁end｜>", "<｜tool", "prose ", *THINK,
+    ],
+    "harmony": [
+        "<|channel|>analysis<|message|>", "<|channel|>final<|message|>", "<|end|>",
+        "<|start|>assistant", "<|channel|>commentary to=functions.f <|constrain|>json<|message|>",
+        '{"a": 1}', "<|mess", "<|e", "prose ",
+    ],
 }  # fmt: skip
 
 
