@@ -77,12 +77,35 @@ def window_tail(pool: BlockPool, partial: PartialHit | None) -> PartialHit | Non
 
 
 def release_windows(pool: BlockPool, seq: Sequence) -> None:
-    """Mutates: `seq`'s blocks behind every window of its next query give their window
-    pages up as spare (kept for hits until taken back); a block others hold waits."""
+    """Mutates: `seq` is past its blocks behind every window of its next query; those every
+    holder is past give their window pages up as spare (kept for hits until taken back)."""
     pages = pool.pages
     if pages is not None and seq.block_ids:
         end = min(pages.out_of_window(seq.num_computed), len(seq.block_ids))
         seq.window_released = pages.release(seq.block_ids, seq.window_released, end, pool.ref_count)
+
+
+def fork_windows(pool: BlockPool, parent: Sequence, child: Sequence) -> None:
+    """Mutates: `child`, holding `parent`'s blocks now, is past what its parent is past (its
+    queries come after the parent's), so those blocks stay released."""
+    child.window_released = parent.window_released
+    if pool.pages is not None:
+        pool.pages.join(child.block_ids[: child.window_released])
+
+
+def leave_windows(pool: BlockPool, seq: Sequence) -> None:
+    """Mutates: `seq` let go of its blocks (the pool's decref done); those every holder left
+    is past are released."""
+    if pool.pages is not None:
+        pool.pages.leave(seq.block_ids, seq.window_released, pool.ref_count)
+    seq.window_released = 0
+
+
+def settle_windows(pool: BlockPool, block_ids: list[int]) -> None:
+    """Mutates: a hit given up (not admitted) had kept pages from being spare: those of
+    `block_ids` that every holder is past are spare again."""
+    if pool.pages is not None:
+        pool.pages.settle(block_ids, pool.ref_count)
 
 
 def from_disk(sched: Scheduler, prompt: list[int], match: MatchResult) -> MatchResult:

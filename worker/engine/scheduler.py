@@ -223,6 +223,7 @@ class Scheduler:
             if not fits or not self.make_room(need):
                 self.cache.unlock(match.node)
                 self.pool.decref(match.block_ids + ([partial.block_id] if partial else []))
+                admission.settle_windows(self.pool, match.block_ids)
                 self.waiting.appendleft(seq)
                 break
             self._start(seq, match, need, partial)
@@ -275,6 +276,7 @@ class Scheduler:
             child = parent.fork(choice)
             self.states.fork(parent, child)
             self.pool.incref(child.block_ids)
+            admission.fork_windows(self.pool, parent, child)
             if partial_tail:
                 child.block_ids[-1] = self.pool.copy_on_write(child.block_ids[-1])
             if child.lock_node is not None:
@@ -342,6 +344,7 @@ class Scheduler:
             self.cache.unlock(seq.lock_node)
             seq.lock_node = None
         self.pool.decref(seq.block_ids)
+        admission.leave_windows(self.pool, seq)
         seq.block_ids = []
 
     def drop(self, seq: Sequence) -> None:

@@ -9,11 +9,14 @@ model has full-attention layers) drawn from one free list:
 - a block's own unit holds its full-attention layers;
 - the window layers, in sub-groups of that many layers, hold a block's tokens in *pages*: one
   unit per sub-group, taken when the block is allocated (its tokens are about to be written);
-- once every query its sequence will run is past a block (held by that sequence alone), the
-  block's pages become *spare*: their content stays, so a later prompt can still hit it, and
-  they are the first units taken back when the free list runs dry (least recently spared
-  first); a cached block no sequence holds keeps its pages spare; a freed block gives back
-  its unit and its pages.
+- once every sequence holding a block is past it (no query any of them will run can see it:
+  a shared system prompt is released when its last reader moves on), the block's pages become
+  *spare*: their content stays, so a later prompt can still hit it, and they are the first
+  units taken back when the free list runs dry (least recently spared first); a cached block
+  no sequence holds keeps its pages spare; a freed block gives back its unit and its pages.
+  `past[block]` counts the holders past it; a holder that lets go of a block it was past (it
+  finished, or was preempted) takes itself off the count, and a fork is past what its parent
+  is.
 
 Memory follows the load, as vLLM's hybrid allocator does with its per-group block tables over
 one page pool: short contexts spend units on pages, long ones on blocks. A prefix hit needs
@@ -45,6 +48,7 @@ class WindowPages:
         self._free = free  # the pool's free list of units, shared
         self.page_of = [[-1] * num_units for _ in range(groups)]  # per sub-group: block -> unit
         self.is_page = [False] * num_units
+        self.past = [0] * num_units  # per block: how many of its holders are past it
         self._spare: OrderedDict[int, None] = OrderedDict()  # blocks, least recently spared first
         self.units_held = 0  # units holding pages (spare ones included)
         self.released = 0  # blocks whose pages went spare while their sequence ran (cumulative)
@@ -128,14 +132,33 @@ class WindowPages:
     def release(
         self, block_ids: Sequence[int], start: int, end: int, refs: Callable[[int], int]
     ) -> int:
-        """Mutates: pages of `block_ids[start:end]` that only this sequence holds become
-        spare; returns the first block not released (a shared one waits for its holders)."""
-        for i in range(start, end):
-            block = block_ids[i]
-            if refs(block) > 1:
-                return i
-            self.spare(block, released=True)
+        """Mutates: a sequence holding `block_ids`, past its first `start` already, is past
+        `block_ids[:end]` now; each block every holder is past gets spare pages. Returns how
+        many leading blocks the sequence is past (its next `start`)."""
+        for block in block_ids[start:end]:
+            self.past[block] += 1
+        self.settle(block_ids[start:end], refs)
         return max(start, end)
+
+    def join(self, block_ids: Sequence[int]) -> None:
+        """Mutates: a new holder of `block_ids` (a fork) is past them, as its parent is."""
+        for block in block_ids:
+            self.past[block] += 1
+
+    def leave(self, block_ids: Sequence[int], past: int, refs: Callable[[int], int]) -> None:
+        """Mutates: a holder of `block_ids`, past the first `past`, has let go of them (after
+        the pool's decref); a block whose remaining holders are all past it (this one may
+        have been the last not past it) gets spare pages."""
+        for block in block_ids[:past]:
+            self.past[block] -= 1
+        self.settle(block_ids, refs)
+
+    def settle(self, block_ids: Sequence[int], refs: Callable[[int], int]) -> None:
+        """Mutates: the held blocks of `block_ids` that every holder is past get spare pages
+        (a block no one holds was spared or taken back by the pool already)."""
+        for block in block_ids:
+            if 0 < refs(block) <= self.past[block]:
+                self.spare(block, released=True)
 
     def check(self, refs: Sequence[int], cached: Sequence[bool]) -> None:
         """Raise IntegrityError unless every page unit belongs to one live block."""
@@ -147,6 +170,10 @@ class WindowPages:
         for block in range(len(refs)):
             if self.page_of[0][block] >= 0 and refs[block] == 0 and not cached[block]:
                 raise IntegrityError(f"free block {block} still holds window pages")
+            if not 0 <= self.past[block] <= refs[block]:
+                raise IntegrityError(
+                    f"block {block}: {self.past[block]} holders past it, {refs[block]} holders"
+                )
 
 
 def layer_storage(
