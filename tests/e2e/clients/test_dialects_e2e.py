@@ -278,3 +278,19 @@ def test_anthropic_messages(fleet, family):
         reasoning = "".join(b.thinking for b in message.content if b.type == "thinking")
         content = "".join(b.text for b in message.content if b.type == "text")
         _check(case, reasoning, content, calls)
+
+
+def test_each_model_shows_its_dialect(fleet):
+    from tests.support.launched import get_json
+
+    shown = get_json(f"{fleet}/v1/models/gpt_oss")["dialect"]
+    assert shown["tool_call_parser"] == "harmony" and shown["reasoning_parser"] == "harmony"
+    assert shown["detected"] is True
+    dialects = get_json(f"{fleet}/v1/cluster")["dialects"]
+    assert set(dialects) == set(CASES)
+    assert dialects["qwen3_coder"]["tool_call_parser_source"] == "mlx-lm"
+    assert dialects["deepseek_v31"]["template_renders_tools"] is False
+    listed = {
+        m["id"]: m["dialect"]["tool_call_parser"] for m in get_json(f"{fleet}/v1/models")["data"]
+    }
+    assert listed["magistral"] == "mistral" and listed["lfm2"] == "pythonic"
