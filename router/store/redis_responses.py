@@ -23,7 +23,8 @@ ORDER, SIZES, TOTAL = (f"{PREFIX}responses:{name}" for name in ("order", "sizes"
 ENTRY = f"{PREFIX}response:"  # + the response id
 
 # KEYS: order, sizes, total. ARGV: entry prefix, then (drop) ids / (keep) id, body, now, ttl,
-# max count, max bytes.
+# max count, max bytes. The total is a cache of the sizes' sum: when it drifts (it says more
+# than the entries hold), keeping an entry counts it again instead of failing for good.
 DROP = """
 local function drop(id)
   local size = tonumber(redis.call('HGET', KEYS[2], id) or '0')
@@ -49,7 +50,17 @@ redis.call('HSET', KEYS[2], id, #body)
 redis.call('INCRBY', KEYS[3], #body)
 while redis.call('ZCARD', KEYS[1]) > max_count
     or tonumber(redis.call('GET', KEYS[3]) or '0') > max_bytes do
-  drop(redis.call('ZRANGE', KEYS[1], 0, 0)[1])
+  local oldest = redis.call('ZRANGE', KEYS[1], 0, 0)[1]
+  if oldest == id then
+    -- only the new entry is left, yet the total is over: it drifted (a key lost to an
+    -- eviction or a FLUSH, a write from an older router). Count it again from the sizes.
+    local total = 0
+    for _, size in ipairs(redis.call('HVALS', KEYS[2])) do total = total + tonumber(size) end
+    redis.call('SET', KEYS[3], total)
+    if total > max_bytes then drop(id) return 0 end
+    break
+  end
+  drop(oldest)
 end
 return 1
 """

@@ -81,3 +81,26 @@ async def test_a_size_of_zero_keeps_nothing(make_store):
     store = await make_store(size=0)
     await store.put(entry(1))
     assert await store.get("resp_1", None) is None and await store.count() == 0
+
+
+async def test_the_redis_byte_total_heals_when_it_drifts(redis_url, clock):
+    """The total is a cache of the sizes' sum: a lost key (an eviction, a FLUSH of some keys)
+    left it over the bound with nothing stored, and every later write failed in the script."""
+    from router.store.redis_client import connect
+    from router.store.redis_responses import ORDER, TOTAL, RedisResponses
+
+    client = connect(redis_url)
+    try:
+        store = RedisResponses(client, 100, 10_000, 3600.0, clock=clock)
+        await store.put(entry(1))
+        await client.delete(ORDER)  # the order set lost; the total still counts resp_1
+        await client.set(TOTAL, 10**9)  # and far over the bound
+        for i in (2, 3):
+            clock.now += 1
+            await store.put(entry(i))
+            assert await store.get(f"resp_{i}", None) is not None
+        assert await store.count() == 2
+        assert 0 < await store.total_bytes() <= 10_000
+    finally:
+        await client.flushdb()
+        await client.aclose()
