@@ -116,9 +116,16 @@ def _bars(ax, rows: list[dict], key: str, title: str, label: str) -> None:
     colours = [OURS if r["ours"] else PEER for r in rows]
     bars = ax.bar(range(len(rows)), values, color=colours, yerr=errors, capsize=4)
     ax.bar_label(bars, [label.format(v) for v in values], padding=2)
-    ax.set_xticks(range(len(rows)), [r["config"] for r in rows])
+    ax.set_xticks(range(len(rows)), [_name(r) for r in rows])
     ax.set_title(title, fontsize=10)
     ax.margins(y=0.15)
+
+
+def _name(row: dict) -> str:
+    """A row's label; a run cut short by the benchmark's window says so (not a result)."""
+    if row.get("requests") and row.get("ok", row["requests"]) < row["requests"]:
+        return f"{row['config']}\n(unfinished: {row['ok']} of {row['requests']})"
+    return row["config"]
 
 
 def _save(fig, path: Path) -> Path:
