@@ -85,25 +85,28 @@ def release_windows(pool: BlockPool, seq: Sequence) -> None:
         seq.window_released = pages.release(seq.block_ids, seq.window_released, end, pool.ref_count)
 
 
-def fork_windows(pool: BlockPool, parent: Sequence, child: Sequence) -> None:
-    """Mutates: `child`, holding `parent`'s blocks now, is past what its parent is past (its
+def hold_fork(pool: BlockPool, parent: Sequence, child: Sequence) -> None:
+    """Mutates: `child` holds `parent`'s blocks, and is past what its parent is past (its
     queries come after the parent's), so those blocks stay released."""
+    pool.incref(child.block_ids)
     child.window_released = parent.window_released
     if pool.pages is not None:
         pool.pages.join(child.block_ids[: child.window_released])
 
 
-def leave_windows(pool: BlockPool, seq: Sequence) -> None:
-    """Mutates: `seq` let go of its blocks (the pool's decref done); those every holder left
-    is past are released."""
+def let_go(pool: BlockPool, seq: Sequence) -> None:
+    """Mutates: `seq` gives its blocks back; those every holder left is past are released
+    (`seq` may have been the last holder not past a shared block)."""
+    pool.decref(seq.block_ids)
     if pool.pages is not None:
         pool.pages.leave(seq.block_ids, seq.window_released, pool.ref_count)
     seq.window_released = 0
 
 
-def settle_windows(pool: BlockPool, block_ids: list[int]) -> None:
-    """Mutates: a hit given up (not admitted) had kept pages from being spare: those of
-    `block_ids` that every holder is past are spare again."""
+def give_up_hit(pool: BlockPool, block_ids: list[int], partial: PartialHit | None) -> None:
+    """Mutates: a hit not admitted gives its blocks (and its partial tail's) back; the pages
+    it kept from going spare (`window_hit`) go spare again where every holder is past them."""
+    pool.decref(block_ids + ([partial.block_id] if partial else []))
     if pool.pages is not None:
         pool.pages.settle(block_ids, pool.ref_count)
 

@@ -222,8 +222,7 @@ class Scheduler:
             fits = fits_whole_prompt(seq, len(match.block_ids), self.running, self.pool, room)
             if not fits or not self.make_room(need):
                 self.cache.unlock(match.node)
-                self.pool.decref(match.block_ids + ([partial.block_id] if partial else []))
-                admission.settle_windows(self.pool, match.block_ids)
+                admission.give_up_hit(self.pool, match.block_ids, partial)
                 self.waiting.appendleft(seq)
                 break
             self._start(seq, match, need, partial)
@@ -275,8 +274,7 @@ class Scheduler:
         for choice in range(1, parent.forks + 1):
             child = parent.fork(choice)
             self.states.fork(parent, child)
-            self.pool.incref(child.block_ids)
-            admission.fork_windows(self.pool, parent, child)
+            admission.hold_fork(self.pool, parent, child)
             if partial_tail:
                 child.block_ids[-1] = self.pool.copy_on_write(child.block_ids[-1])
             if child.lock_node is not None:
@@ -343,8 +341,7 @@ class Scheduler:
         if seq.lock_node is not None:
             self.cache.unlock(seq.lock_node)
             seq.lock_node = None
-        self.pool.decref(seq.block_ids)
-        admission.leave_windows(self.pool, seq)
+        admission.let_go(self.pool, seq)
         seq.block_ids = []
 
     def drop(self, seq: Sequence) -> None:
