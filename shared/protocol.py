@@ -20,6 +20,9 @@ from shared.kv_events import (
     StateSnapshotsDropped,
     StateSnapshotsStored,
 )
+from shared.kv_events import KVEvents as KVEvents  # the messages of the KV channel
+from shared.kv_events import KVInventory as KVInventory
+from shared.kv_events import SendInventory as SendInventory
 from shared.sampling import SamplingParams
 from shared.wire import Codec
 from shared.wire import ProtocolError as ProtocolError  # raised by decode
@@ -210,33 +213,6 @@ class TokenDelta:
     prompt_top_logprobs: tuple[TopLogprobs, ...] | None = None  # with prompt_logprobs > 0
 
 
-@dataclass(frozen=True, slots=True)
-class KVEvents:
-    """Prefix-cache changes, in the order they happened."""
-
-    worker_id: str
-    events: tuple[KVEvent, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class KVInventory:
-    """Every block a worker holds (its prefix cache's full blocks and its disk tier's), sent
-    after each accepted Register so that a router that restarted or joined a running fleet
-    knows what the worker caches. One snapshot travels as `parts` messages (`part` 0, 1, ...)
-    sent back to back on the socket that carries the worker's KVEvents to that router, so
-    events emitted before the snapshot arrive before it and later ones after it; the router
-    replaces what it knew of the worker once the last part has come. `windowless`: those
-    blocks whose sliding-window pages were taken back (as BlockWindowsDropped says);
-    `snapshots`: a hybrid model's blocks with a snapshot of the states (StateSnapshotsStored)."""
-
-    worker_id: str
-    block_hashes: tuple[int, ...]
-    windowless: tuple[int, ...] = ()
-    part: int = 0
-    parts: int = 1
-    snapshots: tuple[int, ...] = ()
-
-
 # ---------------------------------------------------------------- router -> worker
 
 
@@ -325,6 +301,7 @@ Message = (
     | Abort
     | Shutdown
     | ReRegister
+    | SendInventory
 )
 
 # Tags are the wire contract: never renumber, only add.
@@ -339,6 +316,7 @@ MESSAGE_TYPES: dict[int, type] = {
     12: Abort,
     13: Shutdown,
     14: ReRegister,
+    15: SendInventory,
 }
 KV_EVENT_TYPES: dict[int, type] = {
     1: BlockStored, 2: BlockRemoved, 3: AllBlocksCleared, 4: BlockWindowsDropped,

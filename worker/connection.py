@@ -8,11 +8,13 @@ through an inproc PUSH/PULL pair and reads what arrives from a queue, as (this l
 Sends to the router never block: with the router gone (restarting, or one of several that
 died), frames queue up to ZeroMQ's high-water mark and the rest are dropped (counted), so
 neither this thread nor the engine thread behind it stalls. Nothing is lost that matters: a
-router that comes back asks the worker to register again and gets its inventory.
+router that comes back asks the worker to register again and gets its inventory, and one that
+sees a KV event number skipped asks for the inventory (SendInventory).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import queue
 import threading
@@ -22,6 +24,8 @@ from collections.abc import Callable
 import zmq
 
 from shared.protocol import (
+    KVEvents,
+    KVInventory,
     Message,
     ProtocolError,
     Register,
@@ -69,6 +73,8 @@ class RouterConnection:
         self._thread = threading.Thread(target=self._run, name="worker-link", daemon=True)
         self._heartbeat_interval = 1.0
         self._next_register = 0.0
+        self._kv_seq = 0  # the number of the last KVEvents queued on this link
+        self._kv_lock = threading.Lock()  # numbering and queueing in one order
 
     # ---- engine-thread side ------------------------------------------------------------
 
@@ -76,13 +82,24 @@ class RouterConnection:
         self._thread.start()
 
     def send(self, msg: Message) -> None:
-        """Queue `msg` for the router (callable from any thread but the link's own)."""
+        """Queue `msg` for the router (callable from any thread but the link's own). KVEvents
+        are numbered on this link (`KVEvents.seq`) and an inventory says after which one it
+        was taken, so that the router sees a frame lost on the way and asks again."""
         push = getattr(self._push_local, "socket", None)
         if push is None:
             push = self._push_local.socket = self._ctx.socket(zmq.PUSH)
             push.setsockopt(zmq.LINGER, 0)
             push.connect(self._out_addr)
-        push.send(encode(msg))
+        if not isinstance(msg, KVEvents | KVInventory):
+            push.send(encode(msg))
+            return
+        with self._kv_lock:
+            if isinstance(msg, KVEvents):
+                self._kv_seq += 1
+                msg = dataclasses.replace(msg, seq=self._kv_seq)
+            else:
+                msg = dataclasses.replace(msg, last_seq=self._kv_seq)
+            push.send(encode(msg))
 
     def stop(self) -> None:
         self._stop.set()

@@ -24,6 +24,7 @@ from shared.protocol import (
     Message,
     Register,
     RegisterAck,
+    SendInventory,
     Shutdown,
     TokenDelta,
     Usage,
@@ -178,6 +179,9 @@ class WorkerLoop:
             self._send_inventory(link)
             if self.peer is not None:
                 self.peer.set_peers(self.routers.peers(link, msg.peers))
+        elif isinstance(msg, SendInventory):  # the router lost some of our KV events
+            log.warning("the router at %s asked for the inventory: %s", link.endpoint, msg.reason)
+            self._send_inventory(link)
         else:
             log.warning("ignored an unexpected %s from the router", type(msg).__name__)
 

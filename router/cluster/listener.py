@@ -18,6 +18,7 @@ from shared.protocol import (
     Register,
     RegisterAck,
     ReRegister,
+    SendInventory,
     TokenDelta,
 )
 
@@ -26,6 +27,8 @@ if TYPE_CHECKING:
     from router.metrics.router_metrics import Metrics
 
 log = logging.getLogger(__name__)
+
+INVENTORY_RETRY_S = 5.0  # an inventory asked for and not in by then is asked for again
 
 
 class Cluster:
@@ -67,20 +70,44 @@ class Cluster:
         elif isinstance(msg, Heartbeat):
             self._heartbeat(worker, msg)
         elif isinstance(msg, KVEvents):
-            index = self._model_of(worker).index
-            for event in msg.events:
-                index.apply(worker.worker_id, event)
+            self._events(worker, msg)
         elif isinstance(msg, KVInventory):
             self._inventory(worker, msg)
         else:
             log.warning("dropped %s: not a worker-to-router message", type(msg).__name__)
 
+    def _events(self, worker: WorkerState, msg: KVEvents) -> None:
+        """Apply a worker's KV events; a number skipped (a frame lost on the way) asks for
+        its inventory, which replaces what the index knows of it once it is in."""
+        if msg.seq and worker.kv_seq is not None and msg.seq != worker.kv_seq + 1:
+            worker.kv_gaps += 1
+            self._ask_inventory(worker, f"KV events after {worker.kv_seq} up to {msg.seq} lost")
+        elif msg.seq and self._inventory_overdue(worker):  # the one asked for was lost too
+            self._ask_inventory(worker, "the inventory asked for did not come")
+        worker.kv_seq = msg.seq or worker.kv_seq
+        index = self._model_of(worker).index
+        for event in msg.events:
+            index.apply(worker.worker_id, event)
+
+    def _inventory_overdue(self, worker: WorkerState) -> bool:
+        asked = worker.inventory_asked_at
+        return asked is not None and self._clock() - asked > INVENTORY_RETRY_S
+
+    def _ask_inventory(self, worker: WorkerState, why: str) -> None:
+        if worker.inventory_asked_at is None:
+            log.warning("worker %s: %s; asking for its inventory", worker.worker_id, why)
+        worker.inventory_asked_at = self._clock()
+        self._send(worker.identity, SendInventory(why))
+
     def _inventory(self, worker: WorkerState, msg: KVInventory) -> None:
-        """One part of what a (re-)registered worker holds; the last replaces its entries."""
+        """One part of what a (re-)registered worker holds; the last replaces its entries,
+        and events numbered after `last_seq` follow it."""
         index = self._model_of(worker).index
         wid = worker.worker_id
         parts = (msg.part, msg.parts, msg.block_hashes, msg.windowless, msg.snapshots)
         if index.receive_inventory(wid, *parts):
+            worker.kv_seq = msg.last_seq
+            worker.inventory_asked_at = None
             log.info("worker %s holds %d blocks (its inventory, %d part(s))",
                      wid, index.num_blocks(wid), msg.parts)  # fmt: skip
 

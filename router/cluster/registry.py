@@ -48,6 +48,12 @@ class WorkerState:
 
     # the fleet cache: measured link rates to peers (by peer id, the latest heartbeat's)
     links: dict[str, LinkRate] = field(default_factory=dict)
+    # KV events: the number of the last KVEvents applied (None: none numbered yet), when
+    # the router last asked for the inventory after a gap (None: not waiting for one), and
+    # how many gaps it saw
+    kv_seq: int | None = None
+    inventory_asked_at: float | None = None
+    kv_gaps: int = 0
 
     def __post_init__(self):
         self.model = self.model or self.info.model_id

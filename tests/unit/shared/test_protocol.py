@@ -24,6 +24,7 @@ from shared.protocol import (
     Register,
     RegisterAck,
     ReRegister,
+    SendInventory,
     Shutdown,
     TokenDelta,
     Usage,
@@ -65,12 +66,13 @@ EXAMPLES = [
     KVEvents(
         "w1", (BlockStored(2**64 - 1, 0, (1, 2), 2), BlockRemoved((5, 6)), AllBlocksCleared())
     ),
-    KVEvents("w1", (BlockWindowsDropped((7, 2**63)),)),
-    KVInventory("w1", (1, 2**64 - 1, 5), windowless=(5,), part=1, parts=3),
+    KVEvents("w1", (BlockWindowsDropped((7, 2**63)),), seq=12),
+    KVInventory("w1", (1, 2**64 - 1, 5), windowless=(5,), part=1, parts=3, last_seq=11),
     Generate("r1", (1, 2, 3), SamplingParams(temperature=0.7, max_tokens=5, stop_token_ids=(2,))),
     Abort("r1"),
     Shutdown("bye"),
     ReRegister("router restarted"),
+    SendInventory("events 4-6 lost"),
 ]
 
 

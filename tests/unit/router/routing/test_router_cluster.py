@@ -14,7 +14,17 @@ import zmq
 import zmq.asyncio
 
 from router.http import app_keys
-from shared.protocol import PROTOCOL_VERSION
+from shared.hashing import hash_blocks
+from shared.kv_events import BlockRemoved, BlockStored
+from shared.protocol import (
+    PROTOCOL_VERSION,
+    KVEvents,
+    KVInventory,
+    Register,
+    SendInventory,
+    decode,
+    encode,
+)
 from tests.support.paths import ROOT
 
 MODEL = "tiny"
@@ -251,6 +261,76 @@ async def test_an_inventory_restores_a_registered_workers_index(make_cluster):
         assert index.match(chain, ["w9"]) == {"w9": 4}
         state = await (await cluster.client.get("/v1/cluster")).json()
         assert {w["id"]: w["index_blocks"] for w in state["workers"]} == {"w9": 4}
+    finally:
+        sock.close(linger=0)
+        ctx.term()
+
+
+# ---- KV events numbered per link (KVEvents.seq): a number skipped (frames dropped at ZeroMQ's
+# queue limit) asks the worker for its inventory, which puts the index right again
+
+
+CHAIN = hash_blocks(list(range(64)), 8)  # 8 chained blocks
+
+
+def stored(i: int) -> BlockStored:
+    return BlockStored(CHAIN[i], CHAIN[i - 1] if i else 0, (), 8)
+
+
+async def next_request(sock) -> object | None:
+    """The next message the router sends this worker (None within 300 ms)."""
+    return decode(await sock.recv()) if await sock.poll(300) else None
+
+
+async def test_an_event_gap_resyncs_the_index_from_the_inventory(make_cluster):
+    cluster = await make_cluster()
+    index = cluster.app[app_keys.MODELS].default.index
+    ctx = zmq.asyncio.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.connect(cluster.zmq_endpoint)
+    try:
+        await sock.send(encode(Register("w9", "tiny", 8, 100, "host", 1)))
+        assert await sock.poll(5000) and decode(await sock.recv()).accepted
+        await sock.send(encode(KVInventory("w9", tuple(CHAIN[:2]), last_seq=0)))
+        await sock.send(encode(KVEvents("w9", (stored(2),), seq=1)))
+        await sock.send(encode(KVEvents("w9", (stored(3),), seq=2)))
+        await cluster.wait_until(lambda: index.num_blocks("w9") == 4)
+        assert await next_request(sock) is None  # 1, 2: in order, nothing to ask
+
+        # seq 3 is lost on the way: block 3 evicted, block 4 stored
+        await sock.send(encode(KVEvents("w9", (stored(5),), seq=4)))
+        ask = await next_request(sock)
+        assert isinstance(ask, SendInventory) and "lost" in ask.reason
+        await cluster.wait_until(lambda: index.num_blocks("w9") == 5)
+        assert index.match(CHAIN, ["w9"]) == {"w9": 4}  # drifted: it still thinks 3 is there
+
+        held = CHAIN[:3] + CHAIN[4:6]  # what the worker really holds
+        await sock.send(encode(KVInventory("w9", tuple(held), last_seq=4)))
+        await cluster.wait_until(lambda: index.match(CHAIN, ["w9"]) == {"w9": 3})
+        assert index.num_blocks("w9") == 5
+        await sock.send(encode(KVEvents("w9", (BlockRemoved((CHAIN[5],)),), seq=5)))
+        await cluster.wait_until(lambda: index.num_blocks("w9") == 4)
+        assert await next_request(sock) is None  # numbered on from the inventory's 4
+        worker = cluster.app[app_keys.CLUSTER].registry.get("w9")
+        assert worker.kv_gaps == 1 and worker.inventory_asked_at is None
+    finally:
+        sock.close(linger=0)
+        ctx.term()
+
+
+async def test_an_older_worker_sending_unnumbered_events_is_never_asked(make_cluster):
+    cluster = await make_cluster()
+    index = cluster.app[app_keys.MODELS].default.index
+    ctx = zmq.asyncio.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.connect(cluster.zmq_endpoint)
+    try:
+        await sock.send(encode(Register("old", "tiny", 8, 100, "host", 1)))
+        assert await sock.poll(5000) and decode(await sock.recv()).accepted
+        for i in range(3):
+            await sock.send(encode(KVEvents("old", (stored(i),))))  # seq 0 each
+        await cluster.wait_until(lambda: index.num_blocks("old") == 3)
+        assert await next_request(sock) is None
     finally:
         sock.close(linger=0)
         ctx.term()

@@ -18,6 +18,7 @@ from shared.protocol import (
     Register,
     RegisterAck,
     ReRegister,
+    SendInventory,
     TokenDelta,
     decode,
 )
@@ -63,8 +64,8 @@ def accept(router: FakeRouter) -> KVInventory:
     return router.recv_until(KVInventory)
 
 
-def generate(router: FakeRouter, request_id: str) -> TokenDelta:
-    router.send(Generate(request_id, PROMPT, SamplingParams(max_tokens=3)))
+def generate(router: FakeRouter, request_id: str, prompt: tuple[int, ...] = PROMPT) -> TokenDelta:
+    router.send(Generate(request_id, prompt, SamplingParams(max_tokens=3)))
     while True:
         delta = router.recv_until(TokenDelta)
         assert delta.request_id == request_id
@@ -81,6 +82,41 @@ def test_each_registration_is_followed_by_the_inventory(serve):
     router.send(ReRegister("this router restarted"))  # as a restarted router answers
     again = accept(router)
     assert set(again.block_hashes) == set(hash_blocks(list(PROMPT), 8))
+
+
+def numbers(router: FakeRouter, last) -> tuple[list[int], object]:
+    """The `seq` of each KVEvents `router` receives, until a message for which `last` holds."""
+    seqs = []
+    while not last(msg := router.recv()):
+        if isinstance(msg, KVEvents):
+            seqs.append(msg.seq)
+    return seqs, msg
+
+
+def finished(msg) -> bool:
+    return isinstance(msg, TokenDelta) and msg.finish_reason is not None
+
+
+def test_kv_events_are_numbered_per_link_and_an_inventory_is_sent_when_asked(serve):
+    """Each router's link numbers the KVEvents it carries 1, 2, ...; an inventory says the
+    number of the last one before it; SendInventory (a router that saw a number skipped)
+    is answered with the inventory on that link, which holds what the cache holds."""
+    a, b = FakeRouter(), FakeRouter()
+    serve([a, b])
+    accept(a)
+    a.send(Generate("r1", PROMPT, SamplingParams(max_tokens=3)))
+    seqs, _ = numbers(a, finished)
+    a.send(SendInventory("KV events after 0 up to 2 lost"))
+    more, inventory = numbers(a, lambda m: isinstance(m, KVInventory))
+    seqs += more
+    assert seqs == list(range(1, len(seqs) + 1)) and inventory.last_seq == len(seqs) >= 1
+    assert set(inventory.block_hashes) == set(hash_blocks(list(PROMPT), 8))
+    b_inventory = accept(b)  # b's link numbers its own, on from its inventory's number
+    a.send(Generate("r2", tuple(range(40, 60)), SamplingParams(max_tokens=3)))  # new blocks
+    after_a, _ = numbers(a, finished)
+    after_a += numbers(a, lambda m: isinstance(m, Heartbeat))[0]
+    assert after_a[:1] == [inventory.last_seq + 1]
+    assert b.recv_until(KVEvents).seq == b_inventory.last_seq + 1
 
 
 def test_a_worker_serves_two_routers_each_on_its_own_socket(serve):
