@@ -318,6 +318,28 @@ async def test_an_event_gap_resyncs_the_index_from_the_inventory(make_cluster):
         ctx.term()
 
 
+async def test_an_inventory_asked_for_and_lost_is_asked_for_again(make_cluster, monkeypatch):
+    monkeypatch.setattr("router.cluster.listener.INVENTORY_RETRY_S", 0.0)
+    cluster = await make_cluster()
+    ctx = zmq.asyncio.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.connect(cluster.zmq_endpoint)
+    try:
+        await sock.send(encode(Register("w8", "tiny", 8, 100, "host", 1)))
+        assert await sock.poll(5000) and decode(await sock.recv()).accepted
+        await sock.send(encode(KVEvents("w8", (stored(0),), seq=1)))
+        await sock.send(encode(KVEvents("w8", (stored(2),), seq=3)))  # 2 lost
+        assert isinstance(await next_request(sock), SendInventory)
+        await sock.send(encode(KVEvents("w8", (stored(3),), seq=4)))  # no inventory came
+        again = await next_request(sock)
+        assert isinstance(again, SendInventory) and "did not come" in again.reason
+        worker = cluster.app[app_keys.CLUSTER].registry.get("w8")
+        assert worker.kv_gaps == 1
+    finally:
+        sock.close(linger=0)
+        ctx.term()
+
+
 async def test_an_older_worker_sending_unnumbered_events_is_never_asked(make_cluster):
     cluster = await make_cluster()
     index = cluster.app[app_keys.MODELS].default.index
