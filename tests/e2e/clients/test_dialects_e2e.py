@@ -1,6 +1,6 @@
 """Every dialect end to end: real router and worker processes (launch-cluster), one tiny
 checkpoint per family carrying the family's real chat template and special tokens, whose greedy
-reply is that family's real markup (tests/support/dialect_models.py), read back with the openai
+reply is that family's real markup (tests/support/dialects/models.py), read back with the openai
 and anthropic SDKs, plain and streamed, on chat, Responses and Anthropic Messages.
 
 Each checkpoint answers two prompt lengths: at AUTO a reply with reasoning (where the family
@@ -18,8 +18,8 @@ import anthropic
 import openai
 import pytest
 
-from tests.support.dialect_families import FAMILIES
-from tests.support.dialect_models import build_dialect_model, pad_to_length
+from tests.support.dialects.families import FAMILIES
+from tests.support.dialects.models import build_dialect_model, pad_to_length
 from tests.support.launched import launch_cluster, wait_for_models
 
 pytestmark = pytest.mark.slow

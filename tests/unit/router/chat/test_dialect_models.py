@@ -1,4 +1,4 @@
-"""The dialect checkpoints (tests/support/dialect_models.py): the router's tokenizer loads one,
+"""The dialect checkpoints (tests/support/dialects/models.py): the router's tokenizer loads one,
 and the worker's engine and mlx-lm both decode exactly the chosen reply after any prompt of
 the chosen length, whose conversation `pad_to_length` pads to that length."""
 
@@ -12,8 +12,8 @@ import pytest
 from router.text.tokenizer import ModelTokenizer
 from shared.models.loading import load_model
 from shared.sampling import SamplingParams
-from tests.support.dialect_families import FamilySpec
-from tests.support.dialect_models import build_dialect_model, pad_to_length
+from tests.support.dialects.families import FamilySpec
+from tests.support.dialects.models import build_dialect_model, pad_to_length
 from tests.support.engine_fixtures import reference_greedy
 from worker.config import EngineConfig
 from worker.engine.engine import Engine

@@ -7,7 +7,7 @@ import functools
 
 import pytest
 
-from tests.support.dialect_families import FAMILIES, FamilySpec
+from tests.support.dialects.families import FAMILIES, FamilySpec
 
 WEATHER_TOOL = {
     "type": "function",

@@ -19,8 +19,8 @@ from router.chat.tool_grammar import tool_call_grammar
 from router.chat.tools import chat_messages, parse_tools
 from router.text.tokenizer import ModelTokenizer
 from shared.grammar import check_grammar, ll_tokenizer
-from tests.support.dialect_families import FAMILIES
-from tests.support.dialect_models import build_dialect_model
+from tests.support.dialects.families import FAMILIES
+from tests.support.dialects.models import build_dialect_model
 
 WEATHER = {
     "type": "function",

@@ -23,7 +23,7 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-from tests.support.dialect_families import FamilySpec
+from tests.support.dialects.families import FamilySpec
 
 CONTEXT_LENGTH = 4096  # gpt2's n_positions: the longest prompt plus reply a test may use
 VOCAB_SIZE = 400  # the BPE's own tokens (256 bytes + merges), before the added ones

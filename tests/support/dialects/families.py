@@ -2,7 +2,7 @@
 family's real chat template (tests/data/dialects/*.jinja, sources in its README) and the
 special and added tokens its real tokenizer has, with the flags the real one gives them.
 
-tests/support/dialect_models.py builds a tiny checkpoint from a spec; the dialect tests send
+tests/support/dialects/models.py builds a tiny checkpoint from a spec; the dialect tests send
 requests through real processes to it.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-TEMPLATES = Path(__file__).resolve().parents[1] / "data" / "dialects"
+TEMPLATES = Path(__file__).resolve().parents[2] / "data" / "dialects"
 
 
 @dataclass(frozen=True)
