@@ -7,16 +7,12 @@ Two kinds of entries:
   that never gets cached (aborted, evicted at once) stops attracting traffic.
 Block hashes are chained (shared.hashing), so a hash names a whole prefix, not just one block.
 
-Sliding-window models (a worker's `Register.window_blocks` = k > 0): a worker can end a hit
-only where it still holds the window layers' K/V of the k blocks before the end; blocks whose
-window pages it took back (`BlockWindowsDropped`) still count inside a longer match, so a
-match is cut back to the deepest point with the k blocks before it whole, as the worker's
-own scheduler cuts it (worker/engine/admission.py `window_hit`).
-
-Hybrid models (recurrent layers; `Register.state_snapshots`): a worker can end a hit only
-where it keeps a snapshot of the states (`StateSnapshotsStored` / `StateSnapshotsDropped`), so
-a match is cut back to the deepest block with a snapshot, as the worker's scheduler cuts it
-(worker/engine/states.py `cut`).
+A match is then cut to what the worker can serve, by the rule its own admission applies
+(shared/prefix/hit_rule.py), asked about hashes: for sliding-window models (`Register.window_blocks`
+= k > 0) none of the k blocks before the end may have lost its window pages
+(`BlockWindowsDropped`); for hybrid models (`Register.state_snapshots`) the end must have a
+snapshot of the states (`StateSnapshotsStored` / `StateSnapshotsDropped`); both at once where a
+model has both.
 
 Inventories (`receive_inventory`): a worker that registers sends every block it holds, in
 parts; once the last part is in, the worker's confirmed set *is* the inventory. The parts of
@@ -31,6 +27,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable, Sequence
 
+from shared.prefix.hit_rule import HitRule
 from shared.kv_events import (
     AllBlocksCleared,
     BlockRemoved,
@@ -179,21 +176,26 @@ class PrefixIndex:
             for worker_id in still_matching:
                 matched[worker_id] = depth + 1
         for worker_id, depth in matched.items():
-            if self._window_blocks.get(worker_id) and self._windowless.get(worker_id):
-                depth = matched[worker_id] = self._usable(worker_id, block_hashes, depth)
-            snapshots = self._snapshots.get(worker_id)
-            if snapshots is not None:  # the deepest end with a snapshot of the states
-                ends = (e for e in range(depth, 0, -1) if block_hashes[e - 1] in snapshots)
-                matched[worker_id] = next(ends, 0)
+            matched[worker_id] = self._usable(worker_id, block_hashes, depth)
         return matched
 
+    def hit_rule(self, worker_id: str) -> HitRule:
+        """The worker's hit rule (shared/prefix/hit_rule.py), from what it registered."""
+        return HitRule(self._window_blocks.get(worker_id, 0), worker_id in self._snapshots)
+
     def _usable(self, worker_id: str, block_hashes: Sequence[int], depth: int) -> int:
-        """The deepest end <= `depth` with the window blocks before it whole on the worker."""
-        need, windowless = self._window_blocks[worker_id], self._windowless[worker_id]
-        for end in range(depth, 0, -1):
-            if not windowless.intersection(block_hashes[max(0, end - need) : end]):
-                return end
-        return 0
+        """The deepest end <= `depth` the worker can serve as a hit: the rule its own
+        admission applies, asked about hashes."""
+        rule = self.hit_rule(worker_id)
+        if rule.trivial or depth == 0:
+            return depth
+        windowless = self._windowless.get(worker_id, set())
+        snapshots = self._snapshots.get(worker_id, set())
+        return rule.usable(
+            depth,
+            window_gone=lambda i: block_hashes[i] in windowless,
+            snapshot_after=lambda i: block_hashes[i] in snapshots,
+        )
 
     def num_blocks(self, worker_id: str) -> int:
         """Confirmed blocks the index believes `worker_id` holds."""

@@ -1,14 +1,19 @@
 """Admission policy: the questions the scheduler asks before taking a waiting request (they
-mutate nothing; the scheduler acts on the answers), and the sliding-window rules for hits
-and running sequences (`worker.kv.window_pages`)."""
+mutate nothing; the scheduler acts on the answers), the hit every cache kind agrees on
+(`usable_hit`, shared/prefix/hit_rule.py), and the sliding-window rules for running sequences
+(`worker.kv.window_pages`)."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from shared.hashing import hash_blocks
+from shared.prefix.hit_rule import HitRule
+
 if TYPE_CHECKING:
     from worker.engine.scheduler import Scheduler
     from worker.engine.sequence import Sequence
+    from worker.engine.states import States
     from worker.kv.block_pool import BlockPool
     from worker.kv.radix_cache import MatchResult, RadixCache
     from worker.kv.radix_partial import PartialHit
@@ -45,23 +50,35 @@ def shares_pending_prefill(seq: Sequence, end: int, running: list[Sequence]) -> 
     )
 
 
-def window_hit(cache: RadixCache, pool: BlockPool, prompt: list[int]) -> tuple[MatchResult, bool]:
-    """`cache.match_prefix(prompt)` as a hit can use it, and whether a partial tail may extend
-    it. With window layers, a hit needs their pages for the blocks just before its end: the
-    match is cut back to the deepest point where they are all present (a second
-    `match_prefix`); a partial tail then follows only an uncut match. Mutates the tree's LRU
-    (and may split a node), and keeps the pages the hit reads from being taken back."""
+def usable_hit(
+    cache: RadixCache, pool: BlockPool, states: States, prompt: list[int]
+) -> tuple[MatchResult, int, int | None, bool]:
+    """(the prefix match as a hit can use it, the K/V match's length in tokens, the block hash
+    of the snapshot it starts from or None, whether a partial tail may extend it).
+
+    The tree's match is cut to the deepest end every cache kind of the model can serve
+    (shared/prefix/hit_rule.py, the rule the router's index applies too): window layers need their
+    pages for the blocks just before the end, recurrent states a snapshot at it. A partial
+    tail follows only an uncut match. Mutates the tree's LRU (and may split a node), and keeps
+    the pages the hit reads from being taken back."""
+    bs = cache.block_size
     match = cache.match_prefix(prompt)
-    pages = pool.pages
-    if pages is None:
-        return match, True
-    usable = pages.usable_blocks(match.block_ids)
-    cut = usable < len(match.block_ids)
-    if cut:
-        match = cache.match_prefix(prompt[: usable * cache.block_size])
-    for block in match.block_ids[max(0, usable - pages.blocks_before_match) :]:
-        pages.unspare(block)  # read through the new sequence's window: not to be taken back
-    return match, not cut
+    depth, pages = len(match.block_ids), pool.pages
+    rule = HitRule(pages.blocks_before_match if pages is not None else 0, states.active)
+    ids = match.block_ids
+    hashes = hash_blocks(prompt[: depth * bs], bs) if states.active else []
+    end = rule.usable(
+        depth,
+        window_gone=lambda i: pages is not None and not pages.has_page(ids[i]),
+        snapshot_after=lambda i: states.has_snapshot(hashes[i]),
+    )
+    if end < depth:
+        match = cache.match_prefix(prompt[: end * bs])
+    if pages is not None:
+        for block in match.block_ids[max(0, end - pages.blocks_before_match) :]:
+            pages.unspare(block)  # read through the new sequence's window: not to be taken back
+    snapshot = hashes[end - 1] if states.active and end else None
+    return match, depth * bs, snapshot, end == depth
 
 
 def window_tail(pool: BlockPool, partial: PartialHit | None) -> PartialHit | None:
@@ -105,7 +122,7 @@ def let_go(pool: BlockPool, seq: Sequence) -> None:
 
 def give_up_hit(pool: BlockPool, block_ids: list[int], partial: PartialHit | None) -> None:
     """Mutates: a hit not admitted gives its blocks (and its partial tail's) back; the pages
-    it kept from going spare (`window_hit`) go spare again where every holder is past them."""
+    it kept from going spare (`usable_hit`) go spare again where every holder is past them."""
     pool.decref(block_ids + ([partial.block_id] if partial else []))
     if pool.pages is not None:
         pool.pages.settle(block_ids, pool.ref_count)

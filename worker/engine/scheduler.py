@@ -198,9 +198,9 @@ class Scheduler:
             if use_cache and shares_pending_prefill(seq, cached + self.block_size, self.running):
                 deferred.append(seq)  # wait for that prefill, then hit its blocks
                 continue
-            match, tails = admission.window_hit(self.cache, self.pool, prompt)
-            # a hybrid's hit ends where a snapshot of its states is
-            match, kv_tokens, snapshot = self.states.cut(self.cache, prompt, match)
+            # one hit every cache kind agrees on (the router's index predicts the same)
+            hit = admission.usable_hit(self.cache, self.pool, self.states, prompt)
+            match, kv_tokens, snapshot, tails = hit
             tails = tails and not self.states.active
             # hold the match before making room, or the eviction could take it
             self.cache.lock(match.node)

@@ -44,7 +44,6 @@ if TYPE_CHECKING:
     from worker.config import EngineConfig
     from worker.engine.engine import Engine
     from worker.engine.sequence import Sequence
-    from worker.kv.radix_cache import MatchResult, RadixCache
     from worker.runner.model_support import ModelShape
 
 
@@ -59,8 +58,8 @@ class NoStates:
     def room(self, seq: Sequence, running: list[Sequence]) -> bool:
         return True
 
-    def cut(self, cache, prompt, match):
-        return match, match.num_tokens, None
+    def has_snapshot(self, block_hash: int) -> bool:
+        return False
 
     def plan(self, seq: Sequence, start: int, kv_tokens: int) -> None: ...
 
@@ -90,17 +89,9 @@ class SequenceStates:
         choices running sequences have still to fork."""
         return self.pool.room() >= 1 + seq.forks + sum(s.forks for s in running)
 
-    def cut(
-        self, cache: RadixCache, prompt: list[int], match: MatchResult
-    ) -> tuple[MatchResult, int, int | None]:
-        """(the match cut back to its deepest snapshot, the K/V match's length in tokens,
-        that snapshot's block hash or None). Mutates the tree's LRU like `match_prefix`."""
-        bs = self.block_size
-        hashes = hash_blocks(prompt[: match.num_tokens], bs)
-        deepest = self.pool.deepest(hashes)
-        if deepest < len(match.block_ids):
-            match = cache.match_prefix(prompt[: deepest * bs])
-        return match, len(hashes) * bs, hashes[deepest - 1] if deepest else None
+    def has_snapshot(self, block_hash: int) -> bool:
+        """Whether a snapshot of the states after the block `block_hash` ends is kept."""
+        return block_hash in self.pool.snapshots
 
     def plan(self, seq: Sequence, start: int, kv_tokens: int) -> None:
         """Mutates: where `seq`, to be admitted at `start`, takes its snapshots."""
@@ -145,6 +136,7 @@ class SequenceStates:
 
 
 NO_STATES = NoStates()
+States = NoStates | SequenceStates  # what the scheduler holds: `active` says which
 
 
 # ---- at load (worker.engine.startup) ----
