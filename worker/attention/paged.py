@@ -22,7 +22,8 @@ import mlx.core as mx
 
 from shared.config.choices import ATTENTION_BACKENDS
 from worker.attention.metal import kernel as metal_kernel
-from worker.attention.metal import plan as metal_plan
+from worker.attention.metal import plan as metal_planning
+from worker.attention.mlx_ops import gather_attention
 from worker.attention.tiles import prepare_tiles, tiled_attention
 from worker.attention.window import check_window
 
@@ -75,12 +76,30 @@ class AttentionBackend(NamedTuple):
     prepare: Callable[..., dict] = _no_preparation
 
 
+def _metal_checked(queries, k_pool, v_pool, block_tables, context_lengths, *, window=None,
+                   sinks=None, metal_plan=None, **common) -> mx.array:  # fmt: skip
+    """The Metal kernel, where the window and sink variants a call needs passed their
+    start-up self-test on this machine (`metal_plan.VERDICTS`); else that call runs the
+    MLX-ops reference, which serves every window and sink."""
+    verdicts = metal_planning.VERDICTS
+    unchecked = (window is not None and not verdicts.enabled("window")) or (
+        sinks is not None and not verdicts.enabled("sinks")
+    )
+    if unchecked:
+        return gather_attention(queries, k_pool, v_pool, block_tables, context_lengths,
+                                window=window, sinks=sinks, **common)  # fmt: skip
+    return metal_kernel.paged_attention_metal(
+        queries, k_pool, v_pool, block_tables, context_lengths, window=window, sinks=sinks,
+        metal_plan=metal_plan, **common,
+    )  # fmt: skip
+
+
 BACKENDS: dict[str, AttentionBackend] = {
     "metal": AttentionBackend(
         "metal",
-        metal_kernel.paged_attention_metal,
+        _metal_checked,
         metal_kernel.unavailable_reason,
-        metal_plan.prepare,
+        metal_planning.prepare,
     ),
     "mlx": AttentionBackend("mlx", tiled_attention, lambda: None, _prepare_tiles),
 }

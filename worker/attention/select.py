@@ -6,7 +6,9 @@ only where Metal is available and its self-test on this machine passes
 representative decode shape; then every pipeline the worker will use is compiled up front
 (`prewarm`), so no request pays for it. Otherwise MLX ops, and the report says why. With the
 kernel chosen, its split-K and prefix-grouped variants are self-tested too, each on the shape
-it is for, and kept only where they match and beat the plain kernel (`metal_plan.VERDICTS`).
+it is for, and kept only where they match and beat the plain kernel (`metal_plan.VERDICTS`);
+so are its sliding-window and sink variants, which must match: a window or sinks whose
+variant did not pass is served by the MLX-ops reference for those calls (`paged._metal_checked`).
 `--attention-backend metal` insists on the kernel: a kernel that is only slower is used, but
 one that is missing, fails or gives wrong numbers stops the worker with the reason.
 """

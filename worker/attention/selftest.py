@@ -93,14 +93,15 @@ def shared_prefix_batch(
 
 
 def plan_call(
-    backend: AttentionBackend, batch: DecodeBatch, block_size: int
-) -> Callable[[], mx.array]:
+    backend: AttentionBackend, batch: DecodeBatch, block_size: int,
+    window: int | None = None, sinks: mx.array | None = None,
+) -> Callable[[], mx.array]:  # fmt: skip
     plan = AttentionPlan(
         backend, batch.block_tables, batch.lengths, block_size=block_size,
-        host_tables=batch.block_tables.tolist(),
+        host_tables=batch.block_tables.tolist(), window=window,
     )  # fmt: skip
     scale = batch.queries.shape[-1] ** -0.5
-    return lambda: plan(batch.queries, batch.k_pool, batch.v_pool, scale=scale)
+    return lambda: plan(batch.queries, batch.k_pool, batch.v_pool, scale=scale, sinks=sinks)
 
 
 def median_ms(step: Callable[[], mx.array], repeats: int) -> float:
@@ -129,6 +130,9 @@ def self_test(
     inputs: DecodeBatch | None = None,
     candidate_prepare: Callable[..., dict] | None = None,
     baseline: AttentionBackend | None = None,
+    window: int | None = None,
+    sinks: mx.array | None = None,
+    need_faster: bool = True,
 ) -> SelfTestResult:
     """Does `candidate_run` match the MLX-ops reference on a random decode batch (or
     `inputs`), and is it faster there than the reference (or `baseline`)? Never raises for
@@ -139,9 +143,10 @@ def self_test(
     )  # fmt: skip
     extra = {} if candidate_prepare is None else {"prepare": candidate_prepare}
     candidate = plan_call(
-        AttentionBackend("candidate", candidate_run, lambda: None, **extra), inputs, block_size
-    )
-    reference = plan_call(BACKENDS["mlx"], inputs, block_size)
+        AttentionBackend("candidate", candidate_run, lambda: None, **extra), inputs, block_size,
+        window, sinks,
+    )  # fmt: skip
+    reference = plan_call(BACKENDS["mlx"], inputs, block_size, window, sinks)
     want = reference()
     try:
         got = candidate()
@@ -153,6 +158,8 @@ def self_test(
         reason, error = mismatch
         return SelfTestResult(False, reason, None, None, error)
     error = _max_error(got, want)
+    if not need_faster:  # a feature of a kernel already chosen: right is what it must be
+        return SelfTestResult(True, f"matches (max error {error:.2e})", None, None, error)
     if baseline is not None:
         reference = plan_call(baseline, inputs, block_size)
     candidate_ms, reference_ms = median_ms(candidate, repeats), median_ms(reference, repeats)
@@ -245,6 +252,21 @@ VARIANT_BATCHES = {
 }
 
 
+# The window and sink variants, on a decode batch whose rows run past the window (which starts
+# mid-block) and on one with a sink per head (large ones too: their logit dominates).
+FEATURE_BATCHES = {
+    "window": lambda **kw: (
+        random_decode_batch(batch=4, context=520, **kw),
+        3 * kw["block_size"] + 5,
+    ),
+    "sinks": lambda **kw: (random_decode_batch(batch=4, context=300, seed=1, **kw), None),
+}
+
+
+def sinks_of(num_heads: int) -> mx.array:
+    return mx.array([[0.5, -1.0, 3.0, 12.0, -30.0, 0.0][h % 6] for h in range(num_heads)])
+
+
 def forced(variant: str) -> Callable[..., dict]:
     """A "metal" preparation that runs `variant` wherever it applies."""
     return lambda **kw: {"metal_plan": metal_plan.plan_forward(only=variant, **kw)}
@@ -255,8 +277,10 @@ def verify_metal_variants(
     quantize: Quantizer | None = None,
 ) -> dict[str, SelfTestResult]:  # fmt: skip
     """Self-test split-K and prefix-grouped on the shape each is for: each must match the
-    MLX-ops reference and beat the plain kernel there; record the verdicts (`metal_plan.
-    VERDICTS`), so a forward uses a variant only where it passed on this machine."""
+    MLX-ops reference and beat the plain kernel there; and the window and sink variants
+    (`FEATURE_BATCHES`), which must match it. Record the verdicts (`metal_plan.VERDICTS`), so
+    a forward uses a variant only where it passed on this machine (a window or sinks that did
+    not pass: those calls run the MLX-ops reference, `paged._metal_checked`)."""
     plain = AttentionBackend("the plain kernel", metal_kernel.paged_attention_metal,
                              lambda: None, forced("plain"))  # fmt: skip
     results = {}
@@ -273,4 +297,18 @@ def verify_metal_variants(
                 repeats=repeats, inputs=inputs, candidate_prepare=forced(variant), baseline=plain,
             )  # fmt: skip
         metal_plan.VERDICTS.record(variant, results[variant].ok, results[variant].reason)
+    for feature, make in FEATURE_BATCHES.items():
+        missing = metal_kernel.metal_reason()
+        if missing is not None:
+            results[feature] = SelfTestResult(False, missing, None, None, None)
+        else:
+            inputs, window = make(block_size=block_size, dtype=dtype, num_heads=num_heads,
+                                  num_kv_heads=num_kv_heads, head_dim=head_dim, quantize=quantize)  # fmt: skip
+            sinks = sinks_of(num_heads) if feature == "sinks" else None
+            results[feature] = self_test(
+                metal_kernel.paged_attention_metal, block_size=block_size, dtype=dtype,
+                num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
+                inputs=inputs, window=window, sinks=sinks, need_faster=False,
+            )  # fmt: skip
+        metal_plan.VERDICTS.record(feature, results[feature].ok, results[feature].reason)
     return results

@@ -23,6 +23,9 @@ from worker.attention.metal.variants import MAX_GROUPED_QUERIES, GroupedPlan
 from worker.attention.metal.window import window_blocks
 
 VARIANTS = ("plain", "split", "grouped")
+# what a forward may also ask of any variant: a sliding window, attention sinks. Each is
+# self-tested at start-up too; where it did not pass, those calls run the MLX-ops reference
+FEATURES = ("window", "sinks")
 TARGET_THREADGROUPS = 128
 MIN_PART_TOKENS = 256  # a part shorter than this costs more in merging than it wins
 MAX_PARTS = 32
@@ -33,7 +36,8 @@ class _VariantVerdicts:
     """Per variant: None (self-tested here and enabled) or why it is not used."""
 
     def __init__(self):
-        self.reasons = {v: "not self-tested in this process yet" for v in VARIANTS[1:]}
+        untested = "not self-tested in this process yet"
+        self.reasons = {v: untested for v in (*VARIANTS[1:], *FEATURES)}
 
     def record(self, variant: str, ok: bool, reason: str) -> None:
         self.reasons[variant] = None if ok else reason

@@ -188,9 +188,48 @@ def test_start_up_self_test_of_the_variants_records_verdicts(monkeypatch):
     results = selftest.verify_metal_variants(
         block_size=8, dtype=mx.float16, num_heads=4, num_kv_heads=1, head_dim=64, repeats=1
     )
-    assert set(results) == {"split", "grouped"}
+    assert set(results) == {"split", "grouped", "window", "sinks"}
+    for feature in ("window", "sinks"):  # right is all they must be
+        assert results.pop(feature).reason.startswith("matches")
+        assert metal_plan.VERDICTS.enabled(feature)
     for variant, result in results.items():
         assert result.max_error is not None and result.max_error <= selftest.TOLERANCE[mx.float16]
         assert result.reason.startswith("matches" if result.ok else "slower"), result.reason
         assert "the plain kernel" in result.reason
         assert metal_plan.VERDICTS.enabled(variant) is result.ok
+
+
+def test_a_window_or_sinks_variant_that_fails_its_self_test_is_not_used(monkeypatch):
+    """A kernel whose window variant is wrong: the start-up self-test says so, and the metal
+    backend's windowed calls then run the MLX-ops reference (plain calls stay on the kernel)."""
+    from functools import partial
+
+    from worker.attention import selftest
+    from worker.attention.metal import kernel as metal_kernel
+    from worker.attention.paged import BACKENDS
+
+    def broken(*args, window=None, **kw):  # treats every window as twice as wide
+        return partial(paged_attention_metal, kernel_factory=EmulatedKernel)(
+            *args, window=None if window is None else 2 * window, **kw
+        )
+
+    calls = []
+    monkeypatch.setattr(metal_kernel, "metal_reason", lambda: None)
+    monkeypatch.setattr(metal_kernel, "paged_attention_metal",
+                        lambda *a, **kw: calls.append(kw.get("window")) or broken(*a, **kw))  # fmt: skip
+    monkeypatch.setattr(metal_plan, "VERDICTS", metal_plan._VariantVerdicts())
+    monkeypatch.setattr(selftest, "VARIANT_BATCHES", {})
+    results = selftest.verify_metal_variants(
+        block_size=8, dtype=mx.float32, num_heads=4, num_kv_heads=2, head_dim=64, repeats=1
+    )
+    assert not results["window"].ok and "max error" in results["window"].reason
+    assert results["sinks"].ok and metal_plan.VERDICTS.enabled("sinks")
+    assert not metal_plan.VERDICTS.enabled("window")
+    batch = selftest.random_decode_batch(batch=2, context=100, block_size=8, dtype=mx.float32,
+                                         num_heads=4, num_kv_heads=2, head_dim=64)  # fmt: skip
+    calls.clear()
+    got = selftest.plan_call(BACKENDS["metal"], batch, 8, window=21)()
+    want = selftest.plan_call(BACKENDS["mlx"], batch, 8, window=21)()
+    assert calls == [] and mx.allclose(got, want, atol=1e-5)  # the reference served it
+    selftest.plan_call(BACKENDS["metal"], batch, 8)()
+    assert calls == [None]  # a call without a window is still the kernel's
