@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from shared.sampling import SamplingParams
     from worker.runner.sampler import TokenLogprobs
     from worker.tracing import WorkerTracing
+    from worker.vision.encoder import PreparedImages
 
 log = logging.getLogger(__name__)
 
@@ -155,14 +156,25 @@ class Engine:
 
     # ---- requests ----------------------------------------------------------------------
 
+    def prepare_images(
+        self, token_ids: list[int], images: tuple[ImageInput, ...]
+    ) -> PreparedImages | None:
+        """A prompt's `images` decoded and preprocessed, for `add_request(prepared=...)`: host
+        work on no engine state, safe on any thread (the worker loop runs it on its own, so
+        that the engine thread never does it while a step is in flight). InvalidRequest
+        naming the image that is not one."""
+        return self.intake.prepare(token_ids, images)
+
     def add_request(self, request_id: str, token_ids: list[int], sampling: SamplingParams,
-                    n: int = 1, images: tuple[ImageInput, ...] = ()) -> None:  # fmt: skip
+                    n: int = 1, images: tuple[ImageInput, ...] = (),
+                    prepared: PreparedImages | None = None) -> None:  # fmt: skip
         """Queue a request for `n` choices (choice i's deltas carry index i) with its prompt's
-        `images`; raise InvalidRequest (or EngineOverloaded) without side effects."""
+        `images` (`prepared` by `prepare_images`, else prepared here, on this thread); raise
+        InvalidRequest (or EngineOverloaded) without side effects."""
         self.intake.check(request_id, token_ids, sampling, n, self.outputs.is_open, images)
         if len(self.scheduler.waiting) >= self.config.max_waiting:
             raise EngineOverloaded(f"{len(self.scheduler.waiting)} requests are already waiting")
-        seq = self.intake.sequence(request_id, token_ids, sampling, n, images)
+        seq = self.intake.sequence(request_id, token_ids, sampling, n, images, prepared)
         self.outputs.open(request_id, n)
         self.scheduler.add(seq)
 

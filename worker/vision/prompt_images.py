@@ -14,18 +14,18 @@ import numpy as np
 from shared.models.vision import image_positions
 
 if TYPE_CHECKING:
-    from worker.vision.encoder import Pixels, VisionEncoder
+    from worker.vision.encoder import PreparedImages, VisionEncoder
 
 
 class PromptImages:
-    def __init__(self, token_ids: list[int], pixels: Pixels, encoder: VisionEncoder):
+    def __init__(self, token_ids: list[int], prepared: PreparedImages, encoder: VisionEncoder):
         self.token_ids = list(token_ids)
         self.positions = image_positions(token_ids)  # of the image keys, ascending
-        self.pixels, self.encoder = pixels, encoder
+        self.pixels, self.encoder = prepared.pixels, encoder
         self._embeddings: mx.array | None = None
         self.encodings = 0  # times the vision tower ran for this prompt
         # M-RoPE: the prompt's positions (3, prompt length) and the delta of those after it
-        self.rope = encoder.rope_index(token_ids, pixels)
+        self.rope = prepared.rope
 
     def rope_positions(self, start: int, length: int) -> np.ndarray | None:
         """M-RoPE families: positions (3, length) of tokens `start`.. (the prompt's as
