@@ -14,6 +14,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from shared.protocol import (
     Abort,
@@ -38,7 +39,11 @@ from worker.peer.node import PeerNode
 from worker.peer.prefill import PrefillOnly
 from worker.routers import RouterLinks
 from worker.tracing import WorkerTracing
+from worker.vision.preparing import ImagePreparer
 from worker.watchdog import LoopWatchdog
+
+if TYPE_CHECKING:
+    from worker.vision.encoder import PreparedImages
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +89,10 @@ class WorkerLoop:
         self.peer = PeerNode(engine, peers, self._wake) if peers is not None else None
         self.prefill_rate = 0.0  # tokens/s, EWMA over steps that prefilled
         self.prefill_only = PrefillOnly()  # disaggregated prefill requests in flight
+        # image requests are prepared (decoded, preprocessed) on these threads, not this one
+        self.images = ImagePreparer(
+            lambda msg: engine.prepare_images(list(msg.token_ids), msg.images), self._wake
+        )
         register = Register(
             worker_id=worker_id,
             model_id=model_id,
@@ -118,6 +127,8 @@ class WorkerLoop:
         try:
             while not self.stopping.is_set():
                 self._handle_inbound(block=not self.engine.has_work())
+                for msg, prepared in self.images.ready():
+                    self._admit(msg, prepared)
                 if self.peer is not None:
                     for msg in self.peer.turn():
                         self._generate(msg)
@@ -129,6 +140,7 @@ class WorkerLoop:
                 self.watchdog.turned()
         finally:
             self.watchdog.stop()
+            self.images.close()
             self.routers.stop()
             if self.kv_publisher is not None:
                 self.kv_publisher.close()
@@ -186,7 +198,9 @@ class WorkerLoop:
             log.warning("ignored an unexpected %s from the router", type(msg).__name__)
 
     def _abort(self, msg: Abort) -> None:
-        parked = msg.index is None and self.peer is not None and self.peer.abort(msg.request_id)
+        whole = msg.index is None
+        parked = whole and self.peer is not None and self.peer.abort(msg.request_id)
+        parked = parked or (whole and self.images.cancel(msg.request_id))
         if not parked and self.engine.abort(msg.request_id, msg.index) and msg.index is not None:
             self.routers.choice_done(msg.request_id)  # that choice sends no final delta
         if msg.index is None:
@@ -196,19 +210,35 @@ class WorkerLoop:
             self.tracing.aborted(msg.request_id, msg.index)
 
     def _generate(self, msg: Generate) -> None:
+        """Queue `msg` in the engine; one with images once they are prepared (`_admit`)."""
+        if self.images.preparing(msg.request_id):
+            self._refuse(msg, InvalidRequest(f"request {msg.request_id!r} is already running"))
+        elif not msg.images:
+            self._admit(msg, None)
+        else:
+            self.images.submit(msg)
+
+    def _admit(self, msg: Generate, prepared: PreparedImages | InvalidRequest | None) -> None:
+        if isinstance(prepared, InvalidRequest):
+            self._refuse(msg, prepared)
+            return
         sampling, n = msg.sampling, msg.n
         if msg.prefill_only:
             sampling, n = self.prefill_only.start(msg.request_id), 1
+        ids = list(msg.token_ids)
         try:
-            self.engine.add_request(msg.request_id, list(msg.token_ids), sampling, n, msg.images)
+            self.engine.add_request(msg.request_id, ids, sampling, n, msg.images, prepared)
         except (InvalidRequest, EngineOverloaded) as exc:
             self.prefill_only.forget(msg.request_id)
-            usage = Usage(len(msg.token_ids), 0, 0)
-            self.routers.reply(TokenDelta(msg.request_id, (), "error", usage, error=str(exc)))
-            self.routers.forget(msg.request_id)
+            self._refuse(msg, exc)
         else:
             if self.tracing is not None:
                 self.tracing.queued(msg)
+
+    def _refuse(self, msg: Generate, exc: Exception) -> None:
+        usage = Usage(len(msg.token_ids), 0, 0)
+        self.routers.reply(TokenDelta(msg.request_id, (), "error", usage, error=str(exc)))
+        self.routers.forget(msg.request_id)
 
     def _step(self) -> None:
         prefilled, start = self.engine.stats_.prefill_tokens, time.perf_counter()

@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from shared.sampling import SamplingParams
     from worker.runner.sampler import TokenLogprobs
     from worker.tracing import WorkerTracing
+    from worker.vision.encoder import PreparedImages
 
 log = logging.getLogger(__name__)
 
@@ -155,14 +156,25 @@ class Engine:
 
     # ---- requests ----------------------------------------------------------------------
 
+    def prepare_images(
+        self, token_ids: list[int], images: tuple[ImageInput, ...]
+    ) -> PreparedImages | None:
+        """A prompt's `images` decoded and preprocessed, for `add_request(prepared=...)`: host
+        work on no engine state, safe on any thread (the worker loop runs it on its own, so
+        that the engine thread never does it while a step is in flight). InvalidRequest
+        naming the image that is not one."""
+        return self.intake.prepare(token_ids, images)
+
     def add_request(self, request_id: str, token_ids: list[int], sampling: SamplingParams,
-                    n: int = 1, images: tuple[ImageInput, ...] = ()) -> None:  # fmt: skip
+                    n: int = 1, images: tuple[ImageInput, ...] = (),
+                    prepared: PreparedImages | None = None) -> None:  # fmt: skip
         """Queue a request for `n` choices (choice i's deltas carry index i) with its prompt's
-        `images`; raise InvalidRequest (or EngineOverloaded) without side effects."""
+        `images` (`prepared` by `prepare_images`, else prepared here, on this thread); raise
+        InvalidRequest (or EngineOverloaded) without side effects."""
         self.intake.check(request_id, token_ids, sampling, n, self.outputs.is_open, images)
         if len(self.scheduler.waiting) >= self.config.max_waiting:
             raise EngineOverloaded(f"{len(self.scheduler.waiting)} requests are already waiting")
-        seq = self.intake.sequence(request_id, token_ids, sampling, n, images)
+        seq = self.intake.sequence(request_id, token_ids, sampling, n, images, prepared)
         self.outputs.open(request_id, n)
         self.scheduler.add(seq)
 
@@ -269,6 +281,28 @@ class Engine:
 
     def _execute(self, plan: StepPlan) -> list[TokenDelta]:
         """Run the MIXED, DECODE or PREFILL `plan` to completion; its deltas."""
+        failed = self._encode_images(plan)
+        if failed:
+            plan = still_running(plan)
+            if plan.kind is StepKind.IDLE:
+                return failed
+        return failed + self._forward(plan)
+
+    def _encode_images(self, plan: StepPlan) -> list[TokenDelta]:
+        """Run the vision tower, one prompt at a time, for the chunks of `plan` that first
+        reach their images: a prompt whose tower fails ends alone (its deltas), before the
+        forward the others share."""
+        failed: list[TokenDelta] = []
+        for seq, n in plan.prefill:
+            if seq.images is None or not seq.images.needs_encoding(seq.num_computed, n):
+                continue
+            try:
+                seq.images.encode()
+            except Exception as exc:
+                failed += self._fail_step([seq], exc, "the vision tower failed on its images")
+        return failed
+
+    def _forward(self, plan: StepPlan) -> list[TokenDelta]:
         start = time.perf_counter()
         times = self._profile_sample()
         try:
@@ -308,16 +342,19 @@ class Engine:
             deltas.append(self.outputs.advance(seq, toks, lps))
         return deltas
 
-    def _fail_step(self, seqs: list[Sequence], exc: Exception) -> list[TokenDelta]:
-        """End the requests of a failed step with an error (their blocks freed); the others
-        go on. An allocation failure also empties MLX's buffer cache."""
+    def _fail_step(
+        self, seqs: list[Sequence], exc: Exception, what: str = "the model step failed"
+    ) -> list[TokenDelta]:
+        """End the requests of a failed step (or of the part of it that failed: `what`) with
+        an error (their blocks freed); the others go on. An allocation failure also empties
+        MLX's buffer cache."""
         if is_out_of_memory(exc):
             log.error("out of memory in a step of %d sequences: %s", len(seqs), exc)
             clear_cache()
             why = f"{OUT_OF_MEMORY}; retry it (another worker may take it), or ask for less: {exc}"
         else:
-            log.exception("a step failed for %d sequences", len(seqs), exc_info=exc)
-            why = f"the model step failed: {exc}"
+            log.exception("%s for %d sequences", what, len(seqs), exc_info=exc)
+            why = f"{what}: {exc}"
         return self.outputs.fail_all(seqs, why)
 
     def _profile_sample(self) -> LayerTimes | None:

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from worker.config import EngineConfig
     from worker.kv.block_pool import BlockPool
     from worker.runner.grammar import GrammarCompiler
-    from worker.vision.encoder import VisionEncoder
+    from worker.vision.encoder import PreparedImages, VisionEncoder
 
 
 class RequestIntake:
@@ -89,6 +89,17 @@ class RequestIntake:
                 f"the prompt needs more KV memory than this worker has ({usable} blocks)"
             )
 
+    def prepare(
+        self, token_ids: list[int], images: tuple[ImageInput, ...]
+    ) -> PreparedImages | None:
+        """A prompt's images decoded, preprocessed and placed (M-RoPE), or None when there
+        are none to take (`check` says why, if any were given). Host work that reads no
+        engine state and no device array: safe on any thread, and meant for another than the
+        engine's. InvalidRequest naming the image that is not one."""
+        if not images or self.vision is None:
+            return None
+        return self.vision.prepare_prompt(token_ids, images)
+
     def sequence(
         self,
         request_id: str,
@@ -96,15 +107,18 @@ class RequestIntake:
         sampling: SamplingParams,
         n: int,
         images: tuple[ImageInput, ...] = (),
+        prepared: PreparedImages | None = None,
     ) -> Sequence:
         """The sequence of a checked request: its seed, sampling state, drafting state and
-        images (decoded and preprocessed here: InvalidRequest if one is not an image)."""
+        images (`prepared`, else prepared here, on the caller's thread: InvalidRequest if one
+        is not an image)."""
         seed = sampling.seed if sampling.seed is not None else random.getrandbits(63)
         prompt_images = None
         if images and self.vision is not None:
             from worker.vision.prompt_images import PromptImages
 
-            prompt_images = PromptImages(token_ids, self.vision.prepare(images), self.vision)
+            prepared = prepared or self.prepare(token_ids, images)
+            prompt_images = PromptImages(token_ids, prepared, self.vision)
         return Sequence(
             request_id=request_id,
             prompt_len=len(token_ids),

@@ -3,13 +3,17 @@
 model files. The language model stays mlx-lm's, over our paged KV: mlx-vlm's merged input
 embeddings fed to mlx-lm's text backbone give logits equal to mlx-vlm's own language model
 (max difference 0.0 on tiny Gemma 3 and Mistral 3; tests/unit/worker/models/test_vision.py).
-Qwen-VL's language model also needs the image tokens' 3-D positions (`rope_index`, at intake;
+Qwen-VL's language model also needs the image tokens' 3-D positions (`rope_index`, numpy;
 `worker/vision/mrope.py`) and, Qwen3-VL, its deepstack features (`encode`;
 `worker/vision/deepstack.py`).
 
-`encode` calls `get_input_embeddings`, which for Mistral 3 and the Qwen families reads a few
-values on the host (token counts; Qwen-VL its rope index): once per image prompt, at the
-step whose chunk first reaches an image.
+`prepare_prompt` (decoding, the image processor, the rope index) is host work that touches no
+device array: the worker loop runs it on its own threads before it queues the request
+(`worker/vision/preparing.py`), never on the engine thread. `encode` calls
+`get_input_embeddings`, which for Mistral 3 and the Qwen families reads a few values on the
+host (token counts): once per image prompt, on the engine thread, at the step whose chunk first
+reaches an image, when no step is in flight (the engine runs it before that step's forward,
+so a tower that fails fails only its request).
 
 mlx-vlm pulls a lot (datasets, opencv, mlx-audio), so it is the optional `vision` extra;
 without it a vision model is served as text and image requests get a 400 saying so.
@@ -59,9 +63,18 @@ class Pixels:
     extras: dict  # e.g. Pixtral's image_sizes, Qwen-VL's image_grid_thw
 
 
+@dataclass
+class PreparedImages:
+    """A prompt's images made ready before its request is queued: the pixels and, M-RoPE
+    families, the prompt's positions (3, prompt length) and rope delta."""
+
+    pixels: Pixels
+    rope: tuple[np.ndarray, int] | None
+
+
 class VisionEncoder:
-    """Preprocesses a prompt's images (`prepare`, host work, at intake) and computes their
-    embeddings (`encode`, lazily on the device, once per prompt)."""
+    """Preprocesses a prompt's images (`prepare_prompt`, host work, safe on any thread) and
+    computes their embeddings (`encode`, on the device, once per prompt)."""
 
     def __init__(self, model_dir: Path, spec: VisionSpec, embed_tokens: nn.Module, dtype):
         from mlx.utils import tree_flatten
@@ -82,6 +95,12 @@ class VisionEncoder:
                 rotary,
                 sys.modules[type(rotary).__module__].apply_multimodal_rotary_pos_emb,
             )
+            config = self.model.config  # what the rope index needs, as plain ints
+            self._rope_ids = (
+                config.vision_config.spatial_merge_size,
+                config.image_token_id,
+                config.vision_start_token_id,
+            )
         # the language model's own embedding (ours: shared, not loaded twice); its layers
         # are never run here, so they are dropped before anything of them is read
         language.embed_tokens = embed_tokens
@@ -95,6 +114,14 @@ class VisionEncoder:
             self.processor = load_processor(Path(model_dir)).image_processor
         else:
             self.processor = AutoImageProcessor.from_pretrained(str(model_dir))
+
+    def prepare_prompt(
+        self, token_ids: list[int], images: tuple[ImageInput, ...]
+    ) -> PreparedImages:
+        """A prompt's images decoded, preprocessed and (M-RoPE) placed: host work only, no
+        device array read, safe off the engine thread. InvalidRequest as `prepare`."""
+        pixels = self.prepare(images)
+        return PreparedImages(pixels, self.rope_index(token_ids, pixels))
 
     def prepare(self, images: tuple[ImageInput, ...]) -> Pixels:
         """Decode and preprocess; InvalidRequest when an image is not one, or when the token
@@ -135,14 +162,15 @@ class VisionEncoder:
     def rope_index(self, token_ids: list[int], pixels: Pixels) -> tuple[np.ndarray, int] | None:
         """M-RoPE families: the prompt's positions (3, prompt length) and its rope delta
         (a token past the prompt sits at index + delta), by mlx-vlm's `get_rope_index` (index
-        arithmetic on the ids and the image grids, no vision tower); None for the others."""
+        arithmetic on the ids and the image grids, in numpy: `image_rope_index`); None for
+        the others."""
         if self.mrope is None:
             return None
+        from worker.vision.mrope import image_rope_index
+
         _, ids = self._real_ids(token_ids)
-        positions, delta = self.model.language_model.get_rope_index(
-            mx.array(ids[None], dtype=mx.int32), mx.array(pixels.extras["image_grid_thw"])
-        )
-        return np.array(positions[:, 0], dtype=np.int32), int(delta.reshape(-1)[0].item())
+        grids = np.asarray(pixels.extras["image_grid_thw"])
+        return image_rope_index(ids, grids, *self._rope_ids)
 
     def encode(self, token_ids: list[int], pixels: Pixels) -> mx.array:
         """(image tokens, hidden) embeddings, in prompt order, of the prompt's images: rows

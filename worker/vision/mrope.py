@@ -14,6 +14,9 @@ family's rotary embedding (cos and sin made once per forward and dtype, shared b
 and its `apply_multimodal_rotary_pos_emb`. Outside that, the wrapped rope runs as before
 (text-only forwards keep the CPU table path of `worker.runner.model_hooks`). Nothing here is
 CPU-only.
+
+A prompt's positions (`image_rope_index`) are host arithmetic on its ids and image grids, in
+numpy: computed off the engine thread (worker/vision/preparing.py) before the request is queued.
 """
 
 from __future__ import annotations
@@ -101,3 +104,35 @@ def install_mrope(trunk: nn.Module, rotary: nn.Module, apply: Callable) -> int:
         attention.rope = MRoPE(rope, rotary, apply)
         wrapped += 1
     return wrapped
+
+
+def image_rope_index(
+    ids: np.ndarray, grids: np.ndarray, merge: int, image_id: int, vision_start_id: int
+) -> tuple[np.ndarray, int]:
+    """A prompt's M-RoPE positions (3, len(ids)) and rope delta (a token past the prompt sits
+    at index + delta): mlx-vlm's `get_rope_index` for images (Qwen2-VL, Qwen2.5-VL, Qwen3-VL
+    agree there) in numpy, with no device work and no host read of a device array. Each image
+    (`grids[i]`: t, h, w patches) starts where its first image token is; its tokens sit at
+    (t, row, column) from the text before it, and the text after it goes on from their max."""
+    tokens = ids.tolist()
+    images = sum(
+        1
+        for a, b in zip(tokens, tokens[1:], strict=False)
+        if a == vision_start_id and b == image_id
+    )
+    pieces: list[np.ndarray] = []
+    start = 0
+    for i in range(images):
+        end = tokens.index(image_id, start)
+        t, h, w = (int(x) for x in grids[i])
+        h, w = h // merge, w // merge
+        first = int(pieces[-1].max()) + 1 if pieces else 0
+        pieces.append(np.repeat(np.arange(end - start)[None] + first, 3, axis=0))
+        grid = np.indices((t, h, w)).reshape(3, -1)  # (t, row, column) of each image token
+        pieces.append(grid + end - start + first)
+        start = end + t * h * w
+    if start < len(tokens):
+        first = int(pieces[-1].max()) + 1 if pieces else 0
+        pieces.append(np.repeat(np.arange(len(tokens) - start)[None] + first, 3, axis=0))
+    positions = np.concatenate(pieces, axis=1).astype(np.int32)
+    return positions, int(positions.max()) + 1 - len(tokens)

@@ -209,3 +209,26 @@ def sample_image(width: int = 40, height: int = 60, seed: int = 0, fmt: str = "P
     out = io.BytesIO()
     Image.fromarray(pixels).save(out, format=fmt)
     return out.getvalue()
+
+
+def image_prompt(tokenizer, spec, text_before: str, image: bytes | None, text_after: str):
+    """(real ids, keyed ids, images) of a prompt with one image between two texts, the way
+    the router builds them (shared.models.vision)."""
+    from io import BytesIO
+
+    from PIL import Image
+
+    from shared.models.vision import image_hash, image_keys
+    from shared.protocol import ImageInput
+
+    if image is None:
+        ids = tokenizer.encode(text_before + text_after, add_special_tokens=False)
+        return ids, ids, ()
+    decoded = Image.open(BytesIO(image)).convert("RGB")
+    text = text_before + spec.expand(*decoded.size) + text_after
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    count = spec.image_tokens(*decoded.size)
+    keys = iter(image_keys(image_hash(decoded.tobytes(), "RGB", decoded.size), count))
+    keyed = [next(keys) if t == spec.image_token_id else t for t in ids]
+    assert sum(t == spec.image_token_id for t in ids) == count
+    return ids, keyed, (ImageInput(image, count),)

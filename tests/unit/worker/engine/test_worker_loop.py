@@ -6,7 +6,6 @@ import threading
 import time
 
 import pytest
-import zmq
 
 from shared.kv_events import BlockStored
 from shared.protocol import (
@@ -18,47 +17,12 @@ from shared.protocol import (
     RegisterAck,
     Shutdown,
     TokenDelta,
-    decode,
     encode,
 )
 from shared.sampling import SamplingParams
 from tests.support.engine_fixtures import make_engine, reference_greedy, tiny_model
+from tests.support.fake_router import FakeRouter
 from worker.loop import WorkerLoop
-
-
-class FakeRouter:
-    def __init__(self):
-        self.ctx = zmq.Context()
-        self.sock = self.ctx.socket(zmq.ROUTER)
-        self.sock.setsockopt(zmq.LINGER, 0)
-        port = self.sock.bind_to_random_port("tcp://127.0.0.1")
-        self.endpoint = f"tcp://127.0.0.1:{port}"
-        self.identity: bytes | None = None
-
-    def recv(self, timeout: float = 10.0):
-        if not self.sock.poll(int(timeout * 1000)):
-            raise TimeoutError("nothing from the worker")
-        identity, frame = self.sock.recv_multipart()
-        self.identity = identity
-        return decode(frame)
-
-    def recv_until(self, kind, timeout: float = 10.0):
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            msg = self.recv(deadline - time.monotonic())
-            if isinstance(msg, kind):
-                return msg
-        raise TimeoutError(f"no {kind.__name__}")
-
-    def send(self, msg) -> None:
-        self.sock.send_multipart([self.identity, encode(msg)])
-
-    def send_raw(self, frame: bytes) -> None:
-        self.sock.send_multipart([self.identity, frame])
-
-    def close(self):
-        self.sock.close(linger=0)
-        self.ctx.term()
 
 
 @pytest.fixture(scope="module")

@@ -24,7 +24,13 @@ from shared.models.loading import load_model  # noqa: E402
 from shared.models.vision import image_hash, image_keys, vision_spec  # noqa: E402
 from shared.protocol import ImageInput  # noqa: E402
 from shared.sampling import InvalidRequest, SamplingParams  # noqa: E402
-from tests.support.arch_zoo.vision import FAMILIES, QWEN, build_vision_model, sample_image  # noqa: E402
+from tests.support.arch_zoo.vision import (  # noqa: E402
+    FAMILIES,
+    QWEN,
+    build_vision_model,
+    image_prompt,
+    sample_image,
+)
 from tests.support.engine_fixtures import make_engine, reference_greedy  # noqa: E402
 from worker.engine import startup  # noqa: E402
 
@@ -52,22 +58,8 @@ def _engine(loaded, **overrides):
 
 def _prompt(loaded, text_before: str, image: bytes | None, text_after: str):
     """(real ids, keyed ids, images) the way the router builds them (shared.models.vision)."""
-    from io import BytesIO
-
-    from PIL import Image
-
     _, _, _, tokenizer, spec = loaded
-    if image is None:
-        ids = tokenizer.encode(text_before + text_after, add_special_tokens=False)
-        return ids, ids, ()
-    decoded = Image.open(BytesIO(image)).convert("RGB")
-    text = text_before + spec.expand(*decoded.size) + text_after
-    ids = tokenizer.encode(text, add_special_tokens=False)
-    count = spec.image_tokens(*decoded.size)
-    keys = iter(image_keys(image_hash(decoded.tobytes(), "RGB", decoded.size), count))
-    keyed = [next(keys) if t == spec.image_token_id else t for t in ids]
-    assert sum(t == spec.image_token_id for t in ids) == count
-    return ids, keyed, (ImageInput(image, count),)
+    return image_prompt(tokenizer, spec, text_before, image, text_after)
 
 
 def _mlx_vlm_greedy(loaded, ids: list[int], image: bytes, logprobs: list | None = None):
@@ -304,3 +296,63 @@ def test_a_vision_tower_that_cannot_load_serves_text_and_says_why(loaded, tmp_pa
         engine.add_request("img", keyed, SamplingParams(), images=images)
     text, _, _ = _prompt(loaded, "hello world", None, "")
     assert _run(engine, {"t": (text, ())})[0]["t"] == reference_greedy(model, text, MAX_TOKENS)
+
+
+def test_a_failed_image_fails_only_its_own_request(loaded, monkeypatch):
+    """The vision tower raising on one prompt's images, in a step it shares with another
+    image prompt and a text prompt: that request ends with an error, the others go on and
+    stay greedy-equal to mlx-vlm and mlx-lm."""
+    engine = _engine(loaded)
+    good, bad = sample_image(40, 60, seed=20), sample_image(40, 60, seed=21)
+    ids, keyed, images = _prompt(loaded, "the quick brown fox ", good, " jumps over")
+    _, keyed_bad, images_bad = _prompt(loaded, "the quick brown fox ", bad, " jumps over")
+    text_ids, _, _ = _prompt(loaded, "hello world, answer the user", None, "")
+    encode = engine.intake.vision.encode
+
+    def tower(token_ids, pixels):
+        if token_ids == keyed_bad:
+            raise RuntimeError("the tower broke on this one")
+        return encode(token_ids, pixels)
+
+    monkeypatch.setattr(engine.intake.vision, "encode", tower)
+    sampling = SamplingParams(max_tokens=MAX_TOKENS)
+    engine.add_request("good", keyed, sampling, images=images)
+    engine.add_request("bad", keyed_bad, sampling, images=images_bad)
+    engine.add_request("text", text_ids, sampling)
+    tokens: dict[str, list[int]] = {}
+    errors = {}
+    while engine.has_work():
+        deltas = engine.step()
+        for delta in deltas:
+            if delta.error is not None:
+                errors[delta.request_id] = delta.error
+                # the others were in that step: their first tokens came with the error
+                assert {d.request_id for d in deltas if d.token_ids} == {"good", "text"}
+            tokens.setdefault(delta.request_id, []).extend(delta.token_ids)
+    assert list(errors) == ["bad"] and "the tower broke on this one" in errors["bad"]
+    assert "vision tower" in errors["bad"]
+    assert tokens["good"] == _mlx_vlm_greedy(loaded, ids, good)
+    assert tokens["text"] == reference_greedy(loaded[2], text_ids, MAX_TOKENS)
+    assert not tokens["bad"]
+    engine.check_integrity()
+
+
+def test_rope_index_in_numpy_equals_mlx_vlm(loaded):
+    """The M-RoPE positions computed off the engine thread (numpy) are mlx-vlm's own, for a
+    prompt with two images of different grids between texts."""
+    if loaded[0] not in QWEN:
+        pytest.skip("a 1-D rope family")
+    engine = _engine(loaded)
+    vision = engine.intake.vision
+    first, second = sample_image(40, 60, seed=30), sample_image(90, 30, seed=31)
+    _, keyed_a, images_a = _prompt(loaded, "one ", first, " two ")
+    _, keyed_b, images_b = _prompt(loaded, "", second, " three four")
+    keyed, images = keyed_a + keyed_b, images_a + images_b
+    prepared = vision.prepare_prompt(keyed, images)
+    _, real = vision._real_ids(keyed)
+    want, delta = vision.model.language_model.get_rope_index(
+        mx.array(real[None], dtype=mx.int32),
+        mx.array(prepared.pixels.extras["image_grid_thw"]),
+    )
+    np.testing.assert_array_equal(prepared.rope[0], np.array(want[:, 0]))
+    assert prepared.rope[1] == delta.reshape(-1)[0].item() != 0
