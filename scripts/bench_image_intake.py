@@ -7,7 +7,7 @@ the arrivals, then one `engine.step()`. Two ways to take an image request, same 
 
   - inline: `engine.add_request(..., images=...)` on the engine thread (decoding, the image
     processor and the rope index there: the path before issue 41);
-  - off_thread: its images prepared on a thread (`engine.prepare_images`, as the worker
+  - off_thread: its images prepared on a thread (`engine.intake.prepare`, as the worker
     loop's ImagePreparer does), then `add_request(prepared=...)` on the engine thread.
 
 Measured (engine thread, wall): the median time `add_request` of an image request holds it
@@ -72,7 +72,7 @@ def run(engine, way: str, args, keyed, images, text_ids) -> dict:
                 intake.append(time.perf_counter() - at)
                 arrived = True
             else:
-                job = pool.submit(engine.prepare_images, keyed, images)
+                job = pool.submit(engine.intake.prepare, keyed, images)
                 pending.append((rid, job))
         for rid, job in [p for p in pending if p[1].done()]:
             pending.remove((rid, job))

@@ -91,7 +91,7 @@ class WorkerLoop:
         self.prefill_only = PrefillOnly()  # disaggregated prefill requests in flight
         # image requests are prepared (decoded, preprocessed) on these threads, not this one
         self.images = ImagePreparer(
-            lambda msg: engine.prepare_images(list(msg.token_ids), msg.images), self._wake
+            lambda msg: engine.intake.prepare(list(msg.token_ids), msg.images), self._wake
         )
         register = Register(
             worker_id=worker_id,

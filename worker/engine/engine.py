@@ -28,7 +28,6 @@ from worker.engine.startup import open_disk_tier
 from worker.engine.states import NO_STATES
 from worker.engine.stats import EngineLoad, EngineStats, KVAudit, engine_stats
 from worker.engine.step_kind import still_running
-from worker.kv.memory import OUT_OF_MEMORY, clear_cache, is_out_of_memory
 from worker.kv.radix_cache import RadixCache
 from worker.runner.grammar import GrammarCompiler
 from worker.runner.model_runner import LayerTimes, ModelRunner
@@ -156,20 +155,11 @@ class Engine:
 
     # ---- requests ----------------------------------------------------------------------
 
-    def prepare_images(
-        self, token_ids: list[int], images: tuple[ImageInput, ...]
-    ) -> PreparedImages | None:
-        """A prompt's `images` decoded and preprocessed, for `add_request(prepared=...)`: host
-        work on no engine state, safe on any thread (the worker loop runs it on its own, so
-        that the engine thread never does it while a step is in flight). InvalidRequest
-        naming the image that is not one."""
-        return self.intake.prepare(token_ids, images)
-
     def add_request(self, request_id: str, token_ids: list[int], sampling: SamplingParams,
                     n: int = 1, images: tuple[ImageInput, ...] = (),
                     prepared: PreparedImages | None = None) -> None:  # fmt: skip
         """Queue a request for `n` choices (choice i's deltas carry index i) with its prompt's
-        `images` (`prepared` by `prepare_images`, else prepared here, on this thread); raise
+        `images` (`prepared` by `intake.prepare` on any thread, else prepared here); raise
         InvalidRequest (or EngineOverloaded) without side effects."""
         self.intake.check(request_id, token_ids, sampling, n, self.outputs.is_open, images)
         if len(self.scheduler.waiting) >= self.config.max_waiting:
@@ -242,7 +232,7 @@ class Engine:
             out = self.runner.run(plan, device_tokens, times)
             mx.async_eval(*out.outputs)
         except Exception as exc:  # building the graph failed: nothing is in flight
-            self._pending_failures += self._fail_step(plan.decode, exc)
+            self._pending_failures += self.outputs.fail_step(plan.decode, exc)
             return
         for seq in plan.decode:
             self.scheduler.computed(seq, 1, in_flight=True)  # cached once read (`_resolve`)
@@ -264,7 +254,7 @@ class Engine:
             logprobs = inflight.logprobs.tolist() if inflight.logprobs is not None else None
         except Exception as exc:
             live = [s for s in inflight.seqs if s.status is Status.RUNNING]
-            return deltas + self._fail_step(live, exc)
+            return deltas + self.outputs.fail_step(live, exc)
         for seq in inflight.seqs:  # its writes are done: its blocks may enter the cache
             seq.num_in_flight -= 1
         # a pipelined step starts on the device when the previous one ends, not at its launch
@@ -281,26 +271,12 @@ class Engine:
 
     def _execute(self, plan: StepPlan) -> list[TokenDelta]:
         """Run the MIXED, DECODE or PREFILL `plan` to completion; its deltas."""
-        failed = self._encode_images(plan)
+        failed = self.intake.encode_images(plan, self.outputs.fail_step)
         if failed:
             plan = still_running(plan)
             if plan.kind is StepKind.IDLE:
                 return failed
         return failed + self._forward(plan)
-
-    def _encode_images(self, plan: StepPlan) -> list[TokenDelta]:
-        """Run the vision tower, one prompt at a time, for the chunks of `plan` that first
-        reach their images: a prompt whose tower fails ends alone (its deltas), before the
-        forward the others share."""
-        failed: list[TokenDelta] = []
-        for seq, n in plan.prefill:
-            if seq.images is None or not seq.images.needs_encoding(seq.num_computed, n):
-                continue
-            try:
-                seq.images.encode()
-            except Exception as exc:
-                failed += self._fail_step([seq], exc, "the vision tower failed on its images")
-        return failed
 
     def _forward(self, plan: StepPlan) -> list[TokenDelta]:
         start = time.perf_counter()
@@ -312,7 +288,7 @@ class Engine:
             logprobs = out.logprobs.tolist() if out.logprobs is not None else [None] * len(tokens)
             scored = out.prompt.tolist() if out.prompt is not None else []
         except Exception as exc:  # a failed forward must not take the other requests down
-            return self._fail_step(plan.decode + [c.seq for c in plan.prefill], exc)
+            return self.outputs.fail_step(plan.decode + [c.seq for c in plan.prefill], exc)
         elapsed = time.perf_counter() - start
         if plan.decode:
             self.stats_.record_decode(elapsed, len(plan.decode))
@@ -341,21 +317,6 @@ class Engine:
                 self.scheduler.computed(seq, len(toks))
             deltas.append(self.outputs.advance(seq, toks, lps))
         return deltas
-
-    def _fail_step(
-        self, seqs: list[Sequence], exc: Exception, what: str = "the model step failed"
-    ) -> list[TokenDelta]:
-        """End the requests of a failed step (or of the part of it that failed: `what`) with
-        an error (their blocks freed); the others go on. An allocation failure also empties
-        MLX's buffer cache."""
-        if is_out_of_memory(exc):
-            log.error("out of memory in a step of %d sequences: %s", len(seqs), exc)
-            clear_cache()
-            why = f"{OUT_OF_MEMORY}; retry it (another worker may take it), or ask for less: {exc}"
-        else:
-            log.exception("%s for %d sequences", what, len(seqs), exc_info=exc)
-            why = f"{what}: {exc}"
-        return self.outputs.fail_all(seqs, why)
 
     def _profile_sample(self) -> LayerTimes | None:
         """Every `PROFILE_EVERY`-th step is profiled layer by layer (write and attention

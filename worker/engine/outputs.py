@@ -7,14 +7,19 @@ choices, so `Engine` knows when a request is done.
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING
 
 from shared.protocol import TokenDelta, Usage
 from worker.engine.sequence import Sequence, Status
+from worker.kv.memory import OUT_OF_MEMORY, clear_cache, is_out_of_memory
 from worker.runner.sampler import TokenLogprob, delta_logprob_fields, prompt_logprob_fields
 
 if TYPE_CHECKING:
     from worker.engine.scheduler import Scheduler
+
+
+log = logging.getLogger(__name__)
 
 
 class OutputBuilder:
@@ -84,6 +89,21 @@ class OutputBuilder:
                 self.scheduler.drop(other)
         usage = Usage(seq.prompt_len, seq.num_output, seq.num_cached)
         return TokenDelta(seq.request_id, (), "error", usage, error=message, index=seq.choice)
+
+    def fail_step(
+        self, seqs: list[Sequence], exc: Exception, what: str = "the model step failed"
+    ) -> list[TokenDelta]:
+        """End the requests of a failed step (or of the part of it that failed: `what`) with
+        an error (their blocks are the scheduler's to free); the others go on. An allocation
+        failure also empties MLX's buffer cache."""
+        if is_out_of_memory(exc):
+            log.error("out of memory in a step of %d sequences: %s", len(seqs), exc)
+            clear_cache()
+            why = f"{OUT_OF_MEMORY}; retry it (another worker may take it), or ask for less: {exc}"
+        else:
+            log.exception("%s for %d sequences", what, len(seqs), exc_info=exc)
+            why = f"{what}: {exc}"
+        return self.fail_all(seqs, why)
 
     def fail_all(self, seqs: list[Sequence], message: str) -> list[TokenDelta]:
         """End the requests of `seqs` with an error: one delta per request still open (n > 1:

@@ -17,10 +17,11 @@ from worker.engine.speculative import DraftState
 from worker.runner.logits_processors import LogitsState
 
 if TYPE_CHECKING:
-    from shared.protocol import ImageInput
+    from shared.protocol import ImageInput, TokenDelta
     from worker.config import EngineConfig
     from worker.kv.block_pool import BlockPool
     from worker.runner.grammar import GrammarCompiler
+    from worker.runner.plan import StepPlan
     from worker.vision.encoder import PreparedImages, VisionEncoder
 
 
@@ -142,3 +143,18 @@ class RequestIntake:
             and n == 1
             and not sampling.processes_logits
         )
+
+    @staticmethod
+    def encode_images(plan: StepPlan, fail: Callable[..., list[TokenDelta]]) -> list[TokenDelta]:
+        """Run the vision tower, one prompt at a time, for the chunks of `plan` that first
+        reach their images: a prompt whose tower fails ends alone (`fail`'s deltas), before
+        the forward the others share."""
+        failed: list[TokenDelta] = []
+        for seq, n in plan.prefill:
+            if seq.images is None or not seq.images.needs_encoding(seq.num_computed, n):
+                continue
+            try:
+                seq.images.encode()
+            except Exception as exc:
+                failed += fail([seq], exc, "the vision tower failed on its images")
+        return failed

@@ -3,7 +3,7 @@
 Decoding an image, the image processor and the M-RoPE index are host work of tens of
 milliseconds an image; on the engine thread they would hold up the step in flight. The worker
 loop hands a Generate with images to an `ImagePreparer`, whose threads run the preparation
-(`Engine.prepare_images`) and give the request back, ready or refused, through `ready()`; only
+(`Engine.intake.prepare`) and give the request back, ready or refused, through `ready()`; only
 then does the loop queue it in the engine. Requests without images never wait here.
 """
 

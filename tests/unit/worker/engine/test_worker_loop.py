@@ -21,7 +21,7 @@ from shared.protocol import (
 )
 from shared.sampling import SamplingParams
 from tests.support.engine_fixtures import make_engine, reference_greedy, tiny_model
-from tests.support.fake_router import FakeRouter
+from tests.support.kv_router import FakeRouter
 from worker.loop import WorkerLoop
 
 

@@ -16,7 +16,7 @@ from shared.protocol import Abort, Generate, ImageInput, Register, RegisterAck, 
 from shared.sampling import SamplingParams  # noqa: E402
 from tests.support.arch_zoo.vision import build_vision_model, image_prompt, sample_image  # noqa: E402
 from tests.support.engine_fixtures import make_engine, reference_greedy  # noqa: E402
-from tests.support.fake_router import FakeRouter  # noqa: E402
+from tests.support.kv_router import FakeRouter  # noqa: E402
 from worker.engine import startup  # noqa: E402
 from worker.loop import WorkerLoop  # noqa: E402
 
