@@ -141,13 +141,15 @@ class Engine:
 
     @property
     def kv_capacity_blocks(self) -> int:
-        """The blocks requests can use: the pool less the scratch block."""
-        return self.pool.num_blocks - 1
+        """The units requests can use: the pool less the scratch block's (and its pages)."""
+        pages = self.pool.pages
+        return self.pool.num_blocks - 1 - (pages.kept_units([self.scratch_block]) if pages else 0)
 
     def load(self) -> EngineLoad:
         """Queue and KV figures for the heartbeat (counters; now and then, idle, the KV audit)."""
         self.kv_audit.maybe(busy=self.has_work())
-        return EngineLoad.of(self.scheduler, self.pool, self.cache, self.kv_audit)
+        load = EngineLoad.of(self.scheduler, self.pool, self.cache, self.kv_audit)
+        return load._replace(total_blocks=self.kv_capacity_blocks)
 
     def phases(self) -> WorkerPhases:
         """The phase metrics (percentiles over a window: not for every step) and memory."""

@@ -206,7 +206,9 @@ class KVAudit:
 
 
 class EngineLoad(NamedTuple):
-    """Queue and KV figures, as the heartbeat carries them (`total_blocks` less scratch)."""
+    """Queue and KV figures, as the heartbeat carries them (`total_blocks` less scratch), all
+    in pool units: on a window model a block takes a unit and its window pages more units, so
+    a figure in blocks beside a total in units would show an idle worker holding memory."""
 
     running: int
     waiting: int
@@ -230,7 +232,7 @@ class EngineLoad(NamedTuple):
         return cls(
             running=len(scheduler.running),
             waiting=len(scheduler.waiting),
-            free_blocks=pool.num_free,
+            free_blocks=pool.room(0),  # units free or spare, as `total_blocks` counts units
             total_blocks=pool.num_blocks - 1,  # less the scratch block
             cached_blocks=cache.cached_blocks,
             hit_tokens=cache.hit_tokens,
@@ -239,7 +241,8 @@ class EngineLoad(NamedTuple):
             evicted_blocks=cache.evicted_blocks,
             kv_checks=audit.checks if audit else 0,
             kv_check_failures=audit.failures if audit else 0,
-            cached_partial_blocks=len(cache.partials),
+            cached_partial_blocks=len(cache.partials)
+            + (pool.pages.kept_units(cache.partials.block_ids) if pool.pages else 0),
             **_snapshots(scheduler),
         )
 

@@ -57,6 +57,10 @@ class PartialTails:
         return len(self._where)
 
     @property
+    def block_ids(self) -> list[int]:
+        return list(self._where)
+
+    @property
     def evictable_blocks(self) -> int:
         return len(self._where) - self._held
 

@@ -69,6 +69,11 @@ class WindowPages:
     def spare_units(self) -> int:
         return len(self._spare) * self.groups
 
+    def kept_units(self, block_ids) -> int:
+        """Units the pages of `block_ids` hold and do not offer as spare (a partial tail's, kept
+        live for the next prompt to copy)."""
+        return self.groups * sum(1 for b in block_ids if self.has_page(b) and b not in self._spare)
+
     def has_page(self, block_id: int) -> bool:
         return self.page_of[0][block_id] >= 0
 

@@ -64,3 +64,22 @@ def test_a_busy_worker_reports_the_blocks_its_requests_hold():
     )
     run_to_completion(engine)
     assert KVBlocks.of(heartbeat(engine)).held == 0
+
+
+def test_an_idle_window_worker_shows_nothing_held():
+    """Gemma 3's window layers keep pages beside each block: the free figure counted blocks
+    (units / cost) while the total counted units, so an idle worker seemed to hold most of its
+    pool. Both are units now, spare pages counted as free (they are taken back first)."""
+    from tests.support.arch_zoo import build
+
+    engine = make_engine(build("gemma3_text"), prefill_chunk=16, step_token_budget=48)
+    assert engine.pool.unit_cost > 1
+    for request_id, salt in (("a", 1), ("b", 2)):
+        prompt = [(7 * i + salt) % 90 + 2 for i in range(70)]
+        engine.add_request(request_id, prompt, SamplingParams(max_tokens=4))
+    run_to_completion(engine)
+    engine.check_integrity()
+    blocks = KVBlocks.of(heartbeat(engine))
+    assert blocks.held == 0
+    assert blocks.free + blocks.cached_full + blocks.cached_partial == blocks.total
+    assert blocks.cached_full == engine.cache.cached_blocks > 0
