@@ -79,12 +79,12 @@ class WorkerLoop:
         what it announces it does (shared/config/choices.py WORKER_ROLES)."""
         self.engine, self.worker_id, self.on_idle = engine, worker_id, on_idle
         self.kv_publisher = kv_publisher  # KV events in vLLM's format too (worker/kv_publish.py)
-        kv_unlike_blocks = engine.pool.pages is not None or not engine.pool.uniform
-        if peers is not None and (kv_unlike_blocks or engine.states is not None):
-            log.warning(
-                "peer KV transfer off: this model's layers keep K/V in more than one shape, "
-                "in window pages or recurrent states, which block transfers do not carry yet"
-            )
+        refused = engine.scheduler.kv.cannot("peer")
+        if peers is not None and refused is None and not engine.pool.uniform:
+            refused = "this model's layers keep K/V in more than one shape, which block "
+            refused += "transfers do not carry yet"
+        if peers is not None and refused is not None:
+            log.warning("peer KV transfer off: %s", refused)
             peers = None
         self.peer = PeerNode(engine, peers, self._wake) if peers is not None else None
         self.prefill_rate = 0.0  # tokens/s, EWMA over steps that prefilled

@@ -1,22 +1,17 @@
 """Admission policy: the questions the scheduler asks before taking a waiting request (they
-mutate nothing; the scheduler acts on the answers), the hit every cache kind agrees on
-(`usable_hit`, shared/prefix/hit_rule.py), and the sliding-window rules for running sequences
-(`worker.kv.window_pages`)."""
+mutate nothing; the scheduler acts on the answers), and the disk tier's extension of a hit.
+The hit itself, and what each cache kind takes and gives back, is the coordinator's
+(worker/engine/caches/)."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from shared.hashing import hash_blocks
-from shared.prefix.hit_rule import HitRule
-
 if TYPE_CHECKING:
     from worker.engine.scheduler import Scheduler
     from worker.engine.sequence import Sequence
-    from worker.engine.states import States
     from worker.kv.block_pool import BlockPool
-    from worker.kv.radix_cache import MatchResult, RadixCache
-    from worker.kv.radix_partial import PartialHit
+    from worker.kv.radix_cache import MatchResult
 
 
 def fits_whole_prompt(
@@ -48,84 +43,6 @@ def shares_pending_prefill(seq: Sequence, end: int, running: list[Sequence]) -> 
         p.num_computed < p.prompt_len and p.prompt_len >= end and p.tokens[:end] == head
         for p in running
     )
-
-
-def usable_hit(
-    cache: RadixCache, pool: BlockPool, states: States, prompt: list[int]
-) -> tuple[MatchResult, int, int | None, bool]:
-    """(the prefix match as a hit can use it, the K/V match's length in tokens, the block hash
-    of the snapshot it starts from or None, whether a partial tail may extend it).
-
-    The tree's match is cut to the deepest end every cache kind of the model can serve
-    (shared/prefix/hit_rule.py, the rule the router's index applies too): window layers need their
-    pages for the blocks just before the end, recurrent states a snapshot at it. A partial
-    tail follows only an uncut match. Mutates the tree's LRU (and may split a node), and keeps
-    the pages the hit reads from being taken back."""
-    bs = cache.block_size
-    match = cache.match_prefix(prompt)
-    depth, pages = len(match.block_ids), pool.pages
-    rule = HitRule(pages.blocks_before_match if pages is not None else 0, states.active)
-    ids = match.block_ids
-    hashes = hash_blocks(prompt[: depth * bs], bs) if states.active else []
-    end = rule.usable(
-        depth,
-        window_gone=lambda i: pages is not None and not pages.has_page(ids[i]),
-        snapshot_after=lambda i: states.has_snapshot(hashes[i]),
-    )
-    if end < depth:
-        match = cache.match_prefix(prompt[: end * bs])
-    if pages is not None:
-        for block in match.block_ids[max(0, end - pages.blocks_before_match) :]:
-            pages.unspare(block)  # read through the new sequence's window: not to be taken back
-    snapshot = hashes[end - 1] if states.active and end else None
-    return match, depth * bs, snapshot, end == depth
-
-
-def window_tail(pool: BlockPool, partial: PartialHit | None) -> PartialHit | None:
-    """A partial tail to copy, unless window layers lost its page (nothing to copy then).
-    Mutates: its pages are kept from being taken back until it is copied (making room for
-    the new blocks first would otherwise reuse them, and the copy would read another's)."""
-    if partial is None or pool.pages is None:
-        return partial
-    if pool.pages.has_page(partial.block_id):
-        pool.pages.unspare(partial.block_id)
-        return partial
-    return None
-
-
-def release_windows(pool: BlockPool, seq: Sequence) -> None:
-    """Mutates: `seq` is past its blocks behind every window of its next query; those every
-    holder is past give their window pages up as spare (kept for hits until taken back)."""
-    pages = pool.pages
-    if pages is not None and seq.block_ids:
-        end = min(pages.out_of_window(seq.num_computed), len(seq.block_ids))
-        seq.window_released = pages.release(seq.block_ids, seq.window_released, end, pool.ref_count)
-
-
-def hold_fork(pool: BlockPool, parent: Sequence, child: Sequence) -> None:
-    """Mutates: `child` holds `parent`'s blocks, and is past what its parent is past (its
-    queries come after the parent's), so those blocks stay released."""
-    pool.incref(child.block_ids)
-    child.window_released = parent.window_released
-    if pool.pages is not None:
-        pool.pages.join(child.block_ids[: child.window_released])
-
-
-def let_go(pool: BlockPool, seq: Sequence) -> None:
-    """Mutates: `seq` gives its blocks back; those every holder left is past are released
-    (`seq` may have been the last holder not past a shared block)."""
-    pool.decref(seq.block_ids)
-    if pool.pages is not None:
-        pool.pages.leave(seq.block_ids, seq.window_released, pool.ref_count)
-    seq.window_released = 0
-
-
-def give_up_hit(pool: BlockPool, block_ids: list[int], partial: PartialHit | None) -> None:
-    """Mutates: a hit not admitted gives its blocks (and its partial tail's) back; the pages
-    it kept from going spare (`usable_hit`) go spare again where every holder is past them."""
-    pool.decref(block_ids + ([partial.block_id] if partial else []))
-    if pool.pages is not None:
-        pool.pages.settle(block_ids, pool.ref_count)
 
 
 def from_disk(sched: Scheduler, prompt: list[int], match: MatchResult) -> MatchResult:

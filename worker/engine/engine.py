@@ -1,6 +1,5 @@
 """The engine a worker runs: requests in, token deltas out (the protocol's own TokenDelta):
-`Engine.from_path(dir, EngineConfig())`, `add_request(...)`, then `step()` while `has_work()`.
-"""
+`Engine.from_path(dir, EngineConfig())`, `add_request(...)`, then `step()` while `has_work()`."""
 
 from __future__ import annotations
 
@@ -18,6 +17,7 @@ from worker.attention import select_backend
 from worker.config import EngineConfig
 from worker.engine import startup
 from worker.engine import states as states_mod  # hybrid models' recurrent states
+from worker.engine.caches import CacheCoordinator
 from worker.engine.kv_event_log import KVEventLog
 from worker.engine.outputs import OutputBuilder
 from worker.engine.requests import RequestIntake
@@ -90,10 +90,10 @@ class Engine:
         self.kv_events = KVEventLog(self.config.block_size)
         self.states = states_mod.make_states(self.config, shape, self.kv_events.record)
         self.cache = RadixCache(self.pool, self.config.block_size, on_event=self._kv_event)
-        disk = None if self.states else open_disk_tier(self.config, model, self.pool, self.cache)
+        kv = CacheCoordinator(self.pool, self.cache, self.states or NO_STATES)
+        disk = open_disk_tier(self.config, model, self.pool, self.cache, kv.cannot("disk"))
         self.disk = self.kv_events.disk = disk
-        states = self.states or NO_STATES
-        self.scheduler = Scheduler(self.pool, self.cache, self.config, max_context, disk, states=states)  # fmt: skip
+        self.scheduler = Scheduler(self.pool, self.cache, self.config, max_context, disk, kv=kv)
         self.backend, self.attention_report = select_backend(
             self.config.attention_backend, shape, self.config.block_size, self.pool
         )

@@ -15,7 +15,8 @@ from collections import deque
 from typing import TYPE_CHECKING
 
 from worker.engine import admission
-from worker.engine.admission import fits_whole_prompt, release_windows, shares_pending_prefill
+from worker.engine.admission import fits_whole_prompt, shares_pending_prefill
+from worker.engine.caches import CacheCoordinator
 from worker.engine.sequence import Sequence, Status
 from worker.engine.speculative import plan_drafts, would_draft
 from worker.engine.states import NO_STATES, NoStates, SequenceStates
@@ -43,9 +44,12 @@ class Scheduler:
         disk: DiskTier | None = None,
         costs: ForwardCosts = REFERENCE_COSTS,
         states: SequenceStates | NoStates = NO_STATES,
+        kv: CacheCoordinator | None = None,
     ):
         self.pool, self.cache, self.config, self.costs = pool, cache, config, costs
-        self.states = states  # hybrid models' recurrent state slots (worker/engine/states.py)
+        # every cache kind (window pages, recurrent states...), asked as one
+        self.kv = kv if kv is not None else CacheCoordinator(pool, cache, states)
+        self.states = self.kv.states  # hybrid models' recurrent state slots (their pool)
         self.pad_states = True  # whether their prefill rows may be right-padded
         self.max_context, self.disk = max_context, disk
         self.block_size = pool.block_size
@@ -137,8 +141,7 @@ class Scheduler:
         `in_flight`, the step writing them is not read yet); a finished prompt enters the cache."""
         seq.num_computed += num_tokens
         seq.num_in_flight += num_tokens if in_flight else 0
-        release_windows(self.pool, seq)
-        self.states.computed(seq)
+        self.kv.computed(seq)
         if seq.num_computed >= seq.prompt_len and seq.inserted_tokens < seq.prompt_len:
             known = self.cache_computed(seq)  # let waiting requests share this prompt
             tail = seq.block_ids[known // self.block_size] if known % self.block_size else None
@@ -177,7 +180,7 @@ class Scheduler:
         chunks = []
         for seq in sorted((s for s in self.running if s.is_prefilling), key=lambda s: s.arrival):
             n = min(self.config.prefill_chunk, seq.prefill_left, budget)
-            n = self.states.chunk(seq, n)
+            n = self.kv.chunk(seq, n)
             if seq.status is not Status.RUNNING or n <= 0:
                 continue
             if self._reserve(seq, seq.num_computed + n, preempted):
@@ -188,7 +191,7 @@ class Scheduler:
     def _admit(self, budget: int) -> list[PrefillChunk]:
         chunks, deferred = [], []
         while self.waiting and budget > 0 and len(self.running) < self.config.max_running:
-            if not self.states.room(self.waiting[0], self.running):
+            if not self.kv.room(self.waiting[0], self.running):
                 break
             seq = self.waiting.popleft()
             # the last token is always computed, for its logits; a prompt to score is all
@@ -199,35 +202,33 @@ class Scheduler:
                 deferred.append(seq)  # wait for that prefill, then hit its blocks
                 continue
             # one hit every cache kind agrees on (the router's index predicts the same)
-            hit = admission.usable_hit(self.cache, self.pool, self.states, prompt)
-            match, kv_tokens, snapshot, tails = hit
-            tails = tails and not self.states.active
+            hit = self.kv.hit(prompt)
+            match = hit.match
             # hold the match before making room, or the eviction could take it
             self.cache.lock(match.node)
             self.pool.incref(match.block_ids)
             extended = admission.from_disk(self, prompt, match)
-            tails = tails and extended is match  # (a partial hit follows a node)
-            tail = self.cache.partials.match(prompt, match) if tails else None
-            partial = admission.window_tail(self.pool, tail)
-            hit, match = match, extended
+            hit = hit._replace(tails=hit.tails and extended is match)  # (a tail follows a node)
+            partial = self.kv.tail(prompt, hit)
+            match = extended
             self.pool.incref([partial.block_id] if partial else [])  # held too, until copied
             done = match.num_tokens + (partial.num_tokens if partial else 0)
             left = len(seq.tokens) - done - (1 if seq.forks else 0)
             n = min(self.config.prefill_chunk, left, budget)
-            self.states.plan(seq, done, kv_tokens)
+            self.kv.plan(seq, done, hit.kv_tokens)
             room = self.pool.room(self.cache.evictable_blocks)
-            n = self.states.chunk(seq, n, done)
+            n = self.kv.chunk(seq, n, done)
             n = admission.chunk_that_fits(self, room, len(match.block_ids), done, n)
             need = self.pool.blocks_for_tokens(done + n) - len(match.block_ids)
             fits = fits_whole_prompt(seq, len(match.block_ids), self.running, self.pool, room)
             if not fits or not self.make_room(need):
                 self.cache.unlock(match.node)
-                admission.give_up_hit(self.pool, match.block_ids, partial)
+                self.kv.give_up(match.block_ids, partial)
                 self.waiting.appendleft(seq)
                 break
             self._start(seq, match, need, partial)
-            self.states.start(seq, snapshot)
-            self.cache.admitted(hit, len(prompt))  # counted once in, not per attempt
+            self.kv.start(seq, hit)
+            self.cache.admitted(hit.match, len(prompt))  # counted once in, not per attempt
             if n > 0:  # 0: all but the last token cached, and forks pending
                 chunks.append(PrefillChunk(seq, n))
             budget -= n
@@ -273,8 +274,7 @@ class Scheduler:
             return
         for choice in range(1, parent.forks + 1):
             child = parent.fork(choice)
-            self.states.fork(parent, child)
-            admission.hold_fork(self.pool, parent, child)
+            self.kv.fork(parent, child)
             if partial_tail:
                 child.block_ids[-1] = self.pool.copy_on_write(child.block_ids[-1])
             if child.lock_node is not None:
@@ -334,14 +334,13 @@ class Scheduler:
         return known if self.config.enable_prefix_cache and seq.inserted_tokens == full else 0
 
     def _release(self, seq: Sequence) -> None:
-        self.states.release(seq)
-        self.cache.partials.forget_live(seq.block_ids)  # (a tail from here on, maybe)
+        self.kv.release(seq)
         if (known := self.cache_computed(seq)) % self.block_size:
             self.cache.insert_tail(seq.tokens[:known], seq.block_ids)  # kept for copying
         if seq.lock_node is not None:
             self.cache.unlock(seq.lock_node)
             seq.lock_node = None
-        admission.let_go(self.pool, seq)
+        self.kv.free(seq)
         seq.block_ids = []
 
     def drop(self, seq: Sequence) -> None:

@@ -135,17 +135,15 @@ def kv_quantization(config: EngineConfig) -> dict:
 
 
 def open_disk_tier(
-    config: EngineConfig, model: nn.Module, pool: BlockPool, cache: RadixCache
-) -> DiskTier | None:
+    config: EngineConfig, model: nn.Module, pool: BlockPool, cache: RadixCache,
+    refused: str | None = None,
+) -> DiskTier | None:  # fmt: skip
     """The KV tier on disk, when configured: its files from an earlier run indexed, and the
-    cache's evictions copied to it."""
+    cache's evictions copied to it. `refused`: why the model's cache kinds rule it out."""
     if config.kv_disk_bytes is None:
         return None
-    if pool.pages is not None:
-        log.warning(
-            "KV disk tier off: this model's sliding-window layers keep K/V in pages of their "
-            "own, which the disk tier's block format does not carry yet"
-        )
+    if refused is not None:
+        log.warning("KV disk tier off: %s", refused)
         return None
     if not pool.uniform:
         log.warning(

@@ -123,7 +123,7 @@ def test_index_matches_a_set_model(ops):
 
 
 def test_a_window_model_hit_ends_only_where_the_blocks_before_it_keep_their_windows():
-    """As the worker's scheduler cuts a hit (shared/prefix/hit_rule.py, as worker/engine/admission.py usable_hit applies it): with
+    """As the worker's scheduler cuts a hit (shared/prefix/hit_rule.py, as worker/engine/caches/ CacheCoordinator.hit applies it): with
     k = 2, a block without window K/V may sit inside a match, not among its last two."""
     index = PrefixIndex()
     a = hash_blocks(list(range(32)), 4)  # 8 blocks

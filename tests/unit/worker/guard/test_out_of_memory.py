@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-import worker.engine.engine as engine_module
+import worker.engine.outputs as outputs_module
 from shared.sampling import SamplingParams
 from tests.support.engine_fixtures import (
     METAL_OOM,
@@ -60,7 +60,7 @@ def test_failed_prefill_step_fails_its_requests_only(model, monkeypatch):
 
     monkeypatch.setattr(engine.runner, "run", run)
     cleared = []
-    monkeypatch.setattr(engine_module, "clear_cache", lambda: cleared.append(1))
+    monkeypatch.setattr(outputs_module, "clear_cache", lambda: cleared.append(1))
     engine.add_request("b", pb, GREEDY)
     drive(engine, outputs, errors)
     assert fired == [StepKind.PREFILL] and cleared == [1]

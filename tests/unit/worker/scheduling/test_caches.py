@@ -1,0 +1,76 @@
+"""The cache coordinator (worker/engine/caches/): each model gets the kinds its layers need,
+the hit rule is theirs at once, what the fleet must not do is said with the reason, and a new
+kind plugs in as one class: the scheduler asks it without knowing it."""
+
+from __future__ import annotations
+
+import pytest
+
+from shared.prefix.hit_rule import HitRule
+from shared.sampling import SamplingParams
+from tests.support.arch_zoo import build
+from tests.support.engine_fixtures import (
+    make_engine,
+    reference_greedy,
+    run_to_completion,
+    tiny_model,
+)
+from worker.engine.caches import CacheKind, StateKind, WindowKind
+
+
+@pytest.mark.parametrize(
+    ("model", "kinds", "disk"),
+    [
+        (lambda: tiny_model("llama"), [], None),
+        (lambda: build("gemma3_text"), [WindowKind], "window pages"),
+        (lambda: build("qwen3_next"), [StateKind], "recurrent states"),
+        (lambda: build("baichuan_m1"), [WindowKind, StateKind], "window pages"),
+    ],
+)  # fmt: skip
+def test_each_model_gets_the_kinds_its_layers_need(model, kinds, disk):
+    kv = make_engine(model()).scheduler.kv
+    assert [type(k) for k in kv.kinds] == kinds
+    assert kv.rule.snapshots == (StateKind in kinds)
+    assert (kv.rule.window_blocks > 0) == (WindowKind in kinds)
+    refused = kv.cannot("disk")
+    assert refused is None if disk is None else disk in refused
+    assert (kv.cannot("drafts") is not None) == (StateKind in kinds)
+
+
+class EveryOtherBlock(CacheKind):
+    """A made-up kind: it keeps its part only after even blocks, and counts what it is told."""
+
+    name = "test kind"
+
+    def __init__(self):
+        self.calls: dict[str, int] = {}
+
+    def rule(self) -> HitRule:
+        return HitRule(snapshots=True)
+
+    def kept(self, block_hash: int) -> bool:
+        self.calls["kept"] = self.calls.get("kept", 0) + 1
+        return block_hash % 2 == 0
+
+    def start(self, seq, hit) -> None:
+        self.calls["start"] = self.calls.get("start", 0) + 1
+        assert hit.snapshot is None or hit.snapshot % 2 == 0
+
+    def release(self, seq) -> None:
+        self.calls["release"] = self.calls.get("release", 0) + 1
+
+
+def test_a_new_kind_is_one_class_the_scheduler_asks_without_knowing_it():
+    model = tiny_model("llama", seed=2)
+    engine = make_engine(model)
+    kind = EveryOtherBlock()
+    engine.scheduler.kv.register(kind)
+    prompt = [(5 * i + 3) % 90 + 2 for i in range(60)]
+    want = reference_greedy(model, prompt, 6)
+    outputs = {}
+    for rid in ("first", "again"):
+        engine.add_request(rid, prompt, SamplingParams(max_tokens=6))
+        outputs |= run_to_completion(engine)
+    assert outputs["first"] == outputs["again"] == want
+    assert kind.calls["start"] == 2 and kind.calls["release"] == 2 and kind.calls["kept"] > 0
+    engine.check_integrity()

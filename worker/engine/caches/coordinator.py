@@ -1,0 +1,123 @@
+"""The coordinator over a model's cache kinds (see the package docstring)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from shared.hashing import hash_blocks
+from shared.prefix.hit_rule import HitRule
+from worker.engine.caches.kinds import CacheKind, Hit, StateKind, WindowKind
+
+if TYPE_CHECKING:
+    from worker.engine.sequence import Sequence
+    from worker.engine.states import States
+    from worker.kv.block_pool import BlockPool
+    from worker.kv.radix_cache import RadixCache
+    from worker.kv.radix_partial import PartialHit
+
+
+def kinds_of(pool: BlockPool, states: States) -> list[CacheKind]:
+    """The cache kinds a model has beside its full-attention blocks."""
+    kinds: list[CacheKind] = []
+    if pool.pages is not None:
+        kinds.append(WindowKind(pool, pool.pages))
+    if states.active:
+        kinds.append(StateKind(states))
+    return kinds
+
+
+class CacheCoordinator:
+    """Asks every kind (see the module docstring); owns the full blocks' reference counts."""
+
+    def __init__(self, pool: BlockPool, cache: RadixCache, states: States):
+        self.pool, self.cache, self.states = pool, cache, states
+        self.kinds: list[CacheKind] = []
+        self.rule, self._hashes = HitRule(), False
+        for kind in kinds_of(pool, states):
+            self.register(kind)
+
+    def register(self, kind: CacheKind) -> None:
+        """Mutates: one more kind asked; the hit rule is every kind's at once."""
+        self.kinds.append(kind)
+        rules = [k.rule() for k in self.kinds]
+        self.rule = HitRule(max(r.window_blocks for r in rules), any(r.snapshots for r in rules))
+        self._hashes = self._hashes or type(kind).kept is not CacheKind.kept
+
+    def cannot(self, feature: str) -> str | None:
+        """Why the model's caches rule `feature` out ("disk", "peer", "drafts", "tails"), or
+        None when every kind allows it."""
+        return next((k.cannot[feature] for k in self.kinds if feature in k.cannot), None)
+
+    # ---- admission ----
+
+    def hit(self, prompt: list[int]) -> Hit:
+        """The prefix match cut to the deepest end every kind can serve; what it reads is
+        held from being taken back. Mutates the tree's LRU (and may split a node)."""
+        bs, match = self.cache.block_size, self.cache.match_prefix(prompt)
+        ids, depth = match.block_ids, len(match.block_ids)
+        hashes = hash_blocks(prompt[: depth * bs], bs) if self._hashes and depth else []
+        end = self.rule.usable(
+            depth,
+            window_gone=lambda i: any(k.gone(ids[i]) for k in self.kinds),
+            snapshot_after=lambda i: all(k.kept(hashes[i]) for k in self.kinds),
+        )
+        if end < depth:
+            match = self.cache.match_prefix(prompt[: end * bs])
+        for kind in self.kinds:
+            kind.hold(match, end)
+        snapshot = hashes[end - 1] if self.rule.snapshots and end else None
+        tails = end == depth and self.cannot("tails") is None
+        return Hit(match, depth * bs, snapshot, tails)
+
+    def tail(self, prompt: list[int], hit: Hit) -> PartialHit | None:
+        """The partial tail extending `hit`, if one is kept and every kind can copy it."""
+        partial = self.cache.partials.match(prompt, hit.match) if hit.tails else None
+        for kind in self.kinds:
+            partial = kind.tail(partial)
+        return partial
+
+    def room(self, seq: Sequence, running: list[Sequence]) -> bool:
+        return all(k.room(seq, running) for k in self.kinds)
+
+    def plan(self, seq: Sequence, start: int, kv_tokens: int) -> None:
+        for kind in self.kinds:
+            kind.plan(seq, start, kv_tokens)
+
+    def chunk(self, seq: Sequence, n: int, start: int | None = None) -> int:
+        for kind in self.kinds:
+            n = kind.chunk(seq, n, start)
+        return n
+
+    def give_up(self, block_ids: list[int], partial: PartialHit | None) -> None:
+        """Mutates: a hit not admitted gives its blocks (and its partial tail's) back."""
+        self.pool.decref(block_ids + ([partial.block_id] if partial else []))
+        for kind in self.kinds:
+            kind.give_up(block_ids)
+
+    # ---- running sequences ----
+
+    def start(self, seq: Sequence, hit: Hit) -> None:
+        for kind in self.kinds:
+            kind.start(seq, hit)
+
+    def computed(self, seq: Sequence) -> None:
+        for kind in self.kinds:
+            kind.computed(seq)
+
+    def fork(self, parent: Sequence, child: Sequence) -> None:
+        """Mutates: `child` holds `parent`'s blocks, and whatever each kind gives a fork."""
+        self.pool.incref(child.block_ids)
+        for kind in self.kinds:
+            kind.fork(parent, child)
+
+    def release(self, seq: Sequence) -> None:
+        """Mutates: `seq` finishes or is preempted: each kind takes back what it lent."""
+        for kind in self.kinds:
+            kind.release(seq)
+        self.cache.partials.forget_live(seq.block_ids)  # (a tail from here on, maybe)
+
+    def free(self, seq: Sequence) -> None:
+        """Mutates: `seq`'s blocks go back (it may have been the last holder)."""
+        self.pool.decref(seq.block_ids)
+        for kind in self.kinds:
+            kind.free(seq)
