@@ -74,3 +74,25 @@ def test_a_new_kind_is_one_class_the_scheduler_asks_without_knowing_it():
     assert outputs["first"] == outputs["again"] == want
     assert kind.calls["start"] == 2 and kind.calls["release"] == 2 and kind.calls["kept"] > 0
     engine.check_integrity()
+
+
+def test_windows_and_states_at_once_under_pool_pressure_match_mlx_lm():
+    """baichuan_m1 keeps window pages and recurrent states: its hits must end where both are
+    kept (a cut for one, then the other, could end where window pages are gone), and a batch
+    in a pool too small for it (the tree evicts) stays greedy-equal."""
+    model = build("baichuan_m1")
+    engine = make_engine(model, num_blocks=16, max_running=6, prefill_chunk=16)
+    system = [(3 * i + 1) % 90 + 2 for i in range(24)]
+    prompts = {f"p{i}": system + [(7 * j + i) % 90 + 2 for j in range(9 + 5 * i)] for i in range(5)}
+    want = {rid: reference_greedy(model, p, 8) for rid, p in prompts.items()}
+    for rid, prompt in prompts.items():
+        engine.add_request(rid, prompt, SamplingParams(max_tokens=8))
+    assert run_to_completion(engine) == want
+    assert engine.cache.evicted_blocks > 0  # the pool ran out: the tree gave blocks back
+    engine.check_integrity()
+    engine.add_request("again", prompts["p4"], SamplingParams(max_tokens=8))
+    finals = {}
+    while engine.has_work():
+        finals |= {d.request_id: d for d in engine.step() if d.finish_reason}
+    assert finals["again"].usage.cached_tokens > 0  # a hit both kinds agreed on
+    engine.check_integrity()
