@@ -14,6 +14,11 @@ one free list for both: a running sequence takes the free slot or, failing that,
 recently used snapshot; a snapshot is taken only into a free slot beyond the slots kept for
 running sequences (`reserved`), so snapshots never starve running work. States are large (tens
 of MiB per sequence for big hybrids): snapshots are few, counted, and evicted LRU.
+
+A running sequence may also keep one private copy (`keep`): its states at the latest block
+boundary its decode crossed, overwritten at the next one, and published as a snapshot when it
+ends (`publish`), so the next turn of a chat starts after the reply. It takes a spare slot
+like a snapshot does, and is nobody else's until published.
 """
 
 from __future__ import annotations
@@ -47,6 +52,7 @@ class StatePool:
         mx.eval(self.arrays)
         self._free = list(range(num_slots - 1, -1, -1))
         self._running: set[int] = set()
+        self._kept: set[int] = set()  # running sequences' private copies (`keep`)
         self.snapshots: OrderedDict[int, int] = OrderedDict()  # block hash -> slot, LRU first
         self.on_drop: Callable[[list[int]], None] | None = None  # hashes of dropped snapshots
         self.snapshots_taken = self.snapshot_hits = 0  # cumulative
@@ -91,12 +97,9 @@ class StatePool:
         if block_hash in self.snapshots:
             self.snapshots.move_to_end(block_hash)
             return True
-        spare = len(self._free) - max(0, self.reserved - len(self._running))
-        if spare <= 0:
-            if not self.snapshots:
-                return False
-            self._drop([next(iter(self.snapshots))])
-        target = self._free.pop()
+        target = self._spare()
+        if target is None:
+            return False
         self._copy(slot, target)
         self.snapshots[block_hash] = target
         self.snapshots_taken += 1
@@ -126,7 +129,47 @@ class StatePool:
     def clear(self) -> None:
         self._drop(list(self.snapshots))
 
+    # ---- a running sequence's private copy ----
+
+    def keep(self, slot: int, kept: int | None) -> int | None:
+        """Mutates: a copy of running `slot`'s states into `kept` (the sequence's previous
+        copy, overwritten) or, with None, a spare slot; the slot kept, or None when no slot
+        is spare beyond the reserved ones."""
+        if kept is None:
+            kept = self._spare()
+            if kept is None:
+                return None
+            self._kept.add(kept)
+        self._copy(slot, kept)
+        return kept
+
+    def publish(self, kept: int, block_hash: int) -> bool:
+        """Mutates: the copy `kept` becomes the snapshot after `block_hash`; False when that
+        snapshot existed already (the copy is freed)."""
+        self._kept.remove(kept)
+        if block_hash in self.snapshots:
+            self.snapshots.move_to_end(block_hash)
+            self._free.append(kept)
+            return False
+        self.snapshots[block_hash] = kept
+        self.snapshots_taken += 1
+        return True
+
+    def discard(self, kept: int) -> None:
+        """Mutates: a copy nobody will publish is freed."""
+        self._kept.remove(kept)
+        self._free.append(kept)
+
     # ---- internals ----
+
+    def _spare(self) -> int | None:
+        """Mutates: a free slot beyond those kept for running sequences (the LRU snapshot
+        dropped if it takes that), None when there is none."""
+        if len(self._free) - max(0, self.reserved - len(self._running)) <= 0:
+            if not self.snapshots:
+                return None
+            self._drop([next(iter(self.snapshots))])
+        return self._free.pop()
 
     def _take(self, keep: int | None = None) -> int:
         if not self._free:
@@ -157,6 +200,6 @@ class StatePool:
                 layer[i] = arr
 
     def check(self) -> None:
-        """Raise AssertionError unless every slot is exactly one of free, running, snapshot."""
-        kinds = [*self._free, *self._running, *self.snapshots.values()]
+        """Raise AssertionError unless every slot is exactly one of free, running, kept, snapshot."""
+        kinds = [*self._free, *self._running, *self._kept, *self.snapshots.values()]
         assert sorted(kinds) == list(range(self.num_slots)), "state slots double-booked or lost"
