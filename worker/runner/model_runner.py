@@ -234,7 +234,7 @@ class ModelRunner:
         with our_forward(layout.offsets), mrope_positions(at), deepstack_adds(adds):
             hidden = self.trunk.forward(tokens, self._entries(caches, states), embeddings)
         self.uncached_attention = UNCACHED.calls - before  # read by the load-time probe
-        self._state_written = [a for c in states for a in c.scatter()]
+        self._state_written = [a for c in states for a in c.write()]
         return hidden, layout
 
     def _embeddings(self, rows: list[Row], tokens: mx.array) -> tuple:
@@ -258,7 +258,7 @@ class ModelRunner:
         row's real length where rows are padded."""
         if self.states is None:
             return []
-        slots = mx.array([r.slot for r in rows], dtype=mx.int32)
+        slots = [r.slot for r in rows]
         lengths = [len(r.tokens) for r in rows]
         padded = lengths if any(n != width for n in lengths) else None
         return [StateCache(self.states, s, slots, padded) for s in range(len(self.states.shapes))]

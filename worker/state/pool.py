@@ -1,10 +1,10 @@
 """The state pool: what a hybrid model's recurrent layers keep per sequence, in slots.
 
 A recurrent layer (mlx-lm's `ArraysCache`: a convolution's last inputs, a linear-attention or
-state-space matrix) keeps a fixed-size state per sequence instead of a K/V that grows. Each
-state array of each recurrent layer is one `mx.array` of shape `(num_slots, *shape)`; a
-running sequence owns one slot (the same index in every array), which the forward gathers and
-scatters back (`worker.runner.state_cache`).
+state-space matrix) keeps a fixed-size state per sequence instead of a K/V that grows. A
+running sequence owns one slot, which holds its states of every recurrent layer
+(`worker.state.slot_arrays`: one array per slot, so that writing them back never copies the
+pool); a forward reads the rows' slots and writes them back (`worker.runner.state_cache`).
 
 Snapshots make prefix caching possible: a copy of a sequence's states taken where its
 computed tokens end on a block boundary, keyed by the chained hash of the block that ends
@@ -29,6 +29,8 @@ from collections.abc import Callable, Iterable
 
 import mlx.core as mx
 
+from worker.state.slot_arrays import SlotArrays
+
 # one recurrent layer's arrays: (per-sequence shape, dtype) of each
 StateShape = tuple[tuple[tuple[int, ...], mx.Dtype], ...]
 
@@ -45,11 +47,7 @@ class StatePool:
         if num_slots < reserved or reserved < 1:
             raise ValueError(f"{num_slots} state slots cannot keep {reserved} for running work")
         self.shapes, self.num_slots, self.reserved = list(shapes), num_slots, reserved
-        self.arrays: list[list[mx.array]] = [
-            [mx.zeros((num_slots, *shape), dtype=dtype) for shape, dtype in layer]
-            for layer in self.shapes
-        ]
-        mx.eval(self.arrays)
+        self.arrays = SlotArrays(self.shapes, num_slots)
         self._free = list(range(num_slots - 1, -1, -1))
         self._running: set[int] = set()
         self._kept: set[int] = set()  # running sequences' private copies (`keep`)
@@ -75,19 +73,20 @@ class StatePool:
         """Mutates: a slot of zeros for a new sequence; the LRU snapshot goes if none is free.
         Raises RuntimeError when every slot runs a sequence (check `room()` first)."""
         slot = self._take()
-        self._write([slot], None)
+        self.arrays.zero(slot)
         return slot
 
     def fork(self, slot: int) -> int:
         """Mutates: a new running slot holding a copy of `slot`'s states (an n > 1 choice)."""
         child = self._take()
-        self._copy(slot, child)
+        self.arrays.share(slot, child)
         return child
 
     def free(self, slot: int) -> None:
         """Mutates: a running sequence gives its slot back."""
         self._running.remove(slot)
         self._free.append(slot)
+        self.arrays.zero(slot)
 
     # ---- snapshots ----
 
@@ -100,7 +99,7 @@ class StatePool:
         target = self._spare()
         if target is None:
             return False
-        self._copy(slot, target)
+        self.arrays.copy(slot, target)
         self.snapshots[block_hash] = target
         self.snapshots_taken += 1
         return True
@@ -119,7 +118,7 @@ class StatePool:
         self.snapshots.move_to_end(block_hash)
         self.snapshot_hits += 1
         slot = self._take(keep=source)
-        self._copy(source, slot)
+        self.arrays.share(source, slot)
         return slot
 
     def forget(self, block_hashes: Iterable[int]) -> None:
@@ -140,7 +139,7 @@ class StatePool:
             if kept is None:
                 return None
             self._kept.add(kept)
-        self._copy(slot, kept)
+        self.arrays.copy(slot, kept)
         return kept
 
     def publish(self, kept: int, block_hash: int) -> bool:
@@ -150,6 +149,7 @@ class StatePool:
         if block_hash in self.snapshots:
             self.snapshots.move_to_end(block_hash)
             self._free.append(kept)
+            self.arrays.zero(kept)
             return False
         self.snapshots[block_hash] = kept
         self.snapshots_taken += 1
@@ -159,6 +159,7 @@ class StatePool:
         """Mutates: a copy nobody will publish is freed."""
         self._kept.remove(kept)
         self._free.append(kept)
+        self.arrays.zero(kept)
 
     # ---- internals ----
 
@@ -183,21 +184,11 @@ class StatePool:
 
     def _drop(self, hashes: list[int]) -> None:
         for h in hashes:
-            self._free.append(self.snapshots.pop(h))
+            slot = self.snapshots.pop(h)
+            self._free.append(slot)
+            self.arrays.zero(slot)
         if hashes and self.on_drop is not None:
             self.on_drop(hashes)
-
-    def _copy(self, src: int, dst: int) -> None:
-        self._write([dst], src)
-
-    def _write(self, slots: list[int], src: int | None) -> None:
-        """Slots set to zeros (`src` None) or to a copy of slot `src`, in every array."""
-        idx = mx.array(slots, dtype=mx.int32)
-        for layer in self.arrays:
-            for i, arr in enumerate(layer):
-                value = mx.zeros_like(arr[idx]) if src is None else arr[src : src + 1]
-                arr[idx] = value
-                layer[i] = arr
 
     def check(self) -> None:
         """Raise AssertionError unless every slot is exactly one of free, running, kept, snapshot."""
