@@ -181,7 +181,7 @@ class ModelRunner:
         for seq, key in zip(seqs, keys, strict=True):
             seq.rng_key = key
         unique, counts = _runs(seqs)
-        outputs = [*result.arrays(), *(k for k in keys if k is not None)]
+        outputs = [*result.arrays(), *(k for k in keys if k is not None), *self._state_written]
         if prompt is not None:
             outputs += prompt.arrays()
         return StepOutput(unique, counts, result.tokens, result.logprobs, outputs, prompt)
@@ -235,6 +235,8 @@ class ModelRunner:
             hidden = self.trunk.forward(tokens, self._entries(caches, states), embeddings)
         self.uncached_attention = UNCACHED.calls - before  # read by the load-time probe
         self._state_written = [a for c in states for a in c.write()]
+        if self.states is not None:  # snapshots taken since the last forward, evaluated now
+            self._state_written += self.states.arrays.take_copies()
         return hidden, layout
 
     def _embeddings(self, rows: list[Row], tokens: mx.array) -> tuple:

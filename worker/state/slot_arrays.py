@@ -13,7 +13,8 @@ this machine, where a scatter alone rose it by nothing). So a slot holds its own
 - it **writes** each row as a view of its output (`write`: nothing copied; the output's buffer
   lives while a slot still holds one of its rows, so until the rows' next forward, mostly);
 - snapshots and kept copies are `mx.contiguous` copies of one slot (their own buffer: they
-  outlive the batch's), and starting a sequence from one, or forking one, shares the arrays
+  outlive the batch's; evaluated with the next forward, `take_copies`, so that none holds a
+  batch's buffer longer), and starting a sequence from one, or forking one, shares the arrays
   (MLX arrays are never changed in place while shared). A slot of zeros holds nothing.
 """
 
@@ -36,6 +37,7 @@ class SlotArrays:
         self._sizes = [len(layer) for layer in shapes]
         # per layer: the rows its latest forward wrote, and that forward's outputs
         self._batch: list[tuple[tuple[int, ...], list[mx.array]] | None] = [None] * len(shapes)
+        self._copies: list[mx.array] = []  # copies not evaluated yet
 
     def read(self, layer: int, slots: list[int]) -> list[mx.array]:
         """The rows' states of `layer` (B, *shape), one array per state."""
@@ -62,7 +64,14 @@ class SlotArrays:
     def copy(self, src: int, dst: int) -> None:
         """Mutates: `dst` holds a copy of `src` in buffers of its own."""
         arrays = self._slots[src]
-        self._set(dst, None if arrays is None else [mx.contiguous(a) for a in arrays])
+        copies = None if arrays is None else [mx.contiguous(a) for a in arrays]
+        self._copies += copies or []
+        self._set(dst, copies)
+
+    def take_copies(self) -> list[mx.array]:
+        """Mutates: the copies made since the last call, for the next forward to evaluate."""
+        copies, self._copies = self._copies, []
+        return copies
 
     def share(self, src: int, dst: int) -> None:
         """Mutates: `dst` holds `src`'s states (the same arrays: nothing copied)."""
