@@ -334,9 +334,10 @@ class Scheduler:
         return known if self.config.enable_prefix_cache and seq.inserted_tokens == full else 0
 
     def _release(self, seq: Sequence) -> None:
-        self.kv.release(seq)
+        self.cache.partials.forget_live(seq.block_ids)  # (a tail from here on, maybe)
         if (known := self.cache_computed(seq)) % self.block_size:
             self.cache.insert_tail(seq.tokens[:known], seq.block_ids)  # kept for copying
+        self.kv.release(seq)  # (after its blocks: a state kept at the last one is kept)
         if seq.lock_node is not None:
             self.cache.unlock(seq.lock_node)
             seq.lock_node = None
@@ -345,5 +346,6 @@ class Scheduler:
 
     def drop(self, seq: Sequence) -> None:
         """Like remove, but nothing of `seq` enters the prefix cache (its KV is suspect)."""
+        self.kv.discard(seq)
         seq.inserted_tokens = max(seq.inserted_tokens, seq.num_computed)
         self.remove(seq)

@@ -39,6 +39,8 @@ class Sequence:
     state_slot: int = -1  # its recurrent layers' state slot (hybrid models: worker.state)
     # where a snapshot of its states is taken (block-aligned positions -> the block's hash)
     snapshot_at: dict[int, int] = field(default_factory=dict)
+    # its states at the latest block boundary its decode crossed: (position, state slot)
+    kept_state: tuple[int, int] | None = None
     rng_key: mx.array | None = None
     logprobs: list[float] = field(default_factory=list)
     num_preemptions: int = 0

@@ -6,15 +6,21 @@ were where the hit ends, so for these models a hit is the deepest matched block 
 snapshot (`cut`); the K/V blocks past it are computed again with the states.
 
 Where snapshots are taken decides what later prompts can hit (vLLM #45238), and each costs a
-whole state, so a sequence takes at most two, at block boundaries its prefill chunks are cut
-to end on (`chunk`):
+whole state, so a sequence takes at most three, two at block boundaries its prefill chunks are
+cut to end on (`chunk`):
 - **where its prompt left the cached tree**, when the tree held K/V blocks there but no
   snapshot: the radix tree branches there, so that prefix is one that several prompts
   share (a system prompt, a document asked about twice); the next prompt that shares it hits
   all of it. No client has to mark anything, and it works the same on every API;
 - **at its prompt's last whole block**: a chat's next turn extends this prompt, so the next
-  turn computes only this turn's reply and its new message.
-A snapshot per block is never taken: it would cost a state per block.
+  turn computes only this turn's reply and its new message;
+- **at its reply's last whole block**, published when it ends with its reply's blocks: the
+  next turn computes only its new message (and the reply's last partial block). Where a reply
+  ends is not known ahead, so its decode copies its states into one kept slot each time it
+  crosses a block boundary (`StatePool.keep`, overwritten each time): one state copy per
+  block of output, 1/block_size of a state per token beside the state each decode step
+  reads and writes anyway.
+A snapshot per block is never kept: it would cost a state per block.
 """
 
 from __future__ import annotations
@@ -74,6 +80,8 @@ class NoStates:
 
     def release(self, seq: Sequence) -> None: ...
 
+    def discard_kept(self, seq: Sequence) -> None: ...
+
 
 class SequenceStates:
     """State slots and snapshots for the scheduler's sequences."""
@@ -112,20 +120,44 @@ class SequenceStates:
         return min([n, *(p - start for p in seq.snapshot_at if p > start)])
 
     def computed(self, seq: Sequence) -> None:
-        """Mutates: after a forward; the snapshot where `seq`'s computed tokens now end."""
-        block_hash = seq.snapshot_at.pop(seq.num_computed, None)
-        if block_hash is not None and self.pool.snapshot(seq.state_slot, block_hash):
-            self._emit(StateSnapshotsStored((block_hash,)))
+        """Mutates: after a forward (lazily, before the next is built); the snapshot where
+        `seq`'s computed tokens now end, or past its prompt, at a block boundary, its states
+        kept there in place of the ones kept at the previous boundary."""
+        at = seq.num_computed
+        block_hash = seq.snapshot_at.pop(at, None)
+        if block_hash is not None:
+            if self.pool.snapshot(seq.state_slot, block_hash):
+                self._emit(StateSnapshotsStored((block_hash,)))
+        elif at % self.block_size == 0 and at >= seq.prompt_len:
+            kept = self.pool.keep(seq.state_slot, seq.kept_state[1] if seq.kept_state else None)
+            seq.kept_state = None if kept is None else (at, kept)
 
     def fork(self, parent: Sequence, child: Sequence) -> None:
         child.state_slot = self.pool.fork(parent.state_slot)
         child.snapshot_at = {}
 
     def release(self, seq: Sequence) -> None:
-        """Mutates: `seq` stops running (finished, aborted or preempted)."""
+        """Mutates: `seq` stops running (finished, aborted or preempted), after its computed
+        blocks entered the cache: the states it kept become the snapshot after its last
+        block there (the end of its reply), if that block did."""
+        if seq.kept_state is not None:
+            at, kept = seq.kept_state
+            if at <= seq.inserted_tokens:
+                block_hash = hash_blocks(seq.tokens[:at], self.block_size)[-1]
+                if self.pool.publish(kept, block_hash):
+                    self._emit(StateSnapshotsStored((block_hash,)))
+            else:
+                self.pool.discard(kept)
+            seq.kept_state = None
         if seq.state_slot >= 0:
             self.pool.free(seq.state_slot)
         seq.state_slot, seq.snapshot_at = -1, {}
+
+    def discard_kept(self, seq: Sequence) -> None:
+        """Mutates: `seq`'s kept states are not to be published (its K/V is suspect)."""
+        if seq.kept_state is not None:
+            self.pool.discard(seq.kept_state[1])
+            seq.kept_state = None
 
     def on_event(self, event: KVEvent) -> None:
         """The radix cache's news: blocks that left it take their snapshots along."""

@@ -181,7 +181,7 @@ class ModelRunner:
         for seq, key in zip(seqs, keys, strict=True):
             seq.rng_key = key
         unique, counts = _runs(seqs)
-        outputs = [*result.arrays(), *(k for k in keys if k is not None)]
+        outputs = [*result.arrays(), *(k for k in keys if k is not None), *self._state_written]
         if prompt is not None:
             outputs += prompt.arrays()
         return StepOutput(unique, counts, result.tokens, result.logprobs, outputs, prompt)
@@ -234,7 +234,9 @@ class ModelRunner:
         with our_forward(layout.offsets), mrope_positions(at), deepstack_adds(adds):
             hidden = self.trunk.forward(tokens, self._entries(caches, states), embeddings)
         self.uncached_attention = UNCACHED.calls - before  # read by the load-time probe
-        self._state_written = [a for c in states for a in c.scatter()]
+        self._state_written = [a for c in states for a in c.write()]
+        if self.states is not None:  # snapshots taken since the last forward, evaluated now
+            self._state_written += self.states.arrays.take_copies()
         return hidden, layout
 
     def _embeddings(self, rows: list[Row], tokens: mx.array) -> tuple:
@@ -258,7 +260,7 @@ class ModelRunner:
         row's real length where rows are padded."""
         if self.states is None:
             return []
-        slots = mx.array([r.slot for r in rows], dtype=mx.int32)
+        slots = [r.slot for r in rows]
         lengths = [len(r.tokens) for r in rows]
         padded = lengths if any(n != width for n in lengths) else None
         return [StateCache(self.states, s, slots, padded) for s in range(len(self.states.shapes))]

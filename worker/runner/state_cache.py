@@ -5,8 +5,9 @@ an `ArraysCache`: `cache[i]` the i-th state array for the batch (None: start fro
 `cache.lengths` each row's real token count when rows are right-padded (the layers then keep
 the state where each row's real tokens end, and `make_mask` masks the padding), and
 `cache.advance(n)` after the layer. A `StateCache` is that object over the `StatePool`: it
-starts as the batch's rows gathered from their slots, and `scatter` writes whatever the layer
-left back into those slots. One per layer and forward (each layer advances its own lengths).
+starts as the batch's rows read from their slots, and `write` puts whatever the layer left
+back into those slots (neither copies the pool: `worker.state.slot_arrays`). One per layer
+and forward (each layer advances its own lengths).
 """
 
 from __future__ import annotations
@@ -24,9 +25,9 @@ class StateCache(ArraysCache):
     """One recurrent layer's states for one forward's rows (an `ArraysCache`: some layers
     write their state back only into one)."""
 
-    def __init__(self, states: StatePool, layer: int, slots: mx.array, lengths: list[int] | None):
+    def __init__(self, states: StatePool, layer: int, slots: list[int], lengths: list[int] | None):
         self.states, self.layer, self.slots = states, layer, slots
-        self.cache: list[mx.array | None] = [a[slots] for a in states.arrays[layer]]
+        self.cache: list[mx.array | None] = states.arrays.read(layer, slots)
         self.lengths = None if lengths is None else mx.array(lengths, dtype=mx.int32)
         self.left_padding = None  # our rows are right-padded only
 
@@ -56,12 +57,10 @@ class StateCache(ArraysCache):
             return None
         return mx.arange(n)[None] < self.lengths[:, None]
 
-    def scatter(self) -> list[mx.array]:
-        """Mutates the pool: the layer's states after this forward back into the rows' slots;
-        returns the pool arrays written."""
-        written = []
-        for i, value in enumerate(self.cache):
-            arr = self.states.arrays[self.layer][i]
-            arr[self.slots] = value.astype(arr.dtype)
-            written.append(arr)
-        return written
+    def write(self) -> list[mx.array]:
+        """Mutates the pool: the layer's states after this forward are the rows' slots' now;
+        returns them (B, *shape), to be evaluated with the forward."""
+        dtypes = [dtype for _, dtype in self.states.shapes[self.layer]]
+        values = [v.astype(d) for v, d in zip(self.cache, dtypes, strict=True)]
+        self.states.arrays.write(self.layer, self.slots, values)
+        return values

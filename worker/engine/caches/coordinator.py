@@ -111,10 +111,14 @@ class CacheCoordinator:
             kind.fork(parent, child)
 
     def release(self, seq: Sequence) -> None:
-        """Mutates: `seq` finishes or is preempted: each kind takes back what it lent."""
+        """Mutates: `seq` finishes or is preempted, its blocks in the tree: each kind takes
+        back what it lent (states: a snapshot at its last block is kept, then its slot goes)."""
         for kind in self.kinds:
             kind.release(seq)
-        self.cache.partials.forget_live(seq.block_ids)  # (a tail from here on, maybe)
+
+    def discard(self, seq: Sequence) -> None:
+        for kind in self.kinds:
+            kind.discard(seq)
 
     def free(self, seq: Sequence) -> None:
         """Mutates: `seq`'s blocks go back (it may have been the last holder)."""

@@ -64,6 +64,9 @@ class CacheKind:
 
     def free(self, seq: Sequence) -> None: ...
 
+    def discard(self, seq: Sequence) -> None:
+        """Mutates: `seq` ends with its KV suspect: keep nothing of it for hits."""
+
     def give_up(self, block_ids: list[int]) -> None: ...
 
 
@@ -162,3 +165,6 @@ class StateKind(CacheKind):
 
     def release(self, seq: Sequence) -> None:
         self.states.release(seq)
+
+    def discard(self, seq: Sequence) -> None:
+        self.states.discard_kept(seq)

@@ -49,10 +49,10 @@ def _prompt(length: int, salt: int) -> list[int]:
     return [(7 * i + 3 + salt) % 90 + 1 for i in range(length)]
 
 
-def _run(engine, requests: dict[str, tuple[list[int], int]]):
+def _run(engine, requests: dict[str, tuple[list[int], int]], max_tokens: int = MAX_TOKENS):
     """Submit `requests` (id -> (prompt, n)) together; each choice's tokens, and usage."""
     for rid, (prompt, n) in requests.items():
-        engine.add_request(rid, prompt, SamplingParams(max_tokens=MAX_TOKENS), n=n)
+        engine.add_request(rid, prompt, SamplingParams(max_tokens=max_tokens), n=n)
     tokens: dict[tuple[str, int], list[int]] = {}
     usage = {}
     while engine.has_work():

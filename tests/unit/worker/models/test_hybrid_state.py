@@ -8,7 +8,9 @@ output equal to mlx-lm's own `generate_step` alone:
 - forked into two choices from one prefill (n = 2), each choice with its own state;
 - preempted and resumed under a pool too small for the batch;
 - a prefix several prompts share: the second prompt snapshots where it left the cached
-  tree, and the third starts there.
+  tree, and the third starts there;
+- a three-turn chat: each turn after the first starts from the snapshot its previous reply
+  left at its last whole block, and computes only its new message.
 """
 
 from __future__ import annotations
@@ -80,8 +82,25 @@ def test_shared_prefix_snapshot_where_the_prompt_left_the_tree():
     assert tokens[("third", 0)] == reference_greedy(model, third, MAX_TOKENS)
     events = engine.kv_events.drain()  # what the worker sends the router
     stored = [h for e in events if isinstance(e, StateSnapshotsStored) for h in e.block_hashes]
-    # each prompt's last whole block, and the second's branch point (24)
-    assert len(stored) == len(set(stored)) == 4
+    # each prompt's last whole block (32), the second's branch point (24), and each
+    # reply's last whole block (40: 37 prompt tokens and 5 generated, the last never run)
+    assert len(stored) == len(set(stored)) == 7
+    engine.check_integrity()
+
+
+@pytest.mark.parametrize("arch", ["qwen3_next", "mamba2"])
+def test_chat_turns_compute_only_their_new_message(arch):
+    model = build(arch)
+    engine = make_engine(model, prefill_chunk=16)
+    bs, history, cached = engine.block_size, _prompt(21, 4), 0
+    for turn in range(3):
+        tokens, usage = _run(engine, {f"t{turn}": (history, 1)}, max_tokens=11)
+        reply = tokens[(f"t{turn}", 0)]
+        assert reply == reference_greedy(model, history, 11)
+        assert usage[f"t{turn}"].cached_tokens == cached
+        # next turn: the previous prompt and reply's whole blocks (its last token never ran)
+        cached = (len(history) + len(reply) - 1) // bs * bs
+        history = history + reply + _prompt(6, turn)
     engine.check_integrity()
 
 
@@ -93,13 +112,14 @@ def test_snapshots_are_bounded_and_their_drops_announced():
     assert not pool.snapshots
     for salt in range(4):
         _run(engine, {f"r{salt}": (_prompt(20, 10 * salt), 1)})
-    assert len(pool.snapshots) == 2 and pool.snapshots_taken - taken == 4
+    # each: its prompt's last whole block (16) and its reply's (24: 20 + 5 - 1 computed)
+    assert len(pool.snapshots) == 2 and pool.snapshots_taken - taken == 8
     assert pool.snapshot_bytes == 2 * pool.bytes_per_slot
     load = engine.load()  # what the heartbeat reports (/v1/cluster, /metrics)
     assert (load.state_snapshots, load.state_snapshot_bytes) == (2, pool.snapshot_bytes)
     events = engine.kv_events.drain()
     dropped = [h for e in events if isinstance(e, StateSnapshotsDropped) for h in e.block_hashes]
-    assert len(dropped) == 2
+    assert len(dropped) == 6
     engine.check_integrity()
 
 
