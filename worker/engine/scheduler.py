@@ -1,13 +1,13 @@
 """Continuous batching over the paged KV: who runs this step, and with which blocks.
 
 Every step: each decoding sequence gets a slot for its next token (a new block when it
-crosses a boundary); what is left of the step's token budget goes to prefill chunks:
-first sequences already mid-prompt, then newly admitted ones (FIFO), each admitted with
-its longest cached prefix, and only when its whole prompt fits beside what the running
-sequences still need for theirs (no overcommit). When blocks run out, the prefix cache
-gives back its least recently used unreferenced blocks; when that is not enough, the newest
-running sequence is preempted (its computed blocks stay cached: cheap to recompute), requeued.
-"""
+crosses a boundary); what is left of the step's token budget goes to prefill chunks: first
+sequences already mid-prompt, then newly admitted ones (FIFO), each admitted with its longest
+cached prefix (the hit every cache kind agrees on: `self.kv`, worker/engine/caches/), and only
+when its whole prompt fits beside what the running sequences still need (no overcommit). When
+blocks run out, the prefix cache gives back its least recently used unreferenced blocks; when
+that is not enough, the newest running sequence is preempted (its computed blocks stay cached:
+cheap to recompute), requeued."""
 
 from __future__ import annotations
 
