@@ -5,9 +5,8 @@ crosses a boundary); what is left of the step's token budget goes to prefill chu
 sequences already mid-prompt, then newly admitted ones (FIFO), each admitted with its longest
 cached prefix (the hit every cache kind agrees on: `self.kv`, worker/engine/caches/), and only
 when its whole prompt fits beside what the running sequences still need (no overcommit). When
-blocks run out, the prefix cache gives back its least recently used unreferenced blocks; when
-that is not enough, the newest running sequence is preempted (its computed blocks stay cached:
-cheap to recompute), requeued."""
+blocks run out, the prefix cache gives back its least recently used unreferenced blocks; then
+the newest running sequence is preempted and requeued (its computed blocks stay cached)."""
 
 from __future__ import annotations
 
