@@ -145,6 +145,7 @@ def model_specs(args: argparse.Namespace, fleet) -> tuple[ModelSpec, ...]:
             tuple(m.aliases),
             m.tool_call_parser,
             m.reasoning_parser,
+            m.task,
         )  # fmt: skip
         for m in sections
     )
