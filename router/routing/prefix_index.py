@@ -27,7 +27,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable, Sequence
 
-from shared.prefix.hit_rule import HitRule
 from shared.kv_events import (
     AllBlocksCleared,
     BlockRemoved,
@@ -37,6 +36,7 @@ from shared.kv_events import (
     StateSnapshotsDropped,
     StateSnapshotsStored,
 )
+from shared.prefix.hit_rule import HitRule
 
 
 class _Incoming:
