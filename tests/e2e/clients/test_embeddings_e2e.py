@@ -24,7 +24,7 @@ from tests.support.arch_zoo.embedders import (
     save_bert_embedder,
     save_qwen3_embedder,
 )
-from tests.support.launched import launch_cluster, wait_for_models
+from tests.support.launched import get_json, launch_cluster, wait_for_models
 from tests.support.tp_group import save_tiny_model
 
 pytestmark = pytest.mark.slow
@@ -144,6 +144,11 @@ def post(base, path, body) -> tuple[int, dict]:
 
 def test_the_wrong_model_for_an_endpoint_is_a_400(fleet):
     base, _ = fleet
+    listed = {m["id"]: m for m in get_json(f"{base}/v1/models")["data"]}
+    assert {name: m["task"] for name, m in listed.items()} == {
+        "qwen3-embed": "embed", "bert-embed": "embed", "chat": "chat",
+    }  # fmt: skip
+    assert listed["qwen3-embed"]["dimensions"] == 32
     status, body = post(base, "/v1/embeddings", {"model": "chat", "input": "hello"})
     assert status == 400 and body["error"]["code"] == "model_task_mismatch"
     assert "chat model" in body["error"]["message"]
