@@ -6,6 +6,8 @@ Encoders (BERT family) load through mlx-embeddings, the optional `embeddings` ex
 
 from __future__ import annotations
 
+import json
+import struct
 from collections.abc import Callable
 from pathlib import Path
 
@@ -29,13 +31,56 @@ def load_trunk(model_dir: Path, spec: EmbeddingSpec, compute_dtype: str = "auto"
 
 
 def _decoder(model_dir: Path, compute_dtype: str) -> Trunk:
-    model, _ = load_model(model_dir, compute_dtype)
+    if bare_trunk(model_dir):
+        model = _load_bare_trunk(model_dir, compute_dtype)
+    else:
+        model, _ = load_model(model_dir, compute_dtype)
     inner = getattr(model, "model", None)
     if not callable(inner):
         raise TrunkUnavailable(
             f"{model_dir}: this mlx-lm architecture has no `model` trunk to embed with"
         )
     return lambda ids, _mask: inner(ids)  # causal: right padding never reaches real tokens
+
+
+def bare_trunk(model_dir: Path) -> bool:
+    """Weights saved from the trunk alone (`Qwen3Model`: `layers.0...`, no `model.` prefix
+    and no head), as Qwen3-Embedding ships them; read from the safetensors headers only."""
+    names = [name for path in model_dir.glob("model*.safetensors") for name in _tensor_names(path)]
+    return bool(names) and not any(name.startswith(("model.", "lm_head.")) for name in names)
+
+
+def _tensor_names(path: Path) -> list[str]:
+    with path.open("rb") as f:
+        (size,) = struct.unpack("<Q", f.read(8))
+        return [name for name in json.loads(f.read(size)) if name != "__metadata__"]
+
+
+def _load_bare_trunk(model_dir: Path, compute_dtype: str):
+    """mlx-lm's model of the architecture with the trunk's weights put under `model.`; its
+    head, never run here, is tied to the embedding so that nothing is missing."""
+    from mlx_lm.utils import _get_classes, dequantize_model
+    from mlx_lm.utils import load_model as load_mlx_lm
+
+    def prefixed(config: dict):
+        model_class, args_class = _get_classes(config)
+
+        class Prefixed(model_class):
+            def sanitize(self, weights):
+                weights = {f"model.{name}": value for name, value in weights.items()}
+                return super().sanitize(weights) if hasattr(super(), "sanitize") else weights
+
+        return Prefixed, args_class
+
+    model, _ = load_mlx_lm(
+        model_dir, model_config={"tie_word_embeddings": True}, get_model_classes=prefixed
+    )
+    dtype = resolve_compute_dtype(compute_dtype)
+    if dtype != "quantized":
+        model = dequantize_model(model)
+        model.set_dtype(getattr(mx, dtype))
+    mx.eval(model.parameters())
+    return model
 
 
 def _encoder(model_dir: Path, compute_dtype: str) -> Trunk:

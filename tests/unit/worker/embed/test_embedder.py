@@ -5,7 +5,9 @@ alone; Matryoshka truncation renormalizes."""
 from __future__ import annotations
 
 import dataclasses
+import shutil
 
+import mlx.core as mx
 import numpy as np
 import pytest
 
@@ -19,7 +21,7 @@ from tests.support.arch_zoo.embedders import (
 )
 from worker.embed.embedder import Embedder
 from worker.embed.pooling import finish
-from worker.embed.trunk import load_trunk
+from worker.embed.trunk import bare_trunk, load_trunk
 
 INPUTS = [[5, 9, 13, 40, 7, 22, 3], [11, 12], [30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 50], [8]]
 
@@ -55,6 +57,19 @@ def test_batches_of_any_size_give_the_same_vectors(qwen3_dir):
     apart, small = embed(qwen3_dir, INPUTS, max_batch_tokens=11)
     assert len(embedder.batches(INPUTS)) == 1 and len(small.batches(INPUTS)) > 2
     assert np.allclose(together, apart, atol=1e-5)
+
+
+def test_a_trunk_saved_alone_loads_as_qwen3_embedding_ships(qwen3_dir, tmp_path):
+    """Qwen3-Embedding's safetensors hold `layers.0...` (no `model.`, no head)."""
+    bare = tmp_path / "bare"
+    shutil.copytree(qwen3_dir, bare)
+    weights = mx.load(str(bare / "model.safetensors"))
+    trunk = {k.removeprefix("model."): v for k, v in weights.items() if k.startswith("model.")}
+    mx.save_safetensors(str(bare / "model.safetensors"), trunk)
+    assert bare_trunk(bare) and not bare_trunk(qwen3_dir)
+    vectors, _ = embed(bare, INPUTS)
+    for ids, got in zip(INPUTS, vectors, strict=True):
+        assert cosine(got, decoder_reference(qwen3_dir, ids)) >= 0.9999
 
 
 def test_encoder_vectors_equal_mlx_embeddings_own(bert_dir):
