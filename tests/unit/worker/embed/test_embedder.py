@@ -52,11 +52,23 @@ def test_decoder_vectors_equal_the_trunk_pooled_by_hand(qwen3_dir, pooling):
         assert abs(np.linalg.norm(got) - 1) < 1e-5
 
 
-def test_batches_of_any_size_give_the_same_vectors(qwen3_dir):
+def test_batches_of_any_size_give_the_same_vectors(qwen3_dir, monkeypatch):
+    monkeypatch.setattr("worker.embed.embedder.MAX_PADDING_RATIO", 100.0)  # pad freely
     together, embedder = embed(qwen3_dir, INPUTS)
     apart, small = embed(qwen3_dir, INPUTS, max_batch_tokens=11)
     assert len(embedder.batches(INPUTS)) == 1 and len(small.batches(INPUTS)) > 2
     assert np.allclose(together, apart, atol=1e-5)
+
+
+def test_batches_keep_padding_bounded():
+    embedder = Embedder(None, None, max_batch_tokens=64)
+    lengths = [30, 8, 9, 10, 31, 32, 11, 2]
+    batches = embedder.batches([[1] * n for n in lengths])
+    assert sorted(i for b in batches for i in b) == list(range(len(lengths)))
+    for batch in batches:
+        real = sum(lengths[i] for i in batch)
+        assert len(batch) * max(lengths[i] for i in batch) <= max(64, 1.25 * real)
+    assert [len(b) for b in batches] == [1, 4, 2, 1]  # 2 | 8 9 10 11 | 30 31 | 32: 64 tokens
 
 
 def test_a_trunk_saved_alone_loads_as_qwen3_embedding_ships(qwen3_dir, tmp_path):
