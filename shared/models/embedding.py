@@ -54,10 +54,17 @@ def model_task(model_dir: Path, declared: str | None = None) -> str:
     config = _read(model_dir / "config.json")
     if str(config.get("model_type", "")) in ENCODER_TYPES:
         return "embed"
-    architectures = config.get("architectures") or []
-    if architectures and all(str(a).endswith("Model") for a in architectures):
+    architectures = [str(a) for a in config.get("architectures") or []]
+    if architectures and all(map(_bare_trunk_name, architectures)):
         return "embed"  # a trunk without a head: BertModel, Qwen3Model
     return "chat"
+
+
+def _bare_trunk_name(architecture: str) -> bool:
+    """`BertModel`, `Qwen3Model`; not a head (`GPT2LMHeadModel`, `...ForCausalLM`), nor a
+    chat model whose class is named like a trunk (ChatGLM's `ChatGLMModel`)."""
+    named_like_trunk = architecture.endswith("Model") and not architecture.startswith("ChatGLM")
+    return named_like_trunk and "For" not in architecture and "Head" not in architecture
 
 
 def embedding_spec(model_dir: Path, declared: str | None = None) -> EmbeddingSpec | None:

@@ -31,6 +31,13 @@ def test_a_causal_lm_is_a_chat_model_unless_declared(tmp_path):
     assert not spec.matryoshka
 
 
+@pytest.mark.parametrize(
+    "architecture", ["GPT2LMHeadModel", "QWenLMHeadModel", "ChatGLMModel", "LlamaForCausalLM"]
+)
+def test_heads_named_like_trunks_are_chat_models(tmp_path, architecture):
+    assert model_task(model_dir(tmp_path, {"architectures": [architecture]})) == "chat"
+
+
 def test_a_bare_trunk_or_an_encoder_type_is_an_embedding_model(tmp_path):
     assert model_task(model_dir(tmp_path, {"architectures": ["Qwen3Model"]})) == "embed"
     bert = embedding_spec(model_dir(tmp_path, {"model_type": "bert", "architectures": []}))
