@@ -158,6 +158,11 @@ def test_the_wrong_model_for_an_endpoint_is_a_400(fleet):
         status, reply = post(base, path, body)
         assert status == 400 and reply["error"]["code"] == "model_task_mismatch", path
         assert "embedding model" in reply["error"]["message"]
+    # the chat model beside them still chats
+    status, reply = post(
+        base, "/v1/completions", {"model": "chat", "prompt": "hi", "max_tokens": 2}
+    )
+    assert status == 200 and reply["usage"]["completion_tokens"] >= 1
 
 
 @pytest.mark.parametrize(
