@@ -98,3 +98,13 @@ def test_matryoshka_truncates_then_normalizes():
     cut = finish(full, normalize=True, dimensions=2)
     assert cut.shape == (1, 2) and np.allclose(cut, [[0.6, 0.8]])
     assert np.allclose(finish(full, normalize=False), full)
+
+
+def test_an_encoder_without_the_extra_is_refused_saying_how(bert_dir, monkeypatch):
+    import sys
+
+    from worker.embed.trunk import TrunkUnavailable
+
+    monkeypatch.setitem(sys.modules, "mlx_embeddings.utils", None)  # as if not installed
+    with pytest.raises(TrunkUnavailable, match=r"mlx-fleet\[embeddings\]"):
+        load_trunk(bert_dir, embedding_spec(bert_dir))
