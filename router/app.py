@@ -8,7 +8,7 @@ from aiohttp import web
 
 from router.http import app_keys
 from router.http.api_keys import ApiKeys
-from router.http.endpoints import generation, info, stored_responses, tokenize
+from router.http.endpoints import embeddings, generation, info, stored_responses, tokenize
 from router.http.endpoints.dashboard import PAGE_PATHS, fleet_page
 from router.http.middleware import count_requests, errors_as_json
 from router.http.security import add_ratelimit_headers, limit_body, require_api_key
@@ -39,6 +39,7 @@ def create_app(config: RouterConfig) -> web.Application:
     app.router.add_post("/v1/chat/completions", generation.chat_completions)
     app.router.add_post("/v1/completions", generation.completions)
     app.router.add_post("/v1/messages", generation.messages)
+    app.router.add_post("/v1/embeddings", embeddings.embeddings)
     app.router.add_post("/v1/responses", generation.responses)
     app.router.add_get("/v1/responses/{id}", stored_responses.get)
     app.router.add_delete("/v1/responses/{id}", stored_responses.delete)

@@ -145,6 +145,7 @@ def model_specs(args: argparse.Namespace, fleet) -> tuple[ModelSpec, ...]:
             tuple(m.aliases),
             m.tool_call_parser,
             m.reasoning_parser,
+            m.task,
         )  # fmt: skip
         for m in sections
     )
@@ -195,12 +196,25 @@ def resolve_model_dirs(config: RouterConfig) -> RouterConfig:
     return dataclasses.replace(config, models=tuple(specs))
 
 
+def check_embedding_models(config: RouterConfig) -> None:
+    """An embedding model whose pipeline is not served stops the router in one line, before
+    the app starts (the app reads the same spec again: shared/models/embedding.py)."""
+    from shared.models.embedding import NotServable, embedding_spec
+
+    for spec in config.models:
+        try:
+            embedding_spec(spec.path, spec.task)
+        except NotServable as e:
+            raise SystemExit(f"router: model {spec.served_id}: {e}") from None
+
+
 def main(argv: list[str] | None = None) -> None:
     # transformers warns at import that PyTorch is missing: the router needs only its tokenizers
     os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
     config = parse_args(argv)
     check_security(config)
     config = resolve_model_dirs(config)
+    check_embedding_models(config)
     watch_parent()  # started by launch-cluster: go when it goes (macOS has no PDEATHSIG)
     web.run_app(
         create_app(config),

@@ -19,6 +19,7 @@ class ModelSpec:
     # its dialect, when the operator names it ([[models]] keys; None: detected)
     tool_call_parser: str | None = None
     reasoning_parser: str | None = None
+    task: str | None = None  # "chat" or "embed" ([[models]] `task`; None: detected)
 
     @property
     def served_id(self) -> str:

@@ -65,6 +65,30 @@ def no_vision(message: str, param: str | None = None) -> ApiError:
     return bad_request(message, param, NO_VISION)
 
 
+WRONG_TASK = "model_task_mismatch"  # the code of "this model does not serve this endpoint"
+
+
+def not_an_embedding_model(model: str) -> ApiError:
+    return bad_request(
+        f"The model '{model}' is a chat model and does not serve embeddings; send "
+        "/v1/embeddings to an embedding model (GET /v1/models lists them)",
+        "model",
+        WRONG_TASK,
+    )
+
+
+def only_embeddings(model: str, path: str) -> ApiError:
+    return bad_request(
+        f"The model '{model}' is an embedding model: it serves /v1/embeddings only, not {path}",
+        "model",
+        WRONG_TASK,
+    )
+
+
+def embedding_failed(message: str) -> ApiError:
+    return ApiError(500, message, code="embedding_failed", type="server_error")
+
+
 def no_workers(model: str) -> ApiError:
     return ApiError(
         503,

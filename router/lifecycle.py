@@ -20,10 +20,12 @@ from router.cluster.worker_socket import WorkerSocket
 from router.http import app_keys
 from router.http.budgets import budgets_of
 from router.routing.dispatcher import Dispatcher
+from router.routing.embed_jobs import EmbedDispatcher
 from router.routing.policy import make_policy
 from router.routing.prefix_index import PrefixIndex
 from router.store import open_state
 from router.text.tokenizer import ModelTokenizer
+from shared.models.embedding import embedding_spec
 
 if TYPE_CHECKING:
     from router.config import ModelSpec
@@ -110,7 +112,15 @@ async def cluster_ctx(app: web.Application) -> AsyncIterator[None]:
             prefill_min_tokens=config.prefill_min_tokens,
         )
         tokenizer = app[app_keys.TOKENIZERS][spec.served_id]
-        return ServedModel(spec, tokenizer, index, dispatcher, model_metrics)
+        served = ServedModel(spec, tokenizer, index, dispatcher, model_metrics)
+        served.embedding = embedding_spec(spec.path, spec.task)  # NotServable: says why
+        if served.embedding is not None:
+            served.embed_jobs = EmbedDispatcher(
+                registry, link.send, spec.served_id, config.max_pending_requests,
+                config.max_resubmits,
+            )  # fmt: skip
+            log.info("%s: an embedding model (%s)", spec.served_id, served.embedding)
+        return served
 
     models = ModelTable([serve(spec) for spec in config.models])
     cluster = Cluster(
@@ -140,6 +150,8 @@ async def abort_streams(app: web.Application) -> None:
     """on_shutdown: end every request in flight with an error, so open streams close."""
     for model in app.get(app_keys.MODELS, ()):
         model.dispatcher.fail_all("the router is shutting down")
+        if model.embed_jobs is not None:
+            model.embed_jobs.fail_all("the router is shutting down")
 
 
 def _task(coro: Coroutine) -> asyncio.Task:

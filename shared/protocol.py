@@ -106,6 +106,7 @@ class Register:
     # vision-language models: this worker takes images, or why not (the router's 400 says it)
     vision: bool = False
     vision_note: str = ""
+    task: str = "chat"  # or "embed" (it takes Embed): it must be its model's at the router
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,6 +214,17 @@ class TokenDelta:
     prompt_top_logprobs: tuple[TopLogprobs, ...] | None = None  # with prompt_logprobs > 0
 
 
+@dataclass(frozen=True, slots=True)
+class Embeddings:
+    """An Embed's answer: a vector per input, in order, as float32 little-endian bytes (4
+    bytes a value; floats in msgpack take 9), or an error."""
+
+    request_id: str
+    vectors: tuple[bytes, ...] = ()
+    prompt_tokens: int = 0
+    error: str | None = None
+
+
 # ---------------------------------------------------------------- router -> worker
 
 
@@ -271,6 +283,16 @@ class Generate:
 
 
 @dataclass(frozen=True, slots=True)
+class Embed:
+    """Embed each input (token ids); one Embeddings answers. `dimensions` (Matryoshka
+    models): keep this many values of each vector, then normalize (0: all)."""
+
+    request_id: str
+    inputs: tuple[tuple[int, ...], ...]
+    dimensions: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class Abort:
     """Stop a request and free its blocks; no further deltas are needed."""
 
@@ -291,18 +313,9 @@ class ReRegister:
 
 
 Message = (
-    Register
-    | Heartbeat
-    | TokenDelta
-    | KVEvents
-    | KVInventory
-    | RegisterAck
-    | Generate
-    | Abort
-    | Shutdown
-    | ReRegister
-    | SendInventory
-)
+    Register | Heartbeat | TokenDelta | KVEvents | KVInventory | RegisterAck | Generate | Abort
+    | Shutdown | ReRegister | SendInventory | Embed | Embeddings
+)  # fmt: skip
 
 # Tags are the wire contract: never renumber, only add.
 MESSAGE_TYPES: dict[int, type] = {
@@ -317,6 +330,8 @@ MESSAGE_TYPES: dict[int, type] = {
     13: Shutdown,
     14: ReRegister,
     15: SendInventory,
+    16: Embed,  # only to workers registered with task "embed"
+    17: Embeddings,
 }
 KV_EVENT_TYPES: dict[int, type] = {
     1: BlockStored, 2: BlockRemoved, 3: AllBlocksCleared, 4: BlockWindowsDropped,

@@ -149,6 +149,21 @@ def main(argv: list[str] | None = None) -> int:
     except (ModelNotFound, ValueError) as exc:
         print(f"cluster-worker: error: {exc}", file=sys.stderr)
         return 2
+    embedding = embedding_model(model_dir, model.task)
+    if isinstance(embedding, int):
+        return embedding
+    if embedding is not None:  # an embedding model: no engine, no KV pool (worker/embed/)
+        from worker.embed.loop import serve_embeddings
+        from worker.embed.trunk import TrunkUnavailable
+
+        watch_parent()
+        try:
+            return serve_embeddings(
+                model_dir, embedding, worker, model, config, worker_id, socket_setup(worker)
+            )
+        except TrunkUnavailable as exc:
+            print(f"cluster-worker: error: {exc}", file=sys.stderr)
+            return 2
     if worker.tp_hosts or "MLX_HOSTFILE" in os.environ:  # one rank of a tensor-parallel group
         from worker.tp.start import serve_group_rank
 
@@ -181,6 +196,18 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(sig, lambda *_: server.stop())
     watch_parent()  # started by launch-cluster: go when it goes (macOS has no PDEATHSIG)
     return server.serve_forever()
+
+
+def embedding_model(model_dir, task: str | None):
+    """The model's EmbeddingSpec, None for a chat model, or 2 (the exit code) after saying
+    why an embedding model cannot be served."""
+    from shared.models.embedding import NotServable, embedding_spec
+
+    try:
+        return embedding_spec(model_dir, task)
+    except NotServable as exc:
+        print(f"cluster-worker: error: {exc}", file=sys.stderr)
+        return 2
 
 
 def kv_publisher(worker):

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 from router.cluster.registry import WorkerRegistry, WorkerState
 from shared.protocol import (
     PROTOCOL_VERSION,
+    Embeddings,
     Heartbeat,
     KVEvents,
     KVInventory,
@@ -67,6 +68,10 @@ class Cluster:
             if msg.finish_reason == "error":
                 worker.note_error(msg.error or "a request failed")
             self._model_of(worker).dispatcher.on_delta(worker, msg)
+        elif isinstance(msg, Embeddings):
+            jobs = self._model_of(worker).embed_jobs
+            if jobs is not None:
+                jobs.on_reply(worker, msg)
         elif isinstance(msg, Heartbeat):
             self._heartbeat(worker, msg)
         elif isinstance(msg, KVEvents):
@@ -172,6 +177,12 @@ class Cluster:
             log.warning("rejected worker %s: %s", msg.worker_id, reason)
             self._send(identity, RegisterAck(accepted=False, reason=reason))
             return
+        task = "embed" if model.embedding is not None else "chat"
+        if msg.task != task:
+            reason = f"'{model.id}' is a {task} model here; this worker serves it as {msg.task}"
+            log.warning("rejected worker %s: %s", msg.worker_id, reason)
+            self._send(identity, RegisterAck(accepted=False, reason=reason))
+            return
         now = self._clock()
         state = WorkerState(msg, identity, last_seen=now, model=model.id, progress_at=now)
         replaced = self.registry.add(state)
@@ -232,3 +243,5 @@ class Cluster:
         model = self._model_of(worker)
         model.index.drop_worker(worker.worker_id)
         model.dispatcher.on_worker_lost(worker)
+        if model.embed_jobs is not None:
+            model.embed_jobs.on_worker_lost(worker)

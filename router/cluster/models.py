@@ -18,8 +18,10 @@ if TYPE_CHECKING:
     from router.config import ModelSpec
     from router.metrics.router_metrics import ModelMetrics
     from router.routing.dispatcher import Dispatcher
+    from router.routing.embed_jobs import EmbedDispatcher
     from router.routing.prefix_index import PrefixIndex
     from router.text.tokenizer import ModelTokenizer
+    from shared.models.embedding import EmbeddingSpec
 
 
 @dataclass(eq=False)
@@ -29,6 +31,9 @@ class ServedModel:
     index: PrefixIndex
     dispatcher: Dispatcher
     metrics: ModelMetrics
+    # an embedding model (shared/models/embedding.py): how it pools, and its jobs; None: chat
+    embedding: EmbeddingSpec | None = None
+    embed_jobs: EmbedDispatcher | None = None
 
     @property
     def id(self) -> str:

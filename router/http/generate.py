@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 
 from router.api.adapter import Api, ChoiceText, Reply
-from router.errors import ApiError, no_workers, overloaded
+from router.errors import ApiError, no_workers, only_embeddings, overloaded
 from router.http import app_keys, sse
 from router.http.access_log import note
 from router.http.body import json_object_body
@@ -44,6 +44,8 @@ async def generate(
     trace = RequestTrace.start(app[app_keys.TRACER], request.path, request.headers)  # None: off
     body = await json_object_body(request)
     served = app[app_keys.MODELS].for_request(body)
+    if served.embedding is not None:
+        raise only_embeddings(served.id, request.path)
     max_tokens_cap = app[app_keys.CONFIG].max_tokens_cap
     workers = app[app_keys.CLUSTER].registry.healthy(served.id)
     images = await request_images(app, served, api.image_parts(body), workers)

@@ -35,6 +35,10 @@ WORKER_ROLES = ("both", "prefill", "decode")
 # where stored /v1/responses replies live (router/store/__init__.py opens each)
 RESPONSE_STORES = ("sqlite", "memory", "redis")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+# what a model serves (shared/models/embedding.py detects it; a [[models]] `task` names it)
+MODEL_TASKS = ("chat", "embed")
+# how an embedding model turns a prompt's final hidden states into one vector
+POOLINGS = ("last", "mean", "cls")
 
 DEFAULT_BLOCK_SIZE = 32  # tokens per KV block
 # the engine's KV budget when neither bytes nor a share is set: this share of device memory

@@ -23,6 +23,7 @@ from shared.config.choices import (
     DEFAULT_ZMQ_ADDRESS,
     KV_BITS,
     LOG_LEVELS,
+    MODEL_TASKS,
     REASONING_PARSERS,
     SPECULATIVE_MODES,
     TOOL_CALL_PARSERS,
@@ -69,6 +70,11 @@ class ModelSection:
         None,
         string(REASONING_PARSERS, optional=True),
         "how this model marks its reasoning (default: detected)",
+    )
+    task: str | None = spec(
+        None,
+        string(MODEL_TASKS, optional=True),
+        "chat or embed (default: detected from config.json and sentence-transformers files)",
     )
 
     @property

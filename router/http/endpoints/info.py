@@ -42,7 +42,9 @@ def _model_json(app: web.Application, served: ServedModel) -> dict:
         "healthy_workers": len(app[app_keys.CLUSTER].registry.healthy(served.id)),
         "input_modalities": modalities,
         "dialect": _dialect(served),
-    }
+        # "embed": served by /v1/embeddings only, vectors of `dimensions` values
+        "task": "chat" if served.embedding is None else "embed",
+    } | ({} if served.embedding is None else {"dimensions": served.embedding.dimensions})
 
 
 def _dialect(served: ServedModel) -> dict | None:

@@ -16,6 +16,8 @@ from shared.protocol import (
     PROTOCOL_VERSION,
     Abort,
     AttentionReport,
+    Embed,
+    Embeddings,
     Generate,
     Heartbeat,
     KVEvents,
@@ -73,6 +75,10 @@ EXAMPLES = [
     Shutdown("bye"),
     ReRegister("router restarted"),
     SendInventory("events 4-6 lost"),
+    Register("w2", "qwen3-embed", 32, 0, "host-b", 7, task="embed"),
+    Embed("e-1#0", ((5, 6, 7), (8,)), dimensions=16),
+    Embeddings("e-1#0", (b"\x00\x00\x80?" * 4, b"\x00" * 16), prompt_tokens=4),
+    Embeddings("e-2#0", error="embedding failed: out of memory"),
 ]
 
 

@@ -7,6 +7,7 @@ import re
 import pytest
 
 from router.api.anthropic.parse import MESSAGES_FIELDS
+from router.api.embeddings.parse import FIELDS as EMBEDDINGS_FIELDS
 from router.api.openai.fields import CHAT_FIELDS, COMPLETION_FIELDS
 from router.api.responses.fields import RESPONSES_FIELDS
 from router.api.tokenize import COUNT_TOKENS_FIELDS, DETOKENIZE_FIELDS, TOKENIZE_FIELDS
@@ -20,6 +21,7 @@ SECTIONS = {
     "## POST /tokenize": TOKENIZE_FIELDS,
     "## POST /detokenize": DETOKENIZE_FIELDS,
     "## POST /v1/messages/count_tokens (Anthropic)": COUNT_TOKENS_FIELDS,
+    "## POST /v1/embeddings": EMBEDDINGS_FIELDS,
 }
 # Modules that read request bodies (render.py reads replies, not requests).
 READERS = [
@@ -30,6 +32,7 @@ READERS = [
     "api/openai/extensions",
     "api/tokenize",
     "api/anthropic/parse",
+    "api/embeddings/parse",
     "api/responses/parse",
     "api/responses/fields",
     "api/responses/tools",
