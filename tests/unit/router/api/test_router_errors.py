@@ -142,7 +142,7 @@ async def test_prompt_over_the_context_length(cluster):
 
 
 async def test_unknown_route_is_a_json_404(cluster):
-    error = await post_error(cluster, "/v1/embeddings", 404, json={})
+    error = await post_error(cluster, "/v1/fine_tuning/jobs", 404, json={})
     assert error["code"] == "not_found"
 
 
