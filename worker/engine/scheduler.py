@@ -345,6 +345,5 @@ class Scheduler:
 
     def drop(self, seq: Sequence) -> None:
         """Like remove, but nothing of `seq` enters the prefix cache (its KV is suspect)."""
-        self.kv.discard(seq)
         seq.inserted_tokens = max(seq.inserted_tokens, seq.num_computed)
         self.remove(seq)

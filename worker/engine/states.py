@@ -80,8 +80,6 @@ class NoStates:
 
     def release(self, seq: Sequence) -> None: ...
 
-    def discard_kept(self, seq: Sequence) -> None: ...
-
 
 class SequenceStates:
     """State slots and snapshots for the scheduler's sequences."""
@@ -139,10 +137,11 @@ class SequenceStates:
     def release(self, seq: Sequence) -> None:
         """Mutates: `seq` stops running (finished, aborted or preempted), after its computed
         blocks entered the cache: the states it kept become the snapshot after its last
-        block there (the end of its reply), if that block did."""
+        block there (the end of its reply), if that block did and no step still in flight
+        (or failed: `Scheduler.drop`) wrote them."""
         if seq.kept_state is not None:
             at, kept = seq.kept_state
-            if at <= seq.inserted_tokens:
+            if at <= min(seq.inserted_tokens, seq.num_computed - seq.num_in_flight):
                 block_hash = hash_blocks(seq.tokens[:at], self.block_size)[-1]
                 if self.pool.publish(kept, block_hash):
                     self._emit(StateSnapshotsStored((block_hash,)))
@@ -152,12 +151,6 @@ class SequenceStates:
         if seq.state_slot >= 0:
             self.pool.free(seq.state_slot)
         seq.state_slot, seq.snapshot_at = -1, {}
-
-    def discard_kept(self, seq: Sequence) -> None:
-        """Mutates: `seq`'s kept states are not to be published (its K/V is suspect)."""
-        if seq.kept_state is not None:
-            self.pool.discard(seq.kept_state[1])
-            seq.kept_state = None
 
     def on_event(self, event: KVEvent) -> None:
         """The radix cache's news: blocks that left it take their snapshots along."""

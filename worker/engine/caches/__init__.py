@@ -10,9 +10,8 @@ its SingleTypeKVCacheManagers is the model):
 - `hit`: how much of a prefix match every kind can serve (shared/prefix/hit_rule.py, the rule
   the router's index applies too), and what the hit holds until it is admitted or given up;
 - `room`, `plan`, `chunk`: whether a sequence can start now, where its prefill must stop;
-- `start`, `computed`, `fork`, `release`, `free`, `discard`, `give_up`: what each kind takes,
-  gives back or keeps as a sequence is admitted, advances, forks, finishes, is preempted or
-  dropped (its KV suspect);
+- `start`, `computed`, `fork`, `release`, `free`, `give_up`: what each kind takes, gives back
+  or keeps as a sequence is admitted, advances, forks, finishes or is preempted;
 - `cannot`: what the fleet must not do with the model (the disk tier, peer transfers, drafts),
   each refusal with its reason.
 

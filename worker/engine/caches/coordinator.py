@@ -116,10 +116,6 @@ class CacheCoordinator:
         for kind in self.kinds:
             kind.release(seq)
 
-    def discard(self, seq: Sequence) -> None:
-        for kind in self.kinds:
-            kind.discard(seq)
-
     def free(self, seq: Sequence) -> None:
         """Mutates: `seq`'s blocks go back (it may have been the last holder)."""
         self.pool.decref(seq.block_ids)

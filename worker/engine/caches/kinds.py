@@ -64,9 +64,6 @@ class CacheKind:
 
     def free(self, seq: Sequence) -> None: ...
 
-    def discard(self, seq: Sequence) -> None:
-        """Mutates: `seq` ends with its KV suspect: keep nothing of it for hits."""
-
     def give_up(self, block_ids: list[int]) -> None: ...
 
 
@@ -165,6 +162,3 @@ class StateKind(CacheKind):
 
     def release(self, seq: Sequence) -> None:
         self.states.release(seq)
-
-    def discard(self, seq: Sequence) -> None:
-        self.states.discard_kept(seq)
