@@ -21,7 +21,7 @@ from router.routing import disagg
 from router.routing.affinity import PrefixAffinity
 from router.routing.choose import PULL, choose
 from router.routing.job import Job as Job  # the handlers import it from here
-from shared.protocol import Abort, ImageInput, Message, TokenDelta, Usage
+from shared.protocol import INTERACTIVE, Abort, ImageInput, Message, TokenDelta, Usage
 
 if TYPE_CHECKING:
     from router.cluster.registry import WorkerRegistry, WorkerState
@@ -87,13 +87,14 @@ class Dispatcher:
         cache_key: str | None = None,
         trace: RequestTrace | None = None,
         images: tuple[ImageInput, ...] = (),
+        priority: int = INTERACTIVE,
     ) -> Job:
         """Route a new job and send it; Overloaded or NoWorkerAvailable if it cannot be.
         With n > 1 the handler reads each choice from `job.choices`."""
         if len(self._jobs) >= self._max_pending:
             raise Overloaded
         job = Job(request_id, tuple(prompt_ids), sampling, n=n, cache_key=cache_key, trace=trace)
-        job.images = images
+        job.images, job.priority = images, priority
         if n > 1:
             job.choices = [
                 Job(request_id, job.prompt_ids, sampling, parent=job, index=i) for i in range(n)

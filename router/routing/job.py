@@ -8,7 +8,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from shared.protocol import Generate, ImageInput, PullHint, TokenDelta
+from shared.protocol import INTERACTIVE, Generate, ImageInput, PullHint, TokenDelta
 
 if TYPE_CHECKING:
     from router.metrics.tracing import RequestTrace
@@ -43,6 +43,7 @@ class Job:
     # the prompt's images, in order (prompt_ids hold their keys): every leg and retry
     # carries them, and only workers that take images are sent the job
     images: tuple[ImageInput, ...] = ()
+    priority: int = INTERACTIVE  # Generate.priority: BATCH for a batch's lines
 
     @property
     def wire_id(self) -> str:
@@ -64,4 +65,6 @@ class Job:
             prior_output_tokens=len(self.generated),  # penalties and the grammar count them
         )
         ids = self.prompt_ids + tuple(self.generated)
-        return Generate(self.wire_id, ids, sampling, self.n, images=self.images)
+        return Generate(
+            self.wire_id, ids, sampling, self.n, images=self.images, priority=self.priority
+        )
