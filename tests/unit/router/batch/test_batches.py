@@ -1,0 +1,169 @@
+"""The Batch API over stand-in workers: a batch's lines answered as live requests are, at low
+priority; a malformed file fails validation with OpenAI's error lines, a bad line alone; a
+cancel stops it; a restarted router resumes it without repeating a line."""
+
+from __future__ import annotations
+
+import openai
+import pytest
+
+from shared.protocol import BATCH
+from tests.unit.router.batch.conftest import MODEL, chat_line, finished, jsonl, lines_of
+
+WINDOW = {"endpoint": "/v1/chat/completions", "completion_window": "24h"}
+
+
+async def start(api, lines: list[dict], **options):
+    source = await api.files.create(file=("in.jsonl", jsonl(lines)), purpose="batch")
+    return await api.batches.create(input_file_id=source.id, **{**WINDOW, **options})
+
+
+async def test_each_line_gets_the_body_a_live_request_gets(make_cluster):
+    cluster = await make_cluster()
+    worker = await cluster.add_worker("w0")
+    api = cluster.openai()
+    lines = [chat_line(f"q{i}", f"question {i} " * (i + 1)) for i in range(4)]
+    lines.append(chat_line("bad", "hi", max_tokens=-1))  # the endpoint refuses it: alone
+    batch = await start(api, lines, metadata={"job": "eval"})
+    assert batch.status == "validating" and batch.metadata == {"job": "eval"}
+    done = await finished(api, batch.id)
+    assert done.status == "completed", done
+    assert done.request_counts.model_dump() == {"total": 5, "completed": 4, "failed": 1}
+    assert done.completed_at and done.in_progress_at and done.finalizing_at
+    assert {g.priority for g in worker.received} == {BATCH}
+    output = {e["custom_id"]: e for e in await lines_of(api, done.output_file_id)}
+    errors = await lines_of(api, done.error_file_id)
+    assert sorted(output) == ["q0", "q1", "q2", "q3"]
+    for line in lines[:4]:
+        reply = await cluster.client.post("/v1/chat/completions", json=line["body"])
+        live = await reply.json()
+        got = output[line["custom_id"]]
+        assert got["error"] is None and got["response"]["status_code"] == 200
+        body = got["response"]["body"]
+        assert body["id"] == got["response"]["request_id"]
+        assert body["choices"] == live["choices"]
+        for count in ("prompt_tokens", "completion_tokens", "total_tokens"):  # (cached: the
+            assert body["usage"][count] == live["usage"][count]  # live one hits the cache)
+        assert body["object"] == "chat.completion" and body["model"] == MODEL
+    assert [e["custom_id"] for e in errors] == ["bad"]
+    with pytest.raises(openai.BadRequestError) as live_error:
+        await api.chat.completions.create(**lines[4]["body"])
+    assert errors[0]["response"]["status_code"] == 400
+    assert errors[0]["response"]["body"] == {"error": live_error.value.body}
+    outputs = (await api.files.list(purpose="batch_output")).data
+    assert {f.id for f in outputs} == {done.output_file_id, done.error_file_id}
+
+
+@pytest.mark.parametrize(
+    ("content", "codes"),
+    [
+        (b"not json\n", [("invalid_json_line", 1)]),
+        (jsonl([chat_line("a", "x"), chat_line("a", "y")]), [("duplicate_custom_id", 2)]),
+        (jsonl([{**chat_line("a", "x"), "url": "/v1/completions"}]), [("invalid_url", 1)]),
+        (jsonl([{**chat_line("a", "x"), "method": "GET"}]), [("invalid_method", 1)]),
+        (jsonl([{"custom_id": "a", "method": "POST", "url": "/v1/chat/completions"}]),
+         [("missing_required_parameter", 1)]),
+        (jsonl([chat_line("a", "x"), [1]]) + b"{\n", [("invalid_json_line", 2),
+                                                      ("invalid_json_line", 3)]),
+    ],
+)  # fmt: skip
+async def test_a_malformed_file_fails_validation_with_error_lines(make_cluster, content, codes):
+    cluster = await make_cluster()
+    await cluster.add_worker("w0")
+    api = cluster.openai()
+    source = await api.files.create(file=("in.jsonl", content), purpose="batch")
+    batch = await api.batches.create(input_file_id=source.id, **WINDOW)
+    done = await finished(api, batch.id)
+    assert done.status == "failed" and done.failed_at and done.output_file_id is None
+    assert [(e.code, e.line) for e in done.errors.data] == codes
+    assert all(e.message for e in done.errors.data)
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"endpoint": "/v1/images", "completion_window": "24h"}, "endpoint"),
+        ({"endpoint": "/v1/chat/completions", "completion_window": "1h"}, "completion_window"),
+        ({"endpoint": "/v1/chat/completions"}, "completion_window"),
+        ({**WINDOW, "metadata": {"k": 1}}, "metadata"),
+        ({**WINDOW, "priority": 2}, "priority"),
+    ],
+)
+async def test_a_bad_create_body_is_a_400(make_cluster, body, param):
+    cluster = await make_cluster()
+    api = cluster.openai()
+    source = await api.files.create(
+        file=("in.jsonl", jsonl([chat_line("a", "x")])), purpose="batch"
+    )
+    reply = await cluster.client.post("/v1/batches", json={"input_file_id": source.id, **body})
+    assert reply.status == 400
+    assert (await reply.json())["error"]["param"] == param
+
+
+async def test_an_unknown_file_or_batch_is_a_404(make_cluster):
+    api = (await make_cluster()).openai()
+    with pytest.raises(openai.NotFoundError):
+        await api.batches.create(input_file_id="file-nope", **WINDOW)
+    with pytest.raises(openai.NotFoundError):
+        await api.batches.retrieve("batch_nope")
+
+
+async def test_embeddings_lines_get_the_not_found_a_live_request_gets(make_cluster):
+    cluster = await make_cluster()
+    await cluster.add_worker("w0")
+    api = cluster.openai()
+    line = {"custom_id": "e", "method": "POST", "url": "/v1/embeddings",
+            "body": {"model": MODEL, "input": "hello"}}  # fmt: skip
+    batch = await start(api, [line], endpoint="/v1/embeddings")
+    done = await finished(api, batch.id)
+    live = await cluster.client.post("/v1/embeddings", json=line["body"])
+    [error] = await lines_of(api, done.error_file_id)
+    assert error["response"]["status_code"] == live.status
+    assert error["response"]["body"] == await live.json()
+
+
+async def test_a_cancelled_batch_keeps_its_answered_lines(make_cluster):
+    cluster = await make_cluster(batch_lines_per_worker=1)
+    await cluster.add_worker("w0", token_delay_s=0.02)
+    api = cluster.openai()
+    lines = [chat_line(f"q{i:02}", f"question {i}", max_tokens=3) for i in range(30)]
+    batch = await start(api, lines)
+    while (await api.batches.retrieve(batch.id)).request_counts.completed < 2:
+        await cluster.wait_until(lambda: True)
+    cancelling = await api.batches.cancel(batch.id)
+    assert cancelling.status == "cancelling" and cancelling.cancelling_at
+    done = await finished(api, batch.id)
+    assert done.status == "cancelled" and done.cancelled_at
+    output = await lines_of(api, done.output_file_id)
+    errors = await lines_of(api, done.error_file_id)
+    assert 2 <= len(output) < 30
+    assert all(e["error"]["code"] == "batch_cancelled" for e in errors)
+    assert sorted(e["custom_id"] for e in output + errors) == [f"q{i:02}" for i in range(30)]
+    assert done.request_counts.completed == len(output)
+    with pytest.raises(openai.APIStatusError) as e:
+        await api.batches.cancel(batch.id)
+    assert e.value.status_code == 409
+
+
+async def test_a_restarted_router_resumes_without_repeating_a_line(make_cluster, tmp_path):
+    store = tmp_path / "shared.sqlite3"
+    first = await make_cluster(responses_store_path=store, batch_lines_per_worker=1)
+    worker = await first.add_worker("w0", token_delay_s=0.02)
+    api = first.openai()
+    lines = [chat_line(f"q{i:02}", f"question {i}", max_tokens=3) for i in range(12)]
+    batch = await start(api, lines)
+    while (await api.batches.retrieve(batch.id)).request_counts.completed < 3:
+        await first.wait_until(lambda: True)
+    await first.close()  # the router goes (its lines in flight unrecorded)
+    asked_before = {g.request_id.split("#")[0] for g in worker.received}
+
+    second = await make_cluster(responses_store_path=store)
+    again = await second.add_worker("w1")
+    api = second.openai()
+    done = await finished(api, batch.id)
+    assert done.status == "completed" and done.request_counts.completed == 12
+    output = await lines_of(api, done.output_file_id)
+    assert sorted(e["custom_id"] for e in output) == [f"q{i:02}" for i in range(12)]
+    # the second router ran only what the first had not recorded
+    assert 0 < len(again.received) <= 12 - 3
+    assert len(asked_before) + len(again.received) >= 12
