@@ -154,7 +154,9 @@ async def batch_ctx(app: web.Application) -> AsyncIterator[None]:
 async def stop_batches(app: web.Application) -> None:
     """on_shutdown, before abort_streams: a batch's lines in flight stop unrecorded (the next
     start re-runs them) rather than recording the shutdown's error as their answer."""
-    await app[app_keys.BATCH_RUNNER].stop()
+    runner = app.get(app_keys.BATCH_RUNNER)
+    if runner is not None:
+        await runner.stop()
 
 
 async def abort_streams(app: web.Application) -> None:

@@ -34,7 +34,7 @@ from shared.protocol import BATCH as LOW_PRIORITY
 log = logging.getLogger(__name__)
 LEASE_S = 30.0
 SCAN_S = 2.0  # how often the store is looked at for batches to run (a create wakes it too)
-RETRY_S = 1.0  # a line answered 429/503 (no worker now, overloaded) is tried again after this
+RETRY_S = 0.5  # a line answered 429/503 (no worker now, overloaded) is tried again after this
 RETRIED = (429, 502, 503, 504)  # not an answer: the fleet could not take the line now
 MAX_ATTEMPTS_5XX = 3  # a line failing with 500 is tried this often before its error is kept
 NOT_FOUND = {"message": "Not Found", "type": "invalid_request_error", "param": None}
@@ -59,6 +59,8 @@ class BatchRunner:
                 await self._scan()
             except ApiError as e:  # the shared store is down: try again later
                 log.warning("batches: %s", e.message)
+            except Exception:
+                log.exception("batches: looking for work failed; trying again")
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), SCAN_S)
             self._wake.clear()
@@ -73,6 +75,11 @@ class BatchRunner:
                 await task
 
     async def _scan(self) -> None:
+        """Claim the active batches no one holds (a router without a healthy worker leaves
+        them to the routers that have one)."""
+        registry = self.app[app_keys.CLUSTER].registry
+        if not any(registry.healthy(model.id) for model in self.app[app_keys.MODELS]):
+            return
         for batch in await self.records.values(BATCH):
             batch_id = batch["id"]
             if batch["status"] not in ACTIVE or batch_id in self.running:
@@ -210,9 +217,9 @@ class Run:
         """The line's body through its endpoint's API (an endpoint not served: its 404)."""
         app, endpoint, owner = self.runner.app, self.batch["endpoint"], self.batch["owner"]
         if endpoint == "/v1/chat/completions":
-            return await answer(app, CHAT, body, LOW_PRIORITY)
+            return await answer(app, CHAT, body, LOW_PRIORITY, self._per_worker)
         if endpoint == "/v1/completions":
-            return await answer(app, COMPLETIONS, body, LOW_PRIORITY)
+            return await answer(app, COMPLETIONS, body, LOW_PRIORITY, self._per_worker)
         if endpoint == "/v1/responses":
             view = ScopedStore(owner)
             previous = body.get("previous_response_id")
@@ -220,11 +227,17 @@ class Run:
                 stored = await app[app_keys.RESPONSES].get(previous, owner)
                 if stored is not None:
                     view.loaded[previous] = stored
-            status, reply = await answer(app, ResponsesApi(view), body, LOW_PRIORITY)
+            status, reply = await answer(
+                app, ResponsesApi(view), body, LOW_PRIORITY, self._per_worker
+            )
             for entry in view.pending:
                 await app[app_keys.RESPONSES].put(entry)
             return status, reply
         return 404, {"error": {**NOT_FOUND, "code": "not_found"}}
+
+    @property
+    def _per_worker(self) -> int:
+        return self.runner.app[app_keys.CONFIG].batch_lines_per_worker
 
     def _counts(self) -> dict:
         ok = sum(1 for e in self.done.values() if e["response"]["status_code"] == 200)

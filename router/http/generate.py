@@ -92,10 +92,14 @@ async def parse_off_loop(app: web.Application, parse, *args):
     return await asyncio.get_running_loop().run_in_executor(pool, parse, *args)
 
 
-async def answer(app: web.Application, api: Api, body: dict, priority: int) -> tuple[int, dict]:
+async def answer(
+    app: web.Application, api: Api, body: dict, priority: int, per_worker: int = 0
+) -> tuple[int, dict]:
     """`body` answered whole, without an HTTP request (a batch's line, router/http/batches.py):
     the reply a live request with the same body gets (not streamed), as (status, body); an
-    error is its status and OpenAI error body. Nothing is charged to a key's budgets."""
+    error is its status and OpenAI error body. Nothing is charged to a key's budgets. With
+    `per_worker`, a worker already holding that many low-priority jobs is not chosen (all
+    are: 429, Overloaded)."""
     jobs: list[Job] = []
     served = None
     try:
@@ -107,9 +111,9 @@ async def answer(app: web.Application, api: Api, body: dict, priority: int) -> t
         request_id = api.new_id()
         for k, prompt_ids in enumerate(req.batch):
             one = replace(req, prompt_ids=prompt_ids)
-            jobs.append(start_job(served, f"{request_id}-{k}", one, priority=priority))
+            jobs.append(start_job(served, f"{request_id}-{k}", one, None, priority, per_worker))
         if not req.batch:
-            jobs.append(start_job(served, request_id, req, priority=priority))
+            jobs.append(start_job(served, request_id, req, None, priority, per_worker))
         reply = api.reply(req, request_id, served.tokenizer)
         options = TextOptions(req.include_stop_str, req.skip_special_tokens and not req.reads_chat)
         items = batch_pieces(jobs, req.n, served.tokenizer, served.dispatcher, req.stop, options)
@@ -131,6 +135,7 @@ def start_job(
     req: GenerationRequest,
     trace: RequestTrace | None = None,
     priority: int = INTERACTIVE,
+    per_worker: int = 0,
 ) -> Job:
     try:
         return served.dispatcher.start(
@@ -142,6 +147,7 @@ def start_job(
             trace=trace,
             images=req.images,
             priority=priority,
+            per_worker=per_worker,
         )
     except Overloaded:
         raise overloaded() from None

@@ -88,13 +88,14 @@ class Dispatcher:
         trace: RequestTrace | None = None,
         images: tuple[ImageInput, ...] = (),
         priority: int = INTERACTIVE,
+        per_worker: int = 0,
     ) -> Job:
         """Route a new job and send it; Overloaded or NoWorkerAvailable if it cannot be.
         With n > 1 the handler reads each choice from `job.choices`."""
         if len(self._jobs) >= self._max_pending:
             raise Overloaded
         job = Job(request_id, tuple(prompt_ids), sampling, n=n, cache_key=cache_key, trace=trace)
-        job.images, job.priority = images, priority
+        job.images, job.priority, job.per_worker = images, priority, per_worker
         if n > 1:
             job.choices = [
                 Job(request_id, job.prompt_ids, sampling, parent=job, index=i) for i in range(n)
@@ -220,6 +221,10 @@ class Dispatcher:
             workers = [w for w in workers if w.info.vision]
         if not workers:
             raise NoWorkerAvailable
+        if job.per_worker and job.worker_id is None:  # a batch line: to a worker with room
+            workers = [w for w in workers if self._low_priority_on(w) < job.per_worker]
+            if not workers:
+                raise Overloaded
         target = disagg.prefill_target(workers, job, self._index, self._prefill_min_tokens)
         if target is not None:
             self._start_prefill(job, target)
@@ -250,6 +255,10 @@ class Dispatcher:
         if job.trace is not None:
             msg = job.trace.routed(msg, worker.worker_id, matched, self._policy.name)
         self._send(worker.identity, msg)
+
+    def _low_priority_on(self, worker: WorkerState) -> int:
+        jobs = (self._jobs.get(wire_id) for wire_id in worker.inflight)
+        return sum(1 for job in jobs if job is not None and job.priority != INTERACTIVE)
 
     def _start_prefill(self, job: Job, worker: WorkerState) -> None:
         job.prefilling = job.prefill_tried = True

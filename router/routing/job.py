@@ -44,6 +44,7 @@ class Job:
     # carries them, and only workers that take images are sent the job
     images: tuple[ImageInput, ...] = ()
     priority: int = INTERACTIVE  # Generate.priority: BATCH for a batch's lines
+    per_worker: int = 0  # > 0: first routed only to a worker with fewer low-priority jobs
 
     @property
     def wire_id(self) -> str:

@@ -167,3 +167,26 @@ async def test_a_restarted_router_resumes_without_repeating_a_line(make_cluster,
     # the second router ran only what the first had not recorded
     assert 0 < len(again.received) <= 12 - 3
     assert len(asked_before) + len(again.received) >= 12
+
+
+async def test_a_batch_spreads_over_idle_workers(make_cluster):
+    cluster = await make_cluster(batch_lines_per_worker=2)
+    workers = [await cluster.add_worker(f"w{i}", token_delay_s=0.01) for i in range(2)]
+    api = cluster.openai()
+    lines = [chat_line(f"q{i:02}", f"tenant {i % 2} " * 12 + f"question {i}") for i in range(16)]
+    done = await finished(api, (await start(api, lines)).id)
+    assert done.request_counts.completed == 16
+    assert all(w.received for w in workers), [len(w.received) for w in workers]
+
+
+async def test_every_router_sharing_redis_sees_files_and_batches(make_cluster, redis_url):
+    first = await make_cluster(state_url=redis_url)
+    second = await make_cluster(state_url=redis_url)
+    await second.add_worker("w0")
+    a, b = first.openai(), second.openai()
+    source = await a.files.create(file=("in.jsonl", jsonl([chat_line("x", "hi")])), purpose="batch")
+    assert (await b.files.retrieve(source.id)).id == source.id
+    batch = await b.batches.create(input_file_id=source.id, **WINDOW)
+    done = await finished(a, batch.id)  # run by a router with a worker, seen from the other
+    assert done.status == "completed"
+    assert [e["custom_id"] for e in await lines_of(a, done.output_file_id)] == ["x"]
