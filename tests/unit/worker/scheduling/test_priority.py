@@ -82,3 +82,15 @@ def test_under_pressure_batch_sequences_are_preempted_and_interactive_ones_finis
     order = list(dict.fromkeys(finished))
     assert victims, "the pool is small enough that a preemption comes up"
     assert set(order[:2]) == {"i0", "i1"} and set(order) == {"i0", "i1", "b0", "b1"}
+
+
+def test_the_engine_queues_a_request_in_its_class():
+    """Generate.priority reaches the scheduler: a batch request waits behind interactive ones
+    that arrived after it (the worker loop passes `msg.priority` to add_request)."""
+    from tests.support.engine_fixtures import make_engine, tiny_model
+
+    engine = make_engine(tiny_model())
+    engine.add_request("batch", [1, 2, 3, 4, 5], SamplingParams(max_tokens=2), priority=BATCH)
+    engine.add_request("live", [6, 7, 8, 9], SamplingParams(max_tokens=2))
+    assert names(engine.scheduler.waiting) == ["live", "batch"]
+    assert [s.priority for s in engine.scheduler.waiting] == [INTERACTIVE, BATCH]
