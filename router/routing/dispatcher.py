@@ -222,7 +222,7 @@ class Dispatcher:
         if not workers:
             raise NoWorkerAvailable
         if job.per_worker and job.worker_id is None:  # a batch line: to a worker with room
-            workers = [w for w in workers if self._low_priority_on(w) < job.per_worker]
+            workers = [w for w in workers if self._low_priority_room(w, job.per_worker)]
             if not workers:
                 raise Overloaded
         target = disagg.prefill_target(workers, job, self._index, self._prefill_min_tokens)
@@ -256,9 +256,12 @@ class Dispatcher:
             msg = job.trace.routed(msg, worker.worker_id, matched, self._policy.name)
         self._send(worker.identity, msg)
 
-    def _low_priority_on(self, worker: WorkerState) -> int:
-        jobs = (self._jobs.get(wire_id) for wire_id in worker.inflight)
-        return sum(1 for job in jobs if job is not None and job.priority != INTERACTIVE)
+    def _low_priority_room(self, worker: WorkerState, per_worker: int) -> bool:
+        """Under `per_worker` low-priority jobs while idle, a quarter (>= 1) while busy."""
+        jobs = [j for j in map(self._jobs.get, worker.inflight) if j is not None]
+        low = sum(1 for job in jobs if job.priority != INTERACTIVE)
+        busy = len(jobs) > low
+        return low < (max(1, per_worker // 4) if busy else per_worker)
 
     def _start_prefill(self, job: Job, worker: WorkerState) -> None:
         job.prefilling = job.prefill_tried = True

@@ -4,6 +4,8 @@ cancel stops it; a restarted router resumes it without repeating a line."""
 
 from __future__ import annotations
 
+import asyncio
+
 import openai
 import pytest
 
@@ -190,3 +192,26 @@ async def test_every_router_sharing_redis_sees_files_and_batches(make_cluster, r
     done = await finished(a, batch.id)  # run by a router with a worker, seen from the other
     assert done.status == "completed"
     assert [e["custom_id"] for e in await lines_of(a, done.output_file_id)] == ["x"]
+
+
+async def test_a_busy_worker_takes_a_quarter_of_the_batch_lines(make_cluster):
+    """While an interactive request runs on the only worker, at most a quarter of
+    batch_lines_per_worker batch lines are in flight beside it; idle, all of them."""
+    cluster = await make_cluster(batch_lines_per_worker=8)
+    await cluster.add_worker("w0", token_delay_s=0.01)
+    api = cluster.openai()
+    live = asyncio.create_task(
+        api.chat.completions.create(**chat_line("live", "hi", max_tokens=120)["body"])
+    )
+    await cluster.wait_until(lambda: cluster.dispatcher.num_pending == 1)
+    lines = [chat_line(f"q{i:02}", f"question {i}", max_tokens=8) for i in range(40)]
+    batch = await start(api, lines)
+    beside = []
+    while not live.done():
+        beside.append(cluster.dispatcher.num_pending - 1)
+        await asyncio.sleep(0.01)
+    alone = []
+    while (await api.batches.retrieve(batch.id)).status != "completed":
+        alone.append(cluster.dispatcher.num_pending)
+        await asyncio.sleep(0.01)
+    assert max(beside) == 2 and max(alone) == 8
