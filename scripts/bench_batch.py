@@ -50,7 +50,9 @@ def p(values: list[float], q: float) -> float:
 
 async def interactive(url: str, seconds: float, concurrency: int, max_tokens: int) -> dict:
     ttfts: list[float] = []
-    deadline = time.monotonic() + seconds
+    worst: list[tuple[float, float]] = []  # (seconds into the window it started, its TTFT)
+    opened = time.monotonic()
+    deadline = opened + seconds
 
     async def client(k: int, session: aiohttp.ClientSession) -> None:
         n = 0
@@ -68,12 +70,14 @@ async def interactive(url: str, seconds: float, concurrency: int, max_tokens: in
                         first = time.monotonic() - started
             if first is not None:
                 ttfts.append(first)
+                worst.append((round(started - opened, 1), round(first, 3)))
 
     timeout = aiohttp.ClientTimeout(total=600)
     async with aiohttp.ClientSession(timeout=timeout) as session:
         await asyncio.gather(*(client(k, session) for k in range(concurrency)))
     return {"requests": len(ttfts), "ttft_p50_s": round(statistics.median(ttfts), 3),
-            "ttft_p95_s": round(p(ttfts, 0.95), 3)}  # fmt: skip
+            "ttft_p95_s": round(p(ttfts, 0.95), 3),
+            "ttft_worst": sorted(worst, key=lambda w: -w[1])[:3]}  # fmt: skip
 
 
 async def submit_batch(url: str, lines: int, max_tokens: int) -> str:

@@ -116,6 +116,7 @@ class Run:
         self.batch: dict = {}
         self.lines: list[Line] = []
         self.done: dict[int, dict] = {}  # answered lines by index (their output entries)
+        self.unplaced = 0  # lines sent to answer() and not yet on a worker
 
     async def run(self) -> None:
         self.batch = await self.records.get(BATCH, self.batch_id) or {}
@@ -157,7 +158,8 @@ class Run:
                 if ending := await self._ending():
                     await self._save(**ending)
                     return
-                while pending and len(flying) < self._room():
+                while pending and self._room() > 0:
+                    self.unplaced += 1
                     flying.add(loop.create_task(self._line(pending.popleft())))
                 finished, flying = await asyncio.wait(
                     flying, timeout=1.0, return_when="FIRST_COMPLETED"
@@ -171,12 +173,11 @@ class Run:
             await asyncio.gather(*flying, return_exceptions=True)
 
     def _room(self) -> int:
-        """Lines in flight allowed now: `batch_lines_per_worker` per healthy worker."""
-        registry = self.runner.app[app_keys.CLUSTER].registry
-        workers = {
-            w.worker_id for m in self.runner.app[app_keys.MODELS] for w in registry.healthy(m.id)
-        }
-        return max(1, len(workers)) * self.runner.app[app_keys.CONFIG].batch_lines_per_worker
+        """New lines to send now: what the workers have room for (Dispatcher.batch_room,
+        idle workers more than busy ones) less the lines sent and not yet placed."""
+        per_worker = self.runner.app[app_keys.CONFIG].batch_lines_per_worker
+        room = sum(m.dispatcher.batch_room(per_worker) for m in self.runner.app[app_keys.MODELS])
+        return room - self.unplaced
 
     async def _ending(self) -> dict | None:
         """The save that stops the batch (a cancel asked for, the window passed), or None."""
@@ -205,21 +206,39 @@ class Run:
         body = {**line.body, "stream": False}
         body.pop("stream_options", None)
         attempt = 0
-        while True:
-            status, reply = await self._answer(body)
+        while True:  # (the line counts as unplaced from its launch until a worker has it)
+            placed = self._placer()
+            try:
+                status, reply = await self._answer(body, placed)
+            finally:
+                placed()
             attempt += 1
             if status in RETRIED or (status >= 500 and attempt < MAX_ATTEMPTS_5XX):
+                self.unplaced += 1  # waiting to be placed again
                 await asyncio.sleep(RETRY_S)
                 continue
             return status, reply
 
-    async def _answer(self, body: dict) -> tuple[int, dict]:
-        """The line's body through its endpoint's API (an endpoint not served: its 404)."""
+    def _placer(self):
+        """A function that counts one line as placed, the first time it is called."""
+        unplaced = [True]
+
+        def placed() -> None:
+            if unplaced:
+                unplaced.pop()
+                self.unplaced -= 1
+
+        return placed
+
+    async def _answer(self, body: dict, placed) -> tuple[int, dict]:
+        """The line's body through its endpoint's API (an endpoint not served: its 404);
+        `placed()` once its job is on a worker."""
         app, endpoint, owner = self.runner.app, self.batch["endpoint"], self.batch["owner"]
+        lane = (LOW_PRIORITY, self._per_worker, placed)
         if endpoint == "/v1/chat/completions":
-            return await answer(app, CHAT, body, LOW_PRIORITY, self._per_worker)
+            return await answer(app, CHAT, body, *lane)
         if endpoint == "/v1/completions":
-            return await answer(app, COMPLETIONS, body, LOW_PRIORITY, self._per_worker)
+            return await answer(app, COMPLETIONS, body, *lane)
         if endpoint == "/v1/responses":
             view = ScopedStore(owner)
             previous = body.get("previous_response_id")
@@ -227,9 +246,7 @@ class Run:
                 stored = await app[app_keys.RESPONSES].get(previous, owner)
                 if stored is not None:
                     view.loaded[previous] = stored
-            status, reply = await answer(
-                app, ResponsesApi(view), body, LOW_PRIORITY, self._per_worker
-            )
+            status, reply = await answer(app, ResponsesApi(view), body, *lane)
             for entry in view.pending:
                 await app[app_keys.RESPONSES].put(entry)
             return status, reply

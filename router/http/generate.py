@@ -93,13 +93,18 @@ async def parse_off_loop(app: web.Application, parse, *args):
 
 
 async def answer(
-    app: web.Application, api: Api, body: dict, priority: int, per_worker: int = 0
+    app: web.Application,
+    api: Api,
+    body: dict,
+    priority: int,
+    per_worker: int = 0,
+    placed: Callable[[], None] | None = None,
 ) -> tuple[int, dict]:
     """`body` answered whole, without an HTTP request (a batch's line, router/http/batches.py):
     the reply a live request with the same body gets (not streamed), as (status, body); an
     error is its status and OpenAI error body. Nothing is charged to a key's budgets. With
     `per_worker`, a worker already holding that many low-priority jobs is not chosen (all
-    are: 429, Overloaded)."""
+    are: 429, Overloaded); `placed()` is called once its jobs are on workers."""
     jobs: list[Job] = []
     served = None
     try:
@@ -114,6 +119,8 @@ async def answer(
             jobs.append(start_job(served, f"{request_id}-{k}", one, None, priority, per_worker))
         if not req.batch:
             jobs.append(start_job(served, request_id, req, None, priority, per_worker))
+        if placed is not None:
+            placed()
         reply = api.reply(req, request_id, served.tokenizer)
         options = TextOptions(req.include_stop_str, req.skip_special_tokens and not req.reads_chat)
         items = batch_pieces(jobs, req.n, served.tokenizer, served.dispatcher, req.stop, options)

@@ -21,6 +21,7 @@ from router.routing import disagg
 from router.routing.affinity import PrefixAffinity
 from router.routing.choose import PULL, choose
 from router.routing.job import Job as Job  # the handlers import it from here
+from router.routing.job import batch_room
 from shared.protocol import INTERACTIVE, Abort, ImageInput, Message, TokenDelta, Usage
 
 if TYPE_CHECKING:
@@ -222,7 +223,8 @@ class Dispatcher:
         if not workers:
             raise NoWorkerAvailable
         if job.per_worker and job.worker_id is None:  # a batch line: to a worker with room
-            workers = [w for w in workers if self._low_priority_room(w, job.per_worker)]
+            per = job.per_worker
+            workers = [w for w in workers if batch_room(self._jobs, w.inflight, per) > 0]
             if not workers:
                 raise Overloaded
         target = disagg.prefill_target(workers, job, self._index, self._prefill_min_tokens)
@@ -256,12 +258,10 @@ class Dispatcher:
             msg = job.trace.routed(msg, worker.worker_id, matched, self._policy.name)
         self._send(worker.identity, msg)
 
-    def _low_priority_room(self, worker: WorkerState, per_worker: int) -> bool:
-        """Under `per_worker` low-priority jobs while idle, a quarter (>= 1) while busy."""
-        jobs = [j for j in map(self._jobs.get, worker.inflight) if j is not None]
-        low = sum(1 for job in jobs if job.priority != INTERACTIVE)
-        busy = len(jobs) > low
-        return low < (max(1, per_worker // 4) if busy else per_worker)
+    def batch_room(self, per_worker: int) -> int:
+        """Low-priority jobs the healthy workers may take now (job.batch_room, summed)."""
+        healthy = self._registry.healthy(self.model)
+        return sum(max(0, batch_room(self._jobs, w.inflight, per_worker)) for w in healthy)
 
     def _start_prefill(self, job: Job, worker: WorkerState) -> None:
         job.prefilling = job.prefill_tried = True

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -69,3 +70,13 @@ class Job:
         return Generate(
             self.wire_id, ids, sampling, self.n, images=self.images, priority=self.priority
         )
+
+
+def batch_room(jobs: dict[str, Job], wire_ids: Iterable[str], per_worker: int) -> int:
+    """Low-priority jobs a worker running `wire_ids` (of `jobs`) may still take: up to
+    `per_worker` while it runs no interactive job, a quarter of that (at least 1) while it
+    does (a batch fills idle workers and trickles beside live traffic); negative when over."""
+    jobs = [job for job in map(jobs.get, wire_ids) if job is not None]  # (ours: one model's)
+    low = sum(1 for job in jobs if job.priority != INTERACTIVE)
+    bound = max(1, per_worker // 4) if len(jobs) > low else per_worker
+    return bound - low
