@@ -126,6 +126,7 @@ async def main(args) -> None:
         batch_id = await submit_batch(url, args.lines, args.batch_tokens)
         beside = await interactive(url, args.seconds, args.concurrency, args.max_tokens)
         during = (await batch_state(url, batch_id))["request_counts"]["completed"]
+        window_end = time.monotonic()
         print(json.dumps({"config": "with_batch", **beside, "batch_lines_during": during}),
               flush=True)  # fmt: skip
         while (state := await batch_state(url, batch_id))["status"] not in (
@@ -139,6 +140,11 @@ async def main(args) -> None:
             "batch_status": state["status"], "batch_completed": counts["completed"],
             "batch_failed": counts["failed"], "batch_seconds": round(took, 1),
             "batch_lines_per_s": round(counts["completed"] / took, 2),
+            # after the interactive window the worker is the batch's alone: its idle rate
+            "batch_idle_lines_per_s": round(
+                (counts["completed"] - during) / (time.monotonic() - window_end), 2
+            ),
+            "batch_beside_lines_per_s": round(during / (window_end - started), 2),
             "ttft_p95_ratio": round(beside["ttft_p95_s"] / alone["ttft_p95_s"], 2),
             "ttft_p50_ratio": round(beside["ttft_p50_s"] / alone["ttft_p50_s"], 2),
         }), flush=True)  # fmt: skip

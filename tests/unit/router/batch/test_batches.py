@@ -215,3 +215,30 @@ async def test_a_busy_worker_takes_a_quarter_of_the_batch_lines(make_cluster):
         alone.append(cluster.dispatcher.num_pending)
         await asyncio.sleep(0.01)
     assert max(beside) == 2 and max(alone) == 8
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "body", "kind"),
+    [
+        ("/v1/completions", {"prompt": "Once upon", "max_tokens": 4}, "text_completion"),
+        ("/v1/responses", {"input": "hi", "max_output_tokens": 4}, "response"),
+    ],
+)
+async def test_completions_and_responses_lines(make_cluster, endpoint, body, kind):
+    cluster = await make_cluster()
+    await cluster.add_worker("w0")
+    api = cluster.openai()
+    body = {"model": MODEL, "temperature": 0, **body}
+    line = {"custom_id": "one", "method": "POST", "url": endpoint, "body": body}
+    done = await finished(api, (await start(api, [line], endpoint=endpoint)).id)
+    [entry] = await lines_of(api, done.output_file_id)
+    got = entry["response"]["body"]
+    live = await (await cluster.client.post(endpoint, json=body)).json()
+    assert got["object"] == live["object"] == kind
+    assert text_of(got) == text_of(live) and text_of(got)
+
+
+def text_of(body: dict) -> str:
+    if body["object"] == "text_completion":
+        return body["choices"][0]["text"]
+    return "".join(part["text"] for item in body["output"] for part in item["content"])
