@@ -97,15 +97,16 @@ class BatchRunner:
                 await asyncio.wait([run], timeout=LEASE_S / 3)
                 if not run.done() and not await self.records.claim(batch_id, self.holder, LEASE_S):
                     log.warning("batch %s: its lease went to another router", batch_id)
-                    run.cancel()
-            run.result()
-        except asyncio.CancelledError:
-            run.cancel()
-            raise
-        except Exception:
-            log.exception("batch %s stopped on an error; it is taken up again", batch_id)
+                    break
         finally:
-            self.wake()
+            if not run.done():
+                run.cancel()
+                await asyncio.gather(run, return_exceptions=True)
+        if not run.cancelled() and (error := run.exception()) is not None:
+            # taken up again at the next scan (not at once: the error may be lasting)
+            log.error("batch %s stopped on an error", batch_id, exc_info=error)
+        else:
+            self.wake()  # a batch done: look for the next
 
 
 class Run:

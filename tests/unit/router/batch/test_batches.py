@@ -242,3 +242,22 @@ def text_of(body: dict) -> str:
     if body["object"] == "text_completion":
         return body["choices"][0]["text"]
     return "".join(part["text"] for item in body["output"] for part in item["content"])
+
+
+async def test_an_expired_batch_keeps_its_answered_lines(make_cluster, monkeypatch):
+    from router.http import batch_runner
+
+    cluster = await make_cluster(batch_lines_per_worker=1)
+    await cluster.add_worker("w0", token_delay_s=0.02)
+    api = cluster.openai()
+    lines = [chat_line(f"q{i:02}", f"question {i}", max_tokens=3) for i in range(20)]
+    batch = await start(api, lines)
+    while (await api.batches.retrieve(batch.id)).request_counts.completed < 2:
+        await asyncio.sleep(0.01)
+    monkeypatch.setattr(batch_runner, "_now", lambda: batch.expires_at + 1)  # 24 h later
+    done = await finished(api, batch.id)
+    assert done.status == "expired" and done.expired_at == batch.expires_at + 1
+    output = await lines_of(api, done.output_file_id)
+    errors = await lines_of(api, done.error_file_id)
+    assert 2 <= len(output) < 20 and len(output) + len(errors) == 20
+    assert {e["error"]["code"] for e in errors} == {"batch_expired"}
