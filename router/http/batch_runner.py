@@ -136,9 +136,10 @@ class Run:
         return await self.records.get_blob(self.batch["input_file_id"]) or b""
 
     async def _validate(self) -> bool:
-        """validating -> in_progress, or failed with the file's error lines."""
-        if await self._cancel_asked():
-            await self._save(status="cancelling", ending="cancelled")
+        """validating -> in_progress, or failed with the file's error lines (or straight
+        to its end: cancelled, expired)."""
+        if (ending := await self._ending()) is not None:
+            await self._save(**ending)
             return True
         lines, errors = parse_input(await self._input(), self.batch["endpoint"])
         if errors:
@@ -162,6 +163,9 @@ class Run:
                 while pending and self._room() > 0:
                     self.unplaced += 1
                     flying.add(loop.create_task(self._line(pending.popleft())))
+                if not flying:  # no room anywhere (no healthy worker, other batches)
+                    await asyncio.sleep(RETRY_S)
+                    continue
                 finished, flying = await asyncio.wait(
                     flying, timeout=1.0, return_when="FIRST_COMPLETED"
                 )

@@ -261,3 +261,14 @@ async def test_an_expired_batch_keeps_its_answered_lines(make_cluster, monkeypat
     errors = await lines_of(api, done.error_file_id)
     assert 2 <= len(output) < 20 and len(output) + len(errors) == 20
     assert {e["error"]["code"] for e in errors} == {"batch_expired"}
+
+
+async def test_a_batch_waits_for_a_worker(make_cluster):
+    cluster = await make_cluster()
+    api = cluster.openai()
+    batch = await start(api, [chat_line("a", "hi"), chat_line("b", "bye")])
+    await asyncio.sleep(0.5)
+    assert (await api.batches.retrieve(batch.id)).status == "validating"
+    await cluster.add_worker("w0")
+    done = await finished(api, batch.id)
+    assert done.status == "completed" and done.request_counts.completed == 2
