@@ -22,7 +22,15 @@ from collections import deque
 from aiohttp import web
 
 from router.api.batch.inputs import Line, answered, jsonl, parse_input, prefix_order, unanswered
-from router.api.batch.objects import ACTIVE, BATCH, CANCEL, FILE, file_record, lines_of
+from router.api.batch.objects import (
+    ACTIVE,
+    BATCH,
+    CANCEL,
+    FILE,
+    OUTPUT_PURPOSE,
+    file_record,
+    lines_of,
+)
 from router.api.openai.adapter import CHAT, COMPLETIONS
 from router.api.responses.adapter import ResponsesApi
 from router.api.responses.store import ScopedStore
@@ -291,7 +299,7 @@ class Run:
         data = jsonl(entries)
         filename = f"{self.batch_id}_{name}.jsonl"
         record = file_record(
-            file_id, filename, "batch_output", len(data), _now(), self.batch["owner"]
+            file_id, filename, OUTPUT_PURPOSE, len(data), _now(), self.batch["owner"]
         )
         await self.records.put_blob(file_id, data)
         await self.records.put(FILE, file_id, record)

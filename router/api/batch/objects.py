@@ -14,7 +14,7 @@ from typing import Protocol
 from router.errors import ApiError, bad_request
 
 FILE_PURPOSES = ("batch",)  # what a client may upload (OpenAI's others are not served here)
-OUTPUT_PURPOSES = ("batch_output",)  # what the runner writes
+OUTPUT_PURPOSE = "batch_output"  # of the files the runner writes
 ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses")
 COMPLETION_WINDOWS = {"24h": 24 * 3600}
 # statuses in which a runner still has work (validating -> in_progress -> finalizing)
