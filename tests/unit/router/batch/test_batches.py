@@ -272,3 +272,19 @@ async def test_a_batch_waits_for_a_worker(make_cluster):
     await cluster.add_worker("w0")
     done = await finished(api, batch.id)
     assert done.status == "completed" and done.request_counts.completed == 2
+
+
+async def test_a_worker_dying_mid_batch_loses_and_repeats_no_line(make_cluster):
+    cluster = await make_cluster(batch_lines_per_worker=2)
+    for i in range(2):
+        await cluster.add_worker(f"w{i}", token_delay_s=0.02)
+    api = cluster.openai()
+    lines = [chat_line(f"q{i:02}", f"question {i}", max_tokens=4) for i in range(16)]
+    batch = await start(api, lines)
+    while (await api.batches.retrieve(batch.id)).request_counts.completed < 3:
+        await asyncio.sleep(0.01)
+    await cluster.kill_worker("w0")  # its lines in flight move to w1 (the dispatcher's resubmit)
+    done = await finished(api, batch.id)
+    assert done.status == "completed" and done.request_counts.completed == 16
+    output = await lines_of(api, done.output_file_id)
+    assert sorted(e["custom_id"] for e in output) == [f"q{i:02}" for i in range(16)]
