@@ -8,11 +8,26 @@ from aiohttp import web
 
 from router.http import app_keys
 from router.http.api_keys import ApiKeys
-from router.http.endpoints import embeddings, generation, info, stored_responses, tokenize
+from router.http.endpoints import (
+    batches,
+    embeddings,
+    files,
+    generation,
+    info,
+    stored_responses,
+    tokenize,
+)
 from router.http.endpoints.dashboard import PAGE_PATHS, fleet_page
 from router.http.middleware import count_requests, errors_as_json
 from router.http.security import add_ratelimit_headers, limit_body, require_api_key
-from router.lifecycle import abort_streams, cluster_ctx, state_ctx, tokenizer_ctx
+from router.lifecycle import (
+    abort_streams,
+    batch_ctx,
+    cluster_ctx,
+    state_ctx,
+    stop_batches,
+    tokenizer_ctx,
+)
 from router.metrics.router_metrics import Metrics
 from router.metrics.tracing import router_tracer
 
@@ -35,6 +50,8 @@ def create_app(config: RouterConfig) -> web.Application:
     app.cleanup_ctx.append(state_ctx)  # stored responses, budgets: opened first, closed last
     app.cleanup_ctx.append(tokenizer_ctx)
     app.cleanup_ctx.append(cluster_ctx)
+    app.cleanup_ctx.append(batch_ctx)  # after the cluster: its lines need the dispatchers
+    app.on_shutdown.append(stop_batches)
     app.on_shutdown.append(abort_streams)
     app.router.add_post("/v1/chat/completions", generation.chat_completions)
     app.router.add_post("/v1/completions", generation.completions)
@@ -45,6 +62,15 @@ def create_app(config: RouterConfig) -> web.Application:
     app.router.add_delete("/v1/responses/{id}", stored_responses.delete)
     app.router.add_get("/v1/responses/{id}/input_items", stored_responses.input_items)
     app.router.add_post("/v1/responses/{id}/cancel", stored_responses.cancel)
+    app.router.add_post("/v1/files", files.upload)
+    app.router.add_get("/v1/files", files.list_files)
+    app.router.add_get("/v1/files/{id}", files.retrieve)
+    app.router.add_delete("/v1/files/{id}", files.delete)
+    app.router.add_get("/v1/files/{id}/content", files.content)
+    app.router.add_post("/v1/batches", batches.create)
+    app.router.add_get("/v1/batches", batches.list_batches)
+    app.router.add_get("/v1/batches/{id}", batches.retrieve)
+    app.router.add_post("/v1/batches/{id}/cancel", batches.cancel)
     app.router.add_post("/v1/messages/count_tokens", tokenize.count_tokens)
     app.router.add_post("/tokenize", tokenize.tokenize)
     app.router.add_post("/detokenize", tokenize.detokenize)

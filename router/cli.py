@@ -38,7 +38,8 @@ ROUTER_FLAGS = (
     "wedged_after_s", "max_pending_requests", "tokenizer_threads", "context_length", "tool_call_parser",
     "reasoning_parser",
     "chat_template", "state_url", "responses_store", "responses_store_path", "responses_store_size",
-    "responses_store_bytes", "responses_store_ttl_s",
+    "responses_store_bytes", "responses_store_ttl_s", "batch_file_max_bytes",
+    "batch_file_max_lines", "batch_lines_per_worker",
 )  # fmt: skip
 SECURITY_FLAGS = (
     "api_keys_file", "max_body_bytes", "max_tokens_cap", "per_key_concurrency", "key_rpm",

@@ -18,6 +18,7 @@ from router.cluster.models import ModelTable, ServedModel
 from router.cluster.registry import WorkerRegistry
 from router.cluster.worker_socket import WorkerSocket
 from router.http import app_keys
+from router.http.batch_runner import BatchRunner
 from router.http.budgets import budgets_of
 from router.routing.dispatcher import Dispatcher
 from router.routing.embed_jobs import EmbedDispatcher
@@ -39,6 +40,7 @@ async def state_ctx(app: web.Application) -> AsyncIterator[None]:
     config = app[app_keys.CONFIG]
     state = open_state(config)
     app[app_keys.RESPONSES] = state.responses
+    app[app_keys.RECORDS] = state.records
     app[app_keys.BUDGETS] = budgets_of(config, state.ledger)
     budgets = "shared (state_url)" if config.state_url else "memory"  # the URL may hold a password
     log.info("stored responses: %s; key budgets: %s", state.where, budgets)
@@ -144,6 +146,27 @@ async def cluster_ctx(app: web.Application) -> AsyncIterator[None]:
         with contextlib.suppress(asyncio.CancelledError):
             await task
     link.close()
+
+
+async def batch_ctx(app: web.Application) -> AsyncIterator[None]:
+    """The Batch API's runner (router/http/batch_runner.py): it takes up the batches in the
+    store, those a previous run of this router left unfinished included."""
+    runner = BatchRunner(app)
+    app[app_keys.BATCH_RUNNER] = runner
+    task = _task(runner.watch())
+    yield
+    await runner.stop()
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+
+
+async def stop_batches(app: web.Application) -> None:
+    """on_shutdown, before abort_streams: a batch's lines in flight stop unrecorded (the next
+    start re-runs them) rather than recording the shutdown's error as their answer."""
+    runner = app.get(app_keys.BATCH_RUNNER)
+    if runner is not None:
+        await runner.stop()
 
 
 async def abort_streams(app: web.Application) -> None:

@@ -280,6 +280,12 @@ class Generate:
     prefill_only: bool = False
     # images: `token_ids` hold image keys where their tokens go, `images` their files
     images: tuple[ImageInput, ...] = ()
+    # the scheduler's class: INTERACTIVE work is admitted first, BATCH work preempted first
+    # (an older worker ignores the field: every request is then interactive)
+    priority: int = 0
+
+
+INTERACTIVE, BATCH = 0, 1  # Generate.priority
 
 
 @dataclass(frozen=True, slots=True)

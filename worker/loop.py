@@ -227,7 +227,9 @@ class WorkerLoop:
             sampling, n = self.prefill_only.start(msg.request_id), 1
         ids = list(msg.token_ids)
         try:
-            self.engine.add_request(msg.request_id, ids, sampling, n, msg.images, prepared)
+            self.engine.add_request(
+                msg.request_id, ids, sampling, n, msg.images, prepared, msg.priority
+            )
         except (InvalidRequest, EngineOverloaded) as exc:
             self.prefill_only.forget(msg.request_id)
             self._refuse(msg, exc)

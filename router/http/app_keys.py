@@ -6,6 +6,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from aiohttp import web
 
+from router.api.batch.objects import Records
 from router.api.responses.store import ResponseStore
 from router.cluster.listener import Cluster
 from router.cluster.models import ModelTable
@@ -28,3 +29,5 @@ API_KEYS = web.AppKey("api_keys", ApiKeys)
 RESPONSES = web.AppKey("responses", ResponseStore)  # /v1/responses kept (router/store/)
 BUDGETS = web.AppKey("budgets", KeyBudgets)  # requests and tokens per minute per key
 TRACER = web.AppKey("tracer", object)  # an OpenTelemetry Tracer; None: tracing off
+RECORDS = web.AppKey("records", Records)  # files, batches, their progress (router/store/)
+BATCH_RUNNER = web.AppKey("batch_runner", object)  # router/http/batch_runner.BatchRunner

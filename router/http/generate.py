@@ -29,6 +29,7 @@ from router.http.security import charge_tokens
 from router.metrics.tracing import RequestTrace
 from router.routing.dispatcher import Job, NoWorkerAvailable, Overloaded
 from router.text.pieces import TextOptions, batch_pieces, usage_of_all
+from shared.protocol import INTERACTIVE
 
 if TYPE_CHECKING:
     from router.api.request import GenerationRequest
@@ -93,8 +94,57 @@ async def parse_off_loop(app: web.Application, parse, *args):
     return await asyncio.get_running_loop().run_in_executor(pool, parse, *args)
 
 
+async def answer(
+    app: web.Application,
+    api: Api,
+    body: dict,
+    priority: int,
+    per_worker: int = 0,
+    placed: Callable[[], None] | None = None,
+) -> tuple[int, dict]:
+    """`body` answered whole, without an HTTP request (a batch's line, router/http/batches.py):
+    the reply a live request with the same body gets (not streamed), as (status, body); an
+    error is its status and OpenAI error body. Nothing is charged to a key's budgets. With
+    `per_worker`, a worker already holding that many low-priority jobs is not chosen (all
+    are: 429, Overloaded); `placed()` is called once its jobs are on workers."""
+    jobs: list[Job] = []
+    served = None
+    try:
+        served = app[app_keys.MODELS].for_request(body)
+        workers = app[app_keys.CLUSTER].registry.healthy(served.id)
+        images = await request_images(app, served, api.image_parts(body), workers)
+        cap = app[app_keys.CONFIG].max_tokens_cap
+        req = await parse_off_loop(app, api.parse, body, served.tokenizer, served.id, cap, images)
+        request_id = api.new_id()
+        for k, prompt_ids in enumerate(req.batch):
+            one = replace(req, prompt_ids=prompt_ids)
+            jobs.append(start_job(served, f"{request_id}-{k}", one, None, priority, per_worker))
+        if not req.batch:
+            jobs.append(start_job(served, request_id, req, None, priority, per_worker))
+        if placed is not None:
+            placed()
+        reply = api.reply(req, request_id, served.tokenizer)
+        options = TextOptions(req.include_stop_str, req.skip_special_tokens and not req.reads_chat)
+        items = batch_pieces(jobs, req.n, served.tokenizer, served.dispatcher, req.stop, options)
+        async with contextlib.aclosing(items):
+            choices = await _choices(items)
+        usage = usage_of_all(jobs)
+        served.metrics.usage(usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens)
+        return 200, reply.whole(choices, usage)
+    except ApiError as e:
+        return e.status, e.body()
+    finally:
+        for job in jobs:
+            served.dispatcher.cancel(job)
+
+
 def start_job(
-    served: ServedModel, request_id: str, req: GenerationRequest, trace: RequestTrace | None = None
+    served: ServedModel,
+    request_id: str,
+    req: GenerationRequest,
+    trace: RequestTrace | None = None,
+    priority: int = INTERACTIVE,
+    per_worker: int = 0,
 ) -> Job:
     try:
         return served.dispatcher.start(
@@ -105,6 +155,8 @@ def start_job(
             cache_key=req.cache_key,
             trace=trace,
             images=req.images,
+            priority=priority,
+            per_worker=per_worker,
         )
     except Overloaded:
         raise overloaded() from None
@@ -115,6 +167,17 @@ def start_job(
 async def _whole(
     request: web.Request, served: ServedModel, jobs: list[Job], reply: Reply, items, before_end
 ) -> web.Response:
+    choices = await _choices(items)
+    usage = usage_of_all(jobs)
+    _count_usage(request, served, usage)
+    body = reply.whole(choices, usage)
+    if before_end is not None:
+        await before_end()
+    return web.json_response(body)
+
+
+async def _choices(items) -> list[ChoiceText]:
+    """Every choice's text, last piece and logprobs, read to the end of `items`."""
     texts: dict[int, list[str]] = {}
     entries: dict[int, list] = {}
     last = {}
@@ -122,13 +185,7 @@ async def _whole(
         texts.setdefault(index, []).append(piece.text)
         entries.setdefault(index, []).extend(piece.logprobs)
         last[index] = piece
-    choices = [ChoiceText("".join(texts[i]), last[i], tuple(entries[i])) for i in sorted(texts)]
-    usage = usage_of_all(jobs)
-    _count_usage(request, served, usage)
-    body = reply.whole(choices, usage)
-    if before_end is not None:
-        await before_end()
-    return web.json_response(body)
+    return [ChoiceText("".join(texts[i]), last[i], tuple(entries[i])) for i in sorted(texts)]
 
 
 async def _stream(

@@ -56,7 +56,14 @@ def prefill_target(
 
 def prefill_message(job: Job) -> Generate:
     """The prefill leg's Generate (its own wire id: `job.prefilling` is set)."""
-    return Generate(job.wire_id, job.prompt_ids, job.sampling, prefill_only=True, images=job.images)
+    return Generate(
+        job.wire_id,
+        job.prompt_ids,
+        job.sampling,
+        prefill_only=True,
+        images=job.images,
+        priority=job.priority,
+    )
 
 
 def handover_from(worker: WorkerState | None, job: Job) -> PullHint | None:

@@ -21,7 +21,8 @@ from router.routing import disagg
 from router.routing.affinity import PrefixAffinity
 from router.routing.choose import PULL, choose
 from router.routing.job import Job as Job  # the handlers import it from here
-from shared.protocol import Abort, ImageInput, Message, TokenDelta, Usage
+from router.routing.job import batch_room
+from shared.protocol import INTERACTIVE, Abort, ImageInput, Message, TokenDelta, Usage
 
 if TYPE_CHECKING:
     from router.cluster.registry import WorkerRegistry, WorkerState
@@ -87,13 +88,15 @@ class Dispatcher:
         cache_key: str | None = None,
         trace: RequestTrace | None = None,
         images: tuple[ImageInput, ...] = (),
+        priority: int = INTERACTIVE,
+        per_worker: int = 0,
     ) -> Job:
         """Route a new job and send it; Overloaded or NoWorkerAvailable if it cannot be.
         With n > 1 the handler reads each choice from `job.choices`."""
         if len(self._jobs) >= self._max_pending:
             raise Overloaded
         job = Job(request_id, tuple(prompt_ids), sampling, n=n, cache_key=cache_key, trace=trace)
-        job.images = images
+        job.images, job.priority, job.per_worker = images, priority, per_worker
         if n > 1:
             job.choices = [
                 Job(request_id, job.prompt_ids, sampling, parent=job, index=i) for i in range(n)
@@ -219,6 +222,11 @@ class Dispatcher:
             workers = [w for w in workers if w.info.vision]
         if not workers:
             raise NoWorkerAvailable
+        if job.per_worker and job.worker_id is None:  # a batch line: to a worker with room
+            per = job.per_worker
+            workers = [w for w in workers if batch_room(self._jobs, w.inflight, per) > 0]
+            if not workers:
+                raise Overloaded
         target = disagg.prefill_target(workers, job, self._index, self._prefill_min_tokens)
         if target is not None:
             self._start_prefill(job, target)
@@ -249,6 +257,11 @@ class Dispatcher:
         if job.trace is not None:
             msg = job.trace.routed(msg, worker.worker_id, matched, self._policy.name)
         self._send(worker.identity, msg)
+
+    def batch_room(self, per_worker: int) -> int:
+        """Low-priority jobs the healthy workers may take now (job.batch_room, summed)."""
+        healthy = self._registry.healthy(self.model)
+        return sum(max(0, batch_room(self._jobs, w.inflight, per_worker)) for w in healthy)
 
     def _start_prefill(self, job: Job, worker: WorkerState) -> None:
         job.prefilling = job.prefill_tried = True

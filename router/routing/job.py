@@ -5,10 +5,11 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from shared.protocol import Generate, ImageInput, PullHint, TokenDelta
+from shared.protocol import INTERACTIVE, Generate, ImageInput, PullHint, TokenDelta
 
 if TYPE_CHECKING:
     from router.metrics.tracing import RequestTrace
@@ -43,6 +44,8 @@ class Job:
     # the prompt's images, in order (prompt_ids hold their keys): every leg and retry
     # carries them, and only workers that take images are sent the job
     images: tuple[ImageInput, ...] = ()
+    priority: int = INTERACTIVE  # Generate.priority: BATCH for a batch's lines
+    per_worker: int = 0  # > 0: first routed only to a worker with fewer low-priority jobs
 
     @property
     def wire_id(self) -> str:
@@ -64,4 +67,16 @@ class Job:
             prior_output_tokens=len(self.generated),  # penalties and the grammar count them
         )
         ids = self.prompt_ids + tuple(self.generated)
-        return Generate(self.wire_id, ids, sampling, self.n, images=self.images)
+        return Generate(
+            self.wire_id, ids, sampling, self.n, images=self.images, priority=self.priority
+        )
+
+
+def batch_room(jobs: dict[str, Job], wire_ids: Iterable[str], per_worker: int) -> int:
+    """Low-priority jobs a worker running `wire_ids` (of `jobs`) may still take: up to
+    `per_worker` while it runs no interactive job, a quarter of that (at least 1) while it
+    does (a batch fills idle workers and trickles beside live traffic); negative when over."""
+    jobs = [job for job in map(jobs.get, wire_ids) if job is not None]  # (ours: one model's)
+    low = sum(1 for job in jobs if job.priority != INTERACTIVE)
+    bound = max(1, per_worker // 4) if len(jobs) > low else per_worker
+    return bound - low

@@ -1,5 +1,6 @@
-"""Where the router keeps what outlives one request: the stored /v1/responses replies and each
-API key's budget windows (router/http/budgets.py).
+"""Where the router keeps what outlives one request: the stored /v1/responses replies, each
+API key's budget windows (router/http/budgets.py), and the Batch API's files, batches and
+their progress (router/store/records.py, redis_records.py: they follow the responses' store).
 
 A router alone keeps them itself: replies in a SQLite file by default (router/store/sqlite.py,
 one per router), or in memory; budgets in memory. With `state_url`, both live in the fleet's
@@ -10,15 +11,18 @@ same budgets. `open_state` is the one front; nothing else picks a backend.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from router.store.memory import MemoryResponses
 from router.store.paths import default_store_path
+from router.store.records import MemoryRecords, SqliteRecords, records_path
 from router.store.windows import Ledger, MemoryLedger
 from shared.config.fields import ConfigError
 
 if TYPE_CHECKING:
+    from router.api.batch.objects import Records
     from router.api.responses.store import ResponseStore
     from router.config import RouterConfig
     from shared.config.sections import RouterSection
@@ -32,9 +36,12 @@ class RouterState:
     ledger: Ledger
     where: str  # for the startup log: "sqlite /path", "memory", "redis://..."
     client: Any = None  # the shared Redis client, when there is one
+    # files, batches and their progress (router/api/batch/): beside the responses, the same way
+    records: Records = field(default_factory=MemoryRecords)
 
     async def close(self) -> None:
         await self.responses.close()
+        await self.records.close()
         if self.client is not None:
             await self.client.aclose()
 
@@ -60,12 +67,15 @@ def open_state(config: RouterConfig) -> RouterState:
         client = connect(config.state_url)
         ledger = RedisLedger(client)
     if backend == "redis":
+        from router.store.redis_records import RedisRecords
         from router.store.redis_responses import RedisResponses
 
-        return RouterState(RedisResponses(client, *bounds), ledger, "redis (state_url)", client)
+        responses, records = RedisResponses(client, *bounds), RedisRecords(client)
+        return RouterState(responses, ledger, "redis (state_url)", client, records)
     if backend == "memory":
         return RouterState(MemoryResponses(*bounds), ledger, "memory", client)
     from router.store.sqlite import SqliteResponses
 
     path = config.responses_store_path or default_store_path(config.port)
-    return RouterState(SqliteResponses(path, *bounds), ledger, f"sqlite {path}", client)
+    records = SqliteRecords(records_path(Path(path)))
+    return RouterState(SqliteResponses(path, *bounds), ledger, f"sqlite {path}", client, records)

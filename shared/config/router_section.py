@@ -226,6 +226,22 @@ class RouterSection:
         "seconds a stored /v1/responses reply is kept (OpenAI keeps them 30 days)",
         flag="--responses-store-ttl",
     )
+    # The Batch API (docs/api.md "Batches and files"): files and progress live in the store
+    # the responses use (SQLite beside it, or the state_url Redis).
+    batch_file_max_bytes: int = spec(
+        32 * 2**20,
+        size(optional=False),
+        "an uploaded file's size (POST /v1/files); larger get 413 (keep it under "
+        "max_body_bytes, which bounds the whole upload)",
+    )
+    batch_file_max_lines: int = spec(
+        50_000, integer(1), "requests one batch file may hold (OpenAI's bound); more get 400"
+    )
+    batch_lines_per_worker: int = spec(
+        8,
+        integer(1),
+        "a batch's lines in flight per healthy worker (they fill free slots at low priority)",
+    )
     per_key_concurrency: int | None = spec(
         None, integer(1, optional=True), "requests in flight per API key; more get 429"
     )

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from worker.engine import admission
 from worker.engine.admission import fits_whole_prompt, shares_pending_prefill
 from worker.engine.caches import CacheCoordinator
-from worker.engine.sequence import Sequence, Status
+from worker.engine.sequence import Sequence, Status, enqueue, preemption_victim
 from worker.engine.speculative import plan_drafts, would_draft
 from worker.engine.states import NO_STATES, NoStates, SequenceStates
 from worker.engine.step_kind import REFERENCE_COSTS, ForwardCosts, plan_step
@@ -58,7 +58,7 @@ class Scheduler:
     # ---- queue -------------------------------------------------------------------------
 
     def add(self, seq: Sequence) -> None:
-        self.waiting.append(seq)
+        enqueue(self.waiting, seq)
 
     def remove(self, seq: Sequence) -> None:
         """Take `seq` out of the queues and give back its blocks (abort or finish)."""
@@ -284,10 +284,10 @@ class Scheduler:
     # ---- blocks ------------------------------------------------------------------------
 
     def _reserve(self, seq: Sequence, num_tokens: int, preempted: list[Sequence]) -> bool:
-        """Give `seq` blocks for `num_tokens`, evicting and preempting newer work as needed."""
+        """Give `seq` blocks for `num_tokens`, evicting, then preempting as needed."""
         need = self.blocks_needed(seq, num_tokens)
         while need > 0 and not self.make_room(need):
-            victim = max(self.running, key=lambda s: s.arrival)
+            victim = preemption_victim(self.running)
             self.preempt(victim)
             preempted.append(victim)
             if victim is seq:
@@ -318,7 +318,7 @@ class Scheduler:
         seq.status = Status.WAITING
         seq.num_computed = 0
         seq.num_preemptions += 1
-        self.waiting.appendleft(seq)
+        enqueue(self.waiting, seq, first=True)
 
     def cache_computed(self, seq: Sequence) -> int:
         """Hand `seq`'s computed full blocks to the prefix cache (they stay held by `seq`).

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import enum
+import itertools
+from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -13,6 +15,23 @@ if TYPE_CHECKING:
     from worker.engine.speculative import DraftState
     from worker.runner.logits_processors import LogitsState
     from worker.vision.prompt_images import PromptImages
+
+
+def enqueue(waiting: deque[Sequence], seq: Sequence, first: bool = False) -> None:
+    """Mutates: put `seq` in the waiting queue behind the work of its priority or higher
+    (in front of lower-priority work: batch lines never delay interactive requests), at the
+    front of its own class when `first` (a preempted sequence resumes before its peers)."""
+    if not waiting or waiting[-1].priority <= seq.priority and not first:
+        waiting.append(seq)  # the common case: one class, or lowest priority at the end
+        return
+    ahead = (s.priority < seq.priority if first else s.priority <= seq.priority for s in waiting)
+    waiting.insert(sum(1 for _ in itertools.takewhile(bool, ahead)), seq)
+
+
+def preemption_victim(running: list[Sequence]) -> Sequence:
+    """Whom to preempt when blocks run out: the lowest class (batch before interactive),
+    newest first within it (it has the least work to lose)."""
+    return max(running, key=lambda s: (s.priority, s.arrival))
 
 
 class Status(enum.Enum):
@@ -54,6 +73,7 @@ class Sequence:
     prompt_logprobs: list[tuple] = field(default_factory=list)
     prompt_logprobs_sent: bool = False  # handed out (with the first delta)
     images: PromptImages | None = None  # its prompt's images (vision models)
+    priority: int = 0  # Generate.priority: 0 interactive; higher waits and is preempted first
 
     def fork(self, choice: int) -> Sequence:
         """A copy that shares the prompt computed so far (the caller shares its blocks)."""
@@ -75,6 +95,7 @@ class Sequence:
             logits_state=self.logits_state.fork() if self.logits_state is not None else None,
             prompt_logprobs=list(self.prompt_logprobs),
             images=self.images,  # shared: M-RoPE positions for its last prompt token and on
+            priority=self.priority,
         )
 
     def advance_grammar(self, token: int) -> bool:

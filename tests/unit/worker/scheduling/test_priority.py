@@ -1,0 +1,96 @@
+"""Priority classes in the worker's scheduler (issue 43): waiting interactive work is admitted
+before batch work, and when blocks run out batch sequences are preempted first."""
+
+from __future__ import annotations
+
+import random
+from collections import deque
+
+from shared.protocol import BATCH, INTERACTIVE
+from shared.sampling import SamplingParams
+from tests.unit.worker.engine.test_scheduler_pressure import BLOCK, run_plan
+from worker.config import EngineConfig
+from worker.engine.scheduler import Scheduler
+from worker.engine.sequence import Sequence, Status, enqueue, preemption_victim
+from worker.kv.block_pool import BlockPool
+from worker.kv.radix_cache import RadixCache
+from worker.runner.plan import StepKind
+
+
+def seq(name: str, arrival: int, priority: int, length: int = 8, max_tokens: int = 4) -> Sequence:
+    tokens = [arrival * 100 + i + 1 for i in range(length)]
+    s = Sequence(name, length, tokens, SamplingParams(max_tokens=max_tokens), arrival)
+    s.priority = priority
+    return s
+
+
+def names(waiting) -> list[str]:
+    return [s.request_id for s in waiting]
+
+
+def test_interactive_work_waits_ahead_of_batch_work():
+    waiting: deque[Sequence] = deque()
+    for i, (name, priority) in enumerate(
+        [("b1", BATCH), ("i1", INTERACTIVE), ("b2", BATCH), ("i2", INTERACTIVE)]
+    ):
+        enqueue(waiting, seq(name, i, priority))
+    assert names(waiting) == ["i1", "i2", "b1", "b2"]
+
+
+def test_a_preempted_sequence_resumes_first_of_its_class():
+    waiting: deque[Sequence] = deque()
+    for i, name in enumerate(["i1", "b1"]):
+        enqueue(waiting, seq(name, i, INTERACTIVE if name[0] == "i" else BATCH))
+    enqueue(waiting, seq("b0", 5, BATCH), first=True)
+    enqueue(waiting, seq("i0", 6, INTERACTIVE), first=True)
+    assert names(waiting) == ["i0", "i1", "b0", "b1"]
+
+
+def test_the_victim_is_batch_work_even_when_it_is_older():
+    running = [seq("b-old", 0, BATCH), seq("i-new", 2, INTERACTIVE), seq("b-mid", 1, BATCH)]
+    assert preemption_victim(running).request_id == "b-mid"
+    assert preemption_victim(running[:2]).request_id == "b-old"
+    assert preemption_victim([seq("i1", 0, 0), seq("i2", 3, 0)]).request_id == "i2"
+
+
+def test_under_pressure_batch_sequences_are_preempted_and_interactive_ones_finish():
+    """A small pool: two batch sequences started first, then interactive ones arrive; every
+    preemption takes a batch sequence while one runs, and the interactive ones finish first."""
+    pool = BlockPool(17, BLOCK, num_layers=1, num_kv_heads=1, head_dim=1)
+    config = EngineConfig(block_size=BLOCK, prefill_chunk=8, step_token_budget=16)
+    scheduler = Scheduler(pool, RadixCache(pool), config, max_context=200)
+    batch = [seq(f"b{i}", i, BATCH, length=12, max_tokens=20) for i in range(2)]
+    interactive = [seq(f"i{i}", 10 + i, INTERACTIVE, length=12, max_tokens=12) for i in range(2)]
+    rng, finished, victims = random.Random(0), [], []
+    for s in batch:
+        scheduler.add(s)
+    for step in range(200):
+        if step == 3:
+            for s in interactive:
+                scheduler.add(s)
+        running = list(scheduler.running)
+        plan = scheduler.schedule()
+        for victim in plan.preempted:
+            if any(s.priority == BATCH for s in running):
+                assert victim.priority == BATCH
+            victims.append(victim.request_id)
+        if plan.kind is not StepKind.IDLE:
+            run_plan(scheduler, plan, rng)
+        finished += [s.request_id for s in batch + interactive if s.status is Status.FINISHED]
+        if not scheduler.has_work():
+            break
+    order = list(dict.fromkeys(finished))
+    assert victims, "the pool is small enough that a preemption comes up"
+    assert set(order[:2]) == {"i0", "i1"} and set(order) == {"i0", "i1", "b0", "b1"}
+
+
+def test_the_engine_queues_a_request_in_its_class():
+    """Generate.priority reaches the scheduler: a batch request waits behind interactive ones
+    that arrived after it (the worker loop passes `msg.priority` to add_request)."""
+    from tests.support.engine_fixtures import make_engine, tiny_model
+
+    engine = make_engine(tiny_model())
+    engine.add_request("batch", [1, 2, 3, 4, 5], SamplingParams(max_tokens=2), priority=BATCH)
+    engine.add_request("live", [6, 7, 8, 9], SamplingParams(max_tokens=2))
+    assert names(engine.scheduler.waiting) == ["live", "batch"]
+    assert [s.priority for s in engine.scheduler.waiting] == [INTERACTIVE, BATCH]
