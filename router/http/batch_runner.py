@@ -17,6 +17,7 @@ import contextlib
 import logging
 import socket
 import time
+import uuid
 from collections import deque
 
 from aiohttp import web
@@ -36,6 +37,7 @@ from router.api.responses.adapter import ResponsesApi
 from router.api.responses.store import ScopedStore
 from router.errors import ApiError
 from router.http import app_keys
+from router.http.embed import embed
 from router.http.generate import answer
 from shared.protocol import BATCH as LOW_PRIORITY
 
@@ -263,6 +265,13 @@ class Run:
             for entry in view.pending:
                 await app[app_keys.RESPONSES].put(entry)
             return status, reply
+        if endpoint == "/v1/embeddings":
+            placed()  # (an embedding job is placed as it starts)
+            try:
+                reply, _, _ = await embed(app, body, f"embd-{uuid.uuid4().hex}")
+            except ApiError as e:
+                return e.status, e.body()
+            return 200, reply
         return 404, {"error": {**NOT_FOUND, "code": "not_found"}}
 
     @property

@@ -160,14 +160,13 @@ class Engine:
     def add_request(self, request_id: str, token_ids: list[int], sampling: SamplingParams,
                     n: int = 1, images: tuple[ImageInput, ...] = (),
                     prepared: PreparedImages | None = None, priority: int = 0) -> None:  # fmt: skip
-        """Queue a request for `n` choices (choice i's deltas carry index i) with its prompt's
-        `images` (`prepared` by `intake.prepare` on any thread, else prepared here); raise
-        InvalidRequest (or EngineOverloaded) without side effects."""
+        """Queue a request for `n` choices (choice i's deltas carry index i), its `images`
+        (`prepared` by `intake.prepare` on any thread, else here); raise InvalidRequest."""
         self.intake.check(request_id, token_ids, sampling, n, self.outputs.is_open, images)
         if len(self.scheduler.waiting) >= self.config.max_waiting:
             raise EngineOverloaded(f"{len(self.scheduler.waiting)} requests are already waiting")
         seq = self.intake.sequence(request_id, token_ids, sampling, n, images, prepared)
-        seq.priority = priority  # the scheduler's class (shared.protocol INTERACTIVE, BATCH)
+        seq.priority = priority  # its class: shared.protocol INTERACTIVE or BATCH
         self.outputs.open(request_id, n)
         self.scheduler.add(seq)
 

@@ -110,7 +110,7 @@ async def test_an_unknown_file_or_batch_is_a_404(make_cluster):
         await api.batches.retrieve("batch_nope")
 
 
-async def test_embeddings_lines_get_the_not_found_a_live_request_gets(make_cluster):
+async def test_embeddings_lines_get_what_a_live_request_gets(make_cluster):
     cluster = await make_cluster()
     await cluster.add_worker("w0")
     api = cluster.openai()
