@@ -131,11 +131,12 @@ def self_test_section(args, dtype, shape) -> list[str]:
 def variants_table(args, dtype, shape) -> list[str]:
     """Split-K and prefix-grouped, each self-tested on the shape it is for (split: one
     4096-token row; grouped: 8 rows of 2 tenants sharing 1024 tokens) and timed against the
-    plain kernel: a worker uses a variant only where its row says yes."""
+    plain kernel, and the window and sink features (correctness only): a worker uses a variant
+    only where its row says yes."""
     from worker.attention import selftest
 
-    lines = ["Kernel variants (each against MLX ops for correctness, timed against the plain "
-             "kernel on its own shape):", "",
+    lines = ["Kernel variants (each against MLX ops for correctness, split and grouped timed "
+             "against the plain kernel on their own shapes):", "",
              "| KV | block size | variant | ok | variant ms | plain kernel ms | max error | reason |",
              "|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for label, quantize in kv_layouts(args):

@@ -27,9 +27,10 @@ def test_quick_report_has_every_section_and_says_metal_is_missing():
         assert field in report
     if "- Metal available: no" in report:
         # every block size for the dtype and the 8- and 4-bit layouts (the quantized kernel)
-        assert report.count("| no | - | - | - | Metal is not available") == 9 + 18
+        # (the variants: split-K, prefix-grouped, and the window and sink features)
+        assert report.count("| no | - | - | - | Metal is not available") == 9 + 36
         for kv in ("float16", "q8g64", "q4g64"):  # each variant's self-test row per layout
-            for variant in ("split", "grouped"):
+            for variant in ("split", "grouped", "window", "sinks"):
                 assert report.count(f"| {kv} | 16 | {variant} | no | - | - | - | Metal is not") == 1
         for kv in ("float16", "q8g64", "q4g64"):
             assert f'backend "auto" picks ({kv}): mlx' in report
