@@ -18,6 +18,7 @@ import anthropic
 import openai
 import pytest
 
+from tests.support.dialects import WEATHER
 from tests.support.dialects.families import FAMILIES
 from tests.support.dialects.models import build_dialect_model, pad_to_length
 from tests.support.launched import launch_cluster, wait_for_models
@@ -25,18 +26,6 @@ from tests.support.launched import launch_cluster, wait_for_models
 pytestmark = pytest.mark.slow
 
 AUTO, REQUIRED = 1500, 2600
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "Weather in a city",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string"}},
-            "required": ["city"],
-        },
-    },
-}
 ASK = [{"role": "user", "content": "weather in paris?"}]
 ARGS = '{"city": "Paris"}'
 CALL = ("get_weather", {"city": "Paris"})

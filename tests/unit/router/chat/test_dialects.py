@@ -19,21 +19,10 @@ from router.chat.tool_grammar import tool_call_grammar
 from router.chat.tools import chat_messages, parse_tools
 from router.text.tokenizer import ModelTokenizer
 from shared.grammar import check_grammar, ll_tokenizer
+from tests.support.dialects import WEATHER
 from tests.support.dialects.families import FAMILIES
 from tests.support.dialects.models import build_dialect_model
 
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "Weather in a city",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string"}},
-            "required": ["city"],
-        },
-    },
-}
 TOOLS = parse_tools({"tools": [WEATHER]})
 CALL = ("get_weather", {"city": "Paris"})
 
