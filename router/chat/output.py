@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 
 from router.chat.dialects import CALL_FORMATS, REASONING_FORMATS, Dialect, ParsedCall, Reasoning
 from router.chat.dialects.harmony import HarmonyReader
+from router.text.detokenize import held_suffix
 
 if TYPE_CHECKING:
     from router.chat.dialects import CallFormat
@@ -158,14 +159,6 @@ def special_stripper(special_tokens: tuple[str, ...]) -> Callable[[str], str]:
         return lambda text: text
     pattern = re.compile("|".join(re.escape(t) for t in tokens))
     return lambda text: pattern.sub("", text) if text else text
-
-
-def held_suffix(text: str, marker: str) -> int:
-    """Length of the longest suffix of `text` that is a proper prefix of `marker`."""
-    for n in range(min(len(marker) - 1, len(text)), 0, -1):
-        if text.endswith(marker[:n]):
-            return n
-    return 0
 
 
 class _Dropper:

@@ -66,8 +66,7 @@ async def generate(
         if not req.batch:
             jobs.append(start_job(served, request_id, req, trace))
         reply = api.reply(req, request_id, served.tokenizer)
-        skip_special = req.skip_special_tokens and not req.reads_chat  # the reader cuts them
-        options = TextOptions(req.include_stop_str, skip_special)
+        options = text_options(req)
         items = batch_pieces(jobs, req.n, served.tokenizer, served.dispatcher, req.stop, options)
         items = items if trace is None else trace.watch(items)
         async with contextlib.aclosing(items):
@@ -83,6 +82,12 @@ async def generate(
             await charge_tokens(request, usage.prompt_tokens, usage.completion_tokens)
         if trace is not None:
             trace.end(sum(job.completion_tokens for job in jobs), sys.exc_info()[1])
+
+
+def text_options(req: GenerationRequest) -> TextOptions:
+    """How the reply's tokens become text: a chat reply that is read (router/chat/output.py)
+    keeps its special tokens for the reader, which cuts them from what the client sees."""
+    return TextOptions(req.include_stop_str, req.skip_special_tokens and not req.reads_chat)
 
 
 async def parse_off_loop(app: web.Application, parse, *args):
@@ -124,7 +129,7 @@ async def answer(
         if placed is not None:
             placed()
         reply = api.reply(req, request_id, served.tokenizer)
-        options = TextOptions(req.include_stop_str, req.skip_special_tokens and not req.reads_chat)
+        options = text_options(req)
         items = batch_pieces(jobs, req.n, served.tokenizer, served.dispatcher, req.stop, options)
         async with contextlib.aclosing(items):
             choices = await _choices(items)

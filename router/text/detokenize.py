@@ -45,6 +45,15 @@ class IncrementalDetokenizer:
         return window[len(context) :]
 
 
+def held_suffix(text: str, marker: str) -> int:
+    """Length of the longest suffix of `text` that is a proper prefix of `marker`: text that
+    may be the start of it, to hold back until the next piece says."""
+    for n in range(min(len(marker) - 1, len(text)), 0, -1):
+        if text.endswith(marker[:n]):
+            return n
+    return 0
+
+
 class StopMatcher:
     """Cuts text at the first OpenAI stop string, holding back text that may begin one."""
 
@@ -66,7 +75,7 @@ class StopMatcher:
             self.stopped = True
             self._pending = ""
             return buffer[: cut + len(self.matched)] if self._include else buffer[:cut]
-        hold = self._partial_stop_suffix(buffer)
+        hold = max((held_suffix(buffer, stop) for stop in self._stops), default=0)
         self._pending = buffer[len(buffer) - hold :] if hold else ""
         return buffer[: len(buffer) - hold]
 
@@ -74,13 +83,3 @@ class StopMatcher:
         """The held-back text, at the end of a stream that did not stop on a string."""
         rest, self._pending = self._pending, ""
         return "" if self.stopped else rest
-
-    def _partial_stop_suffix(self, buffer: str) -> int:
-        """Length of the longest suffix of `buffer` that is a proper prefix of a stop string."""
-        longest = 0
-        for stop in self._stops:
-            for n in range(min(len(stop) - 1, len(buffer)), longest, -1):
-                if buffer.endswith(stop[:n]):
-                    longest = n
-                    break
-        return longest

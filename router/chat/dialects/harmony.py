@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from router.chat.dialects.calls import ParsedCall
 from router.text import strict_json
+from router.text.detokenize import held_suffix
 
 START, END, MESSAGE, CHANNEL = "<|start|>", "<|end|>", "<|message|>", "<|channel|>"
 _RECIPIENT = re.compile(r"\bto=([^\s<]+)")
@@ -56,7 +57,7 @@ class HarmonyReader:
                 continue
             i = buffer.find(END)
             if i < 0:
-                hold = _held_suffix(buffer, END)
+                hold = held_suffix(buffer, END)
                 out += self._body(buffer[: len(buffer) - hold])
                 self._held = buffer[len(buffer) - hold :]
                 return out
@@ -106,10 +107,3 @@ class HarmonyReader:
 
     def _is_call(self, message: _Message) -> bool:
         return message.recipient is not None and self._declared is not None
-
-
-def _held_suffix(text: str, marker: str) -> int:
-    for n in range(min(len(marker) - 1, len(text)), 0, -1):
-        if text.endswith(marker[:n]):
-            return n
-    return 0
