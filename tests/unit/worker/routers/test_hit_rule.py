@@ -77,3 +77,23 @@ def test_the_router_predicts_the_hit_the_worker_takes(kind, drawn):
         # the worker may add a partial tail (< one block) the index does not track
         assert usage.cached_tokens // BLOCK == predicted, (kind, usage, predicted)
         engine.check_integrity()
+
+
+def test_pages_taken_back_before_the_tree_has_the_block_are_told():
+    """A running prompt's blocks behind its window go spare before the tree stores them; taken
+    back then, no node names them yet, so the drop is told right after their BlockStored (the
+    router would otherwise predict hits through pages that are gone)."""
+    engine = make_engine(build("gemma3_text"), num_blocks=48, prefill_chunk=8)
+    index = PrefixIndex()
+    index.set_window("w", engine.pool.pages.blocks_before_match)
+    tokens = PREFIXES[1][:40] + [5]
+    engine.add_request("r", tokens, SamplingParams(max_tokens=2))
+    while engine.has_work():
+        engine.step()
+        engine.pool.pages.make_free(engine.pool.num_blocks)  # mid-prefill: spare pages go
+    for event in engine.drain_kv_events():
+        index.apply("w", event)
+    match = engine.cache.match_prefix(tokens)
+    assert not all(engine.pool.pages.has_page(b) for b in match.block_ids)  # the case arose
+    predicted = index.match(hash_blocks(tokens[:-1], BLOCK), ["w"])["w"]
+    assert predicted == engine.pool.pages.usable_blocks(match.block_ids)
