@@ -39,12 +39,12 @@ ROUTER_FLAGS = (
     "reasoning_parser",
     "chat_template", "state_url", "responses_store", "responses_store_path", "responses_store_size",
     "responses_store_bytes", "responses_store_ttl_s", "batch_file_max_bytes",
-    "batch_file_max_lines", "batch_lines_per_worker",
+    "batch_file_max_lines", "batch_lines_per_worker", "load_timeout_s",
 )  # fmt: skip
 SECURITY_FLAGS = (
     "api_keys_file", "max_body_bytes", "max_tokens_cap", "per_key_concurrency", "key_rpm",
     "key_tpm",
-    "curve_secret_key", "curve_authorized_keys",
+    "curve_secret_key", "curve_authorized_keys", "admin_keys",
 )  # fmt: skip
 IMAGE_FLAGS = (
     "max_images", "max_image_bytes", "max_request_image_bytes", "max_image_pixels",

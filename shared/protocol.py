@@ -23,6 +23,7 @@ from shared.kv_events import (
 from shared.kv_events import KVEvents as KVEvents  # the messages of the KV channel
 from shared.kv_events import KVInventory as KVInventory
 from shared.kv_events import SendInventory as SendInventory
+from shared.placement.messages import HOST_MESSAGE_TYPES
 from shared.sampling import SamplingParams
 from shared.wire import Codec
 from shared.wire import ProtocolError as ProtocolError  # raised by decode
@@ -30,8 +31,6 @@ from shared.wire import ProtocolError as ProtocolError  # raised by decode
 # 2: logit processing, top_logprobs; 3: prompt_logprobs, min_tokens (older workers: refused)
 PROTOCOL_VERSION = 3
 MAX_FRAME_BYTES = 64 * 1024 * 1024
-
-
 # ---------------------------------------------------------------- worker -> router
 
 
@@ -338,6 +337,7 @@ MESSAGE_TYPES: dict[int, type] = {
     15: SendInventory,
     16: Embed,  # only to workers registered with task "embed"
     17: Embeddings,
+    **HOST_MESSAGE_TYPES,  # host agents (shared/placement/messages.py): 30-49
 }
 KV_EVENT_TYPES: dict[int, type] = {
     1: BlockStored, 2: BlockRemoved, 3: AllBlocksCleared, 4: BlockWindowsDropped,

@@ -90,6 +90,20 @@ class RouterSection:
         "service (its requests move to other workers) until it does",
         flag="--wedged-after",
     )
+    # models placed by demand on host agents (router/placement/)
+    load_timeout_s: float = spec(
+        300.0,
+        number(0.0, low_open=True),
+        "a request for a catalog model no worker serves waits this long for one to load, "
+        "then gets a 503 with Retry-After",
+    )
+    admin_keys: tuple[str, ...] = spec(
+        (),
+        strings(),
+        "keys for the admin API (load, unload, pin models; /v1/admin); none set: only "
+        "clients on this machine (loopback) may use it",
+        flag="--admin-key",
+    )
     max_pending_requests: int = spec(
         1024,
         integer(1),

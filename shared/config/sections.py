@@ -30,6 +30,7 @@ from shared.config.choices import (
     WORKER_ROLES,
 )
 from shared.config.fields import (
+    boolean,
     endpoint,
     endpoints,
     integer,
@@ -76,6 +77,17 @@ class ModelSection:
         string(MODEL_TASKS, optional=True),
         "chat or embed (default: detected from config.json and sentence-transformers files)",
     )
+    # the catalog: how host agents' workers are placed for it (router/placement/)
+    memory: int | None = spec(
+        None, size(), "its workers' memory: weights + KV + runtime (default: estimated)"
+    )
+    kv_memory: int | None = spec(None, size(), "KV budget of a worker a host agent starts")
+    min_workers: int = spec(0, integer(0, 256), "workers kept loaded, demand or not")
+    max_workers: int = spec(1, integer(1, 256), "most workers demand may start for it")
+    keep_alive: float = spec(
+        300.0, number(-1.0), "seconds an idle worker stays loaded (-1: for ever, 0: unload at once)"
+    )
+    pinned: bool = spec(False, boolean(), "never unloaded to make room for another model")
 
     @property
     def name(self) -> str:

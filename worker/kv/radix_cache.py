@@ -279,10 +279,9 @@ class RadixCache:
             prev = hashes[i - 1] if i else parent.last_hash
             self._emit(BlockStored(block_hash, prev, key[i * bs : (i + 1) * bs], bs))
         pages = self._pool.pages  # taken back while their sequence ran, before the tree had them
-        gone = [
-            h for h, b in zip(hashes, block_ids, strict=True) if pages and not pages.has_page(b)
-        ]
-        if gone:
+        if pages and (
+            gone := [hashes[i] for i, b in enumerate(block_ids) if not pages.has_page(b)]
+        ):
             self._emit(ev.BlockWindowsDropped(tuple(gone)))
 
     def _remove_leaf(self, leaf: RadixNode) -> int:

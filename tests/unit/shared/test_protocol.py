@@ -10,6 +10,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shared.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, BlockWindowsDropped
+from shared.placement.messages import (
+    HostAck,
+    HostHello,
+    HostReport,
+    HostWorker,
+    StartWorker,
+    StopWorker,
+    WorkerExited,
+)
 from shared.protocol import (
     KV_EVENT_TYPES,
     MESSAGE_TYPES,
@@ -79,6 +88,12 @@ EXAMPLES = [
     Embed("e-1#0", ((5, 6, 7), (8,)), dimensions=16),
     Embeddings("e-1#0", (b"\x00\x00\x80?" * 4, b"\x00" * 16), prompt_tokens=4),
     Embeddings("e-2#0", error="embedding failed: out of memory"),
+    HostHello("mac-1", "mac-1.local", 99, 8 << 30, ("smollm",), (HostWorker("w", "s", 7, 1),)),
+    HostReport("mac-1", 8 << 30, (HostWorker("mac-1-smollm-1", "smollm", 7, 1 << 30, 5 << 28),)),
+    HostAck(True, report_interval_s=0.5),
+    StartWorker("mac-1-smollm-1", "smollm", 1 << 30, 256 << 20),
+    StopWorker("mac-1-smollm-1", "idle past its keep_alive"),
+    WorkerExited("mac-1", "mac-1-smollm-1", "smollm", False, "exit code 1: corrupt weights"),
 ]
 
 
