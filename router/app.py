@@ -9,6 +9,7 @@ from aiohttp import web
 from router.http import app_keys
 from router.http.api_keys import ApiKeys
 from router.http.endpoints import (
+    admin,
     batches,
     embeddings,
     files,
@@ -77,6 +78,10 @@ def create_app(config: RouterConfig) -> web.Application:
     app.router.add_get("/v1/models", info.models)
     app.router.add_get("/v1/models/{model}", info.model)
     app.router.add_get("/v1/cluster", info.cluster)
+    app.router.add_get("/v1/admin/models", admin.catalog)  # placement (router/placement/)
+    app.router.add_post("/v1/admin/models/{model}/load", admin.load)
+    app.router.add_post("/v1/admin/models/{model}/unload", admin.unload)
+    app.router.add_post("/v1/admin/models/{model}/pin", admin.pin)
     app.router.add_get("/health", info.health)
     app.router.add_get("/metrics", info.metrics)
     for path in PAGE_PATHS:  # the fleet page (its data calls need the key)

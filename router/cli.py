@@ -132,7 +132,11 @@ def model_specs(args: argparse.Namespace, fleet) -> tuple[ModelSpec, ...]:
         id_, *aliases = [n.strip() for n in given.split(",")]
         if not id_ or not all(aliases):
             raise ConfigError(f"--model-id {given!r}: expected NAME or NAME,ALIAS,...")
-        sections[i] = dataclasses.replace(sections[i], id=id_, aliases=tuple(aliases))
+        # a --model named like a [[models]] entry of the config takes its catalog keys
+        listed = next((m for m in fleet.models if m.name == id_), sections[i])
+        sections[i] = dataclasses.replace(
+            listed, path=sections[i].path, id=id_, aliases=tuple(aliases)
+        )
     if clash := name_clash(sections):
         name, first, second = clash
         raise ConfigError(
@@ -147,6 +151,7 @@ def model_specs(args: argparse.Namespace, fleet) -> tuple[ModelSpec, ...]:
             m.tool_call_parser,
             m.reasoning_parser,
             m.task,
+            m,
         )  # fmt: skip
         for m in sections
     )

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from shared.config.sections import RouterSection
+from shared.config.sections import ModelSection, RouterSection
 
 
 @dataclass(frozen=True)
@@ -20,6 +20,8 @@ class ModelSpec:
     tool_call_parser: str | None = None
     reasoning_parser: str | None = None
     task: str | None = None  # "chat" or "embed" ([[models]] `task`; None: detected)
+    # its [[models]] entry: the catalog keys placement reads (router/placement/)
+    section: ModelSection = field(default_factory=ModelSection, compare=False)
 
     @property
     def served_id(self) -> str:

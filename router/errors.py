@@ -146,3 +146,9 @@ def body_too_large(limit: int) -> ApiError:
         f"the request body is larger than the router's limit of {limit} bytes",
         code="request_too_large",
     )
+
+
+def model_unavailable(message: str, code: str, retry_after_s: float | None = None) -> ApiError:
+    """503 for a catalog model that is not loaded and cannot be now (router/placement/)."""
+    headers = None if retry_after_s is None else {"Retry-After": str(max(1, round(retry_after_s)))}
+    return ApiError(503, message, "model", code, "service_unavailable_error", headers)

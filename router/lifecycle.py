@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
@@ -20,6 +21,9 @@ from router.cluster.worker_socket import WorkerSocket
 from router.http import app_keys
 from router.http.batch_runner import BatchRunner
 from router.http.budgets import budgets_of
+from router.placement.catalog import entry_of
+from router.placement.demand import Demand
+from router.placement.placer import Placer
 from router.routing.dispatcher import Dispatcher
 from router.routing.embed_jobs import EmbedDispatcher
 from router.routing.policy import make_policy
@@ -134,11 +138,19 @@ async def cluster_ctx(app: web.Application) -> AsyncIterator[None]:
         config.heartbeat_timeout_s,
         wedged_after_s=config.wedged_after_s,
     )
+    entries = {spec.served_id: entry_of(spec, None) for spec in config.models}
+    placer = Placer(registry, entries, link.send, cluster.retire, time.monotonic,
+                    config.heartbeat_interval_s)  # fmt: skip
+    demand = Demand(placer, registry, config.load_timeout_s, config.heartbeat_timeout_s,
+                    time.monotonic)  # fmt: skip
+    cluster.on_host, cluster.on_register = placer.handle, placer.on_registered
     app[app_keys.LINK] = link
     app[app_keys.MODELS] = models
     app[app_keys.CLUSTER] = cluster
-    log.info("listening for workers on %s", link.endpoint)
+    app[app_keys.DEMAND] = demand
+    log.info("listening for workers and host agents on %s", link.endpoint)
     tasks = [_task(link.receive(cluster.handle)), _task(cluster.watch_heartbeats())]
+    tasks.append(_task(demand.watch()))
     yield
     for task in tasks:
         task.cancel()

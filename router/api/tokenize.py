@@ -29,7 +29,7 @@ TOKENIZE_FIELDS = TOKENIZE_PROMPT_FIELDS | TOKENIZE_CHAT_FIELDS
 DETOKENIZE_FIELDS = frozenset({"model", "tokens"})
 COUNT_TOKENS_FIELDS = (
     MESSAGES_FIELDS
-    - {"max_tokens", "stream", "stop_sequences"}
+    - {"max_tokens", "stream", "stop_sequences", "keep_alive"}
     - {
         "temperature",
         "top_p",

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from router.cluster.registry import WorkerRegistry, WorkerState
+from shared.placement.messages import HostHello, HostReport, WorkerExited
 from shared.protocol import (
     PROTOCOL_VERSION,
     Embeddings,
@@ -22,6 +23,8 @@ from shared.protocol import (
     SendInventory,
     TokenDelta,
 )
+
+HOST_MESSAGES = (HostHello, HostReport, WorkerExited)  # router/placement/ reads them
 
 if TYPE_CHECKING:
     from router.cluster.models import ModelTable, ServedModel
@@ -53,11 +56,18 @@ class Cluster:
         self._wedged_after_s = wedged_after_s
         self._clock = clock
         self._asked: dict[bytes, float] = {}  # unregistered peers asked to register, when
+        # host agents' messages, and a registration (router/placement/, wired by lifecycle)
+        self.on_host: Callable[[bytes, object], None] | None = None
+        self.on_register: Callable[[WorkerState], None] | None = None
 
     def handle(self, identity: bytes, msg: Message) -> None:
         """One decoded message from the worker at `identity`."""
         if isinstance(msg, Register):
             self._register(identity, msg)
+            return
+        if isinstance(msg, HOST_MESSAGES):
+            if self.on_host is not None:
+                self.on_host(identity, msg)
             return
         worker = self.registry.by_identity(identity)
         if worker is None:
@@ -129,6 +139,16 @@ class Cluster:
             "asked an unregistered peer %r to register (it sent %s)", identity, type(msg).__name__
         )
         self._send(identity, ReRegister("this router does not know this worker; register again"))
+
+    def retire(self, worker_id: str, why: str) -> None:
+        """A worker its host stops (or saw end): no new requests; gone from the registry."""
+        worker = self.registry.get(worker_id)
+        if worker is None:
+            return
+        if worker.healthy:
+            log.info("worker %s retired: %s", worker_id, why)
+            self._forget(worker)
+        self.registry.remove(worker_id)
 
     def lose_identity(self, identity: bytes) -> None:
         """A send to `identity` failed: the worker is gone."""
@@ -206,6 +226,8 @@ class Cluster:
             accepted=True, heartbeat_interval_s=self._heartbeat_interval_s, peers=peers
         )
         self._send(identity, ack)
+        if self.on_register is not None:
+            self.on_register(state)
 
     def _model_for(self, msg: Register) -> ServedModel | None:
         """The model a registering worker serves, by its id or an alias. A router of one

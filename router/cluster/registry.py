@@ -209,6 +209,12 @@ class WorkerRegistry:
         self._by_identity[state.identity] = state
         return old
 
+    def remove(self, worker_id: str) -> None:
+        """Forget a worker that is gone for good (stopped by its host)."""
+        state = self._by_id.pop(worker_id, None)
+        if state is not None:
+            self._by_identity.pop(state.identity, None)
+
     def by_identity(self, identity: bytes) -> WorkerState | None:
         return self._by_identity.get(identity)
 

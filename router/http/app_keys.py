@@ -15,6 +15,7 @@ from router.config import RouterConfig
 from router.http.api_keys import ApiKeys
 from router.http.budgets import KeyBudgets
 from router.metrics.router_metrics import Metrics
+from router.placement.demand import Demand
 from router.text.tokenizer import ModelTokenizer
 
 CONFIG = web.AppKey("config", RouterConfig)
@@ -31,3 +32,4 @@ BUDGETS = web.AppKey("budgets", KeyBudgets)  # requests and tokens per minute pe
 TRACER = web.AppKey("tracer", object)  # an OpenTelemetry Tracer; None: tracing off
 RECORDS = web.AppKey("records", Records)  # files, batches, their progress (router/store/)
 BATCH_RUNNER = web.AppKey("batch_runner", object)  # router/http/batch_runner.BatchRunner
+DEMAND = web.AppKey("demand", Demand)  # catalog models placed on host agents by demand

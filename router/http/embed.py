@@ -9,7 +9,7 @@ from router.api.embeddings.parse import parse_embeddings
 from router.api.embeddings.render import embeddings_reply
 from router.errors import embedding_failed, no_workers, not_an_embedding_model, overloaded
 from router.http import app_keys
-from router.http.generate import parse_off_loop
+from router.http.generate import parse_off_loop, wait_for_model
 from router.routing.dispatcher import NoWorkerAvailable, Overloaded
 
 
@@ -19,6 +19,7 @@ async def embed(app: web.Application, body: dict, request_id: str) -> tuple[dict
     served = app[app_keys.MODELS].for_request(body)
     if served.embedding is None or served.embed_jobs is None:
         raise not_an_embedding_model(served.id)
+    await wait_for_model(app, served.id, body)
     req = await parse_off_loop(
         app, parse_embeddings, body, served.tokenizer, served.embedding, served.id
     )

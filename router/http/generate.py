@@ -27,6 +27,7 @@ from router.http.body import json_object_body
 from router.http.images import request_images
 from router.http.security import charge_tokens
 from router.metrics.tracing import RequestTrace
+from router.placement.catalog import keep_alive_of
 from router.routing.dispatcher import Job, NoWorkerAvailable, Overloaded
 from router.text.pieces import TextOptions, batch_pieces, usage_of_all
 from shared.protocol import INTERACTIVE
@@ -47,6 +48,23 @@ async def generate(
     served = app[app_keys.MODELS].for_request(body)
     if served.embedding is not None:
         raise only_embeddings(served.id, request.path)
+    try:  # a catalog model no worker serves is loaded first (router/placement/)
+        opened = await wait_for_model(app, served.id, body, request)
+    except StreamEnded as ended:
+        return ended.response
+    try:
+        return await _serve(request, api, body, served, trace, opened, before_end)
+    except ApiError as error:
+        if opened is None:
+            raise
+        await sse.send_error(request, opened, error)  # the stream opened while the model loaded
+        return opened
+
+
+async def _serve(
+    request: web.Request, api: Api, body: dict, served: ServedModel, trace, opened, before_end
+) -> web.StreamResponse:
+    app = request.app
     max_tokens_cap = app[app_keys.CONFIG].max_tokens_cap
     workers = app[app_keys.CLUSTER].registry.healthy(served.id)
     images = await request_images(app, served, api.image_parts(body), workers)
@@ -71,7 +89,7 @@ async def generate(
         items = items if trace is None else trace.watch(items)
         async with contextlib.aclosing(items):
             if req.stream:
-                return await _stream(request, served, jobs, reply, items, before_end)
+                return await _stream(request, served, jobs, reply, items, before_end, opened)
             return await _whole(request, served, jobs, reply, items, before_end)
     finally:
         for job in jobs:
@@ -116,6 +134,7 @@ async def answer(
     served = None
     try:
         served = app[app_keys.MODELS].for_request(body)
+        await wait_for_model(app, served.id, body)
         workers = app[app_keys.CLUSTER].registry.healthy(served.id)
         images = await request_images(app, served, api.image_parts(body), workers)
         cap = app[app_keys.CONFIG].max_tokens_cap
@@ -194,12 +213,18 @@ async def _choices(items) -> list[ChoiceText]:
 
 
 async def _stream(
-    request: web.Request, served: ServedModel, jobs: list[Job], reply: Reply, items, before_end
+    request: web.Request,
+    served: ServedModel,
+    jobs: list[Job],
+    reply: Reply,
+    items,
+    before_end,
+    opened: web.StreamResponse | None = None,
 ) -> web.StreamResponse:
     started = time.perf_counter()
     item = await anext(items)  # an error before the first token is a plain HTTP error
     served.metrics.first_chunk.observe(time.perf_counter() - started)
-    response = await sse.open_stream(request)
+    response = opened or await sse.open_stream(request)  # open already: the model loaded
     try:
         try:
             await sse.send(response, reply.stream_start())
@@ -228,3 +253,37 @@ def _count_usage(request: web.Request, served: ServedModel, usage) -> None:
         completion_tokens=usage.completion_tokens,
         cached_tokens=usage.cached_tokens,
     )
+
+
+async def wait_for_model(
+    app: web.Application, model: str, body: dict, request: web.Request | None = None
+) -> web.StreamResponse | None:
+    """Until `model` has a worker; the stream opened meanwhile (None: none was), for a
+    streamed `request`. ApiError: a bad `keep_alive`, or the model cannot be loaded (raised
+    as is before the stream opened)."""
+    keep_alive = keep_alive_of(body.get("keep_alive"))
+    demand = app[app_keys.DEMAND]
+    opened: list[web.StreamResponse] = []
+
+    async def note() -> None:
+        if not opened:
+            opened.append(await sse.open_stream(request))
+        await opened[0].write(f": loading {model}\n\n".encode())
+
+    streamed = request is not None and body.get("stream") is True
+    try:
+        await demand.ready(model, keep_alive, note if streamed else None)
+    except ApiError as error:
+        if not opened:
+            raise
+        await sse.send_error(request, opened[0], error)
+        raise StreamEnded(opened[0]) from None
+    return opened[0] if opened else None
+
+
+class StreamEnded(Exception):
+    """The stream opened while waiting was ended with an error: return its response."""
+
+    def __init__(self, response: web.StreamResponse):
+        super().__init__("the stream ended with an error")
+        self.response = response

@@ -19,6 +19,7 @@ from router.http.budgets import OverBudget
 
 log = logging.getLogger(__name__)
 
+ADMIN = "/v1/admin/"  # checked against the admin keys instead (router/http/endpoints/admin.py)
 OPEN_PATHS = frozenset({"/health", "/", "/dashboard"})  # the fleet page: its calls need a key
 # request[KEY_ID]: the fingerprint of the key a request came with (a typed key from aiohttp 3.14)
 KEY_ID = web.RequestKey("key_id", str) if hasattr(web, "RequestKey") else "mlx_fleet.key_id"
@@ -27,7 +28,7 @@ KEY_ID = web.RequestKey("key_id", str) if hasattr(web, "RequestKey") else "mlx_f
 @web.middleware
 async def require_api_key(request: web.Request, handler) -> web.StreamResponse:
     api_keys = request.app[app_keys.API_KEYS]
-    if not api_keys.enabled or request.path in OPEN_PATHS:
+    if not api_keys.enabled or request.path in OPEN_PATHS or request.path.startswith(ADMIN):
         return await handler(request)
     key_id = api_keys.identify(_bearer(request))
     if key_id is None:

@@ -30,6 +30,7 @@ MESSAGES_FIELDS = frozenset(
     {"model", "max_tokens", "messages", "system", "stop_sequences", "temperature", "top_p"}
     | {"top_k", "stream", "tools", "tool_choice", "chat_template_kwargs", "thinking", "metadata"}
     | {"output_config", "context_management"}  # what Claude Code sends on every turn
+    | {"keep_alive"}  # placement (router/placement/): Ollama's, honoured before parsing
 )
 
 

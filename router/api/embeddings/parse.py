@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from router.text.tokenizer import ModelTokenizer
     from shared.models.embedding import EmbeddingSpec
 
-FIELDS = frozenset({"model", "input", "encoding_format", "dimensions", "user"})
+FIELDS = frozenset({"model", "input", "encoding_format", "dimensions", "user", "keep_alive"})
 ENCODING_FORMATS = ("float", "base64")
 MAX_INPUTS = 2048  # OpenAI's limits: inputs per request, tokens over all of them
 MAX_TOTAL_TOKENS = 300_000

@@ -51,6 +51,8 @@ FIELDS: dict[str, Field] = {
     "spaces_between_special_tokens": Field(BOTH, honoured_if=lambda v: v is True),
     # routing (router/routing/affinity.py)
     "prompt_cache_key": Field(BOTH),
+    # placement (router/placement/): how long the model stays loaded once idle (Ollama's)
+    "keep_alive": Field(BOTH),
     # logit processing (router/api/openai/sampling.py); legacy completions' `logprobs` is the count
     "logprobs": Field(BOTH),
     "top_logprobs": Field(CHAT),

@@ -36,6 +36,7 @@ FIELDS: dict[str, Field] = {
     "previous_response_id": HONOURED,
     "truncation": HONOURED,
     "metadata": HONOURED,  # echoed and stored
+    "keep_alive": HONOURED,  # placement (router/placement/): Ollama's
     "user": Field(no_op=str),
     "safety_identifier": Field(no_op=str),
     "prompt_cache_key": HONOURED,  # a routing affinity key, as on chat

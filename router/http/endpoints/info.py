@@ -6,6 +6,7 @@ from aiohttp import web
 
 from router.cluster.models import ServedModel, unknown_model
 from router.http import app_keys
+from router.placement.operator import hosts_json, model_json
 
 
 async def models(request: web.Request) -> web.Response:
@@ -32,19 +33,29 @@ def _model_json(app: web.Application, served: ServedModel) -> dict:
     the tool-call and reasoning formats the router reads in its replies."""
     tokenizer = served.tokenizer
     modalities = ["text", "image"] if tokenizer.vision is not None else ["text"]
-    return {
-        "id": served.id,
-        "object": "model",
-        "created": 0,
-        "owned_by": "mlx-fleet",
-        "max_model_len": tokenizer.context_length,
-        "aliases": list(served.spec.aliases),
-        "healthy_workers": len(app[app_keys.CLUSTER].registry.healthy(served.id)),
-        "input_modalities": modalities,
-        "dialect": _dialect(served),
-        # "embed": served by /v1/embeddings only, vectors of `dimensions` values
-        "task": "chat" if served.embedding is None else "embed",
-    } | ({} if served.embedding is None else {"dimensions": served.embedding.dimensions})
+    return (
+        {
+            "id": served.id,
+            "object": "model",
+            "created": 0,
+            "owned_by": "mlx-fleet",
+            "max_model_len": tokenizer.context_length,
+            "aliases": list(served.spec.aliases),
+            "healthy_workers": len(app[app_keys.CLUSTER].registry.healthy(served.id)),
+            "input_modalities": modalities,
+            "dialect": _dialect(served),
+            # "embed": served by /v1/embeddings only, vectors of `dimensions` values
+            "task": "chat" if served.embedding is None else "embed",
+        }
+        | ({} if served.embedding is None else {"dimensions": served.embedding.dimensions})
+        | (_placement(app, served.id))
+    )
+
+
+def _placement(app: web.Application, model: str) -> dict:
+    """With host agents: the model's catalog state (loaded where, loading, available)."""
+    demand = app[app_keys.DEMAND]
+    return {"placement": model_json(demand, model)} if demand.placer.hosts else {}
 
 
 def _dialect(served: ServedModel) -> dict | None:
@@ -54,16 +65,18 @@ def _dialect(served: ServedModel) -> dict | None:
 
 
 async def health(request: web.Request) -> web.Response:
-    """200 while some model has a worker; each model's healthy workers."""
+    """200 while some model has a worker (or a host agent can load one); each model's
+    healthy workers."""
     app = request.app
     per_model = {
         m.id: len(app[app_keys.CLUSTER].registry.healthy(m.id)) for m in app[app_keys.MODELS]
     }
     healthy = sum(per_model.values())
-    status = 200 if healthy else 503
+    loads = app[app_keys.DEMAND].active  # host agents load models on demand: ready to serve
+    status = 200 if healthy or loads else 503
     return web.json_response(
         {
-            "status": "ok" if healthy else "no_workers",
+            "status": "ok" if healthy or loads else "no_workers",
             "healthy_workers": healthy,
             "models": per_model,
         },
@@ -93,6 +106,7 @@ async def cluster(request: web.Request) -> web.Response:
             "pending_requests": _pending(app),
             "workers": workers,
             "cache": cl.registry.cache_summary(),
+            "hosts": hosts_json(app[app_keys.DEMAND]),  # host agents (router/placement/)
         }
     )
 

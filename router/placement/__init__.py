@@ -1,0 +1,1 @@
+"""Catalog models placed on host agents by demand (issue 42): the catalog (catalog.py), the hosts (hosts.py), where a model goes and what it evicts (placer.py), a request\x27s wait and the once-a-second upkeep (demand.py), the operator\x27s view and controls (operator.py)."""

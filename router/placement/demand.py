@@ -1,0 +1,174 @@
+"""Models loaded by demand: a request for a catalog model with no live worker waits (bounded)
+while one is placed; workers past their keep-alive go, `min_workers` stay, a queue that
+grows gets another worker (up to `max_workers`); silent hosts are lost. The operator's load,
+unload and pin (router/http/endpoints/admin.py) act through the same rules.
+
+Only with host agents: a fleet of hand-started workers (no host ever said hello) behaves as
+before, a request for a model with no worker being a 503 at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
+
+from router.errors import ApiError, model_unavailable
+from router.placement.catalog import FAILURE_HOLD_S, Entry
+from router.placement.placer import Placer
+from shared.placement.footprint import gib
+
+if TYPE_CHECKING:
+    from router.cluster.registry import WorkerRegistry
+
+log = logging.getLogger(__name__)
+
+NOTE_EVERY_S = 5.0  # a waiting stream is told so this often (an SSE comment)
+SCALE_UP_AFTER_S = 2.0  # requests waiting on every worker of a model this long: one more
+
+
+class Demand:
+    def __init__(
+        self,
+        placer: Placer,
+        registry: WorkerRegistry,
+        load_timeout_s: float,
+        host_timeout_s: float,
+        clock: Callable[[], float],
+    ):
+        self.placer, self.registry = placer, registry
+        self.entries = placer.entries
+        self.load_timeout_s, self.host_timeout_s = load_timeout_s, host_timeout_s
+        self._clock = clock
+        self._idle_since: dict[str, float] = {}  # worker id -> when it last had no work
+
+    @property
+    def active(self) -> bool:
+        """Some host agent serves this router: models load on demand."""
+        return bool(self.placer.alive())
+
+    # ------------------------------------------------------------ a request's wait
+
+    async def ready(
+        self,
+        model: str,
+        keep_alive_s: float | None = None,
+        note: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
+        """Until `model` has a healthy worker (at once when it has one, or nothing places
+        models); 503 naming the cause when its load fails, cannot be placed, or takes longer
+        than load_timeout_s. `note` is awaited every NOTE_EVERY_S while waiting."""
+        entry = self.entries.get(model)
+        if entry is None:
+            return
+        entry.last_used = self._clock()
+        if keep_alive_s is not None:
+            entry.keep_alive_s = keep_alive_s
+        if self.registry.healthy(model) or not self.active:
+            return
+        deadline, noted = self._clock() + self.load_timeout_s, self._clock()
+        entry.waiting += 1
+        try:
+            while not self.registry.healthy(model):
+                self._check(entry)
+                if not entry.starts:
+                    self.placer.place(entry)
+                left = deadline - self._clock()
+                if left <= 0:
+                    raise self._timed_out(entry)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(entry.changed.wait(), min(left, 1.0))
+                if note is not None and self._clock() - noted >= NOTE_EVERY_S:
+                    noted = self._clock()
+                    await note()
+        finally:
+            entry.waiting -= 1
+            entry.last_used = self._clock()
+
+    def _check(self, entry: Entry) -> None:
+        """503 now when `entry` cannot load: it failed lately, no host reads its files, or it
+        is larger than every host's budget."""
+        if failure := entry.failing(self._clock()):
+            raise model_unavailable(
+                f"the model '{entry.id}' failed to load {failure}", "model_load_failed",
+                FAILURE_HOLD_S,
+            )  # fmt: skip
+        readers = [h for h in self.placer.alive() if h.reads(entry.id)]
+        if not readers:
+            raise model_unavailable(
+                f"no host agent can read the files of the model '{entry.id}'",
+                "model_not_on_any_host",
+            )
+        largest = max(h.budget_bytes for h in readers)
+        if entry.estimate_bytes > largest:
+            raise model_unavailable(
+                f"the model '{entry.id}' needs {gib(entry.estimate_bytes)} by its estimate; "
+                f"the largest host budget is {gib(largest)}",
+                "model_too_large",
+            )
+
+    def _timed_out(self, entry: Entry) -> ApiError:
+        if entry.starts:
+            why = f"it is still loading after {self.load_timeout_s:g}s"
+        else:
+            why = (
+                f"no host has {gib(entry.estimate_bytes)} free, and the models loaded there "
+                "are pinned or busy"
+            )
+        return model_unavailable(f"the model '{entry.id}' is not loaded: {why}",
+                                 "model_loading", 30)  # fmt: skip
+
+    # ------------------------------------------------------------ once a second
+
+    async def watch(self, period_s: float = 1.0) -> None:
+        while True:
+            await asyncio.sleep(period_s)
+            try:
+                self.tick()
+            except Exception:  # one bad turn must not stop placement for good
+                log.exception("placement tick failed")
+
+    def tick(self) -> None:
+        """Mutates: hosts silent too long are lost; idle workers past their keep-alive are
+        stopped; min_workers are kept; a model whose requests queue gets another worker;
+        requests waiting for a model whose start was lost get a new one."""
+        now = self._clock()
+        for host in self.placer.alive():
+            if now - host.last_seen > self.host_timeout_s:
+                self.placer.lose_host(host, f"silent for {self.host_timeout_s:g}s")
+        for host in self.placer.alive():
+            for worker in list(host.workers.values()):
+                self._keep_alive(host, worker.worker_id, worker.model, now)
+        for entry in self.entries.values():
+            live = len(self.registry.healthy(entry.id)) + len(entry.starts)
+            failing = entry.failing(now)
+            lost = entry.waiting and not entry.starts and not self.registry.healthy(entry.id)
+            if lost or (live < entry.min_workers and not failing):
+                self.placer.place(entry)  # a start lost with its host, or min_workers short
+            elif self._pressed(entry, now) and live < entry.max_workers and not failing:
+                entry.pressure_since = None
+                self.placer.place(entry)
+
+    def _keep_alive(self, host, worker_id: str, model: str, now: float) -> None:
+        entry = self.entries.get(model)
+        if entry is None or worker_id in host.stopping or worker_id in entry.starts:
+            return
+        if not self.placer.idle(worker_id):
+            self._idle_since.pop(worker_id, None)
+            return
+        since = self._idle_since.setdefault(worker_id, now)
+        if entry.expired(since, now) and self.placer.loaded(entry) > entry.min_workers:
+            self._idle_since.pop(worker_id, None)
+            self.placer.stop(host, worker_id, f"idle past its keep_alive ({entry.keep_alive_s:g}s)")
+
+    def _pressed(self, entry: Entry, now: float) -> bool:
+        """Every worker of the model has had requests waiting for SCALE_UP_AFTER_S."""
+        workers = self.registry.healthy(entry.id)
+        waiting = workers and all(w.heartbeat and w.heartbeat.waiting for w in workers)
+        if not waiting:
+            entry.pressure_since = None
+            return False
+        entry.pressure_since = entry.pressure_since or now
+        return now - entry.pressure_since >= SCALE_UP_AFTER_S

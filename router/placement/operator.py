@@ -1,0 +1,93 @@
+"""The operator's view and controls: each catalog model's state, each host's budget and what
+fills it; load, unload and pin (router/http/endpoints/admin.py serves them)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from router.errors import ApiError, model_unavailable
+
+if TYPE_CHECKING:
+    from router.placement.catalog import Entry
+    from router.placement.demand import Demand
+
+
+def state(demand: Demand, entry: Entry) -> str:
+    """loaded (a worker serves it), loading, failed (lately), available (some host can load
+    it), or unavailable (no host can read it, or no host agent serves this router)."""
+    if demand.registry.healthy(entry.id):
+        return "loaded"
+    if entry.starts:
+        return "loading"
+    if entry.failing(demand._clock()):
+        return "failed"
+    if any(h.reads(entry.id) for h in demand.placer.alive()):
+        return "available"
+    return "unavailable"
+
+
+def model_json(demand: Demand, model: str) -> dict:
+    """The extension fields of /v1/models for `model` ({} outside the catalog)."""
+    entry = demand.entries.get(model)
+    if entry is None:
+        return {}
+    loaded_on = sorted(
+        {h.id for h in demand.placer.alive() for w in h.workers.values() if w.model == model}
+    )
+    return {"state": state(demand, entry), "loaded_on": loaded_on} | entry.to_json()
+
+
+def hosts_json(demand: Demand) -> list[dict]:
+    placer = demand.placer
+    return [h.to_json(placer.starting_on(h)) for h in placer.hosts.values()]
+
+
+def _entry(demand: Demand, model: str) -> Entry:
+    entry = demand.entries.get(model)
+    if entry is None:
+        raise ApiError(
+            404, f"the model '{model}' is not in the catalog", "model", "model_not_found"
+        )
+    return entry
+
+
+def load(demand: Demand, model: str) -> dict:
+    """Start one more worker of `model` (up to its max_workers); 503 when no host has room."""
+    entry = _entry(demand, model)
+    demand._check(entry)
+    live = len(demand.registry.healthy(entry.id)) + len(entry.starts)
+    if live >= entry.max_workers:
+        raise ApiError(409, f"the model '{model}' has its max_workers ({entry.max_workers}) "
+                       "loaded or loading", "model", "max_workers")  # fmt: skip
+    entry.last_used = demand._clock()
+    if demand.placer.place(entry) is None:
+        raise model_unavailable(
+            f"no host has room for the model '{model}' now (the models loaded are pinned or busy)",
+            "no_room", 30,
+        )  # fmt: skip
+    return model_json(demand, model)
+
+
+def unload(demand: Demand, model: str) -> dict:
+    """Stop every host-placed worker of `model` (its min_workers becomes 0); 409 while one
+    has requests in flight."""
+    entry = _entry(demand, model)
+    workers = [
+        (h, w.worker_id)
+        for h in demand.placer.alive()
+        for w in h.workers.values()
+        if w.model == model and w.worker_id not in h.stopping
+    ]
+    busy = [wid for _, wid in workers if not demand.placer.idle(wid)]
+    if busy:
+        raise ApiError(409, f"the model '{model}' has requests in flight on {', '.join(busy)}; "
+                       "unload it once they end", "model", "model_busy")  # fmt: skip
+    entry.min_workers = 0
+    for host, worker_id in workers:
+        demand.placer.stop(host, worker_id, "unloaded by the operator")
+    return model_json(demand, model)
+
+
+def pin(demand: Demand, model: str, pinned: bool) -> dict:
+    _entry(demand, model).pinned = pinned
+    return model_json(demand, model)
