@@ -163,7 +163,7 @@ class Placer:
         entry.starts[start.worker_id] = start
         for victim in victims:
             self.stop(host, victim.worker_id, f"making room for {entry.id}")
-        if not start.after:
+        if not start.after and not start.sent:  # (its victims may be gone already)
             self._send_start(entry, start, host)
         return start
 
