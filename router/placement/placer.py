@@ -76,8 +76,13 @@ class Placer:
         old = self.hosts.get(msg.host_id)
         host = HostState(msg, identity, self._clock(), msg.budget_bytes)
         host.workers = {w.worker_id: w for w in msg.workers}
-        if old is not None:
+        if old is not None:  # the agent restarted (or this router did): what it lost is gone
             host.stopping = old.stopping & set(host.workers)
+            for entry in self.entries.values():
+                for start in [s for s in entry.starts.values() if s.host_id == host.id]:
+                    if start.sent and start.worker_id not in host.workers:
+                        del entry.starts[start.worker_id]
+                entry.wake()
         self.hosts[msg.host_id] = host
         log.info(
             "host %s (%s) joined: budget %s, %d catalog models readable, %d workers running",

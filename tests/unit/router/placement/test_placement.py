@@ -203,3 +203,17 @@ def test_bad_keep_alive_is_a_400(bad):
     with pytest.raises(ApiError) as raised:
         keep_alive_of(bad)
     assert raised.value.status == 400 and raised.value.param == "keep_alive"
+
+
+async def test_a_host_agent_that_restarts_mid_load_has_its_start_placed_again():
+    fleet = Fleet({"h0": 4 * GIB}, {"a": GIB})
+    fleet.send = lambda identity, msg: fleet.sent.append((identity, msg))  # starts never finish
+    waiting = asyncio.ensure_future(fleet.demand.ready("a"))
+    await asyncio.sleep(0.01)
+    assert fleet.placer.entries["a"].starts
+    fleet.placer.handle(b"h0-again", HostHello("h0", "h0", 2, 4 * GIB, ("a",)))  # no workers
+    assert not fleet.placer.entries["a"].starts  # its worker died with the old agent
+    fleet.demand.tick()
+    starts = [m for i, m in fleet.sent if isinstance(m, StartWorker)]
+    assert len(starts) == 2 and starts[1].worker_id != starts[0].worker_id
+    waiting.cancel()
