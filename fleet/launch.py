@@ -23,12 +23,11 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from fleet.supervisor import Child, RankGroup, Supervisor
+from fleet.supervisor import Child, RankGroup, Supervisor, child_env
 from shared.config.choices import DEFAULT_KV_DISK_DIR, DEFAULT_KV_FRACTION, DEFAULT_MODEL_NAME
 from shared.config.flags import add_flags, flag_of
 from shared.config.fleet import ModelSection, name_clash
 from shared.config.sections import ClusterSection, RouterSection, WorkerSection, setting
-from shared.parent_watch import ENV as PARENT_ENV
 
 # [worker] settings launch-cluster passes on to every worker it starts, when typed
 WORKER_FLAGS = ("kv_memory", "block_size", "kv_disk", "kv_disk_dir", "speculative")
@@ -208,25 +207,6 @@ def tp_problem(model_dir: Path, tp: int, args, fleet) -> str | None:
     except (OSError, ValueError) as exc:
         return f"cannot read {model_dir / 'config.json'}: {exc}"
     return None
-
-
-def child_env(threads: int) -> dict:
-    from shared.blas import preload_env
-
-    env = preload_env()  # children start with the BLAS preloaded: no re-exec needed
-    env["_MLX_FLEET_REEXECED"] = "1"
-    env[PARENT_ENV] = str(os.getpid())  # children watch it (shared/parent_watch.py)
-    for var in (
-        "OPENBLAS_NUM_THREADS",
-        "OMP_NUM_THREADS",
-        "MKL_NUM_THREADS",
-        "VECLIB_MAXIMUM_THREADS",
-    ):
-        env[var] = str(threads)
-    env.setdefault("PYTHONUNBUFFERED", "1")
-    # transformers warns at import that PyTorch is missing: router and workers need no PyTorch
-    env.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
-    return env
 
 
 def cluster_state(url: str) -> dict | None:
