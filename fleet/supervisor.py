@@ -11,6 +11,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -54,6 +55,15 @@ def child_env(threads: int) -> dict:
     # transformers warns at import that PyTorch is missing: router and workers need no PyTorch
     env.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
     return env
+
+
+def cluster_state(url: str) -> dict | None:
+    """A router's /v1/cluster, or None while it does not answer."""
+    try:
+        with urllib.request.urlopen(f"{url}/v1/cluster", timeout=2) as r:
+            return json.loads(r.read())
+    except (OSError, ValueError):
+        return None
 
 
 def say(msg: str) -> None:

@@ -19,6 +19,7 @@ from fleet.supervisor import child_env
 from shared.config.flags import add_flags
 from shared.config.host_section import HostSection
 from shared.config.sections import WorkerSection
+from shared.parent_watch import watch_parent
 
 HOST_FLAGS = ("host_id", "memory_budget", "threads", "log_dir", "stop_grace_s")
 
@@ -90,6 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     agent = HostAgent(settings, catalog, child_env(threads), curve_setup(fleet.worker))
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: agent.request_stop())
+    watch_parent()  # started by launch-cluster: go when it goes (macOS has no PDEATHSIG)
     for model in catalog.models:
         if (problem := catalog.problem(model.name)) is not None:
             log.warning("%s will be refused: %s", model.name, problem)

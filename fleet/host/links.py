@@ -13,6 +13,7 @@ from shared.protocol import ProtocolError, decode, encode
 log = logging.getLogger("fleet.host")
 
 HELLO_RETRY_S = 2.0  # a router not up yet (or restarted) gets HostHello again this often
+HELLO_MIN_GAP_S = 0.5  # ReRegister answered no faster (a router that knows no host agents)
 
 
 class RouterLink:
@@ -32,6 +33,7 @@ class RouterLink:
         self.socket.connect(endpoint)
         self.acked = False
         self.next_hello = 0.0  # monotonic time of the next HostHello, until acked
+        self.last_hello = -HELLO_MIN_GAP_S
         self.report_interval_s = 1.0
         self.next_report = 0.0
 
@@ -53,7 +55,7 @@ class RouterLink:
             return None
 
     def hello_sent(self, now: float) -> None:
-        self.next_hello = now + HELLO_RETRY_S
+        self.last_hello, self.next_hello = now, now + HELLO_RETRY_S
 
     def acknowledged(self, report_interval_s: float, now: float) -> None:
         self.acked = True
@@ -61,9 +63,9 @@ class RouterLink:
         self.next_report = now
 
     def forget(self) -> None:
-        """The router asked for HostHello again (it restarted): send it at once."""
+        """The router asked for HostHello again (it restarted): send it soon."""
         self.acked = False
-        self.next_hello = 0.0
+        self.next_hello = self.last_hello + HELLO_MIN_GAP_S
 
     def close(self) -> None:
         self.socket.close(linger=0)
