@@ -3,6 +3,7 @@
     scripts/install-service install router --config ~/.config/mlx-fleet/fleet.toml
     scripts/install-service install worker --config ~/.config/mlx-fleet/fleet.toml --workers 2
     scripts/install-service status worker
+    scripts/install-service install host --config ~/.config/mlx-fleet/fleet.toml  # placement
     scripts/install-service install router --config fleet.toml --dry-run   # print, change nothing
     sudo scripts/install-service install worker --daemon --config /etc/mlx-fleet/fleet.toml
 
@@ -200,7 +201,7 @@ def _systemd_plan(args, install, folder):
     action = "unload" if args.action == "uninstall" else args.action
     removed = []
     if args.action == "uninstall":
-        name = services.ROUTER_UNIT if args.role == "router" else services.WORKER_UNIT
+        name = services.unit_file(args.role)
         removed = [services.ServiceFile(name, "", name)]
     return ([], removed), services.systemctl_commands(action, units)  # reload at the next install
 

@@ -19,7 +19,10 @@ ROUTER_LABEL = "com.mlx-fleet.router"
 WORKER_LABEL = "com.mlx-fleet.worker"  # + ".N" per worker process
 ROUTER_UNIT = "mlx-fleet-router.service"
 WORKER_UNIT = "mlx-fleet-worker@.service"  # instances mlx-fleet-worker@N.service
-ROLES = ("router", "worker")
+HOST_LABEL = "com.mlx-fleet.host"  # the host agent: one per machine, it starts the workers
+HOST_UNIT = "mlx-fleet-host.service"
+ROLES = ("router", "worker", "host")
+SINGLE = {"router": (ROUTER_LABEL, ROUTER_UNIT), "host": (HOST_LABEL, HOST_UNIT)}  # one each
 
 
 @dataclass(frozen=True)
@@ -76,9 +79,11 @@ def user_home(user: str) -> str:
 
 
 def render_launchd(role: str, install: Install, workers: int = 1) -> list[ServiceFile]:
-    """One plist for the router; one per worker process (labels com.mlx-fleet.worker.1..N)."""
-    if role == "router":
-        return [_plist(f"{ROUTER_LABEL}.plist", ROUTER_LABEL, install, {})]
+    """One plist for the router or the host agent; one per worker process (labels
+    com.mlx-fleet.worker.1..N)."""
+    if role in SINGLE:
+        label = SINGLE[role][0]
+        return [_plist(f"{label}.plist", label, install, {})]
     return [
         _plist(
             f"{WORKER_LABEL}.plist",
@@ -144,8 +149,9 @@ def launchctl_commands(
 
 def installed_launchd(role: str, folder: Path) -> list[ServiceFile]:
     """The agents of `role` already in `folder` (text not needed to act on them)."""
-    if role == "router":
-        names = [f"{ROUTER_LABEL}.plist"] if (folder / f"{ROUTER_LABEL}.plist").exists() else []
+    if role in SINGLE:
+        plist = f"{SINGLE[role][0]}.plist"
+        names = [plist] if (folder / plist).exists() else []
     else:
         pattern = re.compile(rf"^{re.escape(WORKER_LABEL)}\.\d+\.plist$")
         names = sorted(
@@ -163,8 +169,8 @@ def systemd_user_dir() -> Path:
 
 
 def render_systemd(role: str, install: Install) -> ServiceFile:
-    """The router unit, or the worker template unit (instances @1..@N share it)."""
-    name = ROUTER_UNIT if role == "router" else WORKER_UNIT
+    """The router or host agent unit, or the worker template unit (instances @1..@N)."""
+    name = unit_file(role)
     environment = "".join(
         f"\nEnvironment={_quoted(_specifiers(f'{key}={value}'))}"
         for key, value in install.env.items()
@@ -196,9 +202,14 @@ def _quoted(value: str) -> str:
     return value
 
 
+def unit_file(role: str) -> str:
+    """The systemd unit file of `role` (the worker's is a template)."""
+    return SINGLE[role][1] if role in SINGLE else WORKER_UNIT
+
+
 def systemd_units(role: str, workers: int = 1) -> list[str]:
-    if role == "router":
-        return [ROUTER_UNIT]
+    if role in SINGLE:
+        return [SINGLE[role][1]]
     return [f"mlx-fleet-worker@{n}.service" for n in range(1, workers + 1)]
 
 

@@ -8,6 +8,7 @@ HTTP requests that were in flight on the dead one are lost (their clients see th
 close). Ctrl-C / SIGTERM stops the router first (it stops listening and ends open streams
 with an error) and then the workers. The children stop themselves if launch-cluster dies,
 even by SIGKILL (PDEATHSIG on Linux, and on every platform a watch of the parent pid).
+With `--hosts N` it starts N host agents instead of workers (fleet/launch_hosts.py).
 """
 
 from __future__ import annotations
@@ -19,16 +20,15 @@ import signal
 import socket
 import sys
 import time
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from fleet.supervisor import Child, RankGroup, Supervisor
+from fleet.launch_hosts import serve_hosts
+from fleet.supervisor import Child, RankGroup, Supervisor, child_env, cluster_state
 from shared.config.choices import DEFAULT_KV_DISK_DIR, DEFAULT_KV_FRACTION, DEFAULT_MODEL_NAME
 from shared.config.flags import add_flags, flag_of
 from shared.config.fleet import ModelSection, name_clash
 from shared.config.sections import ClusterSection, RouterSection, WorkerSection, setting
-from shared.parent_watch import ENV as PARENT_ENV
 
 # [worker] settings launch-cluster passes on to every worker it starts, when typed
 WORKER_FLAGS = ("kv_memory", "block_size", "kv_disk", "kv_disk_dir", "speculative")
@@ -71,7 +71,28 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--log-dir", type=Path, help="write each process's log here (default: this terminal)"
     )
+    hosts = p.add_argument_group(
+        "host agents", "models placed by demand: the routers start workers through host agents"
+    )
+    hosts.add_argument(
+        "--hosts", type=int, metavar="N",
+        help="start N host agents (host-0 ...) instead of workers; the routers load the "
+        "--config's [[models]] on them as requests come (needs --config)",
+    )  # fmt: skip
+    hosts.add_argument(
+        "--host-memory", type=size_flag, metavar="SIZE",
+        help="each host agent's memory budget, e.g. 8GiB (default: 3/4 of memory / N)",
+    )  # fmt: skip
     return p
+
+
+def size_flag(text: str) -> int:
+    from shared.config.fields import Expected, size
+
+    try:
+        return size()(text, Path.cwd())
+    except Expected as exc:
+        raise argparse.ArgumentTypeError(f"expected {exc}") from None
 
 
 def free_port() -> int:
@@ -210,33 +231,6 @@ def tp_problem(model_dir: Path, tp: int, args, fleet) -> str | None:
     return None
 
 
-def child_env(threads: int) -> dict:
-    from shared.blas import preload_env
-
-    env = preload_env()  # children start with the BLAS preloaded: no re-exec needed
-    env["_MLX_FLEET_REEXECED"] = "1"
-    env[PARENT_ENV] = str(os.getpid())  # children watch it (shared/parent_watch.py)
-    for var in (
-        "OPENBLAS_NUM_THREADS",
-        "OMP_NUM_THREADS",
-        "MKL_NUM_THREADS",
-        "VECLIB_MAXIMUM_THREADS",
-    ):
-        env[var] = str(threads)
-    env.setdefault("PYTHONUNBUFFERED", "1")
-    # transformers warns at import that PyTorch is missing: router and workers need no PyTorch
-    env.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
-    return env
-
-
-def cluster_state(url: str) -> dict | None:
-    try:
-        with urllib.request.urlopen(f"{url}/v1/cluster", timeout=2) as r:
-            return json.loads(r.read())
-    except (OSError, ValueError):
-        return None
-
-
 def wait_until_ready(sup: Supervisor, urls: list[str], workers: int, timeout: float) -> bool:
     """Until every router (router i at urls[i]) has `workers` healthy workers."""
     deadline, last = time.monotonic() + timeout, None
@@ -299,6 +293,8 @@ def served_models(args, fleet) -> list[Served] | str:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args, fleet = load_settings(parser, argv)
+    if args.hosts is not None and (args.hosts < 1 or not args.config):
+        parser.error("--hosts N needs N >= 1 and --config (the [[models]] the agents serve)")
     models = served_models(args, fleet)
     if isinstance(models, str):
         print(f"launch-cluster: error: {models}", file=sys.stderr)
@@ -309,6 +305,11 @@ def main(argv: list[str] | None = None) -> int:
     tp = fleet.cluster.tp
     threads = args.threads or max(1, (os.cpu_count() or 1) // (workers * tp))
     router_cmds, worker_cmds = commands(args, fleet, models, zmq_ports)
+    urls = [f"http://{fleet.router.host}:{fleet.router.port + i}" for i in range(count)]
+    if args.hosts:
+        ports = [zmq_ports + i for i in range(count)] if args.zmq_port else zmq_ports
+        zmq = [f"tcp://127.0.0.1:{port}" for port in ports]
+        return serve_hosts(args, router_cmds, zmq, urls, [m.name for m in models])
     env = child_env(threads)
     sup = Supervisor(
         [
@@ -322,7 +323,6 @@ def main(argv: list[str] | None = None) -> int:
     )
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: sup.request_stop())
-    urls = [f"http://{fleet.router.host}:{fleet.router.port + i}" for i in range(count)]
     sup.start()
     try:
         if not wait_until_ready(sup, urls, workers, args.startup_timeout):

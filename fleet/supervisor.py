@@ -11,9 +11,11 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from shared.parent_watch import ENV as PARENT_ENV
 from shared.parent_watch import SPAWNED_AT_ENV
 
 BACKOFF_START_S = 0.0  # the first restart is immediate; repeated crashes back off
@@ -32,6 +34,36 @@ def _die_with_parent() -> None:
     if sys.platform.startswith("linux") and not os.environ.get(NO_PDEATHSIG_ENV):
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
         libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def child_env(threads: int) -> dict:
+    """The environment of a child of this process: `threads` BLAS threads, the BLAS
+    preloaded, unbuffered output, and this pid to watch (shared/parent_watch.py)."""
+    from shared.blas import preload_env
+
+    env = preload_env()  # children start with the BLAS preloaded: no re-exec needed
+    env["_MLX_FLEET_REEXECED"] = "1"
+    env[PARENT_ENV] = str(os.getpid())  # children watch it (shared/parent_watch.py)
+    for var in (
+        "OPENBLAS_NUM_THREADS",
+        "OMP_NUM_THREADS",
+        "MKL_NUM_THREADS",
+        "VECLIB_MAXIMUM_THREADS",
+    ):
+        env[var] = str(threads)
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    # transformers warns at import that PyTorch is missing: router and workers need no PyTorch
+    env.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+    return env
+
+
+def cluster_state(url: str) -> dict | None:
+    """A router's /v1/cluster, or None while it does not answer."""
+    try:
+        with urllib.request.urlopen(f"{url}/v1/cluster", timeout=2) as r:
+            return json.loads(r.read())
+    except (OSError, ValueError):
+        return None
 
 
 def say(msg: str) -> None:

@@ -41,6 +41,7 @@ from shared.config.fields import (
     string,
     strings,
 )
+from shared.config.host_section import HostSection
 from shared.config.router_section import RouterSection
 
 
@@ -294,6 +295,7 @@ class FleetConfig:
     router: RouterSection = dataclasses.field(default_factory=RouterSection)
     worker: WorkerSection = dataclasses.field(default_factory=WorkerSection)
     cluster: ClusterSection = dataclasses.field(default_factory=ClusterSection)
+    host: HostSection = dataclasses.field(default_factory=HostSection)
     models: tuple[ModelSection, ...] = ()  # [[models]]: several models in one fleet
     workers: tuple[WorkerGroup, ...] = ()  # [[workers]]: launch-cluster's workers by role
     source: Path | None = None  # the file it was read from
@@ -305,8 +307,10 @@ class FleetConfig:
 
 
 SECTIONS = {"model": ModelSection, "router": RouterSection, "worker": WorkerSection}
-SECTIONS |= {"cluster": ClusterSection}
-Section = TypeVar("Section", ModelSection, RouterSection, WorkerSection, ClusterSection)
+SECTIONS |= {"cluster": ClusterSection, "host": HostSection}
+Section = TypeVar(
+    "Section", ModelSection, RouterSection, WorkerSection, ClusterSection, HostSection
+)
 
 
 def setting(section: type, name: str) -> dataclasses.Field:

@@ -290,3 +290,30 @@ def test_daemon_refusals(capsys, config_file, no_subprocess, monkeypatch):
     assert code == 1 and "--user" in err
     with pytest.raises(SystemExit):
         install_cli.main(["status", "router", "--daemon", "--systemd", "--dry-run"])
+
+
+def test_host_agent_service_one_per_machine(tmp_path):
+    [file] = services.render_launchd("host", make_install())
+    plist = plistlib.loads(file.text.encode())
+    assert file.name == "com.mlx-fleet.host.plist" and plist["Label"] == "com.mlx-fleet.host"
+    assert plist["ProgramArguments"] == [
+        "/opt/fleet/.venv/bin/python", "-m", "fleet.host", "--config", "/opt/fleet/fleet.toml",
+    ]  # fmt: skip
+    assert plist["StandardOutPath"] == "/opt/fleet/logs/host.log" and plist["KeepAlive"]
+    _lint(tmp_path, file)
+    unit = services.render_systemd("host", make_install(ODD))
+    assert unit.name == "mlx-fleet-host.service" == services.systemd_units("host")[0]
+    assert "-m fleet.host --config" in unit.text and "KillMode=mixed" in unit.text
+    (tmp_path / "com.mlx-fleet.host.plist").write_text(file.text)
+    [found] = services.installed_launchd("host", tmp_path)
+    assert found.label == "com.mlx-fleet.host"
+
+
+def test_install_host_dry_run(tmp_path, capsys):
+    config = tmp_path / "fleet.toml"
+    config.write_text('[[models]]\nid = "smol"\n[host]\nmemory_budget = "8GiB"\n')
+    out = tmp_path / "out"
+    argv = ["install", "host", "--config", str(config), "--systemd", "--dry-run", "--out", str(out)]
+    assert install_cli.main(argv) == 0
+    assert (out / "mlx-fleet-host.service").exists()
+    assert "enable --now mlx-fleet-host.service" in capsys.readouterr().out
