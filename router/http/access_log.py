@@ -1,8 +1,8 @@
 """The router's access log: one line per request a person wants to read.
 
-Polls (a successful GET of /health, /v1/cluster, /metrics or the fleet page: launch-cluster
-waits for its workers twice a second, the fleet page refreshes every second, Prometheus
-scrapes) go at DEBUG, so the INFO log holds what happened. With [router] log_requests every
+Polls (a successful GET of /health, /v1/cluster, /v1/admin/models, /metrics or the fleet page:
+launch-cluster waits for its workers twice a second, the fleet page refreshes every second,
+Prometheus scrapes) go at DEBUG, so the INFO log holds what happened. With [router] log_requests every
 other request is one JSON line (request id, model, status, tokens, timing); without, one short
 text line.
 """
@@ -18,7 +18,9 @@ from aiohttp.abc import AbstractAccessLogger
 from router.http import app_keys
 from router.http.security import KEY_ID
 
-POLL_PATHS = frozenset({"/health", "/v1/cluster", "/metrics", "/", "/dashboard"})
+POLL_PATHS = frozenset(
+    {"/health", "/v1/cluster", "/v1/admin/models", "/metrics", "/", "/dashboard"}
+)
 # request[NOTES]: what the handler learnt (request_id, model, tokens), for the log line
 NOTES = web.RequestKey("notes", dict) if hasattr(web, "RequestKey") else "mlx_fleet.notes"
 

@@ -1,7 +1,8 @@
 """The fleet page at `/` and `/dashboard`: one static HTML file shipped in the package
 (router/http/endpoints/static/fleet.html: inline CSS and JS, no external assets). The page itself is
 open; every call it makes (/v1/cluster each second, /v1/chat/completions) needs the API key
-when keys are configured: it asks for the key and sends it as a bearer token."""
+when keys are configured: it asks for the key and sends it as a bearer token. It sends the same
+key to the admin API (/v1/admin/models each second, and its load/unload/pin buttons)."""
 
 from __future__ import annotations
 

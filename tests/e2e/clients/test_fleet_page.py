@@ -1,19 +1,28 @@
 """The fleet page in a real headless browser (Debian's chromium + chromium-driver, driven by
 selenium): it loads, shows both workers of a two-worker cluster, marks one lost when it is
 killed, and its chat box streams a reply from the router's own API. The router serves on a
-real socket with stand-in workers (tests/conftest.py make_cluster).
+real socket with stand-in workers (tests/conftest.py make_cluster). With a host agent (a fake
+one on a real ZeroMQ socket) it shows the host's budget and the catalog, and its Load button
+reaches the host as a StartWorker.
 
 FLEET_PAGE_SCREENSHOT=docs/fleet-page.png saves the README's screenshot."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 import tempfile
 from pathlib import Path
 
 import pytest
+import zmq
+import zmq.asyncio
+
+from shared.placement.messages import HostHello, HostReport, StartWorker
+from shared.protocol import decode, encode
+from tests.conftest import MODEL_ID
 
 pytestmark = pytest.mark.slow
 KEY = "mlxf-page-key"
@@ -55,6 +64,34 @@ def browser():
     finally:
         driver.quit()
         shutil.rmtree(profile, ignore_errors=True)
+
+
+class FakeHost:
+    """A host agent on a real DEALER socket: it says hello, reports an empty budget every 0.1 s
+    (its heartbeat) and keeps what the router sends it, starting nothing."""
+
+    def __init__(self, endpoint: str, host_id: str, budget_bytes: int, models: tuple[str, ...]):
+        self.hello = HostHello(host_id, "machine-" + host_id, 4242, budget_bytes, models)
+        self.received: list[object] = []
+        self._ctx = zmq.asyncio.Context()
+        self._sock = self._ctx.socket(zmq.DEALER)
+        self._sock.linger = 0
+        self._sock.connect(endpoint)
+
+    async def run(self) -> None:
+        await self._sock.send(encode(self.hello))
+        report = HostReport(self.hello.host_id, self.hello.budget_bytes, ())
+        while True:
+            if await self._sock.poll(100):
+                self.received.append(decode(await self._sock.recv()))
+            await self._sock.send(encode(report))
+
+    def starts(self) -> list[StartWorker]:
+        return [m for m in self.received if isinstance(m, StartWorker)]
+
+    def close(self) -> None:
+        self._sock.close()
+        self._ctx.term()
 
 
 def health_of(driver) -> dict[str, str]:
@@ -106,3 +143,51 @@ async def test_fleet_page_shows_workers_follows_a_kill_and_streams_a_chat(make_c
     await cluster.kill_worker("worker-b")  # the router declares it lost after 0.4 s of silence
     lost = {"worker-a": "healthy", "worker-b": "lost"}
     await run(wait_for, browser, lambda d: health_of(d) == lost)
+
+
+def catalog_state(driver, model: str) -> str:
+    row = driver.find_element(By.CSS_SELECTOR, f'tr[data-catalog-model="{model}"]')
+    return row.find_element(By.CLASS_NAME, "state").text
+
+
+def click_action(driver, model: str, action: str) -> bool:
+    row = driver.find_element(By.CSS_SELECTOR, f'tr[data-catalog-model="{model}"]')
+    row.find_element(By.CSS_SELECTOR, f'button[data-action="{action}"]').click()
+    return True
+
+
+async def test_fleet_page_shows_a_host_and_loads_a_catalog_model_there(make_cluster, browser):
+    # hosts are lost after heartbeat_timeout_s of silence: generous, the browser shares 2 cores
+    cluster = await make_cluster(api_keys=(KEY,), heartbeat_timeout_s=5.0)
+    host = FakeHost(cluster.zmq_endpoint, "host-a", 8 << 30, (MODEL_ID,))
+    task = asyncio.create_task(host.run())
+    run = asyncio.to_thread
+    try:
+        await run(browser.get, str(cluster.client.make_url("/dashboard")))
+        field = await run(lambda: browser.find_element(By.ID, "api-key"))
+        await run(field.send_keys, KEY, Keys.ENTER)
+
+        hosts = await run(lambda: browser.find_element(By.ID, "hosts"))
+        await run(wait_for, browser, lambda d: "host-a" in hosts.text)
+        assert "budget 8.00 GiB" in hosts.text and "alive" in hosts.text
+        await run(wait_for, browser, lambda d: catalog_state(d, MODEL_ID) == "available")
+
+        await run(wait_for, browser, lambda d: click_action(d, MODEL_ID, "load"))
+        await cluster.wait_until(lambda: host.starts(), timeout=10)
+        (start,) = host.starts()
+        assert start.model == MODEL_ID and start.estimate_bytes > start.kv_memory_bytes > 0
+        await run(wait_for, browser, lambda d: catalog_state(d, MODEL_ID).startswith("loading"))
+        assert start.worker_id in await run(lambda: catalog_state(browser, MODEL_ID))
+        await run(wait_for, browser, lambda d: "starting" in hosts.text)
+
+        # a second load goes over max_workers (1): the router's 409 is shown, not swallowed
+        message = await run(lambda: browser.find_element(By.ID, "admin-message"))
+        await run(wait_for, browser, lambda d: click_action(d, MODEL_ID, "load"))
+        await run(wait_for, browser, lambda d: "409" in message.text)
+        assert "max_workers" in message.text and message.get_attribute("data-state") == "error"
+        assert len(host.starts()) == 1
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        host.close()
