@@ -7,7 +7,7 @@ import re
 from dataclasses import dataclass, field
 
 from router.errors import bad_request
-from shared.placement.footprint import DEFAULT_KV_BYTES, estimate, gib
+from shared.placement.footprint import DEFAULT_KV_BYTES, computes_in_float32, estimate, gib
 
 FAILURE_HOLD_S = 30.0  # a model that failed to load answers with that failure this long
 FOREVER = -1.0
@@ -85,7 +85,8 @@ def entry_of(spec, default_kv: int | None) -> Entry:
     """The catalog entry of a router ModelSpec (its `section` holds the [[models]] keys)."""
     section = spec.section
     kv = section.kv_memory or default_kv or DEFAULT_KV_BYTES
-    memory = section.memory or estimate(spec.path, kv)
+    float32 = computes_in_float32(section.compute_dtype)
+    memory = section.memory or estimate(spec.path, kv, float32=float32)
     return Entry(
         spec.served_id, memory, kv, section.min_workers, section.max_workers,
         section.keep_alive, section.pinned,

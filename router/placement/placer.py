@@ -7,7 +7,7 @@ that is more) and the starts it was asked for. Without room there, idle workers 
 models are stopped, least recently used first — never a pinned model's, one with requests in
 flight, or one its model's `min_workers` needs — and the start is sent once they are gone
 (the host checks its budget again and refuses what does not fit). The host with the fewest
-evictions, then the most room, is chosen.
+evictions, then the least recently used victims, then the most room, is chosen.
 """
 
 from __future__ import annotations
@@ -158,7 +158,9 @@ class Placer:
             room = self.free(host) + sum(HostState.cost(v) for v in victims or [])
             if victims is None or room < entry.estimate_bytes:
                 continue
-            key = (len(victims), -room)
+            # the fewest evictions, of the models used longest ago, then the most room
+            newest = max((self._last_used(v) for v in victims), default=float("-inf"))
+            key = (len(victims), newest, -room)
             if best is None or key < best[0]:
                 best = (key, host, victims)
         if best is None:
@@ -235,6 +237,7 @@ class Placer:
         """Mutates: a silent host is gone; what it was loading will be placed again."""
         log.warning("host %s lost: %s", host.id, why)
         host.alive = False
+        host.workers.clear()  # they end with their agent (a survivor goes by its heartbeats)
         for entry in self.entries.values():
             for start in [s for s in entry.starts.values() if s.host_id == host.id]:
                 del entry.starts[start.worker_id]
