@@ -24,6 +24,7 @@ from zmq.utils.monitor import recv_monitor_message
 from shared.curve import configure_client
 from shared.hashing import ROOT_PARENT_HASH, hash_blocks
 from shared.kv_events import BlockStored
+from shared.placement.messages import HostHello, HostReport, StartWorker, WorkerExited
 from shared.protocol import (
     PROTOCOL_VERSION,
     Abort,
@@ -321,3 +322,37 @@ def main(argv: list[str] | None = None) -> None:
 
 if __name__ == "__main__":
     main()
+
+
+class FakeHost:
+    """A host agent on a real DEALER socket: it says hello, reports an empty budget every 0.1 s
+    (its heartbeat) and keeps what the router sends it, starting nothing."""
+
+    def __init__(self, endpoint: str, host_id: str, budget_bytes: int, models: tuple[str, ...]):
+        self.hello = HostHello(host_id, "machine-" + host_id, 4242, budget_bytes, models)
+        self.received: list[object] = []
+        self._ctx = zmq.asyncio.Context()
+        self._sock = self._ctx.socket(zmq.DEALER)
+        self._sock.linger = 0
+        self._sock.connect(endpoint)
+
+    async def run(self) -> None:
+        await self._sock.send(encode(self.hello))
+        report = HostReport(self.hello.host_id, self.hello.budget_bytes, ())
+        while True:
+            if await self._sock.poll(100):
+                self.received.append(decode(await self._sock.recv()))
+            await self._sock.send(encode(report))
+
+    def starts(self) -> list[StartWorker]:
+        return [m for m in self.received if isinstance(m, StartWorker)]
+
+    async def exited(self, worker_id: str, model: str, reason: str, asked: bool = False) -> None:
+        """Tell the router a worker of this host ended (a failed load, when not asked)."""
+        await self._sock.send(
+            encode(WorkerExited(self.hello.host_id, worker_id, model, asked, reason))
+        )
+
+    def close(self) -> None:
+        self._sock.close()
+        self._ctx.term()

@@ -17,12 +17,9 @@ import tempfile
 from pathlib import Path
 
 import pytest
-import zmq
-import zmq.asyncio
 
-from shared.placement.messages import HostHello, HostReport, StartWorker
-from shared.protocol import decode, encode
 from tests.conftest import MODEL_ID
+from tests.support.fake_worker import FakeHost
 
 pytestmark = pytest.mark.slow
 KEY = "mlxf-page-key"
@@ -64,34 +61,6 @@ def browser():
     finally:
         driver.quit()
         shutil.rmtree(profile, ignore_errors=True)
-
-
-class FakeHost:
-    """A host agent on a real DEALER socket: it says hello, reports an empty budget every 0.1 s
-    (its heartbeat) and keeps what the router sends it, starting nothing."""
-
-    def __init__(self, endpoint: str, host_id: str, budget_bytes: int, models: tuple[str, ...]):
-        self.hello = HostHello(host_id, "machine-" + host_id, 4242, budget_bytes, models)
-        self.received: list[object] = []
-        self._ctx = zmq.asyncio.Context()
-        self._sock = self._ctx.socket(zmq.DEALER)
-        self._sock.linger = 0
-        self._sock.connect(endpoint)
-
-    async def run(self) -> None:
-        await self._sock.send(encode(self.hello))
-        report = HostReport(self.hello.host_id, self.hello.budget_bytes, ())
-        while True:
-            if await self._sock.poll(100):
-                self.received.append(decode(await self._sock.recv()))
-            await self._sock.send(encode(report))
-
-    def starts(self) -> list[StartWorker]:
-        return [m for m in self.received if isinstance(m, StartWorker)]
-
-    def close(self) -> None:
-        self._sock.close()
-        self._ctx.term()
 
 
 def health_of(driver) -> dict[str, str]:
