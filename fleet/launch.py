@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from fleet.launch_hosts import serve_hosts
+from fleet.launch_hosts import hosts_problem, serve_hosts
 from fleet.supervisor import Child, RankGroup, Supervisor, child_env, cluster_state
 from shared.config.choices import DEFAULT_KV_DISK_DIR, DEFAULT_KV_FRACTION, DEFAULT_MODEL_NAME
 from shared.config.flags import add_flags, flag_of
@@ -293,8 +293,8 @@ def served_models(args, fleet) -> list[Served] | str:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args, fleet = load_settings(parser, argv)
-    if args.hosts is not None and (args.hosts < 1 or not args.config):
-        parser.error("--hosts N needs N >= 1 and --config (the [[models]] the agents serve)")
+    if args.hosts is not None and (problem := hosts_problem(args, fleet)):
+        parser.error(problem)
     models = served_models(args, fleet)
     if isinstance(models, str):
         print(f"launch-cluster: error: {models}", file=sys.stderr)

@@ -18,6 +18,23 @@ from fleet.supervisor import Child, Supervisor, child_env, cluster_state, say
 from shared.placement.footprint import gib
 
 
+def hosts_problem(args, fleet) -> str | None:
+    """Why `--hosts` cannot go with the other settings given, or None."""
+    if args.hosts < 1 or not args.config:
+        return "--hosts N needs N >= 1 and --config (the [[models]] the agents serve)"
+    if fleet.cluster.tp > 1:
+        return (
+            "--hosts with --tp: host agents start one-process workers; start a tensor-parallel "
+            "group with launch-cluster --tp (no --hosts) or by hand (docs/deploy.md)"
+        )
+    if args.workers or args.prefill_workers or fleet.workers:
+        return (
+            "--hosts starts workers by demand: set [[models]] min_workers / max_workers "
+            "instead of --workers, --prefill-workers or [[workers]]"
+        )
+    return None
+
+
 def agent_commands(args, zmq_endpoints: list[str], budget: int) -> list[list[str]]:
     """One `python -m fleet.host` per host, each connected to every router."""
     connect = [x for endpoint in zmq_endpoints for x in ("--router", endpoint)]

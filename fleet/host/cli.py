@@ -55,6 +55,12 @@ def load_settings(parser: argparse.ArgumentParser, argv: list[str] | None):
         args, fleet = load_with_flags(parser, argv, {"host": {}, "worker": {}})
         for router in fleet.worker.router:
             require_curve(router, fleet.worker.curve_enabled, "--router")
+        if fleet.worker.kv_fraction is not None or fleet.worker.tp_hosts:
+            raise ConfigError(
+                "[worker] kv_fraction and tp_hosts do not apply to a host agent's workers: "
+                "each gets its model's kv_memory, in one process (remove them from the file "
+                "the agent reads)"
+            )
     except (ConfigError, CurveError) as exc:
         parser.error(str(exc))
     return args, fleet

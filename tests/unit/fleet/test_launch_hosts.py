@@ -79,3 +79,21 @@ def test_launch_cluster_with_hosts_starts_routers_and_agents(tmp_path, default_m
         if launcher.poll() is None:
             launcher.kill()
             launcher.wait()
+
+
+@pytest.mark.parametrize(
+    "flags, says",
+    [
+        (["--tp", "2"], "tensor-parallel"),
+        (["--workers", "2"], "min_workers / max_workers"),
+        (["--prefill-workers", "1"], "min_workers / max_workers"),
+    ],
+)
+def test_hosts_refuses_what_it_would_ignore(tmp_path, capsys, flags, says):
+    from fleet.launch import main
+
+    config = tmp_path / "fleet.toml"
+    config.write_text('[[models]]\nid = "m"\npath = "/nowhere"\n')
+    with pytest.raises(SystemExit):
+        main(["--config", str(config), "--hosts", "2", *flags])
+    assert says in capsys.readouterr().err

@@ -7,6 +7,8 @@ from __future__ import annotations
 import os
 import signal
 
+import pytest
+
 from fleet.host.catalog import Catalog
 from fleet.host.memory import default_budget, physical_bytes, rss_bytes
 from shared.config.sections import ModelSection
@@ -93,3 +95,13 @@ def test_memory_and_catalog_helpers(tmp_path):
         locked.chmod(0)
         assert "cannot read" in catalog.problem("a") and catalog.servable() == ("repo",)
     assert catalog.find("repo").path == "org/repo" and catalog.problem("b").startswith("model 'b'")
+
+
+def test_an_agent_refuses_worker_settings_it_cannot_apply(tmp_path, capsys):
+    from fleet.host.cli import main
+
+    config = tmp_path / "fleet.toml"
+    config.write_text('[[models]]\nid = "m"\npath = "/nowhere"\n[worker]\nkv_fraction = 0.5\n')
+    with pytest.raises(SystemExit):
+        main(["--config", str(config)])
+    assert "kv_fraction and tp_hosts do not apply" in capsys.readouterr().err
