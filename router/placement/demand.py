@@ -170,5 +170,6 @@ class Demand:
         if not waiting:
             entry.pressure_since = None
             return False
-        entry.pressure_since = entry.pressure_since or now
+        if entry.pressure_since is None:
+            entry.pressure_since = now
         return now - entry.pressure_since >= SCALE_UP_AFTER_S

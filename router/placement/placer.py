@@ -166,7 +166,10 @@ class Placer:
         if best is None:
             return None
         _, host, victims = best
-        start = Start(entry.new_worker_id(host.id), host.id, {v.worker_id for v in victims})
+        worker_id = entry.new_worker_id(host.id)
+        while worker_id in host.workers or self.registry.get(worker_id):  # a router restarted
+            worker_id = entry.new_worker_id(host.id)
+        start = Start(worker_id, host.id, {v.worker_id for v in victims})
         entry.starts[start.worker_id] = start
         for victim in victims:
             self.stop(host, victim.worker_id, f"making room for {entry.id}")

@@ -220,3 +220,32 @@ async def test_a_host_agent_that_restarts_mid_load_has_its_start_placed_again():
     starts = [m for i, m in fleet.sent if isinstance(m, StartWorker)]
     assert len(starts) == 2 and starts[1].worker_id != starts[0].worker_id
     waiting.cancel()
+
+
+def test_a_model_whose_requests_queue_gets_another_worker_up_to_max_workers():
+    from shared.protocol import Heartbeat
+
+    fleet = Fleet({"h0": 8 * GIB}, {"a": GIB}, a={"max_workers": 2})
+    fleet.load("a")
+    [worker] = fleet.registry.healthy("a")
+    worker.on_heartbeat(Heartbeat(worker.worker_id, running=4, waiting=3, free_blocks=1,
+                                  total_blocks=9, cached_blocks=0, hit_tokens=0))  # fmt: skip
+    fleet.tick()
+    assert len(fleet.where("a")) == 1  # not for a moment's queue
+    fleet.now = 3
+    fleet.tick()
+    fleet.register_started()
+    assert len(fleet.where("a")) == 2
+    for w in fleet.registry.healthy("a"):
+        w.heartbeat = worker.heartbeat
+    fleet.now = 10
+    fleet.tick()
+    assert len(fleet.where("a")) == 2  # max_workers
+
+
+def test_a_restarted_router_never_reuses_a_running_worker_id():
+    fleet = Fleet({"h0": 8 * GIB}, {"a": GIB}, a={"max_workers": 3})
+    fleet.load("a")
+    fleet.placer.entries["a"].next_worker = 0  # as a new router process counts
+    start = fleet.placer.place(fleet.placer.entries["a"])
+    assert start is not None and start.worker_id not in fleet.registry.healthy("a")[0].worker_id
