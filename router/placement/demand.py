@@ -145,7 +145,7 @@ class Demand:
             live = len(self.registry.healthy(entry.id)) + len(entry.starts)
             failing = entry.failing(now)
             lost = entry.waiting and not entry.starts and not self.registry.healthy(entry.id)
-            if lost or (live < entry.min_workers and not failing):
+            if (lost or live < entry.min_workers) and not failing:
                 self.placer.place(entry)  # a start lost with its host, or min_workers short
             elif self._pressed(entry, now) and live < entry.max_workers and not failing:
                 entry.pressure_since = None
