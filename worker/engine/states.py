@@ -164,7 +164,7 @@ NO_STATES = NoStates()
 States = NoStates | SequenceStates  # what the scheduler holds: `active` says which
 
 
-# ---- at load (worker.engine.startup) ----
+# ---- at load (worker.engine.startup.sizing) ----
 
 
 def plan_states(

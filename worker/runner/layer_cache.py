@@ -12,7 +12,7 @@ attention over what that returned, with the mask the model made from `cache.make
   answers `make_mask` with that span's mask, so whatever attention the model computes (mlx-lm's
   own SDPA with sinks, soft-capping, MLA's absorbed form) runs as in mlx-lm.
 
-It also keeps the counts the load-time probe reads (`worker.engine.startup.check_model`).
+It also keeps the counts the load-time probe reads (`worker.engine.startup.checks.check_model`).
 """
 
 from __future__ import annotations

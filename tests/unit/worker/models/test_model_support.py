@@ -148,7 +148,7 @@ def test_untested_architecture_is_served_after_a_greedy_check(arch, caplog):
 
 
 def test_untested_architecture_whose_greedy_output_differs_is_refused(monkeypatch):
-    import worker.engine.startup as startup_module
+    import worker.engine.startup.checks as startup_module
 
     monkeypatch.setattr(startup_module, "reference_greedy", lambda m, p, n: [-1] * n)
     with pytest.raises(UnsupportedModel, match=r"'olmo2' is not among the tested.*differs"):

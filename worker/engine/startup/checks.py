@@ -1,0 +1,175 @@
+"""The forward passes before an Engine serves (`Engine.create` runs `prepare` after
+assembly): the model checked over the paged KV (each layer's mode decided, an architecture the
+tests do not cover compared with mlx-lm), then warmed up. A tensor-parallel follower mirrors
+exactly these forwards, in this order: the shape probe, the model check, the warm-up."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+import mlx.core as mx
+
+from shared.protocol import KVGroupReport
+from shared.sampling import SamplingParams
+from worker.attention.prefix_kv import PREFIX_KV
+from worker.engine.sequence import Sequence
+from worker.engine.stats import EngineStats
+from worker.engine.step_kind import forward_costs
+from worker.kv.memory import apply_limits, layers_bytes_per_block
+from worker.runner.layer_groups import LayerKind, group_layers
+from worker.runner.model_support import (
+    COVERED_ARCHITECTURES,
+    UnsupportedModel,
+    decide_modes,
+    model_type,
+    reference_greedy,
+    verification_prompt,
+)
+from worker.runner.plan import PrefillChunk, StepKind, StepPlan
+
+if TYPE_CHECKING:
+    from worker.engine.engine import Engine
+    from worker.kv.block_pool import BlockPool
+
+log = logging.getLogger(__name__)
+
+
+def prepare(engine: Engine) -> None:
+    """Check the model, warm up (unless `config.warmup` is off), then announce the disk
+    tier's blocks: what `Engine.create` runs after assembly. MLX's memory limits are set
+    to the budget first (when the engine sized itself from one)."""
+    if engine.memory is not None:
+        apply_limits(engine.memory.budget)
+        PREFIX_KV.budget = engine.memory.kept_prefixes  # (within the budget, or none)
+    engine.scheduler.costs = forward_costs(engine.model, engine.pool)  # the fold rule's prices
+    check_model(engine)
+    if engine.config.warmup:
+        warm_up(engine)
+    engine.kv_events.announce_disk_blocks()
+
+
+def set_layer_modes(runner, kinds: list[LayerKind], gathered: list[bool]) -> None:
+    """Each cache slot's kind and mode (gathered, else paged) on the runner (a tensor-parallel
+    leader's own runner: its followers run every layer paged and full, so it refuses others)."""
+    inner = getattr(runner, "inner", runner)
+    if inner is not runner and (any(gathered) or any(k.window is not None for k in kinds)):
+        raise UnsupportedModel(
+            "tensor-parallel groups serve only models whose every layer is plain full "
+            "attention; serve this one with one worker per model replica"
+        )
+    inner.kinds, inner.gathered = list(kinds), list(gathered)
+
+
+def kv_groups(pool: BlockPool, kinds: list[LayerKind], gathered: list[bool]):
+    """The pool's layer groups as the worker reports them (`/v1/cluster`, `/metrics`)."""
+    quant = {"kv_bits": pool.kv_bits, "kv_group_size": pool.kv_group_size}
+    return tuple(
+        KVGroupReport(
+            group.kind.describe(),
+            len(group.layers),
+            layers_bytes_per_block(
+                1, [pool.layer_shapes[i] for i in group.layers], pool.dtype, **quant
+            ),
+            sum(not gathered[i] for i in group.layers),
+        )
+        for group in group_layers(kinds)
+    )
+
+
+def check_model(engine: Engine) -> None:
+    """Refuse a model the paged KV would serve wrongly, and set each layer's mode (see
+    `worker.runner.model_support`): a one-token forward with every layer gathered shows
+    which layers the paged attention plan can serve."""
+    # two rows at different positions: a model that reads one position for the whole batch
+    # (`cache.offset` as a number) fails here, not on its first batch
+    probes = []
+    for length in (1, 2):
+        probe = Sequence("__probe__", 1, [0] * length, SamplingParams(max_tokens=1), arrival=-1)
+        probe.block_ids = [engine.scratch_block]
+        probe.state_slot = engine.states.pool.allocate() if engine.states else -1
+        probe.num_computed = length - 1
+        probes.append(PrefillChunk(probe, 1))
+    plan = StepPlan(StepKind.PREFILL, [], probes, [])
+    runner = engine.runner
+    kinds = engine.shape.kinds()
+    name = model_type(engine.model)
+    inner = getattr(runner, "inner", runner)
+    inner.kinds, inner.gathered = kinds, [True] * len(kinds)
+    try:
+        mx.eval(*runner.run(plan).outputs)
+    except Exception as exc:  # noqa: BLE001 - whatever breaks the probe is a refusal
+        raise UnsupportedModel(
+            f"model type {name!r} failed a one-token forward over the paged KV "
+            f"({type(exc).__name__}: {exc})"
+        ) from exc
+    for probe in (c.seq for c in probes if c.seq.state_slot >= 0):
+        engine.states.pool.free(probe.state_slot)
+    gathered = decide_modes(engine.model, kinds, runner.last_caches, inner.uncached_attention)
+    runner.last_caches = []
+    set_layer_modes(runner, kinds, gathered)
+    engine.attention_report = replace(
+        engine.attention_report, kv_groups=kv_groups(engine.pool, kinds, gathered)
+    )
+    log.info(
+        "model type %r: %s; %d of %d layers paged, %d gathered",
+        name,
+        ", ".join(f"{len(g.layers)} x {g.kind.describe()}" for g in group_layers(kinds)),
+        gathered.count(False),
+        len(gathered),
+        gathered.count(True),
+    )
+    if name not in COVERED_ARCHITECTURES:
+        verify_greedy(engine, name)
+
+
+def verify_greedy(engine: Engine, name: str) -> None:
+    """For an architecture the tests do not cover: two prompts of different lengths decoded
+    together, greedy, against plain mlx-lm alone; refuse the model unless the tokens match
+    (a model that derives positions from the batch's K/V length passes alone, not batched)."""
+    vocab = engine.shape.vocab_size
+    prompts = [
+        verification_prompt(vocab, engine.config.block_size + 5),
+        verification_prompt(vocab, 3, salt=11),
+    ]
+    expected = [reference_greedy(engine.model, p, 6) for p in prompts]
+    got = run_together(engine, prompts, 6)
+    if got != expected:
+        raise UnsupportedModel(
+            f"model type {name!r} is not among the tested architectures "
+            f"({', '.join(sorted(COVERED_ARCHITECTURES))}) and its greedy output over the "
+            f"paged KV differs from mlx-lm's ({got} vs {expected})"
+        )
+    log.info("model type %r: paged greedy output matches mlx-lm; serving it", name)
+
+
+def warm_up(engine: Engine) -> None:
+    """Run a short request through prefill and decode, then forget it, so the first real
+    request pays no one-time costs (allocations, graph construction)."""
+    start = time.perf_counter()
+    run_alone(engine, [0] * (engine.config.block_size + 3), 3)
+    engine.stats_ = EngineStats()
+    log.info("warm-up took %.2fs", time.perf_counter() - start)
+
+
+def run_alone(engine: Engine, prompt: list[int], max_tokens: int) -> list[int]:
+    """Greedy tokens of one internal request, run to the end; forgets its cache entries."""
+    return run_together(engine, [prompt], max_tokens)[0]
+
+
+def run_together(engine: Engine, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
+    """Greedy tokens of internal requests decoded together, run to the end; forgets their
+    cache entries."""
+    ids = [f"__check{i}__" for i in range(len(prompts))]
+    for rid, prompt in zip(ids, prompts, strict=True):
+        engine.add_request(rid, prompt, SamplingParams(max_tokens=max_tokens))
+    tokens: dict[str, list[int]] = {rid: [] for rid in ids}
+    while engine.has_work():
+        for delta in engine.step():
+            if delta.error:
+                raise UnsupportedModel(f"the load-time check failed: {delta.error}")
+            tokens[delta.request_id] += delta.token_ids
+    engine.forget_cache()
+    return [tokens[rid] for rid in ids]
