@@ -77,3 +77,8 @@ class Api(Protocol):
     def reply(
         self, req: GenerationRequest, request_id: str, tokenizer: ModelTokenizer
     ) -> Reply: ...
+
+    def stream_error(self, error: ApiError) -> list[StreamEvent]:
+        """An error in a stream opened before any reply exists (the stream's headers went out
+        while its model loaded, router/http/generate.py), in this API's shape."""
+        ...

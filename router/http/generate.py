@@ -49,7 +49,7 @@ async def generate(
     if served.embedding is not None:
         raise only_embeddings(served.id, request.path)
     try:  # a catalog model no worker serves is loaded first (router/placement/)
-        opened = await wait_for_model(app, served.id, body, request)
+        opened = await wait_for_model(app, served.id, body, request, api)
     except StreamEnded as ended:
         return ended.response
     try:
@@ -57,7 +57,7 @@ async def generate(
     except ApiError as error:
         if opened is None:
             raise
-        await sse.send_error(request, opened, error)  # the stream opened while the model loaded
+        await sse.end_with(opened, api.stream_error(error))  # opened while the model loaded
         return opened
 
 
@@ -256,11 +256,15 @@ def _count_usage(request: web.Request, served: ServedModel, usage) -> None:
 
 
 async def wait_for_model(
-    app: web.Application, model: str, body: dict, request: web.Request | None = None
+    app: web.Application,
+    model: str,
+    body: dict,
+    request: web.Request | None = None,
+    api: Api | None = None,
 ) -> web.StreamResponse | None:
     """Until `model` has a worker; the stream opened meanwhile (None: none was), for a
-    streamed `request`. ApiError: a bad `keep_alive`, or the model cannot be loaded (raised
-    as is before the stream opened)."""
+    streamed `request` of `api`. ApiError: a bad `keep_alive`, or the model cannot be loaded
+    (raised as is before the stream opened; after, sent in it as `api` shapes errors)."""
     keep_alive = keep_alive_of(body.get("keep_alive"))
     demand = app[app_keys.DEMAND]
     opened: list[web.StreamResponse] = []
@@ -270,13 +274,13 @@ async def wait_for_model(
             opened.append(await sse.open_stream(request))
         await opened[0].write(f": loading {model}\n\n".encode())
 
-    streamed = request is not None and body.get("stream") is True
+    streamed = request is not None and api is not None and body.get("stream") is True
     try:
         await demand.ready(model, keep_alive, note if streamed else None)
     except ApiError as error:
         if not opened:
             raise
-        await sse.send_error(request, opened[0], error)
+        await sse.end_with(opened[0], api.stream_error(error))
         raise StreamEnded(opened[0]) from None
     return opened[0] if opened else None
 

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 
-from router.api.adapter import StreamEvent
-from router.errors import ApiError
+if TYPE_CHECKING:
+    from router.api.adapter import StreamEvent
 
 HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
 
@@ -28,15 +29,9 @@ async def send(response: web.StreamResponse, events: Iterable[StreamEvent]) -> N
         await response.write(f"{head}data: {data}\n\n".encode())
 
 
-async def send_error(request: web.Request, response: web.StreamResponse, error: ApiError) -> None:
-    """`error` in an open stream, shaped as the request's API shapes stream errors."""
-    if request.path.endswith("/messages"):
-        events = [StreamEvent({"type": "error", "error": error.anthropic_body()["error"]}, "error")]
-    elif request.path.endswith("/responses"):
-        fields = {"code": error.code, "message": error.message, "param": error.param}
-        events = [StreamEvent({"type": "error"} | fields, "error")]
-    else:
-        events = [StreamEvent(error.body()), StreamEvent("[DONE]")]
+async def end_with(response: web.StreamResponse, events: Iterable[StreamEvent]) -> None:
+    """Send `events` (an API's error, `Api.stream_error`) and end the stream; a client that
+    left is no error."""
     try:
         await send(response, events)
         await response.write_eof()

@@ -50,6 +50,9 @@ class MessagesApi:
     def new_id(self) -> str:
         return f"msg_{uuid.uuid4().hex[:24]}"
 
+    def stream_error(self, error: ApiError) -> list[StreamEvent]:
+        return error_events(error)
+
     def reply(
         self, req: GenerationRequest, request_id: str, tokenizer: ModelTokenizer
     ) -> MessagesReply:
@@ -99,5 +102,9 @@ class MessagesReply:
         ]
 
     def stream_error(self, error: ApiError) -> list[StreamEvent]:
-        """Headers are sent: the error goes in the stream, in Anthropic's shape."""
-        return [event("error", {"error": error.anthropic_body()["error"]})]
+        return error_events(error)
+
+
+def error_events(error: ApiError) -> list[StreamEvent]:
+    """Headers are sent: the error goes in the stream, in Anthropic's shape."""
+    return [event("error", {"error": error.anthropic_body()["error"]})]

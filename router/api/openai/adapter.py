@@ -54,6 +54,9 @@ class OpenAIApi:
     def new_id(self) -> str:
         return f"{self._id_prefix}-{uuid.uuid4().hex}"
 
+    def stream_error(self, error: ApiError) -> list[StreamEvent]:
+        return error_events(error)
+
     def reply(
         self, req: GenerationRequest, request_id: str, tokenizer: ModelTokenizer
     ) -> OpenAIReply:
@@ -135,14 +138,18 @@ class OpenAIReply:
         return [DONE]
 
     def stream_error(self, error: ApiError) -> list[StreamEvent]:
-        """Headers are sent: the error goes in the stream, as OpenAI does."""
-        return [StreamEvent(error.body()), DONE]
+        return error_events(error)
 
     def _new_reader(self) -> ChatReader | None:
         req = self._req
         if req.kind != "chat" or req.n > 1:
             return None
         return reply_reader(req, self._tokenizer)
+
+
+def error_events(error: ApiError) -> list[StreamEvent]:
+    """Headers are sent: the error goes in the stream, as OpenAI does."""
+    return [StreamEvent(error.body()), DONE]
 
 
 def _stream_parts(reader: ChatReader | None, text: str, done: bool) -> list:

@@ -57,6 +57,11 @@ class ResponsesApi:
     def new_id(self) -> str:
         return f"resp_{uuid.uuid4().hex}"
 
+    def stream_error(self, error: ApiError) -> list[StreamEvent]:
+        """Before any response exists: the `error` event alone, the stream's first."""
+        fields = {"code": error.code, "message": error.message, "param": error.param}
+        return [ItemStream().event("error", fields)]
+
     def reply(
         self, req: ResponsesRequest, request_id: str, tokenizer: ModelTokenizer
     ) -> ResponsesReply:

@@ -116,3 +116,28 @@ async def test_the_admin_api_takes_its_own_keys(hosted):
 async def test_without_admin_keys_the_admin_api_is_for_this_machine(hosted):
     cluster, _ = await hosted()
     assert (await cluster.client.get("/v1/admin/models")).status == 200  # the test client: loopback
+
+
+@pytest.mark.parametrize(
+    "path, body, expect",
+    [
+        (
+            "/v1/messages",
+            CHAT,
+            'event: error\ndata: {"type": "error", "error": {"type": "overloaded_error"',
+        ),
+        (
+            "/v1/responses",
+            {"model": MODEL_ID, "input": "hi"},
+            'event: error\ndata: {"type": "error", "code": "model_load_failed"',
+        ),
+    ],
+)
+async def test_a_failed_load_ends_each_apis_stream_in_its_own_shape(hosted, path, body, expect):
+    cluster, host = await hosted()
+    response = await cluster.client.post(path, json=body | {"stream": True})
+    start = await first_start(cluster, host)
+    assert (await asyncio.wait_for(response.content.readline(), 5)).startswith(b": loading")
+    await host.exited(start.worker_id, MODEL_ID, "exit code 1: bad weights")
+    text = (await asyncio.wait_for(response.read(), 10)).decode()
+    assert text.lstrip().startswith(expect) and "bad weights" in text
