@@ -138,7 +138,7 @@ async def cluster_ctx(app: web.Application) -> AsyncIterator[None]:
         config.heartbeat_timeout_s,
         wedged_after_s=config.wedged_after_s,
     )
-    entries = {spec.served_id: entry_of(spec, None) for spec in config.models}
+    entries = {spec.served_id: entry_of(spec) for spec in config.models}
     placer = Placer(registry, entries, link.send, cluster.retire, time.monotonic,
                     config.heartbeat_interval_s)  # fmt: skip
     demand = Demand(placer, registry, config.load_timeout_s, config.heartbeat_timeout_s,

@@ -81,10 +81,10 @@ class Entry:
         }
 
 
-def entry_of(spec, default_kv: int | None) -> Entry:
+def entry_of(spec) -> Entry:
     """The catalog entry of a router ModelSpec (its `section` holds the [[models]] keys)."""
     section = spec.section
-    kv = section.kv_memory or default_kv or DEFAULT_KV_BYTES
+    kv = section.kv_memory or DEFAULT_KV_BYTES
     float32 = computes_in_float32(section.compute_dtype)
     memory = section.memory or estimate(spec.path, kv, float32=float32)
     return Entry(

@@ -41,7 +41,7 @@ class Demand:
         self.placer, self.registry = placer, registry
         self.entries = placer.entries
         self.load_timeout_s, self.host_timeout_s = load_timeout_s, host_timeout_s
-        self._clock = clock
+        self.clock = clock
         self._idle_since: dict[str, float] = {}  # worker id -> when it last had no work
 
     @property
@@ -63,34 +63,34 @@ class Demand:
         entry = self.entries.get(model)
         if entry is None:
             return
-        entry.last_used = self._clock()
+        entry.last_used = self.clock()
         if keep_alive_s is not None:
             entry.keep_alive_s = keep_alive_s
         if self.registry.healthy(model) or not self.active:
             return
-        deadline, noted = self._clock() + self.load_timeout_s, self._clock()
+        deadline, noted = self.clock() + self.load_timeout_s, self.clock()
         entry.waiting += 1
         try:
             while not self.registry.healthy(model):
-                self._check(entry)
+                self.check(entry)
                 if not entry.starts:
                     self.placer.place(entry)
-                left = deadline - self._clock()
+                left = deadline - self.clock()
                 if left <= 0:
                     raise self._timed_out(entry)
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(entry.changed.wait(), min(left, 1.0))
-                if note is not None and self._clock() - noted >= NOTE_EVERY_S:
-                    noted = self._clock()
+                if note is not None and self.clock() - noted >= NOTE_EVERY_S:
+                    noted = self.clock()
                     await note()
         finally:
             entry.waiting -= 1
-            entry.last_used = self._clock()
+            entry.last_used = self.clock()
 
-    def _check(self, entry: Entry) -> None:
+    def check(self, entry: Entry) -> None:
         """503 now when `entry` cannot load: it failed lately, no host reads its files, or it
         is larger than every host's budget."""
-        if failure := entry.failing(self._clock()):
+        if failure := entry.failing(self.clock()):
             raise model_unavailable(
                 f"the model '{entry.id}' failed to load {failure}", "model_load_failed",
                 FAILURE_HOLD_S,
@@ -134,7 +134,7 @@ class Demand:
         """Mutates: hosts silent too long are lost; idle workers past their keep-alive are
         stopped; min_workers are kept; a model whose requests queue gets another worker;
         requests waiting for a model whose start was lost get a new one."""
-        now = self._clock()
+        now = self.clock()
         for host in self.placer.alive():
             if now - host.last_seen > self.host_timeout_s:
                 self.placer.lose_host(host, f"silent for {self.host_timeout_s:g}s")
@@ -142,9 +142,9 @@ class Demand:
             for worker in list(host.workers.values()):
                 self._keep_alive(host, worker.worker_id, worker.model, now)
         for entry in self.entries.values():
-            live = len(self.registry.healthy(entry.id)) + len(entry.starts)
-            failing = entry.failing(now)
-            lost = entry.waiting and not entry.starts and not self.registry.healthy(entry.id)
+            healthy = len(self.registry.healthy(entry.id))
+            live, failing = healthy + len(entry.starts), entry.failing(now)
+            lost = entry.waiting and not live  # requests wait, and nothing serves or loads it
             if (lost or live < entry.min_workers) and not failing:
                 self.placer.place(entry)  # a start lost with its host, or min_workers short
             elif self._pressed(entry, now) and live < entry.max_workers and not failing:

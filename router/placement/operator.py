@@ -19,7 +19,7 @@ def state(demand: Demand, entry: Entry) -> str:
         return "loaded"
     if entry.starts:
         return "loading"
-    if entry.failing(demand._clock()):
+    if entry.failing(demand.clock()):
         return "failed"
     if any(h.reads(entry.id) for h in demand.placer.alive()):
         return "available"
@@ -54,12 +54,12 @@ def _entry(demand: Demand, model: str) -> Entry:
 def load(demand: Demand, model: str) -> dict:
     """Start one more worker of `model` (up to its max_workers); 503 when no host has room."""
     entry = _entry(demand, model)
-    demand._check(entry)
+    demand.check(entry)
     live = len(demand.registry.healthy(entry.id)) + len(entry.starts)
     if live >= entry.max_workers:
         raise ApiError(409, f"the model '{model}' has its max_workers ({entry.max_workers}) "
                        "loaded or loading", "model", "max_workers")  # fmt: skip
-    entry.last_used = demand._clock()
+    entry.last_used = demand.clock()
     if demand.placer.place(entry) is None:
         raise model_unavailable(
             f"no host has room for the model '{model}' now (the models loaded are pinned or busy)",
