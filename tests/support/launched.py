@@ -59,3 +59,14 @@ def wait_for_models(url: str, workers: dict[str, int], timeout: float = 300) -> 
             pass
         time.sleep(0.5)
     raise AssertionError(f"the workers {workers} did not register in {timeout}s")
+
+
+def wait_for(what, timeout: float = 15.0, about: str = "the condition", step: float = 0.25):
+    """`what()` once it is truthy, polled every `step` seconds; AssertionError naming `about`
+    after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if value := what():
+            return value
+        time.sleep(step)
+    raise AssertionError(f"{about} not within {timeout}s")

@@ -14,7 +14,7 @@ import urllib.request
 import openai
 import pytest
 
-from tests.support.launched import PIPED, launch_cluster
+from tests.support.launched import PIPED, launch_cluster, wait_for
 from tests.support.tp_group import save_tiny_model
 
 pytestmark = pytest.mark.slow
@@ -39,16 +39,6 @@ def wait_workers(url: str, count: int, timeout: float = 300) -> dict:
             pass
         time.sleep(0.5)
     raise AssertionError(f"fewer than {count} healthy workers with a KV endpoint in {timeout}s")
-
-
-def wait_for(what, timeout: float = 15.0):
-    """`what()` once it is truthy (heartbeats carry the workers' counters), else fail."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if value := what():
-            return value
-        time.sleep(0.25)
-    raise AssertionError(f"not true within {timeout}s")
 
 
 def client(url: str) -> openai.OpenAI:

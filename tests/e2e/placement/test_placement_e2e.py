@@ -15,7 +15,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import openai
@@ -24,7 +23,7 @@ import pytest
 from fleet.launch import free_port
 from shared.models.store import resolve_model
 from shared.placement.footprint import computes_in_float32, estimate
-from tests.support.launched import get_json, launch_cluster
+from tests.support.launched import get_json, launch_cluster, wait_for
 from tests.support.tp_group import save_tiny_model
 
 pytestmark = [
@@ -89,15 +88,6 @@ class BudgetWatch:
         self._thread.join()
 
 
-def wait_until(check, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if value := check():
-            return value
-        time.sleep(0.3)
-    raise AssertionError(f"{what} not within {timeout}s")
-
-
 @pytest.fixture(scope="module")
 def models(default_model_dir, tmp_path_factory) -> dict[str, Path]:
     tiny = save_tiny_model(tmp_path_factory.mktemp("tiny-random") / "tiny-random", seed=3)
@@ -113,7 +103,7 @@ def test_models_load_where_there_is_room_and_evict_the_idle(models, tmp_path):
     config.write_text(catalog(models["smol"], models["tiny"]))
     args = ["--config", str(config), "--hosts", "2", "--host-memory", str(budget)]
     with launch_cluster(args, tmp_path / "logs") as (url, _):
-        wait_until(lambda: len(_hosts_or_none(url) or {}) == 2, 90, "two host agents")
+        wait_for(lambda: len(_hosts_or_none(url) or {}) == 2, 90, "two host agents")
         assert get_json(f"{url}/health")["status"] == "ok"  # models load on demand
         watch = BudgetWatch(url)
         api = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=300)
@@ -133,11 +123,11 @@ def test_models_load_where_there_is_room_and_evict_the_idle(models, tmp_path):
             assert len(where["smol"]) == len(where["gemma"]) == 1
             assert where["smol"] != where["gemma"]
             ask("tiny")  # no room anywhere: smol, used longest ago, is evicted
-            where = wait_until(lambda: "smol" not in loaded_on(url) and loaded_on(url), 30,
+            where = wait_for(lambda: "smol" not in loaded_on(url) and loaded_on(url), 30,
                                "smol evicted")  # fmt: skip
             assert sorted(where) == ["gemma", "tiny"]
             ask("smol")  # and back: gemma is now the idle one used longest ago
-            where = wait_until(lambda: "gemma" not in loaded_on(url) and loaded_on(url), 30,
+            where = wait_for(lambda: "gemma" not in loaded_on(url) and loaded_on(url), 30,
                                "gemma evicted")  # fmt: skip
             assert sorted(where) == ["smol", "tiny"]
             models_state = {m["id"]: m["placement"] for m in get_json(f"{url}/v1/models")["data"]}
@@ -145,7 +135,7 @@ def test_models_load_where_there_is_room_and_evict_the_idle(models, tmp_path):
             assert models_state["gemma"]["state"] == "available"
             # a request's keep_alive (Ollama's) sets tiny's: it goes once idle 2 s; smol stays
             ask("tiny", keep_alive="2s")
-            wait_until(lambda: "tiny" not in loaded_on(url), 30, "tiny unloaded by keep_alive")
+            wait_for(lambda: "tiny" not in loaded_on(url), 30, "tiny unloaded by keep_alive")
             assert "smol" in loaded_on(url)
         finally:
             watch.stop()
@@ -179,7 +169,7 @@ def test_a_failed_load_names_its_cause_and_a_killed_host_is_replaced(models, tmp
         procs[host] = start(cmd, tmp_path / f"{host}.log")
     url = f"http://127.0.0.1:{port}"
     try:
-        wait_until(lambda: len(_hosts_or_none(url) or {}) == 2, 90, "two host agents")
+        wait_for(lambda: len(_hosts_or_none(url) or {}) == 2, 90, "two host agents")
         api = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=300)
         with pytest.raises(openai.APIStatusError) as failed:
             api.completions.create(model="broken", prompt="hi", max_tokens=2)
@@ -196,7 +186,7 @@ def test_a_failed_load_names_its_cause_and_a_killed_host_is_replaced(models, tmp
             )
         )
         thread.start()
-        loading = wait_until(
+        loading = wait_for(
             lambda: next((h for h, d in hosts(url).items() for w in d["workers"]
                           if w["model"] == "tiny"), None), 60, "tiny loading on a host",
         )  # fmt: skip
