@@ -3,13 +3,15 @@
 `select_backend` picks a backend at start-up (self-testing the Metal kernel where it could
 run); a forward builds one `AttentionPlan` per step and calls it for every layer;
 `write_kv` stores the step's new K/V in the pool; `install_attention_hook` routes mlx-lm's
-attention calls to the plan. The modules behind it: `paged` (backends and the plan),
+attention calls to the plan; `ForwardContext` (`forward`) carries a forward's own data to
+every hook inside mlx-lm's model code. The modules behind it: `paged` (backends and the plan),
 `mlx_ops`/`tiles`/`shared_prefix` (the "mlx" backend's strategies), `metal_kernel` and
 `metal_source` (the "metal" backend), `selftest` and `select` (choosing one). Sliding windows
 (`AttentionPlan(..., window=W)`) and attention sinks (`plan(..., sinks=...)`) reach every
 strategy and kernel variant: `window` and `metal.window`.
 """
 
+from worker.attention.forward import ForwardContext, building, current_forward
 from worker.attention.hook import UNCACHED, install_attention_hook
 from worker.attention.paged import (
     AttentionBackend,
@@ -26,7 +28,10 @@ __all__ = [
     "AttentionBackend",
     "AttentionPlan",
     "BackendUnavailableError",
+    "ForwardContext",
     "UNCACHED",
+    "building",
+    "current_forward",
     "install_attention_hook",
     "paged_attention",
     "resolve_backend",

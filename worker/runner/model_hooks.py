@@ -13,23 +13,22 @@
   unwrapped.
 
 As with attention (`worker.attention.hook`), mlx-lm model modules bind `swiglu` at import, so
-the hook is patched into every model module already imported. A forward that is not ours
-keeps mlx-lm's functions: mlx-lm's own generation in the same process (the engine bench's
-baseline, the load-time check against mlx-lm), and every forward on a GPU, where both are one
-fused kernel already.
+the hook is patched into every model module already imported. Both read the forward being
+built from `worker.attention.forward` (its offsets; the tables are kept on it). A forward
+that is not ours keeps mlx-lm's functions: mlx-lm's own generation in the same process (the
+engine bench's baseline, the load-time check against mlx-lm), and every forward on a GPU,
+where both are one fused kernel already.
 """
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from functools import partial
 
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models import activations as mlx_activations
 
+from worker.attention import ForwardContext, current_forward
 from worker.attention.exp2 import BoundedCompile
 from worker.attention.exp2 import swiglu as exp2_swiglu
 from worker.attention.hook import rebind_in_models
@@ -37,37 +36,16 @@ from worker.attention.hook import rebind_in_models
 _original_swiglu = mlx_activations.swiglu
 
 
-class _Forward:
-    """One of our forwards on the CPU: its positions, and the rope tables made for them."""
-
-    def __init__(self, offsets: mx.array):
-        self.offsets = offsets  # (B,): the caches' `offset`, each row's first position
-        self.tables: dict[int, tuple[mx.array, mx.array]] = {}  # rope kind -> (C, S)
-
-
-_state = threading.local()  # .forward: a _Forward while ours is built on the CPU, else None
-
-
-def _ours() -> _Forward | None:
-    return getattr(_state, "forward", None)
+def _fast() -> ForwardContext | None:
+    """The forward being built, where the CPU paths apply to it; else None."""
+    forward = current_forward()
+    return forward if forward is not None and forward.cpu_fast_paths else None
 
 
 def _swiglu(gate: mx.array, x: mx.array) -> mx.array:
-    if _ours() is not None and gate.dtype == x.dtype == mx.float32:
+    if _fast() is not None and gate.dtype == x.dtype == mx.float32:
         return exp2_swiglu(gate, x)
     return _original_swiglu(gate, x)
-
-
-@contextmanager
-def our_forward(offsets: mx.array) -> Iterator[None]:
-    """While one of our forwards' graphs is built, its caches' `offset` being `offsets`: the
-    fast paths, where the device is a CPU."""
-    before = _ours()
-    _state.forward = _Forward(offsets) if mx.default_device() == mx.cpu else None
-    try:
-        yield
-    finally:
-        _state.forward = before
 
 
 def _swap(x: mx.array, traditional: bool) -> mx.array:
@@ -114,7 +92,7 @@ class TableRoPE(nn.Module):
         self._kind, self._traditional, self._dims = kind, traditional, dims
 
     def __call__(self, x: mx.array, offset=0) -> mx.array:
-        forward = _ours()
+        forward = _fast()
         if (
             forward is None
             or offset is not forward.offsets
@@ -122,9 +100,10 @@ class TableRoPE(nn.Module):
             or x.shape[-1] != self._dims
         ):
             return self.inner(x, offset=offset)
-        if self._kind not in forward.tables:
-            forward.tables[self._kind] = _table(self.inner, x, offset, self._traditional)
-        cos, sin = forward.tables[self._kind]
+        tables = forward.rope_tables
+        if self._kind not in tables:
+            tables[self._kind] = _table(self.inner, x, offset, self._traditional)
+        cos, sin = tables[self._kind]
         (rotate,) = _ROTATE[self._traditional](x, cos, sin)
         return rotate(x, cos, sin)
 
@@ -148,7 +127,7 @@ def _rope_form(rope: nn.Module) -> tuple[bool, int] | None:
 def install_model_hooks(model: nn.Module) -> None:
     """Route mlx-lm's `swiglu` through `_swiglu` (in its module and every model module loaded
     so far) and wrap each attention layer's rope in a `TableRoPE` where its form checks out.
-    Idempotent; outside `our_forward` both are mlx-lm's own."""
+    Idempotent; outside our forwards on the CPU both are mlx-lm's own."""
     mlx_activations.swiglu = _swiglu
     rebind_in_models("swiglu", _original_swiglu, _swiglu)
     kinds: list[tuple[nn.Module, tuple[bool, int]]] = []  # a rope of each kind, and its form

@@ -24,15 +24,16 @@ import mlx.nn as nn
 
 from shared.models.vision import IMAGE_KEY_BASE
 from worker.attention import UNCACHED, AttentionBackend, install_attention_hook
+from worker.attention.forward import ForwardContext, building
 from worker.runner.layer_cache import ForwardGroups, LayerCache, LayerTimes
 from worker.runner.layer_groups import LayerKind, grouped_scores
-from worker.runner.model_hooks import install_model_hooks, our_forward
+from worker.runner.model_hooks import install_model_hooks
 from worker.runner.plan import StepKind, StepPlan
 from worker.runner.sampler import PromptLogprobs, TokenLogprobs, prompt_logprobs, sample
 from worker.runner.state_cache import StateCache
 from worker.runner.trunk import Trunk
-from worker.vision.deepstack import deepstack_adds, scattered_adds
-from worker.vision.mrope import forward_positions, mrope_positions
+from worker.vision.deepstack import scattered_adds
+from worker.vision.mrope import forward_positions
 
 if TYPE_CHECKING:
     import numpy as np
@@ -231,7 +232,7 @@ class ModelRunner:
         at = forward_positions(
             [r.start for r in rows], [r.positions for r in rows], tokens.shape[1]
         )
-        with our_forward(layout.offsets), mrope_positions(at), deepstack_adds(adds):
+        with building(ForwardContext(layout.offsets, at, adds)):
             hidden = self.trunk.forward(tokens, self._entries(caches, states), embeddings)
         self.uncached_attention = UNCACHED.calls - before  # read by the load-time probe
         self._state_written = [a for c in states for a in c.write()]

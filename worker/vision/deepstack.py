@@ -3,38 +3,23 @@
 Qwen3-VL adds, after each of its first few language layers, features of as many middle
 layers of its vision tower to the image tokens' hidden states (mlx-vlm's
 `_deepstack_process`). mlx-lm serves the language model as plain Qwen3, so while one of our
-forwards has image rows (`deepstack_adds(adds)` around the forward, `adds[k]` (B, L, hidden):
-the features at the image tokens' columns, zero elsewhere), the MLP of layer k, wrapped by
-`install_deepstack`, returns its output plus `adds[k]`: the layer's output is then
-`h + mlp + adds[k]`, mlx-vlm's `(h + mlp) + adds[k]` up to the order of one addition.
-Outside such a forward the MLP runs alone.
+forwards has image rows (its `ForwardContext.deepstack_adds`, made by `scattered_adds`:
+`adds[k]` (B, L, hidden), the features at the image tokens' columns, zero elsewhere), the MLP
+of layer k, wrapped by `install_deepstack`, returns its output plus `adds[k]`: the layer's
+output is then `h + mlp + adds[k]`, mlx-vlm's `(h + mlp) + adds[k]` up to the order of one
+addition. Outside such a forward the MLP runs alone.
 """
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
-
 import mlx.core as mx
 import mlx.nn as nn
 
-_state = threading.local()  # .adds: a forward's additions, one per deepstack layer, or None
-
-
-@contextmanager
-def deepstack_adds(adds: list[mx.array] | None) -> Iterator[None]:
-    """While a forward's graph is built: what layer k adds to its output (None: nothing)."""
-    before = getattr(_state, "adds", None)
-    _state.adds = adds
-    try:
-        yield
-    finally:
-        _state.adds = before
+from worker.attention import current_forward
 
 
 class DeepstackMLP(nn.Module):
-    """Layer `index`'s MLP; inside `deepstack_adds`, its output plus that layer's addition."""
+    """Layer `index`'s MLP; in a forward with deepstack additions, its output plus its own."""
 
     def __init__(self, mlp: nn.Module, index: int):
         super().__init__()
@@ -43,7 +28,8 @@ class DeepstackMLP(nn.Module):
 
     def __call__(self, x: mx.array) -> mx.array:
         out = self.inner(x)
-        adds = getattr(_state, "adds", None)
+        forward = current_forward()
+        adds = forward.deepstack_adds if forward is not None else None
         if adds is None or self._index >= len(adds):
             return out
         return out + adds[self._index].astype(out.dtype)

@@ -8,12 +8,12 @@ from where it starts, and every token after it at its index plus the prompt's ro
 image of h×w merged patches advances positions by max(h, w), not h·w); fed 1-D positions the
 image prompts' logits are off by 0.5 on the tiny model.
 
-So while one of our forwards has 3-D positions (`mrope_positions(ids)` around the forward),
-each layer's rope, wrapped in an `MRoPE` by `install_mrope`, applies mlx-vlm's own M-RoPE: the
-family's rotary embedding (cos and sin made once per forward and dtype, shared by all layers)
-and its `apply_multimodal_rotary_pos_emb`. Outside that, the wrapped rope runs as before
-(text-only forwards keep the CPU table path of `worker.runner.model_hooks`). Nothing here is
-CPU-only.
+So while one of our forwards has 3-D positions (its `ForwardContext.mrope_positions`, made by
+`forward_positions`), each layer's rope, wrapped in an `MRoPE` by `install_mrope`, applies
+mlx-vlm's own M-RoPE: the family's rotary embedding (cos and sin made once per forward and
+dtype, kept on the context and shared by all layers) and its
+`apply_multimodal_rotary_pos_emb`. Outside that, the wrapped rope runs as before (text-only
+forwards keep the CPU table path of `worker.runner.model_hooks`). Nothing here is CPU-only.
 
 A prompt's positions (`image_rope_index`) are host arithmetic on its ids and image grids, in
 numpy: computed off the engine thread (worker/vision/preparing.py) before the request is queued.
@@ -21,40 +21,13 @@ numpy: computed off the engine thread (worker/vision/preparing.py) before the re
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-
-class _Forward:
-    """One forward's positions (3, B, L) and the cos / sin made of them, by dtype."""
-
-    def __init__(self, ids: mx.array):
-        self.ids = ids
-        self.tables: dict[mx.Dtype, tuple[mx.array, mx.array]] = {}
-
-
-_state = threading.local()  # .forward: a _Forward while a forward with 3-D positions is built
-
-
-def _current() -> _Forward | None:
-    return getattr(_state, "forward", None)
-
-
-@contextmanager
-def mrope_positions(ids: mx.array | None) -> Iterator[None]:
-    """While a forward's graph is built: its rows' positions (3, B, L), or None for index
-    positions (the layers' own rope)."""
-    before = _current()
-    _state.forward = _Forward(ids) if ids is not None else None
-    try:
-        yield
-    finally:
-        _state.forward = before
+from worker.attention import current_forward
 
 
 def forward_positions(
@@ -74,7 +47,7 @@ def forward_positions(
 
 
 class MRoPE(nn.Module):
-    """A layer's rope; inside `mrope_positions`, the family's M-RoPE at those positions."""
+    """A layer's rope; in a forward with M-RoPE positions, the family's M-RoPE at those."""
 
     def __init__(self, rope: nn.Module, rotary: nn.Module, apply: Callable):
         super().__init__()
@@ -82,13 +55,14 @@ class MRoPE(nn.Module):
         self._mrope = (rotary, apply)  # a tuple: not a child module of the model
 
     def __call__(self, x: mx.array, offset=0) -> mx.array:
-        forward = _current()
-        if forward is None:
+        forward = current_forward()
+        if forward is None or forward.mrope_positions is None:
             return self.inner(x, offset=offset)
         rotary, apply = self._mrope
-        if x.dtype not in forward.tables:
-            forward.tables[x.dtype] = rotary(x, forward.ids)
-        cos, sin = forward.tables[x.dtype]
+        tables = forward.mrope_tables
+        if x.dtype not in tables:
+            tables[x.dtype] = rotary(x, forward.mrope_positions)
+        cos, sin = tables[x.dtype]
         return apply(x, x, cos, sin)[0]  # (queries, keys): the second is never evaluated
 
 

@@ -238,18 +238,20 @@ def test_mrope_at_index_positions_is_the_layers_own_rope(loaded):
     the same rotation as the 1-D rope mlx-lm built the layer with."""
     if loaded[0] not in QWEN:
         pytest.skip("a 1-D rope family")
-    from worker.vision.mrope import MRoPE, forward_positions, mrope_positions
+    from worker.attention import ForwardContext, building
+    from worker.vision.mrope import MRoPE, forward_positions
 
     rope = _engine(loaded).runner.trunk.module.layers[0].self_attn.rope
     assert isinstance(rope, MRoPE)
     x = mx.random.normal((2, 4, 5, 16), key=mx.random.key(1))
     want = rope(x, offset=30)
     index = np.repeat(np.arange(30, 35)[None], 3, axis=0)
-    with mrope_positions(forward_positions([30, 30], [index, None], 5)):
+    offsets = mx.array([30, 30], dtype=mx.int32)
+    with building(ForwardContext(offsets, forward_positions([30, 30], [index, None], 5))):
         got = rope(x, offset=30)
     np.testing.assert_allclose(np.array(got), np.array(want), atol=1e-5)
     image = np.stack([np.full(5, 30), np.arange(30, 35), np.arange(30, 35) % 2 + 30])
-    with mrope_positions(forward_positions([30, 30], [image, None], 5)):
+    with building(ForwardContext(offsets, forward_positions([30, 30], [image, None], 5))):
         moved = rope(x, offset=30)
     assert not np.allclose(np.array(moved[0]), np.array(want[0]), atol=1e-3)
     np.testing.assert_allclose(np.array(moved[1]), np.array(want[1]), atol=1e-5)

@@ -18,9 +18,10 @@ from tests.support.engine_fixtures import (
     run_to_completion,
     tiny_model,
 )
+from worker.attention import ForwardContext, building, current_forward
 from worker.attention.exp2 import swiglu
 from worker.runner import model_hooks
-from worker.runner.model_hooks import TableRoPE, install_model_hooks, our_forward
+from worker.runner.model_hooks import TableRoPE, install_model_hooks
 
 
 def test_only_our_forwards_get_the_fast_swiglu(monkeypatch):
@@ -31,7 +32,7 @@ def test_only_our_forwards_get_the_fast_swiglu(monkeypatch):
     gate, x = mx.random.normal((2, 8)), mx.random.normal((2, 8))
     want = model_hooks._original_swiglu(gate, x)
     assert mx.allclose(llama.swiglu(gate, x), want).item() and not calls  # mlx-lm's forward
-    with our_forward(mx.zeros((2,), dtype=mx.int32)):  # the CPU here: the exp2 kernels
+    with building(ForwardContext(mx.zeros((2,), dtype=mx.int32))):  # the CPU: the exp2 kernels
         assert mx.allclose(llama.swiglu(gate, x), want, rtol=1e-6).item()
         half = llama.swiglu(gate.astype(mx.float16), x.astype(mx.float16))
         assert mx.allclose(half, want.astype(mx.float16), rtol=1e-2).item()
@@ -54,10 +55,10 @@ def test_the_table_rope_matches_the_layers_own(rope):
     for width in (1, 5):  # decode rows, a prefill chunk
         q = mx.random.normal((3, 6, width, 16), key=mx.random.key(width))
         k = mx.random.normal((3, 2, width, 16), key=mx.random.key(width + 9))
-        with our_forward(offsets):
+        with building(ForwardContext(offsets)):
             got = [wrapped(q, offset=offsets), wrapped(k, offset=offsets)]
             other = wrapped(q, offset=mx.array(offsets))  # not the forward's offsets: the layer's
-            assert model_hooks._ours().tables  # the table was made once, for both
+            assert current_forward().rope_tables  # the table was made once, for both
         assert mx.allclose(got[0], rope(q, offset=offsets), atol=1e-5).item()
         assert mx.allclose(got[1], rope(k, offset=offsets), atol=1e-5).item()
         assert mx.array_equal(other, rope(q, offset=offsets)).item()
