@@ -12,7 +12,7 @@ strategy and kernel variant: `window` and `metal.window`.
 """
 
 from worker.attention.forward import ForwardContext, building, current_forward
-from worker.attention.hook import UNCACHED, install_attention_hook
+from worker.attention.hook import install_attention_hook
 from worker.attention.paged import (
     AttentionBackend,
     AttentionPlan,
@@ -29,7 +29,6 @@ __all__ = [
     "AttentionPlan",
     "BackendUnavailableError",
     "ForwardContext",
-    "UNCACHED",
     "building",
     "current_forward",
     "install_attention_hook",

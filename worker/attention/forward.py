@@ -44,6 +44,8 @@ class ForwardContext:
     # (`worker.runner.model_hooks`), M-RoPE's (cos, sin) by dtype (`worker.vision.mrope`)
     rope_tables: dict[int, Table] = field(default_factory=dict)
     mrope_tables: dict[mx.Dtype, Table] = field(default_factory=dict)
+    # attention calls with no cache of ours: KV-shared layers attending K/V passed along
+    uncached_attention: int = 0
 
 
 _CURRENT: ContextVar[ForwardContext | None] = ContextVar("forward_context", default=None)

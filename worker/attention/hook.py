@@ -12,23 +12,16 @@ import sys
 
 from mlx_lm.models import base as mlx_base
 
+from worker.attention.forward import current_forward
+
 _original_sdpa = mlx_base.scaled_dot_product_attention
-
-
-class _Counter:
-    """Attention calls made without one of our caches (mlx-lm's own generation, or, inside
-    one of our forwards, a KV-shared layer attending over K/V another layer fetched)."""
-
-    calls = 0
-
-
-UNCACHED = _Counter()
 
 
 def _paged_sdpa(queries, keys, values, cache, scale, mask, sinks=None, **kwargs):
     note = getattr(cache, "note_attention", None)
     if note is None:  # not our cache: mlx-lm's own attention, unchanged
-        UNCACHED.calls += 1
+        if (forward := current_forward()) is not None:  # a KV-shared layer: K/V passed along
+            forward.uncached_attention += 1
         return _original_sdpa(
             queries, keys, values, cache=cache, scale=scale, mask=mask, sinks=sinks, **kwargs
         )

@@ -6,7 +6,8 @@ We hand each layer a `PagedLayerCache`, whose update_and_fetch scatters the new 
 pool by slot id, and patch `scaled_dot_product_attention` (`worker.attention.hook`, installed
 when a runner is made and checked per model by `worker.runner.model_support`) so that, for our cache,
 it runs the forward's `AttentionPlan` over the sequence's blocks instead of the dense K/V.
-SwiGLU and RoPE get faster CPU paths inside our forwards (`worker.runner.model_hooks`).
+SwiGLU and RoPE get faster CPU paths inside our forwards (`worker.runner.model_hooks`); what
+those hooks need of a forward they read off its `ForwardContext` (`worker.attention.forward`).
 
 `ModelRunner.run(plan)` is the whole device side of a step: the batch layout built once from
 host ints, one attention plan per forward, the forward, and the only place tokens are sampled.
@@ -23,8 +24,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from shared.models.vision import IMAGE_KEY_BASE
-from worker.attention import UNCACHED, AttentionBackend, install_attention_hook
-from worker.attention.forward import ForwardContext, building
+from worker.attention import AttentionBackend, ForwardContext, building, install_attention_hook
 from worker.runner.layer_cache import ForwardGroups, LayerCache, LayerTimes
 from worker.runner.layer_groups import LayerKind, grouped_scores
 from worker.runner.model_hooks import install_model_hooks
@@ -227,14 +227,13 @@ class ModelRunner:
         ]
         self.last_caches = caches
         states = self._state_caches(rows, tokens.shape[1])
-        before = UNCACHED.calls
         embeddings, adds = self._embeddings(rows, tokens) if device_tokens is None else (None,) * 2
         at = forward_positions(
             [r.start for r in rows], [r.positions for r in rows], tokens.shape[1]
         )
-        with building(ForwardContext(layout.offsets, at, adds)):
+        with building(ForwardContext(layout.offsets, at, adds)) as context:
             hidden = self.trunk.forward(tokens, self._entries(caches, states), embeddings)
-        self.uncached_attention = UNCACHED.calls - before  # read by the load-time probe
+        self.uncached_attention = context.uncached_attention  # read by the load-time probe
         self._state_written = [a for c in states for a in c.write()]
         if self.states is not None:  # snapshots taken since the last forward, evaluated now
             self._state_written += self.states.arrays.take_copies()

@@ -10,6 +10,7 @@ import mlx.nn as nn
 import pytest
 
 from worker.attention import ForwardContext, building, current_forward
+from worker.attention.hook import _paged_sdpa
 from worker.vision.deepstack import DeepstackMLP
 
 
@@ -56,3 +57,10 @@ def test_the_hooks_do_what_mlx_lm_does_outside_a_forward():
     with building(ForwardContext(mx.zeros((1,), dtype=mx.int32), deepstack_adds=[add])):
         assert mx.array_equal(mlp(x), x + add).item()
     assert mx.array_equal(mlp(x), x).item()
+    q = mx.random.normal((1, 2, 3, 4), key=mx.random.key(0))
+    with building(context := _context(1)):  # attention with no cache of ours: counted
+        _paged_sdpa(q, q, q, cache=None, scale=0.5, mask=None)
+        _paged_sdpa(q, q, q, cache=None, scale=0.5, mask=None)
+    assert context.uncached_attention == 2
+    _paged_sdpa(q, q, q, cache=None, scale=0.5, mask=None)  # outside: nothing to count on
+    assert context.uncached_attention == 2
