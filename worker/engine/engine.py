@@ -98,7 +98,7 @@ class Engine:
             self.config.attention_backend, shape, self.config.block_size, self.pool
         )
         self.runner = make_runner(model, self.pool, self.scratch_block, self.backend)
-        startup.set_layer_modes(self.runner, shape.kinds(), shape.gathered())
+        startup.attach_shape(self.runner, shape)
         states_mod.attach_states(self, shape)
         self.outputs = OutputBuilder(self.scheduler)
         self.intake = RequestIntake(self.config, shape.vocab_size, max_context, self.pool, grammars)

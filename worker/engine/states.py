@@ -211,9 +211,7 @@ def attach_states(engine: Engine, shape: ModelShape) -> None:
             "tensor-parallel groups do not serve models with recurrent layers yet; serve "
             "this one with one worker per model replica"
         )
-    inner.states, inner.slot_map, inner.entry_sizes = (
-        engine.states.pool, shape.slot_map, shape.entry_sizes
-    )  # fmt: skip
+    inner.states = engine.states.pool
     engine.scheduler.pad_states = honours_padding(engine.model)
     if engine.config.speculative != "off":
         log.info("speculative decoding off: recurrent states cannot take back rejected drafts")

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import mlx.core as mx
 
@@ -79,6 +79,27 @@ class LayerCache:
     def gathered(self) -> bool:
         return self.span is not None
 
+    # Models read a cache's `keys` and `values` and assign them: DeepSeek V3.2's indexer
+    # `values = zeros_like(keys)`, and `keys = mx.depends(keys, ...)` to keep another cache's
+    # write in the graph. They read what this cache fetched (None before); an assignment is
+    # dropped: the pool holds the K/V, and the writes nothing reads are evaluated with the
+    # step (`CacheEntries.unread_writes`).
+    @property
+    def keys(self) -> mx.array | None:
+        return self._fetched[0] if self._fetched is not None else None
+
+    @keys.setter
+    def keys(self, value: mx.array) -> None:
+        pass
+
+    @property
+    def values(self) -> mx.array | None:
+        return self._fetched[1] if self._fetched is not None else None
+
+    @values.setter
+    def values(self, value: mx.array) -> None:
+        pass
+
     def update_and_fetch(self, keys: mx.array, values: mx.array):
         self.writes += 1
         B, H, L, D = keys.shape
@@ -101,9 +122,9 @@ class LayerCache:
             write()
         else:
             self.times.timed("write_s", write, keys, values)
-        if self.span is None:
-            return keys, values
-        self._fetched = self._gather(keys.dtype, values.dtype)
+        self._fetched = (
+            (keys, values) if self.span is None else self._gather(keys.dtype, values.dtype)
+        )
         return self._fetched
 
     def _gather(self, kdtype: mx.Dtype, vdtype: mx.Dtype) -> tuple[mx.array, mx.array]:
@@ -192,3 +213,39 @@ class ForwardGroups:
                 )  # fmt: skip
             plan = self._plans[key]
         return LayerCache(self.pool, layer, layout.offsets, layout.write_slots, plan, span, times)
+
+
+class CacheEntries(NamedTuple):
+    """Where a forward's caches sit among mlx-lm's cache entries, when they are not one K/V
+    slot each: `slot_map` (hybrids) per slot, K/V layer k >= 0 or state -1 - s; `sizes`,
+    how many slots each entry is; `lists`, which entries are a `CacheList` (a state and
+    attention; an indexer's keys beside MLA's; two attention blocks). Empty: as they come."""
+
+    slot_map: tuple[int, ...] = ()
+    sizes: tuple[int, ...] = ()
+    lists: tuple[bool, ...] = ()
+
+    def of(self, caches: list[LayerCache], states: list) -> list:
+        """mlx-lm's cache list for the model, a CacheList entry given its members."""
+        flat = [caches[k] if k >= 0 else states[-1 - k] for k in self.slot_map] or caches
+        if not self.lists:
+            return flat
+        from mlx_lm.models.cache import CacheList
+
+        entries, at = [], 0
+        for size, listed in zip(self.sizes, self.lists, strict=True):
+            entries.append(CacheList(*flat[at : at + size]) if listed else flat[at])
+            at += size
+        return entries
+
+    def unread_writes(self, pool: BlockPool) -> list[mx.array]:
+        """The pool arrays of K/V slots that share a CacheList with another K/V slot: an
+        indexer's keys are written and not read while a context fits its top-k, and a write
+        left pending grows the graph every step (mlx-lm's models `mx.depends` them so)."""
+        flat = self.slot_map or range(len(pool.k))
+        kv, at = [], 0
+        for size in self.sizes:
+            slots = [k for k in flat[at : at + size] if k >= 0]
+            kv += slots if len(slots) > 1 else []
+            at += size
+        return [pool.k[k] for k in kv] + [pool.v[k] for k in kv]

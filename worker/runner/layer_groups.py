@@ -8,11 +8,12 @@ a windowed group reads only the keys its window can see (`GroupSpan`).
 
 An `ArraysCache` is a recurrent layer's state (linear attention, state space, short
 convolution: `STATE`), kept per sequence in the state pool (`worker.state`) rather than in
-pages; a `CacheList` of one state and one attention cache (Falcon-H1's parallel mixer and
-attention) is both, opened into its members. Anything else is refused at load with one
-sentence that says what it uses and what to do instead: two attention caches per layer (an
-indexer's keys, two attention blocks), chunked local attention, a window that keeps its first
-tokens.
+pages. A `CacheList` is opened into its members, each a slot of its own: a state and an
+attention cache (Falcon-H1's parallel mixer and attention), or two attention caches (DeepSeek
+V3.2's indexer keys beside MLA's latent, LongCat-Flash's two attention blocks), every member
+gathering the same span of positions. Anything else is refused at load with one sentence that
+says what it uses and what to do instead: chunked local attention, a window that keeps its
+first tokens, an indexer that places queries by the batch's K/V length.
 
 Two ways a layer reads its K/V (`LayerCache`, `worker.runner.layer_cache`):
 - **paged**: full attention through `mlx_lm.models.base.scaled_dot_product_attention`, with
@@ -89,6 +90,16 @@ ONE_POSITION_PER_BATCH = {
 CPU_CRASHES = {"phi3small": "a forward that crashes MLX's CPU back-end (mlx 0.32)"}
 
 
+# Architectures whose sparse-attention indexer (the second cache of a layer's CacheList)
+# places every row's queries at the end of the batch's keys: refused only where a layer has
+# that indexer (a config without sparse layers is served).
+INDEXER_ONE_POSITION = {
+    "minimax_m3_vl": "a sparse-attention indexer that places every row's queries at the end "
+    "of the batch's keys (its local blocks), so sequences at different positions cannot "
+    "share a batch",
+}
+
+
 def layer_kinds(model: nn.Module, caches: list) -> list[LayerKind]:
     """The kind of each of `caches` (mlx-lm's own, from `make_prompt_cache(model)`), a
     `CacheList` opened into its members (`entry_sizes` says how); raises UnsupportedModel, in
@@ -126,11 +137,12 @@ def _members(name: str, c) -> list:
     if not isinstance(c, mlx_cache.CacheList):
         return [c]
     states = sum(isinstance(m, mlx_cache.ArraysCache) for m in c.caches)
-    if states != 1 or any(isinstance(m, mlx_cache.CacheList) for m in c.caches):
+    if states > 1 or any(isinstance(m, mlx_cache.CacheList) for m in c.caches):
         raise _refusal(
-            name, "two caches per layer (CacheList: an indexer's keys or two attention "
-            "blocks)", _INSTEAD,
+            name, "a CacheList of two recurrent states or of CacheLists", _INSTEAD
         )  # fmt: skip
+    if name in INDEXER_ONE_POSITION and len(c.caches) - states > 1:
+        raise _refusal(name, INDEXER_ONE_POSITION[name], _INSTEAD)
     return list(c.caches)
 
 

@@ -25,7 +25,7 @@ import mlx.nn as nn
 
 from shared.models.vision import IMAGE_KEY_BASE
 from worker.attention import AttentionBackend, ForwardContext, building, install_attention_hook
-from worker.runner.layer_cache import ForwardGroups, LayerCache, LayerTimes
+from worker.runner.layer_cache import CacheEntries, ForwardGroups, LayerCache, LayerTimes
 from worker.runner.layer_groups import LayerKind, grouped_scores
 from worker.runner.model_hooks import install_model_hooks
 from worker.runner.plan import StepKind, StepPlan
@@ -142,12 +142,13 @@ class ModelRunner:
         self.gathered: list[bool] = [False] * pool.num_layers
         self.grouped_scores = grouped_scores(model, self.trunk.module)
         self.uncached_attention = 0  # of the latest forward: layers attending K/V passed along
-        # hybrid models: the recurrent layers' state pool, and where the K/V layers and the
-        # states sit among mlx-lm's cache entries (`ModelShape.slot_map`, `entry_sizes`)
+        # hybrid models: the recurrent layers' state pool; and where the K/V layers and the
+        # states sit among mlx-lm's cache entries (CacheLists: `CacheEntries`)
         self.states: StatePool | None = None
-        self.slot_map: tuple[int, ...] = ()
-        self.entry_sizes: tuple[int, ...] = ()
-        self._state_written: list[mx.array] = []
+        self.entries = CacheEntries()
+        # what a forward wrote that its samples may not read (states, snapshots, an
+        # indexer's keys): evaluated with them
+        self._written: list[mx.array] = []
 
     def run(
         self, plan: StepPlan, device_tokens: mx.array | None = None, times: LayerTimes | None = None
@@ -164,7 +165,7 @@ class ModelRunner:
         prompt = self._score_prompts(hidden, points.prompt) if points.prompt else None
         if not points.seqs:
             outputs = prompt.arrays() if prompt is not None else self.pool.k + self.pool.v
-            outputs = outputs + self._state_written
+            outputs = outputs + self._written
             return StepOutput([], [], None, None, outputs, prompt)
         # The output projection at the sampling points only: projecting every prefill
         # position onto the vocabulary is wasted work.
@@ -182,7 +183,7 @@ class ModelRunner:
         for seq, key in zip(seqs, keys, strict=True):
             seq.rng_key = key
         unique, counts = _runs(seqs)
-        outputs = [*result.arrays(), *(k for k in keys if k is not None), *self._state_written]
+        outputs = [*result.arrays(), *(k for k in keys if k is not None), *self._written]
         if prompt is not None:
             outputs += prompt.arrays()
         return StepOutput(unique, counts, result.tokens, result.logprobs, outputs, prompt)
@@ -232,11 +233,12 @@ class ModelRunner:
             [r.start for r in rows], [r.positions for r in rows], tokens.shape[1]
         )
         with building(ForwardContext(layout.offsets, at, adds)) as context:
-            hidden = self.trunk.forward(tokens, self._entries(caches, states), embeddings)
+            hidden = self.trunk.forward(tokens, self.entries.of(caches, states), embeddings)
         self.uncached_attention = context.uncached_attention  # read by the load-time probe
-        self._state_written = [a for c in states for a in c.write()]
+        self._written = [a for c in states for a in c.write()]
+        self._written += self.entries.unread_writes(self.pool)
         if self.states is not None:  # snapshots taken since the last forward, evaluated now
-            self._state_written += self.states.arrays.take_copies()
+            self._written += self.states.arrays.take_copies()
         return hidden, layout
 
     def _embeddings(self, rows: list[Row], tokens: mx.array) -> tuple:
@@ -264,20 +266,6 @@ class ModelRunner:
         lengths = [len(r.tokens) for r in rows]
         padded = lengths if any(n != width for n in lengths) else None
         return [StateCache(self.states, s, slots, padded) for s in range(len(self.states.shapes))]
-
-    def _entries(self, caches: list[LayerCache], states: list[StateCache]) -> list:
-        """mlx-lm's cache list for the model: K/V layers and states in its order, a layer
-        with both (a CacheList) given both."""
-        if not states:
-            return caches
-        from mlx_lm.models.cache import CacheList
-
-        flat = [caches[k] if k >= 0 else states[-1 - k] for k in self.slot_map]
-        entries, at = [], 0
-        for size in self.entry_sizes:
-            entries.append(flat[at] if size == 1 else CacheList(*flat[at : at + size]))
-            at += size
-        return entries
 
     def plan_rows(self, plan: StepPlan, on_device: bool) -> tuple[list[Row], Points]:
         """The rows of `plan` and where they sample. A decode row is its last token; its

@@ -31,6 +31,7 @@ from worker.runner.layer_groups import (
 from worker.state import StateShape
 
 COVERED_ARCHITECTURES = frozenset({"llama", "mistral", "qwen2", "qwen3"})
+STATE_PROBE_TOKENS = 16  # the second sizing forward of a model with recurrent states
 
 __all__ = ["LayerKind", "ModelShape", "UnsupportedModel", "model_type", "probe_shape"]
 
@@ -50,9 +51,11 @@ class ModelShape:
     # recurrent layers (hybrid models): each one's state arrays, per sequence
     states: tuple[StateShape, ...] = ()
     # per mlx-lm cache slot (CacheLists opened), in order: K/V layer k >= 0, or state -1 - s
-    # (empty: every slot a K/V layer); and how many slots each cache entry is (a CacheList >1)
+    # (empty: every slot a K/V layer); and how many slots each cache entry is, and which
+    # entries are CacheLists (empty: no entry is: one slot each)
     slot_map: tuple[int, ...] = ()
     entry_sizes: tuple[int, ...] = ()
+    entry_lists: tuple[bool, ...] = ()  # per cache entry: a CacheList (empty: none is)
 
     def kinds(self) -> list[LayerKind]:
         return list(self.layer_kinds) or [LayerKind()] * self.num_layers
@@ -89,12 +92,16 @@ def probe_shape(model: nn.Module) -> ModelShape:
     """Cache slots, their kinds and K/V shapes and dtype, read off a one-token forward with
     mlx-lm's own caches; refuses (UnsupportedModel, one sentence) a model with a cache the
     paged KV cannot stand in for (`worker.runner.layer_groups.layer_kinds`)."""
-    from mlx_lm.models.cache import make_prompt_cache
+    from mlx_lm.models.cache import CacheList, make_prompt_cache
 
     cache = make_prompt_cache(model)
     flat = layer_kinds(model, cache)
     try:
         logits = model(mx.array([[0]]), cache=cache)
+        if any(k.kind == STATE for k in flat):
+            # a state that grows to its size over the first tokens (LongCat's n-gram
+            # context: the last n - 1 ids) is sized once it is full
+            model(mx.zeros((1, STATE_PROBE_TOKENS), dtype=mx.int32), cache=cache)
     except Exception as exc:  # noqa: BLE001 - any failure of a plain forward is a refusal
         raise UnsupportedModel(
             f"model type {model_type(model)!r} failed a one-token forward under mlx-lm "
@@ -106,6 +113,11 @@ def probe_shape(model: nn.Module) -> ModelShape:
     shapes = tuple(
         (c.keys.shape[1], c.keys.shape[3], c.values.shape[1], c.values.shape[3]) for c in kv
     )
+    if any(0 in shape for shape in shapes):  # MLX's scatter into it stops the process
+        raise UnsupportedModel(
+            f"model type {model_type(model)!r} has a layer that caches keys or values of "
+            "width 0, which the paged KV's pool cannot hold"
+        )
     states = tuple(
         _state_shape(model, c) for c, k in zip(members, flat, strict=True) if k.kind == STATE
     )
@@ -114,6 +126,7 @@ def probe_shape(model: nn.Module) -> ModelShape:
         state = k.kind == STATE
         slot_map.append(-1 - counts[True] if state else counts[False])
         counts[state] += 1
+    lists = tuple(isinstance(c, CacheList) for c in cache)
     first = shapes[0] if shapes else (1, 1, 1, 1)
     dtype = kv[0].keys.dtype if kv else states[0][0][1]
     heads = getattr(getattr(model, "args", None), "num_attention_heads", 0) or first[0]
@@ -121,7 +134,8 @@ def probe_shape(model: nn.Module) -> ModelShape:
         heads = first[0]
     return ModelShape(
         len(kv), first[0], first[1], dtype, logits.shape[-1], int(heads), kinds, shapes,
-        states, tuple(slot_map) if states else (), tuple(entry_sizes(cache)) if states else (),
+        states, tuple(slot_map) if states else (),
+        tuple(entry_sizes(cache)) if any(lists) else (), lists if any(lists) else (),
     )  # fmt: skip
 
 

@@ -4,6 +4,7 @@ model (`checks.prepare`; `Engine.create` runs it after assembly), and a vision m
 side (`vision.open_vision`; `Engine.from_path`). The names the engine uses are here."""
 
 from worker.attention.prefix_kv import PREFIX_KV as PREFIX_KV
+from worker.engine.startup.checks import attach_shape as attach_shape
 from worker.engine.startup.checks import kv_groups as kv_groups
 from worker.engine.startup.checks import prepare as prepare
 from worker.engine.startup.checks import run_alone as run_alone

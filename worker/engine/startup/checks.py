@@ -19,9 +19,11 @@ from worker.engine.sequence import Sequence
 from worker.engine.stats import EngineStats
 from worker.engine.step_kind import forward_costs
 from worker.kv.memory import apply_limits, layers_bytes_per_block
+from worker.runner.layer_cache import CacheEntries
 from worker.runner.layer_groups import LayerKind, group_layers
 from worker.runner.model_support import (
     COVERED_ARCHITECTURES,
+    ModelShape,
     UnsupportedModel,
     decide_modes,
     model_type,
@@ -61,6 +63,20 @@ def set_layer_modes(runner, kinds: list[LayerKind], gathered: list[bool]) -> Non
             "attention; serve this one with one worker per model replica"
         )
     inner.kinds, inner.gathered = list(kinds), list(gathered)
+
+
+def attach_shape(runner, shape: ModelShape) -> None:
+    """The runner's cache slots as `shape` has them: each one's kind and first mode
+    (`set_layer_modes`; the load-time probe refines the modes), and where they sit among
+    mlx-lm's cache entries (a CacheList entry is several: `ModelShape.entry_lists`)."""
+    set_layer_modes(runner, shape.kinds(), shape.gathered())
+    inner = getattr(runner, "inner", runner)
+    if inner is not runner and shape.entry_lists:
+        raise UnsupportedModel(
+            "tensor-parallel groups do not serve models with several caches per layer "
+            "(CacheList) yet; serve this one with one worker per model replica"
+        )
+    inner.entries = CacheEntries(shape.slot_map, shape.entry_sizes, shape.entry_lists)
 
 
 def kv_groups(pool: BlockPool, kinds: list[LayerKind], gathered: list[bool]):

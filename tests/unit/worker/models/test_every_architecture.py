@@ -8,7 +8,8 @@ One engine per architecture covers: prompts of different lengths decoded togethe
 longer than the zoo's 8-token sliding windows; chunked prefill (16-token chunks); a radix
 prefix hit (a prompt extending a finished one: its cached tokens counted); two choices
 forked from one prefill (n = 2). A few families also run preempted and resumed under a
-pool too small for their batch.
+pool too small for their batch (DeepSeek V3.2 and LongCat-Flash among them: two caches per
+layer, an indexer's keys beside MLA's or two attention blocks, each its own slot of the pool).
 """
 
 from __future__ import annotations
@@ -24,10 +25,6 @@ from worker.runner.model_support import UnsupportedModel
 
 # refused at load, and the one sentence that says why
 REFUSED = {
-    "deepseek_v32": "two caches per layer",
-    "glm_moe_dsa": "two caches per layer",
-    "longcat_flash": "two caches per layer",
-    "minimax_m3_vl": "two caches per layer",
     "deepseek_v41": r"a cache of its own \(LayerCache\)",
     "llama4": "chunked local attention",
     "gpt_bigcode": "position embeddings indexed by one number for the whole batch",
@@ -96,7 +93,10 @@ def test_the_sweep_covers_every_runnable_architecture():
     assert len(SERVED) >= 90
 
 
-@pytest.mark.parametrize("arch", ["gpt_oss", "gemma3_text", "deepseek_v3", "gemma2", "gemma3n"])
+@pytest.mark.parametrize(
+    "arch",
+    ["gpt_oss", "gemma3_text", "deepseek_v3", "gemma2", "gemma3n", "deepseek_v32", "longcat_flash"],
+)
 def test_preempted_and_resumed_sequences_match_mlx_lm(arch, tmp_path):
     # 12 blocks; models with window pages take a unit per block and per page: 14 units
     units = {"gpt_oss": 14, "gemma3_text": 14, "gemma3n": 14}.get(arch, 12)
@@ -107,3 +107,21 @@ def test_preempted_and_resumed_sequences_match_mlx_lm(arch, tmp_path):
     assert {rid: tokens[(rid, 0)] for rid in prompts} == expected
     assert engine.stats()["preemptions"] > 0
     engine.check_integrity()
+
+
+def test_minimax_m3_sparse_layers_are_refused_in_one_sentence():
+    """MiniMax-M3's indexer places every row's queries at the end of the batch's keys: served
+    without sparse layers (the zoo's config, above), refused at load with them."""
+    import copy
+
+    from tests.support.arch_zoo import module_for
+    from tests.support.engine_fixtures import make_engine
+
+    config = copy.deepcopy(ARCHITECTURES["minimax_m3_vl"])
+    config["text_config"].update(
+        index_n_heads=2, index_head_dim=16, index_block_size=4, index_topk_blocks=2
+    )
+    module = module_for(config)
+    model = module.Model(module.ModelArgs.from_dict(config))
+    with pytest.raises(UnsupportedModel, match="queries at the end of the batch's keys"):
+        make_engine(model)

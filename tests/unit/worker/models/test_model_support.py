@@ -118,7 +118,7 @@ def test_attention_sinks_are_served_paged_or_gathered(gathered):
     ("cache", "says"),
     [
         ("own", r"'llama' is not served: it uses a cache of its own \(QuantizedKVCache\)"),
-        ("list", r"'llama' is not served: it uses two caches per layer"),
+        ("list", r"'llama' is not served: it uses a CacheList of two recurrent states or of "),
         ("chunked", r"'llama' is not served: it uses chunked local attention"),
     ],
 )
@@ -128,7 +128,7 @@ def test_caches_the_paged_kv_cannot_stand_in_for_are_refused_in_one_sentence(cac
     model = tiny_model("llama")
     make = {
         "own": lambda: QuantizedKVCache(),
-        "list": lambda: CacheList(KVCache(), KVCache()),
+        "list": lambda: CacheList(CacheList(KVCache()), KVCache()),
         "chunked": lambda: ChunkedKVCache(8),
     }[cache]
     model.make_cache = lambda: [make() for _ in model.layers]
