@@ -29,7 +29,6 @@ REFUSED = {
     "longcat_flash": "two caches per layer",
     "minimax_m3_vl": "two caches per layer",
     "deepseek_v41": r"a cache of its own \(LayerCache\)",
-    "llama4": "chunked local attention",
     "gpt_bigcode": "position embeddings indexed by one number for the whole batch",
     "afm7": "positions from the K/V length",
     "plamo3": "asks a window of 9 of a layer whose cache keeps 8 keys",
