@@ -25,6 +25,7 @@ def _paged_sdpa(queries, keys, values, cache, scale, mask, sinks=None, **kwargs)
         return _original_sdpa(
             queries, keys, values, cache=cache, scale=scale, mask=mask, sinks=sinks, **kwargs
         )
+    mask = cache.attention_mask(mask)  # a chunked layer's: ours, not the model's
     note(mask, sinks, keys, values)
     if cache.gathered:  # K/V gathered from the pool, the mask ours: mlx-lm's own attention
         return _original_sdpa(

@@ -12,6 +12,11 @@ attention over what that returned, with the mask the model made from `cache.make
   answers `make_mask` with that span's mask, so whatever attention the model computes (mlx-lm's
   own SDPA with sinks, soft-capping, MLA's absorbed form) runs as in mlx-lm.
 
+A chunked layer (Llama 4) is gathered, and its mask is the span's whatever the model passes:
+the model builds its chunk mask itself from `cache[0].start_position` and `offset`, one
+sequence's positions (`worker.runner.row_ranges` lets it build one from ours, to be replaced:
+`attention_mask`). `start_position` and `maybe_trim_front` are there for that code.
+
 It also keeps the counts the load-time probe reads (`worker.engine.startup.checks.check_model`).
 """
 
@@ -25,7 +30,7 @@ import mlx.core as mx
 
 from worker.attention import AttentionBackend, AttentionPlan, write_kv
 from worker.kv.quant import rotate
-from worker.runner.layer_groups import FULL, GroupSpan, LayerKind
+from worker.runner.layer_groups import CHUNK, FULL, GroupSpan, LayerKind
 
 if TYPE_CHECKING:
     from worker.kv.block_pool import BlockPool
@@ -99,6 +104,23 @@ class LayerCache:
     @values.setter
     def values(self, value: mx.array) -> None:
         pass
+
+    @property
+    def start_position(self) -> mx.array:
+        """mlx-lm's `ChunkedKVCache.start_position` (its first kept key): here each row's
+        first query, read only to build a chunk mask `attention_mask` replaces."""
+        return self.offset
+
+    def maybe_trim_front(self) -> None:
+        """mlx-lm's `ChunkedKVCache` drops keys before the chunk; the pool keeps them (window
+        pages release what every holder is past)."""
+
+    def attention_mask(self, mask):
+        """The mask this layer attends with, given the model's: a chunked layer's is the
+        span's, always (the model's own is built from one sequence's position)."""
+        if self.span is not None and self.span.chunk is not None:
+            return self.span.mask
+        return mask
 
     def update_and_fetch(self, keys: mx.array, values: mx.array):
         self.writes += 1
@@ -200,6 +222,7 @@ class ForwardGroups:
                 self._spans[key] = GroupSpan(
                     layout.block_tables, layout.context_lengths, self.num_queries,
                     self.pool.block_size, kind.window, self.grouped, masks_of=same_kind,
+                    chunk=kind.kind == CHUNK,
                 )  # fmt: skip
             span = self._spans[key]
         else:

@@ -3,8 +3,12 @@
 Read off the model at load from the caches mlx-lm itself would make (`make_prompt_cache`):
 a `KVCache` is full causal attention, a `RotatingKVCache(max_size=W)` a sliding window of W
 keys (each query sees itself and the W - 1 positions before it: mlx-lm's
-`create_causal_mask(window_size=W)`). Every group shares the pool's pages and block hashes;
-a windowed group reads only the keys its window can see (`GroupSpan`).
+`create_causal_mask(window_size=W)`), a `ChunkedKVCache(C)` chunked local attention (Llama 4:
+a query at p sees the keys from ⌊p / C⌋·C to p, its own chunk's). Every group shares the
+pool's pages and block hashes; a windowed or chunked group reads only the keys its queries can
+see (`GroupSpan`). A chunk's keys all lie within the last C positions, so a chunked layer keeps
+them as a window of C does (`window` C: window pages, released once every holder is past them)
+and differs only in its mask.
 
 An `ArraysCache` is a recurrent layer's state (linear attention, state space, short
 convolution: `STATE`), kept per sequence in the state pool (`worker.state`) rather than in
@@ -12,18 +16,17 @@ pages. A `CacheList` is opened into its members, each a slot of its own: a state
 attention cache (Falcon-H1's parallel mixer and attention), or two attention caches (DeepSeek
 V3.2's indexer keys beside MLA's latent, LongCat-Flash's two attention blocks), every member
 gathering the same span of positions. Anything else is refused at load with one sentence that
-says what it uses and what to do instead: chunked local attention, a window that keeps its
-first tokens, an indexer that places queries by the batch's K/V length.
+says what it uses and what to do instead: a window that keeps its first tokens, an indexer that places queries by the batch's K/V length.
 
 Two ways a layer reads its K/V (`LayerCache`, `worker.runner.layer_cache`):
 - **paged**: full attention through `mlx_lm.models.base.scaled_dot_product_attention`, with
   K and V of one shape and no sinks: the paged-attention plan reads the pool directly (the
   fast paths: tiles, shared prefixes, the Metal kernel);
-- **gathered**: everything else (windows, sinks, MLA's latent "keys" and rope "values" of
+- **gathered**: everything else (windows, chunks, sinks, MLA's latent "keys" and rope "values" of
   different widths, soft-capping models that compute attention themselves, KV-shared layers):
   the layer's cache gathers each row's visible span of K/V from the pool and hands the model
-  that dense K/V and a boolean mask of causality, window and lengths, so the model's own
-  attention code runs unchanged (no forked model files).
+  that dense K/V and a boolean mask of causality, window (or chunk) and lengths, so the
+  model's own attention code runs unchanged (no forked model files).
 The load-time probe (`worker.engine.startup.checks.check_model`) decides per layer.
 """
 
@@ -34,7 +37,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 import mlx.nn as nn
 
-FULL, WINDOW, STATE = "full", "window", "state"
+FULL, WINDOW, CHUNK, STATE = "full", "window", "chunk", "state"
 
 
 class UnsupportedModel(ValueError):
@@ -43,15 +46,23 @@ class UnsupportedModel(ValueError):
 
 @dataclass(frozen=True)
 class LayerKind:
-    """What one cache slot of the model keeps: full attention, a window of `window` keys, or
-    a recurrent state."""
+    """What one cache slot of the model keeps: full attention, a window of `window` keys,
+    chunks of `window` keys (CHUNK: a query sees its own chunk's keys, at most the last
+    `window`), or a recurrent state."""
 
     kind: str = FULL
     window: int | None = None
 
+    @property
+    def chunk(self) -> int | None:
+        """The chunk size of chunked local attention (None for every other kind)."""
+        return self.window if self.kind == CHUNK else None
+
     def describe(self) -> str:
         if self.kind == STATE:
             return "recurrent state"
+        if self.kind == CHUNK:
+            return f"chunked local attention {self.window}"
         return "full attention" if self.kind == FULL else f"sliding window {self.window}"
 
 
@@ -158,12 +169,8 @@ def _kind(name: str, c) -> LayerKind:
         raise _refusal(name, f"a sliding window that keeps its first {c.keep} tokens", _INSTEAD)
     if isinstance(c, mlx_cache.ArraysCache):
         return LayerKind(STATE)
-    if kind == "ChunkedKVCache":
-        raise _refusal(
-            name,
-            "chunked local attention (its mask is built from one sequence's position)",
-            "serve its text-only variant or use mlx_lm.server meanwhile",
-        )
+    if type(c) is mlx_cache.ChunkedKVCache:
+        return LayerKind(CHUNK, int(c.chunk_size))
     raise _refusal(name, f"a cache of its own ({kind})", _INSTEAD)
 
 
@@ -194,12 +201,13 @@ def grouped_scores(model: nn.Module, trunk: nn.Module) -> bool:
 class GroupSpan:
     """The keys one forward's rows may see in a layer group, as slots to gather and a mask.
 
-    Row b's queries are its last L positions of `context_lengths[b]`; with a window W the row
-    needs only its last L + W - 1 keys, so every row gathers `width` keys from `starts[b]` on
-    (the whole context without a window). `mask` (B, 1, L, width) is True where a query may
-    see a key: causal, inside the window, inside the row. Built from host ints once per group
-    and forward; shared by the group's layers. Blocks before a row's start are never read, so
-    a windowed group may release them (their table entries can point anywhere).
+    Row b's queries are its last L positions of `context_lengths[b]`; with a window W (or
+    chunks of W) the row needs only its last L + W - 1 keys, so every row gathers `width` keys
+    from `starts[b]` on (the whole context without a window). `mask` (B, 1, L, width) is True
+    where a query may see a key: causal, inside the window (or the query's chunk, `chunk`),
+    inside the row. Built from host ints once per group and forward; shared by the group's
+    layers. Blocks before a row's start are never read, so a windowed group may release them
+    (their table entries can point anywhere).
     """
 
     def __init__(
@@ -211,10 +219,12 @@ class GroupSpan:
         window: int | None,
         grouped: bool = False,
         masks_of: GroupSpan | None = None,
+        chunk: bool = False,
     ):
         longest = max(context_lengths)
         width = longest if window is None else min(longest, num_queries + window - 1)
         self.window, self.width, self.grouped = window, width, grouped
+        self.chunk = window if chunk else None
         starts = mx.array([max(0, c - width) for c in context_lengths], dtype=mx.int32)
         key_pos = starts[:, None] + mx.arange(width, dtype=mx.int32)  # (B, width)
         blocks = mx.take_along_axis(block_tables, key_pos // block_size, axis=1)
@@ -224,25 +234,31 @@ class GroupSpan:
         self.key_pos, self.query_pos = key_pos, query_pos
         # spans of one kind over other tables (window page sub-groups) share its mask objects:
         # the model makes one mask per kind and hands it to every layer of that kind
-        self._masks: dict[int | None, mx.array] = (
-            masks_of._masks if masks_of is not None else {window: self.visible(window)}
+        own = (None, self.chunk) if chunk else (window, None)
+        self._masks: dict[tuple[int | None, int | None], mx.array] = (
+            masks_of._masks if masks_of is not None else {own: self.visible(*own)}
         )
-        self.mask = self._masks[window]
+        self.mask = self._masks[own]
 
-    def visible(self, window: int | None) -> mx.array:
+    def visible(self, window: int | None, chunk: int | None = None) -> mx.array:
         rel = self.key_pos[:, None, :] - self.query_pos[:, :, None]  # (B, L, width)
         seen = rel <= 0
         if window is not None:
             seen = seen & (rel > -window)
+        if chunk is not None:  # the query's own chunk: ⌊key / C⌋ == ⌊query / C⌋
+            seen = seen & (self.key_pos[:, None, :] // chunk == self.query_pos[:, :, None] // chunk)
         return seen[:, None, None] if self.grouped else seen[:, None]
 
     def mask_for(self, window: int | None) -> mx.array:
         """The mask for a window asked of `make_mask` (a smaller one than the group's, or
-        one asked of a full group: the full span holds every key it needs)."""
-        window = self.window if window is None else window
-        if window not in self._masks:
-            self._masks[window] = self.visible(window)
-        return self._masks[window]
+        one asked of a full group: the full span holds every key it needs); a chunked group
+        asked for none gets its chunk mask."""
+        if window is None and self.chunk is not None:
+            return self.mask
+        key = (self.window if window is None else window, None)
+        if key not in self._masks:
+            self._masks[key] = self.visible(*key)
+        return self._masks[key]
 
     def made_masks(self) -> list[mx.array]:
         return list(self._masks.values())

@@ -19,6 +19,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from worker.runner.layer_groups import (
+    CHUNK,
     FULL,
     STATE,
     WINDOW,
@@ -155,8 +156,10 @@ def decide_modes(
     """After a one-token forward of ours with every layer gathered (`caches` its layer
     caches): per cache slot, True where the layer must stay gathered, False where the paged
     attention plan can serve it (full or windowed attention through the hook, once, with a
-    mask of ours or none and the K/V its cache fetched, sinks or not, K and V of one shape). Raises UnsupportedModel where a layer never wrote
-    its K/V through the cache, or asked for a window wider than its cache keeps."""
+    mask of ours or none and the K/V its cache fetched, sinks or not, K and V of one shape;
+    never a chunked layer). Raises UnsupportedModel where a layer never wrote its K/V through
+    the cache, asked for a window wider than its cache keeps, or is chunked and did not attend
+    through the hook once (its chunk mask would be the model's own)."""
     name = model_type(model)
     wrote = sum(c.writes == 1 for c in caches)
     if wrote != len(caches):
@@ -177,8 +180,13 @@ def decide_modes(
                 f"model type {name!r} asks a window of {max(asked)} of a layer whose cache "
                 f"keeps {kind.window} keys"
             )
+        if kind.kind == CHUNK and c.attends != 1:
+            raise UnsupportedModel(
+                f"model type {name!r} has a chunked-attention layer that attends outside "
+                "mlx-lm's scaled_dot_product_attention, where its chunk mask cannot be ours"
+            )
         (k_heads, k_dim), (v_heads, v_dim) = c.shapes
-        paged = (
+        paged = kind.kind != CHUNK and (
             asked <= ({kind.window} if kind.kind == WINDOW else set())
             and c.attends == 1
             and [(ours, same) for ours, _, same in c.attended] == [(True, True)]

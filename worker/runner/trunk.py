@@ -21,6 +21,8 @@ import inspect
 import mlx.core as mx
 import mlx.nn as nn
 
+from worker.runner.row_ranges import forward_width, install_row_ranges
+
 
 def _has_layers(module: nn.Module) -> bool:
     """Holds its layers itself (a module's own list, not a property reaching into a child)."""
@@ -77,6 +79,7 @@ class Trunk:
 
     def __init__(self, model: nn.Module):
         self.model = model
+        install_row_ranges(model)  # (Llama 4's ranges over `cache.offset`)
         found = find_trunk(model)
         self.owner, self.attribute = found if found is not None else (None, "")
         module = getattr(self.owner, self.attribute) if self.owner is not None else model
@@ -90,6 +93,10 @@ class Trunk:
         self, tokens: mx.array, caches: list, embeddings: mx.array | None = None
     ) -> mx.array:
         """`embeddings` (B, L, hidden), when given, stand for the tokens' own (images)."""
+        with forward_width(tokens.shape[1]):
+            return self._forward(tokens, caches, embeddings)
+
+    def _forward(self, tokens: mx.array, caches: list, embeddings: mx.array | None) -> mx.array:
         if embeddings is not None:
             return self.module(tokens, cache=caches, input_embeddings=embeddings)
         if self._needs_mask:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 VOCAB = 128
 WINDOW = 8  # sliding-window width: prompts of 20+ tokens run past it
-CHUNK = 8  # llama4's chunked-attention span
+CHUNK = 8  # llama4's chunked-attention span (and its query temperature's step, floor_scale)
 
 # the llama-shaped fields most architectures read (from_dict drops those a ModelArgs lacks)
 DENSE = dict(

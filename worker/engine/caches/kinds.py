@@ -68,8 +68,9 @@ class CacheKind:
 
 
 class WindowKind(CacheKind):
-    """Sliding-window layers' pages: released once every holder of a block is past it, kept
-    for hits as spare until taken back; a hit needs them for the blocks just before its end."""
+    """Sliding-window layers' pages (and chunked layers', kept as a window of one chunk):
+    released once every holder of a block is past it, kept for hits as spare until taken
+    back; a hit needs them for the blocks just before its end."""
 
     name = "sliding window"
     cannot = {

@@ -26,7 +26,6 @@ from worker.runner.model_support import UnsupportedModel
 # refused at load, and the one sentence that says why
 REFUSED = {
     "deepseek_v41": r"a cache of its own \(LayerCache\)",
-    "llama4": "chunked local attention",
     "gpt_bigcode": "position embeddings indexed by one number for the whole batch",
     "afm7": "positions from the K/V length",
     "plamo3": "asks a window of 9 of a layer whose cache keeps 8 keys",

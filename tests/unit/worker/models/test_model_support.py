@@ -119,17 +119,17 @@ def test_attention_sinks_are_served_paged_or_gathered(gathered):
     [
         ("own", r"'llama' is not served: it uses a cache of its own \(QuantizedKVCache\)"),
         ("list", r"'llama' is not served: it uses a CacheList of two recurrent states or of "),
-        ("chunked", r"'llama' is not served: it uses chunked local attention"),
+        ("keep", r"'llama' is not served: it uses a sliding window that keeps its first 4"),
     ],
 )
 def test_caches_the_paged_kv_cannot_stand_in_for_are_refused_in_one_sentence(cache, says):
-    from mlx_lm.models.cache import CacheList, ChunkedKVCache, QuantizedKVCache
+    from mlx_lm.models.cache import CacheList, QuantizedKVCache, RotatingKVCache
 
     model = tiny_model("llama")
     make = {
         "own": lambda: QuantizedKVCache(),
         "list": lambda: CacheList(CacheList(KVCache()), KVCache()),
-        "chunked": lambda: ChunkedKVCache(8),
+        "keep": lambda: RotatingKVCache(max_size=8, keep=4),
     }[cache]
     model.make_cache = lambda: [make() for _ in model.layers]
     with pytest.raises(UnsupportedModel, match=says) as refused:
