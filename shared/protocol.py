@@ -173,12 +173,13 @@ class Heartbeat:
     pulled_blocks: int = 0
     pull_failures: int = 0
     prefill_tokens_per_s: float = 0.0
-    # partial blocks the prefix cache keeps beside its full ones (an older worker: 0), so
-    # free + held + cached + partial == total; an idle worker holds none
+    # partial blocks kept beside the full ones: free + held + cached + partial == total
     cached_partial_blocks: int = 0
-    # hybrid models: snapshots of the recurrent states kept for prefix hits, and their bytes
+    # hybrid models: state snapshots for prefix hits (bytes), slots, reply-end copies running
     state_snapshots: int = 0
     state_snapshot_bytes: int = 0
+    state_slots: int = 0
+    state_kept: int = 0
 
 
 @dataclass(frozen=True, slots=True)

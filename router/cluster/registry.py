@@ -173,6 +173,8 @@ class WorkerState:
             "kv_cached_partial_blocks": hb.cached_partial_blocks if hb else None,
             "state_snapshots": hb.state_snapshots if hb else 0,  # hybrid models' states
             "state_snapshot_bytes": hb.state_snapshot_bytes if hb else 0,
+            "state_slots": hb.state_slots if hb else 0,
+            "state_kept": hb.state_kept if hb else 0,  # reply-end copies of running sequences
             "cache_hit_tokens": hb.hit_tokens if hb else 0,
             "kv_checks": hb.kv_checks if hb else 0,  # integrity checks of its KV, while idle
             "kv_check_failures": hb.kv_check_failures if hb else 0,

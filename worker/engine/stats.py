@@ -224,6 +224,8 @@ class EngineLoad(NamedTuple):
     cached_partial_blocks: int = 0  # partial tails beside the tree (cached_blocks: full only)
     state_snapshots: int = 0  # hybrid models: snapshots of the recurrent states kept
     state_snapshot_bytes: int = 0
+    state_slots: int = 0  # ...the state pool's slots, and the reply-end copies kept in them
+    state_kept: int = 0
 
     @classmethod
     def of(
@@ -251,7 +253,10 @@ def _snapshots(scheduler: Scheduler) -> dict:
     pool = getattr(scheduler.states, "pool", None)
     if pool is None:
         return {}
-    return {"state_snapshots": len(pool.snapshots), "state_snapshot_bytes": pool.snapshot_bytes}
+    return {
+        "state_snapshots": len(pool.snapshots), "state_snapshot_bytes": pool.snapshot_bytes,
+        "state_slots": pool.num_slots, "state_kept": pool.kept,
+    }  # fmt: skip
 
 
 def engine_stats(

@@ -60,6 +60,11 @@ class StatePool:
         return state_bytes(self.shapes)
 
     @property
+    def kept(self) -> int:
+        """Slots holding running sequences' copies of their states (`keep`)."""
+        return len(self._kept)
+
+    @property
     def snapshot_bytes(self) -> int:
         return len(self.snapshots) * self.bytes_per_slot
 

@@ -102,6 +102,23 @@ def test_chat_turns_compute_only_their_new_message(arch):
     engine.check_integrity()
 
 
+def test_the_heartbeat_counts_state_slots_and_the_copies_running_replies_keep():
+    from shared.sampling import SamplingParams
+
+    engine = make_engine(build("mamba2"), max_running=2)
+    pool, bs = engine.states.pool, engine.block_size
+    engine.add_request("r", _prompt(10, 3), SamplingParams(max_tokens=3 * bs))
+    kept = []
+    while engine.has_work():
+        engine.step()
+        kept.append(engine.load().state_kept)
+    load = engine.load()
+    assert load.state_slots == pool.num_slots > 0
+    # a copy is kept once the reply passes a block boundary, and published when it finishes
+    assert max(kept) == 1 and kept[0] == 0 and load.state_kept == 0
+    engine.check_integrity()
+
+
 def test_snapshots_are_bounded_and_their_drops_announced():
     model = build("mamba2")
     engine = make_engine(model, max_running=2, state_snapshots=2)
