@@ -1,4 +1,4 @@
-"""Faster CPU paths for two mlx-lm pieces, taken only while one of our forwards is built.
+"""Faster CPU paths for three mlx-lm pieces, taken only while one of our forwards is built.
 
 - **SwiGLU**: mlx-lm's `swiglu`, routed to `worker.attention.exp2.swiglu` (the sigmoid from
   exponent bits: MLX's CPU `sigmoid` costs ~6 ns per element here).
@@ -11,6 +11,11 @@
   first element of each rotated pair, 0 at the second), so it holds whatever frequencies
   that rope uses; a rope whose table form does not match it on random inputs at load is left
   unwrapped.
+- **The gated delta rule** (Qwen3-Next, Qwen3.5, Kimi Linear, OLMo hybrid, Bailing V3): on the
+  CPU mlx-lm runs it token by token, eight small ops per token and layer; a prompt chunk of
+  8 tokens or more goes through `worker.state.gated_delta` instead (matrix products per 16
+  tokens; the same algebra, equal to the loop to float rounding): 4-7x less time in the
+  recurrence over a 128-300-token prefill.
 
 As with attention (`worker.attention.hook`), mlx-lm model modules bind `swiglu` at import, so
 the hook is patched into every model module already imported. Both read the forward being
@@ -27,13 +32,16 @@ from functools import partial
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models import activations as mlx_activations
+from mlx_lm.models import gated_delta as mlx_gated_delta
 
 from worker.attention import ForwardContext, current_forward
 from worker.attention.exp2 import BoundedCompile
 from worker.attention.exp2 import swiglu as exp2_swiglu
 from worker.attention.hook import rebind_in_models
+from worker.state.gated_delta import MIN_TOKENS, chunked_gated_delta
 
 _original_swiglu = mlx_activations.swiglu
+_original_gated_delta = mlx_gated_delta.gated_delta_ops
 
 
 def _fast() -> ForwardContext | None:
@@ -46,6 +54,13 @@ def _swiglu(gate: mx.array, x: mx.array) -> mx.array:
     if _fast() is not None and gate.dtype == x.dtype == mx.float32:
         return exp2_swiglu(gate, x)
     return _original_swiglu(gate, x)
+
+
+def _gated_delta(q, k, v, g, beta, state=None, mask=None):
+    """mlx-lm's `gated_delta_ops`, in chunks for a prompt chunk of ours (scalar decay)."""
+    if _fast() is None or state is None or g.ndim != 3 or q.shape[1] < MIN_TOKENS:
+        return _original_gated_delta(q, k, v, g, beta, state, mask)
+    return chunked_gated_delta(q, k, v, g, beta, state, mask)
 
 
 def _swap(x: mx.array, traditional: bool) -> mx.array:
@@ -126,9 +141,11 @@ def _rope_form(rope: nn.Module) -> tuple[bool, int] | None:
 
 def install_model_hooks(model: nn.Module) -> None:
     """Route mlx-lm's `swiglu` through `_swiglu` (in its module and every model module loaded
-    so far) and wrap each attention layer's rope in a `TableRoPE` where its form checks out.
-    Idempotent; outside our forwards on the CPU both are mlx-lm's own."""
+    so far) and its gated delta loop through `_gated_delta`, and wrap each attention layer's
+    rope in a `TableRoPE` where its form checks out. Idempotent; outside our forwards on the
+    CPU all are mlx-lm's own."""
     mlx_activations.swiglu = _swiglu
+    mlx_gated_delta.gated_delta_ops = _gated_delta  # called by name from its own module
     rebind_in_models("swiglu", _original_swiglu, _swiglu)
     kinds: list[tuple[nn.Module, tuple[bool, int]]] = []  # a rope of each kind, and its form
     layers = getattr(model, "layers", None) or getattr(getattr(model, "model", None), "layers", [])
