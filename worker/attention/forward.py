@@ -38,6 +38,9 @@ class ForwardContext:
     mrope_positions: mx.array | None = None
     # Qwen3-VL deepstack: per deepstack layer k, (B, L, hidden) added to layer k's MLP output
     deepstack_adds: list[mx.array] | None = None
+    # L, the query positions each row has in this forward (Llama 4's per-row ranges read it:
+    # `worker.runner.row_ranges`)
+    queries: int = 0
     # built on the CPU: the exp2 SwiGLU and the table RoPE apply (on a GPU mlx-lm's are fused)
     cpu_fast_paths: bool = field(default_factory=_on_cpu)
     # made on first use, shared by every layer: the table RoPE's (C, S) by rope kind

@@ -232,7 +232,8 @@ class ModelRunner:
         at = forward_positions(
             [r.start for r in rows], [r.positions for r in rows], tokens.shape[1]
         )
-        with building(ForwardContext(layout.offsets, at, adds)) as context:
+        context = ForwardContext(layout.offsets, at, adds, queries=tokens.shape[1])
+        with building(context):
             hidden = self.trunk.forward(tokens, self.entries.of(caches, states), embeddings)
         self.uncached_attention = context.uncached_attention  # read by the load-time probe
         self._written = [a for c in states for a in c.write()]

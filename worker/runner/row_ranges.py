@@ -6,8 +6,8 @@ layers without RoPE, a per-position query temperature (`arange(offset + 1, offse
 Our caches' `offset` is each row's first position, an array (B,), which `mx.arange` refuses.
 
 So the `mx` such a model's module sees (`ROW_RANGES`) is mlx.core with one change: while one of
-our forwards runs (`forward_width`), an `arange` whose start is an array gives each row its L
-positions from that start, shaped (B, L, 1). The model lays a range it draws along the query
+our forwards is built (`worker.attention.forward`: its `queries`, L), an `arange` whose start
+is an array gives each row its L positions from that start, shaped (B, L, 1). The model lays a range it draws along the query
 axis with `[:, None]`, which then reads (B, 1, L, 1) against queries (B, heads, L, dim): the
 temperature comes out per row, as mlx-lm computes it for each sequence alone. The chunk mask
 built over such ranges is never used (a chunked layer attends with its span's mask:
@@ -19,21 +19,16 @@ to mlx-lm's, batched, with the temperature active) and the load-time check hold 
 from __future__ import annotations
 
 import sys
-import threading
 import types
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import mlx.core as mx
 import mlx.nn as nn
 
+from worker.attention import current_forward
 from worker.runner.layer_groups import model_type
 
 # model types whose modules draw position ranges from `cache.offset`
 ROW_RANGES = frozenset({"llama4"})
-
-_state = threading.local()  # .width: the query count L of our forward being built, else None
-
 
 class _RowRangesCore(types.ModuleType):
     """mlx.core, with `arange` over per-row starts inside our forwards."""
@@ -46,11 +41,11 @@ class _RowRangesCore(types.ModuleType):
 
     @staticmethod
     def arange(*args, **kwargs) -> mx.array:
-        width = getattr(_state, "width", None)
-        if width is None or not args or not isinstance(args[0], mx.array):
+        forward = current_forward()
+        if forward is None or not args or not isinstance(args[0], mx.array):
             return mx.arange(*args, **kwargs)
         start = args[0]  # (B,): each row's first position of the range
-        return (start[:, None] + mx.arange(width, dtype=start.dtype))[..., None]
+        return (start[:, None] + mx.arange(forward.queries, dtype=start.dtype))[..., None]
 
 
 _CORE = _RowRangesCore()
@@ -62,14 +57,3 @@ def install_row_ranges(model: nn.Module) -> None:
     module = sys.modules.get(type(model).__module__)
     if model_type(model) in ROW_RANGES and module is not None and getattr(module, "mx", None) is mx:
         module.mx = _CORE
-
-
-@contextmanager
-def forward_width(width: int) -> Iterator[None]:
-    """While one of our forwards of `width` queries per row is built."""
-    before = getattr(_state, "width", None)
-    _state.width = width
-    try:
-        yield
-    finally:
-        _state.width = before

@@ -21,7 +21,7 @@ import inspect
 import mlx.core as mx
 import mlx.nn as nn
 
-from worker.runner.row_ranges import forward_width, install_row_ranges
+from worker.runner.row_ranges import install_row_ranges
 
 
 def _has_layers(module: nn.Module) -> bool:
@@ -93,10 +93,6 @@ class Trunk:
         self, tokens: mx.array, caches: list, embeddings: mx.array | None = None
     ) -> mx.array:
         """`embeddings` (B, L, hidden), when given, stand for the tokens' own (images)."""
-        with forward_width(tokens.shape[1]):
-            return self._forward(tokens, caches, embeddings)
-
-    def _forward(self, tokens: mx.array, caches: list, embeddings: mx.array | None) -> mx.array:
         if embeddings is not None:
             return self.module(tokens, cache=caches, input_embeddings=embeddings)
         if self._needs_mask:

@@ -6,8 +6,9 @@ from __future__ import annotations
 import mlx.core as mx
 import pytest
 
+from worker.attention import ForwardContext, building
 from worker.runner.layer_groups import GroupSpan
-from worker.runner.row_ranges import _CORE, forward_width
+from worker.runner.row_ranges import _CORE
 
 BLOCK, CHUNK = 4, 8
 
@@ -43,7 +44,7 @@ def test_a_window_of_the_same_size_sees_across_the_chunk_start():
 def test_ranges_over_row_offsets_are_per_row_inside_our_forwards_only():
     offsets = mx.array([3, 10], dtype=mx.int32)
     assert _CORE.arange(2, 5).tolist() == [2, 3, 4]  # mlx-lm's own calls: unchanged
-    with forward_width(3):
+    with building(ForwardContext(offsets, queries=3)):
         rows = _CORE.arange(offsets + 1, offsets + 4)
         assert _CORE.arange(0, 2).tolist() == [0, 1]
     assert rows.shape == (2, 3, 1)  # [:, None] then lines up with (B, heads, L, dim)
