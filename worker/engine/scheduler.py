@@ -21,11 +21,11 @@ from worker.engine.speculative import plan_drafts, would_draft
 from worker.engine.states import NO_STATES, NoStates, SequenceStates
 from worker.engine.step_kind import REFERENCE_COSTS, ForwardCosts, plan_step
 from worker.kv.radix_cache import RadixCache
-from worker.kv.radix_partial import PartialHit
 from worker.runner.plan import PrefillChunk, StepKind, StepPlan
 
 if TYPE_CHECKING:
     from worker.config import EngineConfig
+    from worker.engine.caches import Hit
     from worker.kv.block_pool import BlockPool
     from worker.kv.disk_tier import DiskTier
 
@@ -142,10 +142,8 @@ class Scheduler:
         seq.num_in_flight += num_tokens if in_flight else 0
         self.kv.computed(seq)
         if seq.num_computed >= seq.prompt_len and seq.inserted_tokens < seq.prompt_len:
-            known = self.cache_computed(seq)  # let waiting requests share this prompt
-            tail = seq.block_ids[known // self.block_size] if known % self.block_size else None
-            if tail is not None and not self.cache.partials.is_live(tail):
-                self.cache.insert_tail(seq.tokens[:known], seq.block_ids, live=True)
+            # let waiting requests share this prompt (its partial last block too, copied)
+            self.kv.cached(seq, self.cache_computed(seq), running=True)
 
     def append_token(self, seq: Sequence, token: int, logprob: float | None) -> str | None:
         """Mutates: `seq` sampled `token`; its finish reason ("stop", "length") if that ends
@@ -202,16 +200,12 @@ class Scheduler:
                 continue
             # one hit every cache kind agrees on (the router's index predicts the same)
             hit = self.kv.hit(prompt)
-            match = hit.match
             # hold the match before making room, or the eviction could take it
-            self.cache.lock(match.node)
-            self.pool.incref(match.block_ids)
-            extended = admission.from_disk(self, prompt, match)
-            hit = hit._replace(tails=hit.tails and extended is match)  # (a tail follows a node)
-            partial = self.kv.tail(prompt, hit)
-            match = extended
-            self.pool.incref([partial.block_id] if partial else [])  # held too, until copied
-            done = match.num_tokens + (partial.num_tokens if partial else 0)
+            self.cache.lock(hit.match.node)
+            self.pool.incref(hit.match.block_ids)
+            match = admission.from_disk(self, prompt, hit.match)
+            hit = self.kv.tail(prompt, hit, match)  # a partial tail after it, held if any
+            done = match.num_tokens + hit.tail_tokens
             left = len(seq.tokens) - done - (1 if seq.forks else 0)
             n = min(self.config.prefill_chunk, left, budget)
             self.kv.plan(seq, done, hit.kv_tokens)
@@ -222,11 +216,10 @@ class Scheduler:
             fits = fits_whole_prompt(seq, len(match.block_ids), self.running, self.pool, room)
             if not fits or not self.make_room(need):
                 self.cache.unlock(match.node)
-                self.kv.give_up(match.block_ids, partial)
+                self.kv.give_up(match.block_ids, hit)
                 self.waiting.appendleft(seq)
                 break
-            self._start(seq, match, need, partial)
-            self.kv.start(seq, hit)
+            self._start(seq, match, hit, done + n)
             self.cache.admitted(hit.match, len(prompt))  # counted once in, not per attempt
             if n > 0:  # 0: all but the last token cached, and forks pending
                 chunks.append(PrefillChunk(seq, n))
@@ -244,14 +237,14 @@ class Scheduler:
         room = self.pool.room(self.cache.evictable_blocks)
         return fits_whole_prompt(seq, cached, self.running, self.pool, room)
 
-    def _start(self, seq: Sequence, match, need: int, partial: PartialHit | None) -> None:
-        """Admit `seq` on its (already locked and held) prefix match plus `need` new blocks,
-        the first a copy of the `partial` hit's block (held until copied) if any."""
+    def _start(self, seq: Sequence, match, hit: Hit, num_tokens: int) -> None:
+        """Admit `seq` on its (already locked and held) prefix match, what each kind gives
+        it at start (a copy of the hit's partial tail), and new blocks for `num_tokens`."""
         seq.lock_node = match.node
-        copied = [self.cache.partials.take(partial)] if partial else []
-        seq.block_ids = list(match.block_ids) + copied + self.pool.allocate(need - len(copied))
-        seq.num_computed = match.num_tokens + (partial.num_tokens if partial else 0)
+        seq.block_ids, seq.num_computed = list(match.block_ids), match.num_tokens
         seq.inserted_tokens, seq.window_released = match.num_tokens, 0
+        self.kv.start(seq, hit)
+        self.grow(seq, num_tokens)
         if seq.num_preemptions == 0:
             seq.num_cached = seq.num_computed
         seq.status = Status.RUNNING
@@ -266,16 +259,14 @@ class Scheduler:
 
     def _fork(self, parent: Sequence) -> None:
         """Give `parent`'s pending choices their own sequences: they share its full blocks by
-        reference count; a partial tail block, which each choice writes its next token into,
-        is copied (copy on write). Waits (no fork, no decode) while there is no room."""
-        partial_tail = parent.num_computed % self.block_size != 0
-        if not self.make_room(parent.forks if partial_tail else 0):
+        reference count, and each kind gives them what a fork needs (a partial last block,
+        which each choice writes its next token into, is copied). Waits (no fork, no decode)
+        while there is no room."""
+        if not self.make_room(self.kv.fork_blocks(parent)):
             return
         for choice in range(1, parent.forks + 1):
             child = parent.fork(choice)
             self.kv.fork(parent, child)
-            if partial_tail:
-                child.block_ids[-1] = self.pool.copy_on_write(child.block_ids[-1])
             if child.lock_node is not None:
                 self.cache.lock(child.lock_node)
             self.running.append(child)
@@ -333,9 +324,7 @@ class Scheduler:
         return known if self.config.enable_prefix_cache and seq.inserted_tokens == full else 0
 
     def _release(self, seq: Sequence) -> None:
-        self.cache.partials.forget_live(seq.block_ids)  # (a tail from here on, maybe)
-        if (known := self.cache_computed(seq)) % self.block_size:
-            self.cache.insert_tail(seq.tokens[:known], seq.block_ids)  # kept for copying
+        self.kv.cached(seq, self.cache_computed(seq), running=False)  # (a tail kept, maybe)
         self.kv.release(seq)  # (after its blocks: a state kept at the last one is kept)
         if seq.lock_node is not None:
             self.cache.unlock(seq.lock_node)

@@ -2,16 +2,18 @@
 
 A model's layers keep their context in one or more *kinds* of cache beside the full-attention
 blocks the radix tree indexes: sliding-window pages (worker/kv/window_pages.py), recurrent-state
-slots and snapshots (worker/engine/states.py), partial tails (worker/kv/radix_partial.py). Each
-kind answers the same questions, as a `CacheKind`; the scheduler asks the coordinator, which
-asks every kind the model has, and never names a kind itself (vLLM v1's KVCacheCoordinator over
-its SingleTypeKVCacheManagers is the model):
+slots and snapshots (worker/engine/states.py), partial tails (worker/kv/radix_partial.py, as a
+kind in tails.py: every model has it). Each kind answers the same questions, as a `CacheKind`;
+the scheduler asks the coordinator, which asks every kind the model has, and never names a
+kind itself (vLLM v1's KVCacheCoordinator over its SingleTypeKVCacheManagers is the model):
 
 - `hit`: how much of a prefix match every kind can serve (shared/prefix/hit_rule.py, the rule
   the router's index applies too), and what the hit holds until it is admitted or given up;
+  `tail`: the partial tail a kind keeps past it (`find_tail`), if every kind can copy it;
 - `room`, `plan`, `chunk`: whether a sequence can start now, where its prefill must stop;
-- `start`, `computed`, `fork`, `release`, `free`, `give_up`: what each kind takes, gives back
-  or keeps as a sequence is admitted, advances, forks, finishes or is preempted;
+- `start`, `computed`, `cached`, `fork_blocks`, `fork`, `release`, `free`, `give_up`: what
+  each kind takes, gives back or keeps as a sequence is admitted, advances, enters the prefix
+  cache, forks, finishes or is preempted;
 - `cannot`: what the fleet must not do with the model (the disk tier, peer transfers, drafts),
   each refusal with its reason.
 
@@ -21,5 +23,14 @@ A new kind is one class (kinds.py, or beside its data structure) plus its line i
 
 from worker.engine.caches.coordinator import CacheCoordinator, kinds_of
 from worker.engine.caches.kinds import CacheKind, Hit, StateKind, WindowKind
+from worker.engine.caches.tails import TailKind
 
-__all__ = ["CacheCoordinator", "CacheKind", "Hit", "StateKind", "WindowKind", "kinds_of"]
+__all__ = [
+    "CacheCoordinator",
+    "CacheKind",
+    "Hit",
+    "StateKind",
+    "TailKind",
+    "WindowKind",
+    "kinds_of",
+]

@@ -7,22 +7,23 @@ from typing import TYPE_CHECKING
 from shared.hashing import hash_blocks
 from shared.prefix.hit_rule import HitRule
 from worker.engine.caches.kinds import CacheKind, Hit, StateKind, WindowKind
+from worker.engine.caches.tails import TailKind
 
 if TYPE_CHECKING:
     from worker.engine.sequence import Sequence
     from worker.engine.states import States
     from worker.kv.block_pool import BlockPool
-    from worker.kv.radix_cache import RadixCache
-    from worker.kv.radix_partial import PartialHit
+    from worker.kv.radix_cache import MatchResult, RadixCache
 
 
-def kinds_of(pool: BlockPool, states: States) -> list[CacheKind]:
+def kinds_of(pool: BlockPool, cache: RadixCache, states: States) -> list[CacheKind]:
     """The cache kinds a model has beside its full-attention blocks."""
     kinds: list[CacheKind] = []
     if pool.pages is not None:
         kinds.append(WindowKind(pool, pool.pages))
     if states.active:
         kinds.append(StateKind(states))
+    kinds.append(TailKind(pool, cache))  # every model (a kind above may refuse its tails)
     return kinds
 
 
@@ -33,7 +34,7 @@ class CacheCoordinator:
         self.pool, self.cache, self.states = pool, cache, states
         self.kinds: list[CacheKind] = []
         self.rule, self._hashes = HitRule(), False
-        for kind in kinds_of(pool, states):
+        for kind in kinds_of(pool, cache, states):
             self.register(kind)
 
     def register(self, kind: CacheKind) -> None:
@@ -66,15 +67,18 @@ class CacheCoordinator:
         for kind in self.kinds:
             kind.hold(match, end)
         snapshot = hashes[end - 1] if self.rule.snapshots and end else None
-        tails = end == depth and self.cannot("tails") is None
+        tails = end == depth
         return Hit(match, depth * bs, snapshot, tails)
 
-    def tail(self, prompt: list[int], hit: Hit) -> PartialHit | None:
-        """The partial tail extending `hit`, if one is kept and every kind can copy it."""
-        partial = self.cache.partials.match(prompt, hit.match) if hit.tails else None
-        for kind in self.kinds:
-            partial = kind.tail(partial)
-        return partial
+    def tail(self, prompt: list[int], hit: Hit, match: MatchResult) -> Hit:
+        """Mutates: `hit` from `match` on (its own, or longer: loaded from disk), with the
+        partial tail extending it if a kind keeps one every kind can copy (held until `start`
+        copies it or `give_up`). A tail follows a node the tree matched: not after a cut or a
+        disk load."""
+        if not hit.tails or match is not hit.match:
+            return hit
+        found = (k.find_tail(prompt, match, self.kinds) for k in self.kinds)
+        return hit._replace(tail=next((t for t in found if t is not None), None))
 
     def room(self, seq: Sequence, running: list[Sequence]) -> bool:
         return all(k.room(seq, running) for k in self.kinds)
@@ -88,11 +92,11 @@ class CacheCoordinator:
             n = kind.chunk(seq, n, start)
         return n
 
-    def give_up(self, block_ids: list[int], partial: PartialHit | None) -> None:
-        """Mutates: a hit not admitted gives its blocks (and its partial tail's) back."""
-        self.pool.decref(block_ids + ([partial.block_id] if partial else []))
+    def give_up(self, block_ids: list[int], hit: Hit) -> None:
+        """Mutates: a hit not admitted gives its blocks (and what each kind held) back."""
+        self.pool.decref(block_ids)
         for kind in self.kinds:
-            kind.give_up(block_ids)
+            kind.give_up(block_ids, hit)
 
     # ---- running sequences ----
 
@@ -103,6 +107,16 @@ class CacheCoordinator:
     def computed(self, seq: Sequence) -> None:
         for kind in self.kinds:
             kind.computed(seq)
+
+    def cached(self, seq: Sequence, known: int, running: bool) -> None:
+        """Mutates: `seq`'s first `known` tokens are in the prefix cache, as its prompt is
+        done and it runs on, or as it stops (`running` False: before `release`)."""
+        for kind in self.kinds:
+            kind.cached(seq, known, running)
+
+    def fork_blocks(self, parent: Sequence) -> int:
+        """New blocks forking `parent`'s pending choices takes (see `fork`)."""
+        return sum(k.fork_blocks(parent) for k in self.kinds)
 
     def fork(self, parent: Sequence, child: Sequence) -> None:
         """Mutates: `child` holds `parent`'s blocks, and whatever each kind gives a fork."""

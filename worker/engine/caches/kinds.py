@@ -21,6 +21,12 @@ class Hit(NamedTuple):
     kv_tokens: int  # the tree's K/V match before any kind cut it (states plan from it)
     snapshot: int | None  # the recurrent states' snapshot it starts from (hybrids)
     tails: bool  # whether a partial tail may extend it (the match was not cut)
+    tail: PartialHit | None = None  # the partial tail extending it, held until copied
+
+    @property
+    def tail_tokens(self) -> int:
+        """The prompt tokens its partial tail serves after the full blocks (0 without)."""
+        return self.tail.num_tokens if self.tail else 0
 
 
 class CacheKind:
@@ -44,7 +50,16 @@ class CacheKind:
         """Mutates: keep what the hit ending at block `end` reads until it is admitted."""
 
     def tail(self, partial: PartialHit | None) -> PartialHit | None:
+        """The partial tail a hit may copy: `partial`, or None if this kind cannot copy it
+        (what it keeps of one it lets through is held, like `hold`)."""
         return partial
+
+    def find_tail(
+        self, prompt: list[int], match: MatchResult, kinds: list[CacheKind]
+    ) -> PartialHit | None:
+        """Mutates (holds it): a partial block this kind keeps that extends `match` along
+        `prompt`, which every one of `kinds` can copy."""
+        return None
 
     def room(self, seq: Sequence, running: list[Sequence]) -> bool:
         return True
@@ -58,13 +73,21 @@ class CacheKind:
 
     def computed(self, seq: Sequence) -> None: ...
 
+    def cached(self, seq: Sequence, known: int, running: bool) -> None:
+        """Mutates: `seq`'s first `known` tokens are in the prefix cache (0: none), as its
+        prompt is done and it runs on, or as it stops (`running` False, before `release`)."""
+
+    def fork_blocks(self, parent: Sequence) -> int:
+        """New blocks forking `parent`'s pending choices takes."""
+        return 0
+
     def fork(self, parent: Sequence, child: Sequence) -> None: ...
 
     def release(self, seq: Sequence) -> None: ...
 
     def free(self, seq: Sequence) -> None: ...
 
-    def give_up(self, block_ids: list[int]) -> None: ...
+    def give_up(self, block_ids: list[int], hit: Hit) -> None: ...
 
 
 class WindowKind(CacheKind):
@@ -118,7 +141,7 @@ class WindowKind(CacheKind):
         self.pages.leave(seq.block_ids, seq.window_released, self.pool.ref_count)
         seq.window_released = 0
 
-    def give_up(self, block_ids: list[int]) -> None:
+    def give_up(self, block_ids: list[int], hit: Hit) -> None:
         self.pages.settle(block_ids, self.pool.ref_count)
 
 

@@ -15,16 +15,16 @@ from tests.support.engine_fixtures import (
     run_to_completion,
     tiny_model,
 )
-from worker.engine.caches import CacheKind, StateKind, WindowKind
+from worker.engine.caches import CacheKind, StateKind, TailKind, WindowKind
 
 
 @pytest.mark.parametrize(
     ("model", "kinds", "disk"),
     [
-        (lambda: tiny_model("llama"), [], None),
-        (lambda: build("gemma3_text"), [WindowKind], "window pages"),
-        (lambda: build("qwen3_next"), [StateKind], "recurrent states"),
-        (lambda: build("baichuan_m1"), [WindowKind, StateKind], "window pages"),
+        (lambda: tiny_model("llama"), [TailKind], None),
+        (lambda: build("gemma3_text"), [WindowKind, TailKind], "window pages"),
+        (lambda: build("qwen3_next"), [StateKind, TailKind], "recurrent states"),
+        (lambda: build("baichuan_m1"), [WindowKind, StateKind, TailKind], "window pages"),
     ],
 )  # fmt: skip
 def test_each_model_gets_the_kinds_its_layers_need(model, kinds, disk):
