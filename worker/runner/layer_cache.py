@@ -36,6 +36,10 @@ if TYPE_CHECKING:
     from worker.kv.block_pool import BlockPool
 
 
+# A keys-only slot's values in the pool (`ModelShape.pool_shapes`): one head, one value wide
+KEYS_ONLY_V = (1, 1)
+
+
 class LayerTimes:
     """K/V write and attention time of one profiled forward (every layer evaluated apart)."""
 
@@ -79,6 +83,8 @@ class LayerCache:
         self.attended: list[tuple[bool, bool, bool]] = []
         self.shapes: tuple[tuple[int, ...], tuple[int, ...]] | None = None  # K, V as written
         self._fetched: tuple[mx.array, mx.array] | None = None
+        # the pool keeps no values for this slot: the model hands it its keys as values
+        self.keys_only = pool.layer_shapes[layer][2:] == KEYS_ONLY_V
 
     @property
     def gathered(self) -> bool:
@@ -129,24 +135,28 @@ class LayerCache:
         self.shapes = ((H, D), (Hv, Dv))
         k, v = self.pool.k[self.layer], self.pool.v[self.layer]
         stored = rotate(keys) if self.pool.kv_bits else keys  # (worker/kv/quant.py)
+        if self.keys_only and values is not keys:
+            raise RuntimeError(f"cache slot {self.layer} was probed keys-only, given values")
 
         def write():
-            write_kv(
-                k,
-                v,
-                self.write_slots,
-                stored.swapaxes(1, 2).reshape(B * L, H, D),
-                values.swapaxes(1, 2).reshape(B * L, Hv, Dv),
-            )
+            rows = stored.swapaxes(1, 2).reshape(B * L, H, D)
+            if self.keys_only:
+                k[self.write_slots] = rows.astype(k.dtype)
+                return [k]
+            write_kv(k, v, self.write_slots, rows, values.swapaxes(1, 2).reshape(B * L, Hv, Dv))
             return [k, v]
 
         if self.times is None:
             write()
         else:
             self.times.timed("write_s", write, keys, values)
-        self._fetched = (
-            (keys, values) if self.span is None else self._gather(keys.dtype, values.dtype)
-        )
+        if self.span is None:
+            self._fetched = (keys, values)
+        elif self.keys_only:
+            gathered = self._gather(keys.dtype, values.dtype)[0]
+            self._fetched = (gathered, gathered)
+        else:
+            self._fetched = self._gather(keys.dtype, values.dtype)
         return self._fetched
 
     def _gather(self, kdtype: mx.Dtype, vdtype: mx.Dtype) -> tuple[mx.array, mx.array]:

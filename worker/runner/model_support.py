@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 import mlx.nn as nn
 
+from worker.runner.layer_cache import KEYS_ONLY_V
 from worker.runner.layer_groups import (
     CHUNK,
     FULL,
@@ -57,6 +58,9 @@ class ModelShape:
     slot_map: tuple[int, ...] = ()
     entry_sizes: tuple[int, ...] = ()
     entry_lists: tuple[bool, ...] = ()  # per cache entry: a CacheList (empty: none is)
+    # K/V slots whose values are their keys (an indexer's `update_and_fetch(k, k)`): the
+    # pool keeps no second copy of them (`pool_shapes`)
+    keys_only: tuple[int, ...] = ()
 
     def kinds(self) -> list[LayerKind]:
         return list(self.layer_kinds) or [LayerKind()] * self.num_layers
@@ -64,6 +68,16 @@ class ModelShape:
     def shapes(self) -> list[KVShape]:
         first = (self.num_kv_heads, self.head_dim, self.num_kv_heads, self.head_dim)
         return list(self.layer_shapes) or [first] * self.num_layers
+
+    def pool_shapes(self, quantized: bool) -> list[KVShape]:
+        """Each slot's K/V shape in the pool: a keys-only slot's V one value wide, never
+        written or read (`LayerCache`; quantized pools keep it whole: groups of 32+)."""
+        if quantized:
+            return self.shapes()
+        return [
+            (h, d, *KEYS_ONLY_V) if i in self.keys_only else (h, d, hv, dv)
+            for i, (h, d, hv, dv) in enumerate(self.shapes())
+        ]
 
     def gathered(self) -> list[bool]:
         """Each cache slot's mode before the load-time probe refines it: windows and K/V of
@@ -97,6 +111,7 @@ def probe_shape(model: nn.Module) -> ModelShape:
 
     cache = make_prompt_cache(model)
     flat = layer_kinds(model, cache)
+    aliased = _watch_aliasing(cache, flat)
     try:
         logits = model(mx.array([[0]]), cache=cache)
         if any(k.kind == STATE for k in flat):
@@ -128,6 +143,7 @@ def probe_shape(model: nn.Module) -> ModelShape:
         slot_map.append(-1 - counts[True] if state else counts[False])
         counts[state] += 1
     lists = tuple(isinstance(c, CacheList) for c in cache)
+    keys_only = tuple(i for i, c in enumerate(kv) if id(c) in aliased)
     first = shapes[0] if shapes else (1, 1, 1, 1)
     dtype = kv[0].keys.dtype if kv else states[0][0][1]
     heads = getattr(getattr(model, "args", None), "num_attention_heads", 0) or first[0]
@@ -137,7 +153,25 @@ def probe_shape(model: nn.Module) -> ModelShape:
         len(kv), first[0], first[1], dtype, logits.shape[-1], int(heads), kinds, shapes,
         states, tuple(slot_map) if states else (),
         tuple(entry_sizes(cache)) if any(lists) else (), lists if any(lists) else (),
+        keys_only,
     )  # fmt: skip
+
+
+def _watch_aliasing(cache: list, kinds: list[LayerKind]) -> set[int]:
+    """Mutates `cache`'s K/V caches (`kinds`: each member's) to note, by id, each one handed
+    its keys as its values; returns that set, filled as the probe's forward runs."""
+    seen: set[int] = set()
+    members = [m for c in cache for m in (c.caches if hasattr(c, "caches") else [c])]
+    for c, kind in zip(members, kinds, strict=True):
+        if kind.kind != STATE:
+
+            def watched(keys, values, _c=c, _inner=c.update_and_fetch):
+                if values is keys:
+                    seen.add(id(_c))
+                return _inner(keys, values)
+
+            c.update_and_fetch = watched
+    return seen
 
 
 def _state_shape(model: nn.Module, c) -> StateShape:

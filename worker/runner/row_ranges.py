@@ -30,6 +30,7 @@ from worker.runner.layer_groups import model_type
 # model types whose modules draw position ranges from `cache.offset`
 ROW_RANGES = frozenset({"llama4"})
 
+
 class _RowRangesCore(types.ModuleType):
     """mlx.core, with `arange` over per-row starts inside our forwards."""
 

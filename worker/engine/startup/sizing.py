@@ -62,7 +62,7 @@ def size_memory(
     if not shape.num_layers:  # recurrent layers only: blocks keep tokens' hashes, no K/V
         log.info("%s; %d state slots", plan.describe(), config.max_running)
         return config, 4 * config.max_running * -(-config.prefill_chunk // config.block_size), plan
-    shapes, windowed = shape.shapes(), _window_layers(config, shape)
+    shapes, windowed = shape.pool_shapes(bool(quant)), _window_layers(config, shape)
     # a pool with window pages is units of its full layers' size (worker/kv/window_pages.py)
     unit = [s for i, s in enumerate(shapes) if i not in windowed] if windowed else shapes
     blocks = kv_bytes // layers_bytes_per_block(config.block_size, unit, shape.kv_dtype, **quant)
@@ -79,7 +79,8 @@ def make_pool(config: EngineConfig, shape: ModelShape, num_blocks: int) -> Block
     return BlockPool(
         num_blocks, config.block_size, num_layers=shape.num_layers,
         num_kv_heads=shape.num_kv_heads, head_dim=shape.head_dim, dtype=shape.kv_dtype,
-        layer_shapes=shape.shapes(), **window_layout(config, shape), **kv_quantization(config),
+        layer_shapes=shape.pool_shapes(bool(kv_quantization(config))),
+        **window_layout(config, shape), **kv_quantization(config),
     )  # fmt: skip
 
 

@@ -6,6 +6,7 @@ evaluated with the step even when nothing reads them."""
 from __future__ import annotations
 
 import mlx.core as mx
+import pytest
 from mlx_lm.models.cache import CacheList
 
 from tests.support.arch_zoo import build
@@ -68,3 +69,26 @@ def test_deepseek_v32_runs_two_slots_per_layer_gathered():
     assert engine.runner.entries.lists == (True,) * layers
     assert all(engine.runner.gathered)
     assert engine.pool.layer_shapes[1] != engine.pool.layer_shapes[0]  # the indexer's own
+
+
+def test_an_indexer_handed_its_keys_as_values_keeps_no_second_copy():
+    from worker.runner.layer_cache import KEYS_ONLY_V
+    from worker.runner.model_support import probe_shape
+
+    model = build("deepseek_v32")
+    shape = probe_shape(model)
+    layers = len(model.model.layers)
+    assert shape.keys_only == tuple(range(1, 2 * layers, 2))  # each layer's indexer slot
+    h, d, hv, dv = shape.shapes()[1]
+    assert (hv, dv) == (h, d)  # as mlx-lm holds it
+    engine = make_engine(model)
+    assert [s[2:] for s in engine.pool.layer_shapes[1::2]] == [KEYS_ONLY_V] * layers
+    assert engine.pool.layer_shapes[0] == shape.shapes()[0]  # MLA's latent and rope, whole
+    assert shape.pool_shapes(quantized=True) == shape.shapes()  # groups need the width
+    # the slot writes its keys and hands them back as values; other values are refused
+    cache = _cache(engine.pool, 1)
+    k = mx.ones((1, h, 1, d))
+    keys, values = cache.update_and_fetch(k, k)
+    assert keys is values
+    with pytest.raises(RuntimeError, match="keys-only"):
+        _cache(engine.pool, 1).update_and_fetch(k, mx.zeros_like(k))
