@@ -25,9 +25,11 @@ class BlockRemoved:
 
 @dataclass(frozen=True, slots=True)
 class BlockWindowsDropped:
-    """Cached blocks lost their sliding-window layers' K/V (their pages were taken back):
-    they still serve the full-attention layers, but a hit can no longer end just after them
-    (a hit needs the window layers of the blocks just before its end: `Register.window_blocks`)."""
+    """Cached blocks lost their window pages, the K/V of every sliding-window and chunked layer
+    at once (one page per block and sub-group, taken back together): they still serve the
+    full-attention layers, but a hit can no longer read them (a hit needs the pages of the
+    blocks just before its end: `Register.window_blocks`, or from its chunk's start:
+    `Register.chunk_blocks`)."""
 
     block_hashes: tuple[int, ...]
 

@@ -91,17 +91,17 @@ class Register:
     protocol_version: int = PROTOCOL_VERSION
     attention: AttentionReport | None = None
     group: GroupReport | None = None  # None: one process holds the whole model
-    # the fleet cache (issue 22): where peers fetch this worker's KV blocks ("": nowhere),
-    # and what it does: "both" (default), "prefill" (computes prompts' K/V for decode
-    # workers to pull) or "decode"
+    # the fleet cache (issue 22): where peers fetch this worker's KV blocks ("": nowhere), and
+    # its part: "both", "prefill" (computes prompts' K/V for decode workers to pull), "decode"
     kv_endpoint: str = ""
     role: str = "both"
-    # sliding-window models: a hit needs the window layers' K/V of this many blocks before
-    # its end (0: no window layers, or none released): the router counts hits the same way
+    # the worker's hit rule (shared/prefix/hit_rule.py), which the router applies too: a hit
+    # needs the window pages of the `window_blocks` before its end (sliding windows), of those
+    # from its chunk's start (chunked attention, chunks of `chunk_blocks`); one that ends only
+    # at a snapshot of the states (hybrids, `StateSnapshotsStored`). 0, False: no such rule
     window_blocks: int = 0
-    # hybrid models (recurrent layers): a hit ends only where the worker keeps a snapshot of
-    # the states (`StateSnapshotsStored`), so the router counts hits up to those
     state_snapshots: bool = False
+    chunk_blocks: int = 0
     # vision-language models: this worker takes images, or why not (the router's 400 says it)
     vision: bool = False
     vision_note: str = ""

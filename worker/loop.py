@@ -104,8 +104,9 @@ class WorkerLoop:
             group=group,
             kv_endpoint=self.peer.endpoint if self.peer is not None else "",
             role=role,
-            window_blocks=engine.pool.pages.blocks_before_match if engine.pool.pages else 0,
+            window_blocks=engine.scheduler.kv.rule.window_blocks,  # the hit rule, for the router
             state_snapshots=engine.states is not None,
+            chunk_blocks=engine.scheduler.kv.rule.chunk_blocks,
             vision=engine.intake.vision is not None,
             vision_note="" if engine.intake.vision is not None else engine.intake.vision_note,
         )

@@ -210,7 +210,7 @@ class Cluster:
         if replaced is not None:
             state.errors.extend(replaced.errors)
             self._forget(replaced)
-        model.index.set_window(msg.worker_id, msg.window_blocks)
+        model.index.set_window(msg.worker_id, msg.window_blocks, msg.chunk_blocks)
         model.index.set_snapshots(msg.worker_id, msg.state_snapshots)
         log.info(
             "worker %s registered from %s pid %d: model %s (block size %d, %d blocks)",

@@ -8,11 +8,12 @@ Two kinds of entries:
 Block hashes are chained (shared.hashing), so a hash names a whole prefix, not just one block.
 
 A match is then cut to what the worker can serve, by the rule its own admission applies
-(shared/prefix/hit_rule.py), asked about hashes: for sliding-window models (`Register.window_blocks`
-= k > 0) none of the k blocks before the end may have lost its window pages
-(`BlockWindowsDropped`); for hybrid models (`Register.state_snapshots`) the end must have a
-snapshot of the states (`StateSnapshotsStored` / `StateSnapshotsDropped`); both at once where a
-model has both.
+(shared/prefix/hit_rule.py), asked about hashes: for sliding-window models
+(`Register.window_blocks` = k > 0) none of the k blocks before the end may have lost its window
+pages (`BlockWindowsDropped`), for chunked attention (`Register.chunk_blocks` = k > 0) none of
+those from the end's chunk start (chunks of k blocks); for hybrid models
+(`Register.state_snapshots`) the end must have a snapshot of the states (`StateSnapshotsStored`
+/ `StateSnapshotsDropped`); all at once where a model has several.
 
 Inventories (`receive_inventory`): a worker that registers sends every block it holds, in
 parts; once the last part is in, the worker's confirmed set *is* the inventory. The parts of
@@ -60,6 +61,7 @@ class PrefixIndex:
         self._blocks_of: dict[str, set[int]] = {}  # confirmed: worker -> hashes
         self._optimistic: dict[int, dict[str, float]] = {}  # hash -> worker -> expiry
         self._window_blocks: dict[str, int] = {}  # worker -> k (sliding-window models)
+        self._chunk_blocks: dict[str, int] = {}  # worker -> k (chunked-attention models)
         self._windowless: dict[str, set[int]] = {}  # worker -> blocks without window K/V
         self._snapshots: dict[str, set[int]] = {}  # hybrid models' workers -> snapshot hashes
         self._incoming: dict[str, _Incoming] = {}  # worker -> its inventory being received
@@ -122,10 +124,12 @@ class PrefixIndex:
             self.apply(worker_id, event)
         return True
 
-    def set_window(self, worker_id: str, blocks: int) -> None:
+    def set_window(self, worker_id: str, blocks: int, chunk_blocks: int = 0) -> None:
         """`worker_id` serves a sliding-window model: a hit needs the window layers of the
-        `blocks` blocks before its end (0: no rule)."""
+        `blocks` blocks before its end (0: no rule); or a chunked-attention one, chunks of
+        `chunk_blocks`: those from its end's chunk start (0: no chunks)."""
         self._window_blocks[worker_id] = blocks
+        self._chunk_blocks[worker_id] = chunk_blocks
 
     def set_snapshots(self, worker_id: str, hybrid: bool) -> None:
         """`worker_id` serves a hybrid model: its hits end only at its snapshots."""
@@ -181,7 +185,10 @@ class PrefixIndex:
 
     def hit_rule(self, worker_id: str) -> HitRule:
         """The worker's hit rule (shared/prefix/hit_rule.py), from what it registered."""
-        return HitRule(self._window_blocks.get(worker_id, 0), worker_id in self._snapshots)
+        return HitRule(
+            self._window_blocks.get(worker_id, 0), worker_id in self._snapshots,
+            self._chunk_blocks.get(worker_id, 0),
+        )  # fmt: skip
 
     def _usable(self, worker_id: str, block_hashes: Sequence[int], depth: int) -> int:
         """The deepest end <= `depth` the worker can serve as a hit: the rule its own

@@ -65,10 +65,11 @@ class BlockPool:
         window_layers: Sequence[int] = (),
         window: int | None = None,
         window_chunk: int = 0,
+        chunked: bool = False,
     ) -> None:
         """`layer_shapes`: per layer (K heads, K width, V heads, V width) where layers differ
-        (MLA, two head dims). `window_layers` (widest window `window`) beside full layers of
-        one shape hold pages of the pool's units while a window sees them (window_pages)."""
+        (MLA, two head dims). `window_layers` (widest window `window`, or `chunked`: chunks of
+        it) beside full layers of one shape hold pages while they see them (window_pages)."""
         for name, value in (
             ("num_blocks", num_blocks), ("block_size", block_size), ("num_layers", num_layers),
             ("num_kv_heads", num_kv_heads), ("head_dim", head_dim),
@@ -92,8 +93,8 @@ class BlockPool:
         self.uniform = all(s == same for s in self.layer_shapes)
         self._free = deque(range(num_blocks))  # oldest-freed first
         self.k, self.v, self.pages, self.window_group = layer_storage(
-            num_blocks, block_size, self.layer_shapes, window_layers, window, self._free,
-            dtype=dtype, bits=self.kv_bits, group_size=self.kv_group_size, chunk=window_chunk,
+            num_blocks, block_size, self.layer_shapes, window_layers, window, self._free, dtype,
+            bits=self.kv_bits, group_size=self.kv_group_size, chunk=window_chunk, chunked=chunked,
         )  # fmt: skip
         self.unit_cost = 1 + (self.pages.groups if self.pages else 0)  # units a new block takes
         mx.eval(self.k, self.v)  # reserve the memory now, not at the first forward pass

@@ -39,12 +39,15 @@ class WindowPages:
 
     def __init__(
         self, groups: int, free: deque[int], num_units: int, window: int, block_size: int,
-        chunk: int = 0,
+        chunk: int = 0, chunked: bool = False,
     ):  # fmt: skip
         if groups < 1:
             raise ValueError(f"groups must be >= 1, got {groups}")
         self.groups, self.window, self.block_size = groups, window, block_size
         self.chunk = chunk  # the engine's prefill chunk: pages a prefill holds at once
+        # every page layer is chunked attention, chunks of `window` in whole blocks: released
+        # and hit by the chunk rule (worker/engine/caches/chunks.py), not the window's
+        self.chunked = chunked
         self._free = free  # the pool's free list of units, shared
         self.page_of = [[-1] * num_units for _ in range(groups)]  # per sub-group: block -> unit
         self.is_page = [False] * num_units
@@ -134,6 +137,11 @@ class WindowPages:
         wholly behind the window of its next query (one block of slack for drafts)."""
         return max(0, (num_computed - self.window + 1) // self.block_size - 1)
 
+    def out_of_chunk(self, first_query: int) -> int:
+        """Blocks no query from `first_query` on reads in chunked layers (chunks of `window`):
+        those wholly before `first_query`'s chunk."""
+        return first_query // self.window * self.window // self.block_size
+
     def release(
         self, block_ids: Sequence[int], start: int, end: int, refs: Callable[[int], int]
     ) -> int:
@@ -183,7 +191,8 @@ class WindowPages:
 
 def layer_storage(
     num_blocks: int, block_size: int, shapes: list, window_layers: Sequence[int],
-    window: int | None, free: deque[int], *, dtype, bits, group_size, chunk: int = 0,
+    window: int | None, free: deque[int], dtype, *, bits, group_size, chunk: int = 0,
+    chunked: bool = False,
 ):  # fmt: skip
     """(K pools, V pools, WindowPages or None, layer -> page sub-group): each layer's storage.
     With window layers beside full-attention ones, all of one shape: as many arrays as there
@@ -195,7 +204,7 @@ def layer_storage(
         return (*make_pools(slots, shapes, dtype, bits, group_size), None, {})
     per = len(full)
     groups = -(-len(window_layers) // per)
-    pages = WindowPages(groups, free, num_blocks, window, block_size, chunk)
+    pages = WindowPages(groups, free, num_blocks, window, block_size, chunk, chunked)
     array = {layer: j for j, layer in enumerate(full)}
     array.update({layer: t % per for t, layer in enumerate(window_layers)})
     k, v = make_pools([num_blocks * block_size] * per, shapes[:per], dtype, bits, group_size)

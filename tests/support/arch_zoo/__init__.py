@@ -61,10 +61,16 @@ def module_for(config: dict):
     return importlib.import_module(f"mlx_lm.models.{model_type}")
 
 
-def build(name: str, seed: int = 0) -> nn.Module:
-    """The architecture `name` with random float32 weights, evaluated."""
-    module = module_for(ARCHITECTURES[name])
-    args = module.ModelArgs.from_dict(dict(ARCHITECTURES[name]))
+def build(name: str, seed: int = 0, **text_fields) -> nn.Module:
+    """The architecture `name` with random float32 weights, evaluated; `text_fields` change its
+    (text model's) config."""
+    config = dict(ARCHITECTURES[name])
+    if "text_config" in config:
+        config["text_config"] = {**config["text_config"], **text_fields}
+    else:
+        config.update(text_fields)
+    module = module_for(config)
+    args = module.ModelArgs.from_dict(config)
     mx.random.seed(seed)
     model = module.Model(args)
     model.update(tree_map(lambda p: p.astype(mx.float32), model.parameters()))

@@ -1,11 +1,12 @@
 """The cache coordinator: the scheduler's one view of a model's cache kinds.
 
 A model's layers keep their context in one or more *kinds* of cache beside the full-attention
-blocks the radix tree indexes: sliding-window pages (worker/kv/window_pages.py), recurrent-state
-slots and snapshots (worker/engine/states.py), partial tails (worker/kv/radix_partial.py, as a
-kind in tails.py: every model has it). Each kind answers the same questions, as a `CacheKind`;
-the scheduler asks the coordinator, which asks every kind the model has, and never names a
-kind itself (vLLM v1's KVCacheCoordinator over its SingleTypeKVCacheManagers is the model):
+blocks the radix tree indexes: sliding-window pages (worker/kv/window_pages.py), the same pages
+under chunked attention's own rule (chunks.py), recurrent-state slots and snapshots
+(worker/engine/states.py), partial tails (worker/kv/radix_partial.py, as a kind in tails.py:
+every model has it). Each kind answers the same questions, as a `CacheKind`; the scheduler asks
+the coordinator, which asks every kind the model has, and never names a kind itself (vLLM v1's
+KVCacheCoordinator over its SingleTypeKVCacheManagers is the model):
 
 - `hit`: how much of a prefix match every kind can serve (shared/prefix/hit_rule.py, the rule
   the router's index applies too), and what the hit holds until it is admitted or given up;
@@ -21,16 +22,12 @@ A new kind is one class (kinds.py, or beside its data structure) plus its line i
 `coordinator.kinds_of`.
 """
 
+from worker.engine.caches.chunks import ChunkKind
 from worker.engine.caches.coordinator import CacheCoordinator, kinds_of
 from worker.engine.caches.kinds import CacheKind, Hit, StateKind, WindowKind
 from worker.engine.caches.tails import TailKind
 
 __all__ = [
-    "CacheCoordinator",
-    "CacheKind",
-    "Hit",
-    "StateKind",
-    "TailKind",
-    "WindowKind",
+    "CacheCoordinator", "CacheKind", "ChunkKind", "Hit", "StateKind", "TailKind", "WindowKind",
     "kinds_of",
-]
+]  # fmt: skip

@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 
 from shared.hashing import hash_blocks
 from shared.prefix.hit_rule import HitRule
+from worker.engine.caches.chunks import ChunkKind
 from worker.engine.caches.kinds import CacheKind, Hit, StateKind, WindowKind
 from worker.engine.caches.tails import TailKind
 
@@ -20,7 +21,7 @@ def kinds_of(pool: BlockPool, cache: RadixCache, states: States) -> list[CacheKi
     """The cache kinds a model has beside its full-attention blocks."""
     kinds: list[CacheKind] = []
     if pool.pages is not None:
-        kinds.append(WindowKind(pool, pool.pages))
+        kinds.append((ChunkKind if pool.pages.chunked else WindowKind)(pool, pool.pages))
     if states.active:
         kinds.append(StateKind(states))
     kinds.append(TailKind(pool, cache))  # every model (a kind above may refuse its tails)
@@ -41,7 +42,10 @@ class CacheCoordinator:
         """Mutates: one more kind asked; the hit rule is every kind's at once."""
         self.kinds.append(kind)
         rules = [k.rule() for k in self.kinds]
-        self.rule = HitRule(max(r.window_blocks for r in rules), any(r.snapshots for r in rules))
+        self.rule = HitRule(
+            max(r.window_blocks for r in rules), any(r.snapshots for r in rules),
+            max(r.chunk_blocks for r in rules),
+        )  # fmt: skip
         self._hashes = self._hashes or type(kind).kept is not CacheKind.kept
 
     def cannot(self, feature: str) -> str | None:

@@ -91,9 +91,10 @@ class CacheKind:
 
 
 class WindowKind(CacheKind):
-    """Sliding-window layers' pages (and chunked layers', kept as a window of one chunk):
-    released once every holder of a block is past it, kept for hits as spare until taken
-    back; a hit needs them for the blocks just before its end."""
+    """Sliding-window layers' pages (and chunked layers' beside them, as a window of a chunk;
+    chunked layers alone: `ChunkKind`): released once every holder of a block is past it,
+    kept for hits as spare until taken back; a hit needs them for the blocks just before its
+    end."""
 
     name = "sliding window"
     cannot = {
@@ -111,7 +112,7 @@ class WindowKind(CacheKind):
         return not self.pages.has_page(block_id)
 
     def hold(self, match: MatchResult, end: int) -> None:
-        for block in match.block_ids[max(0, end - self.pages.blocks_before_match) :]:
+        for block in match.block_ids[self.rule().pages_from(end) : end]:
             self.pages.unspare(block)  # read through the new sequence's window: not taken back
 
     def tail(self, partial: PartialHit | None) -> PartialHit | None:

@@ -95,12 +95,19 @@ def _window_layers(config: EngineConfig, shape: ModelShape) -> list[int]:
 
 
 def window_layout(config: EngineConfig, shape: ModelShape) -> dict:
-    """The pool's window arguments: which layers keep window pages, and the widest window."""
+    """The pool's window arguments: which layers keep window pages, the widest window, and
+    whether they are all chunked attention of one chunk size (`WindowPages.chunked`)."""
     windowed = _window_layers(config, shape)
     if not windowed:
         return {}
-    window = max(k.window for k in shape.kinds() if k.window is not None)
-    return {"window_layers": windowed, "window": window, "window_chunk": config.prefill_chunk}
+    kinds = [shape.kinds()[i] for i in windowed]
+    window = max(k.window for k in kinds)
+    # Llama 4's chunks in whole blocks, no sliding window beside them: the exact chunk rule
+    chunked = all(k.chunk == window for k in kinds) and window % config.block_size == 0
+    return {
+        "window_layers": windowed, "window": window, "window_chunk": config.prefill_chunk,
+        "chunked": chunked,
+    }  # fmt: skip
 
 
 def kv_quantization(config: EngineConfig) -> dict:

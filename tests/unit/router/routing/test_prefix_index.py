@@ -141,6 +141,22 @@ def test_a_window_model_hit_ends_only_where_the_blocks_before_it_keep_their_wind
     assert index.match(a, ["w1"]) == {"w1": 1}
 
 
+def test_a_chunked_workers_hit_needs_the_pages_from_its_chunk_start():
+    """Chunks of 2 blocks (`Register.chunk_blocks`): a hit ending at a chunk start reads no
+    pages; one ending inside a chunk reads that chunk's first block."""
+    index = PrefixIndex()
+    a = hash_blocks(list(range(24)), 4)  # six blocks
+    for ev in stored(a):
+        index.apply("w1", ev)
+    index.set_window("w1", 0, chunk_blocks=2)
+    index.apply("w1", BlockWindowsDropped((a[0], a[1], a[2])))
+    assert index.match(a, ["w1"]) == {"w1": 6}  # the end's chunk is blocks 4, 5: whole
+    assert index.match(a[:5], ["w1"]) == {"w1": 5}  # 5 reads block 4, whole
+    index.apply("w1", BlockWindowsDropped((a[4],)))
+    assert index.match(a[:5], ["w1"]) == {"w1": 4}  # 5 reads block 4 (gone): cut to 4
+    assert index.match(a[:3], ["w1"]) == {"w1": 2}  # 3 reads block 2 (gone): cut to 2
+
+
 # ---------------------------------------------------------------- inventories
 
 

@@ -1,8 +1,9 @@
 """Llama 4's chunked local attention (a query at p sees the keys from ⌊p / C⌋·C to p), served
 over the paged KV from a model directory as a worker loads it: greedy output equal to mlx-lm's
 with rows at different positions in one batch, after a prefix hit that ends inside a chunk,
-and under a pool small enough to preempt; the chunked layers' pages go back once every holder
-of a block is past it (`worker.kv.window_pages`, the pages of a window of C).
+and under a pool small enough to preempt. The chunked layers' pages go back once every holder
+of a block has its next query in a later chunk, and a hit needs only the pages from its end's
+chunk start (`worker.engine.caches.chunks`).
 
 The zoo's llama4 (tests/support/arch_zoo/moe.py) has chunks of 8 and a query temperature that
 steps every 8 positions, strong enough to change its greedy tokens: both are per row."""
@@ -89,11 +90,30 @@ def test_a_prefix_hit_ending_inside_a_chunk_equals_mlx_lm(saved):
     engine.check_integrity()
 
 
-def test_preempted_and_resumed_sequences_equal_mlx_lm(saved):
-    """A pool of 28 units (a block takes 4: its own and a page per chunked sub-group) cannot
-    hold five growing sequences at once: some are preempted, resumed, and still exact."""
+def test_a_hit_needs_only_the_pages_of_its_own_chunk(saved):
+    """Blocks of 4 (chunks of 2 blocks), every page of a 40-token prompt taken back: a hit
+    ending at a chunk start (32) needs none and is whole; one ending inside the next chunk
+    (36) would read block 8's, so it is cut to 32. The window rule of C would need the pages
+    of the 2 blocks before either end: no hit at all."""
     path, model = saved
-    engine = load_engine(path, num_blocks=28, max_running=6, prefill_chunk=16)
+    engine = load_engine(path, block_size=4, prefill_chunk=16, step_token_budget=48)
+    first = _prompt(40, 1)
+    _run(engine, {"first": first})
+    engine.pool.pages.make_free(engine.pool.num_blocks)  # every spare page taken back
+    assert engine.pool.pages.units_held == engine.pool.pages.kept_units([engine.scratch_block])
+    requests = {"at_start": first[:32] + _prompt(7, 2), "inside": first[:36] + _prompt(5, 3)}
+    tokens, usage, _ = _run(engine, requests)
+    assert tokens == _expected(model, requests)
+    assert usage["at_start"].cached_tokens == usage["inside"].cached_tokens == 32
+    engine.check_integrity()
+
+
+def test_preempted_and_resumed_sequences_equal_mlx_lm(saved):
+    """A pool of 22 units (a block takes 4: its own and a page per chunked sub-group, which
+    goes back at the next chunk) cannot hold five growing sequences at once: some are
+    preempted, resumed, and still exact."""
+    path, model = saved
+    engine = load_engine(path, num_blocks=22, max_running=6, prefill_chunk=8)
     requests = {f"p{i}": _prompt(17 + 6 * i, i) for i in range(5)}
     tokens, _, _ = _run(engine, requests)
     assert tokens == _expected(model, requests)

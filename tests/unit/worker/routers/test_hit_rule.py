@@ -1,8 +1,9 @@
 """Property: the router's prefix index, fed only the worker's KV events, predicts exactly the hit
 the worker's admission then takes (shared/prefix/hit_rule.py is the one rule both apply), for full
 attention (prompts ending anywhere, so partial tails are hit too), sliding windows (pages
-taken back under pressure), hybrids (state snapshots) and both at once (baichuan_m1), through
-random prompts over shared prefixes and the evictions a small pool forces."""
+taken back under pressure), chunked attention (Llama 4: pages from a hit's chunk start; chunks
+of 3 blocks), hybrids (state snapshots) and both at once (baichuan_m1), through random prompts
+over shared prefixes and the evictions a small pool forces."""
 
 from __future__ import annotations
 
@@ -17,9 +18,11 @@ from tests.support.arch_zoo import build
 from tests.support.engine_fixtures import make_engine, tiny_model
 
 BLOCK = 8
+CHUNK_OF_3 = dict(attention_chunk_size=3 * BLOCK)  # llama4's chunks, 3 blocks each
 KINDS = {  # (model, engine settings): small pools, so that eviction happens
     "full": (lambda: tiny_model("llama", seed=5), dict(num_blocks=40)),
     "window": (lambda: build("gemma3_text"), dict(num_blocks=48, prefill_chunk=16)),
+    "chunk": (lambda: build("llama4", **CHUNK_OF_3), dict(num_blocks=48, prefill_chunk=16)),
     "hybrid": (lambda: build("qwen3_next"), dict(num_blocks=64, prefill_chunk=64)),
     "window+hybrid": (lambda: build("baichuan_m1"), dict(num_blocks=64, prefill_chunk=32)),
 }
@@ -33,7 +36,8 @@ def engine_and_index(kind: str):
         make_model, settings_ = KINDS[kind]
         engine = make_engine(make_model(), **settings_)
         index = PrefixIndex()
-        index.set_window("w", engine.pool.pages.blocks_before_match if engine.pool.pages else 0)
+        rule = engine.scheduler.kv.rule  # what the worker registers (worker/loop.py)
+        index.set_window("w", rule.window_blocks, rule.chunk_blocks)
         index.set_snapshots("w", engine.states is not None)
         _ENGINES[kind] = (engine, index)
     return _ENGINES[kind]
