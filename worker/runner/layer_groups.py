@@ -201,9 +201,10 @@ def grouped_scores(model: nn.Module, trunk: nn.Module) -> bool:
 class GroupSpan:
     """The keys one forward's rows may see in a layer group, as slots to gather and a mask.
 
-    Row b's queries are its last L positions of `context_lengths[b]`; with a window W (or
-    chunks of W) the row needs only its last L + W - 1 keys, so every row gathers `width` keys
-    from `starts[b]` on (the whole context without a window). `mask` (B, 1, L, width) is True
+    Row b's queries are its last L positions of `context_lengths[b]`; with a window W the row
+    needs only its last L + W - 1 keys (with chunks of W, those from its first query's chunk
+    start on: at most as many), so every row gathers `width` keys from `starts[b]` on (the
+    whole context without either). `mask` (B, 1, L, width) is True
     where a query may see a key: causal, inside the window (or the query's chunk, `chunk`),
     inside the row. Built from host ints once per group and forward; shared by the group's
     layers. Blocks before a row's start are never read, so a windowed group may release them
@@ -223,6 +224,8 @@ class GroupSpan:
     ):
         longest = max(context_lengths)
         width = longest if window is None else min(longest, num_queries + window - 1)
+        if chunk and window is not None:  # from the chunk of each row's first query on
+            width = max(c - (c - num_queries) // window * window for c in context_lengths)
         self.window, self.width, self.grouped = window, width, grouped
         self.chunk = window if chunk else None
         starts = mx.array([max(0, c - width) for c in context_lengths], dtype=mx.int32)

@@ -32,10 +32,24 @@ def test_a_query_sees_its_own_chunk_up_to_itself(lengths, queries):
             assert q < length
 
 
+@pytest.mark.parametrize(
+    ("lengths", "queries", "width"),
+    [([12], 1, 4), ([16], 1, 8), ([17], 1, 1), ([17, 12], 1, 4), ([20], 6, 12), ([40], 1, 8)],
+)
+def test_a_chunked_span_gathers_from_its_first_querys_chunk_start(lengths, queries, width):
+    """Each row needs keys from ⌊(c - L) / C⌋·C on, the widest row sets the width; never more
+    than a window of C gathers (L + C - 1)."""
+    span = _span(lengths, queries)
+    assert span.width == width <= queries + CHUNK - 1
+    for b, length in enumerate(lengths):
+        first = span.key_pos[b, 0].item()
+        assert first <= (length - queries) // CHUNK * CHUNK
+
+
 def test_a_window_of_the_same_size_sees_across_the_chunk_start():
     lengths = [12]
     chunked, window = _span(lengths, 1), _span(lengths, 1, chunk=False)
-    assert chunked.width == window.width == CHUNK  # the same keys gathered
+    assert window.width == CHUNK and chunked.width == 4  # only keys 8..11 are gathered
     assert sum(chunked.mask.reshape(-1).tolist()) == 4  # 8..11
     assert sum(window.mask.reshape(-1).tolist()) == 8  # 4..11
     assert chunked.mask_for(None) is chunked.mask
