@@ -76,11 +76,11 @@ def make_pool(config: EngineConfig, shape: ModelShape, num_blocks: int) -> Block
     """The paged K/V pool `size_memory` sized, with its window pages and quantization."""
     from worker.kv.block_pool import BlockPool
 
+    quant = kv_quantization(config)
     return BlockPool(
         num_blocks, config.block_size, num_layers=shape.num_layers,
         num_kv_heads=shape.num_kv_heads, head_dim=shape.head_dim, dtype=shape.kv_dtype,
-        layer_shapes=shape.pool_shapes(bool(kv_quantization(config))),
-        **window_layout(config, shape), **kv_quantization(config),
+        layer_shapes=shape.pool_shapes(bool(quant)), **window_layout(config, shape), **quant,
     )  # fmt: skip
 
 
