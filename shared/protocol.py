@@ -256,6 +256,18 @@ class PullHint:
 
 
 @dataclass(frozen=True, slots=True)
+class CachePin:
+    """Keep the prompt's first `num_tokens` tokens (their full blocks) cached for `ttl_s`
+    seconds after this request, whatever LRU says: an Anthropic `cache_control` breakpoint
+    (5 minutes or 1 hour) or OpenAI's `prompt_cache_retention: "24h"`. A later request with
+    the same pin renews it. The worker bounds all its pins to a share of its pool (oldest
+    dropped first), so hints cannot starve it; an older worker ignores the field."""
+
+    num_tokens: int
+    ttl_s: float
+
+
+@dataclass(frozen=True, slots=True)
 class ImageInput:
     """One image of a prompt, in prompt order: its encoded file (PNG, JPEG, ...) and how many
     of the prompt's image keys (`shared.models.vision`) stand for it."""
@@ -283,6 +295,8 @@ class Generate:
     # the scheduler's class: INTERACTIVE work is admitted first, BATCH work preempted first
     # (an older worker ignores the field: every request is then interactive)
     priority: int = 0
+    # prefixes to keep cached past this request (cache_control, prompt_cache_retention)
+    pins: tuple[CachePin, ...] = ()
 
 
 INTERACTIVE, BATCH = 0, 1  # Generate.priority
