@@ -37,7 +37,7 @@ ROUTER_FLAGS = (
     "balance_rel_threshold", "kv_pulls", "prefill_timeout_s", "prefill_min_tokens", "prefix_ttl_s", "heartbeat_interval_s", "heartbeat_timeout_s",
     "wedged_after_s", "max_pending_requests", "tokenizer_threads", "context_length", "tool_call_parser",
     "reasoning_parser",
-    "chat_template", "state_url", "responses_store", "responses_store_path", "responses_store_size",
+    "chat_template", "volatile_prompt_patterns", "state_url", "responses_store", "responses_store_path", "responses_store_size",
     "responses_store_bytes", "responses_store_ttl_s", "batch_file_max_bytes",
     "batch_file_max_lines", "batch_lines_per_worker", "load_timeout_s",
 )  # fmt: skip

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 
 from router.chat.dialects import detect_dialect
+from router.chat.hazards import clock_hazard
 from router.chat.history import probe_arguments
 from router.cluster.listener import Cluster
 from router.cluster.models import ModelTable, ServedModel
@@ -30,6 +31,7 @@ from router.routing.policy import make_policy
 from router.routing.prefix_index import PrefixIndex
 from router.store import open_state
 from router.text.tokenizer import ModelTokenizer
+from router.text.volatile import VolatileText
 from shared.models.embedding import embedding_spec
 
 if TYPE_CHECKING:
@@ -56,8 +58,11 @@ async def tokenizer_ctx(app: web.Application) -> AsyncIterator[None]:
     """Each model's tokenizer, and the pool that tokenizes prompts off the loop (if any)."""
     config = app[app_keys.CONFIG]
     tokenizers = {}
+    volatile = VolatileText(config.volatile_prompt_patterns)
     for spec in config.models:
-        tokenizer = await asyncio.to_thread(ModelTokenizer.load, spec.path, config.context_length)
+        tokenizer = await asyncio.to_thread(
+            ModelTokenizer.load, spec.path, config.context_length, volatile
+        )
         if config.chat_template is not None:
             tokenizer.set_chat_template(config.chat_template)
         dialect = detect_dialect(
@@ -68,6 +73,8 @@ async def tokenizer_ctx(app: web.Application) -> AsyncIterator[None]:
         )
         tokenizer.set_dialect(probe_arguments(dialect, tokenizer))
         log.info("%s: %s", spec.served_id, tokenizer.dialect.describe())
+        if (hazard := clock_hazard(tokenizer)) is not None:
+            log.warning("%s: cache hazard: %s", spec.served_id, hazard)
         tokenizers[spec.served_id] = tokenizer
     app[app_keys.TOKENIZERS] = tokenizers
     threads = config.tokenizer_threads

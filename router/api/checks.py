@@ -6,6 +6,7 @@ They live here, not in one API's parser, so that no adapter reaches into another
 from __future__ import annotations
 
 from router.errors import bad_request
+from shared.protocol import CachePin
 
 _KIND_NAMES = {
     int: "an integer",
@@ -82,3 +83,23 @@ def completion_budget(
             "context_length_exceeded",
         )
     return max_tokens
+
+
+# OpenAI's prompt_cache_retention (Chat and Responses): how long the prompt's prefix is kept
+RETENTIONS = {"in_memory": 0.0, "24h": 24 * 3600.0}
+
+
+def retention_pins(body: dict, prompt_tokens: int) -> tuple[CachePin, ...]:
+    """`prompt_cache_retention: "24h"` keeps the whole prompt cached for a day (the worker
+    pins it, shared/protocol.py CachePin); `"in_memory"` (the default) keeps it as long as
+    memory allows (LRU). Any other value is a 400."""
+    value = body.get("prompt_cache_retention")
+    if value is None:
+        return ()
+    if value not in RETENTIONS:
+        raise bad_request(
+            f"'prompt_cache_retention' must be one of {', '.join(map(repr, RETENTIONS))}",
+            "prompt_cache_retention",
+        )
+    ttl = RETENTIONS[value]
+    return (CachePin(prompt_tokens, ttl),) if ttl else ()

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from router.chat.dialects import Dialect
     from router.chat.tools import ToolSet
-    from shared.protocol import ImageInput
+    from shared.protocol import CachePin, ImageInput
     from shared.sampling import SamplingParams
 
 
@@ -42,6 +42,13 @@ class GenerationRequest:
     batch: tuple[tuple[int, ...], ...] = ()
     # images (chat APIs): prompt_ids hold their keys where their tokens go, in this order
     images: tuple[ImageInput, ...] = ()
+    # prefixes the worker keeps cached past this request: Anthropic's cache_control
+    # breakpoints, OpenAI's prompt_cache_retention "24h" (shared/protocol.py CachePin)
+    pins: tuple[CachePin, ...] = ()
+    # Anthropic usage: the prompt tokens up to the last cache_control breakpoint (0: none)
+    breakpoint_tokens: int = 0
+    # per-request metadata taken out of the prompt (router/text/volatile.py), for /metrics
+    volatile_removed: int = 0
 
     @property
     def reads_chat(self) -> bool:

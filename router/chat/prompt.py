@@ -7,6 +7,7 @@ normalised messages first).
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -41,6 +42,10 @@ class ChatPrompt:
     keyed_ids: list[int] | None = None
     images: tuple[ImageInput, ...] = ()
     dialect: Dialect | None = None  # how the reply is read (router/chat/dialects)
+    # per-request metadata taken out of system messages (router/text/volatile.py)
+    volatile_removed: int = 0
+    # per cut given (cache breakpoints): the prompt tokens up to where it ends
+    cut_tokens: tuple[int, ...] = ()
 
     @property
     def wire_ids(self) -> list[int]:
@@ -87,17 +92,13 @@ def build_chat_prompt(
     add_generation_prompt: bool = True,
     add_special_tokens: bool = False,  # /tokenize's: the template usually writes its own BOS
     images: PromptImages = NO_IMAGES,  # the decoded images the messages' marks name
+    cuts: Sequence[list[dict]] = (),  # the conversation cut at each cache breakpoint
 ) -> ChatPrompt:
     if not tokenizer.has_chat_template:
         raise bad_request("this model has no chat template; use /v1/completions", "messages")
     dialect = dialect_of(tokenizer)
     has_tool_turns = any("tool_calls" in m or m["role"] == "tool" for m in messages)
-    messages = history_for(dialect, messages)
-    if dialect.tool_prompt is not None:  # the template renders calls and results itself
-        if tools is not None:
-            messages = family_tool_prompt(dialect.tool_prompt, messages, tools)
-    elif not dialect.native_tools and (tools is not None or has_tool_turns):
-        messages = fallback_messages(messages, tools)
+    messages, removed = _template_messages(tokenizer, messages, tools, has_tool_turns)
     schemas = list(tools.functions) if tools is not None and dialect.native_tools else None
     text = _render(tokenizer, messages, schemas, kwargs, add_generation_prompt)
     family = dialect.tools if tools is not None else None
@@ -106,9 +107,55 @@ def build_chat_prompt(
     text, placed = place_images(text, count_marks(messages), images, tokenizer.vision)
     ids = tokenizer.encode_prompt(text) if add_special_tokens else tokenizer.encode_text(text)
     keyed = key_image_tokens(ids, placed, tokenizer.vision)
-    if not keyed.images:
-        return ChatPrompt(ids, tools, family, thinks, dialect=dialect)
-    return ChatPrompt(ids, tools, family, thinks, keyed.keyed_ids, keyed.images, dialect)
+    if keyed.images:  # marks became image tokens: the cuts' text offsets no longer hold
+        return ChatPrompt(
+            ids, tools, family, thinks, keyed.keyed_ids, keyed.images, dialect, removed
+        )
+    ends = [_cut_end(tokenizer, text, cut, tools, has_tool_turns, schemas, kwargs) for cut in cuts]
+    within = tokenizer.tokens_within(text, ends)
+    return ChatPrompt(ids, tools, family, thinks, None, (), dialect, removed, tuple(within))
+
+
+def _template_messages(
+    tokenizer: ModelTokenizer, messages: list[dict], tools: ToolSet | None, has_tool_turns: bool
+) -> tuple[list[dict], int]:
+    """The messages as the template gets them: volatile metadata out (router/text/volatile.py),
+    history as the dialect keeps it, tools where the dialect writes them; and the count of
+    metadata matches taken out."""
+    dialect = dialect_of(tokenizer)
+    messages, removed = tokenizer.volatile.scrub(messages)
+    messages = history_for(dialect, messages)
+    if dialect.tool_prompt is not None:  # the template renders calls and results itself
+        if tools is not None:
+            messages = family_tool_prompt(dialect.tool_prompt, messages, tools)
+    elif not dialect.native_tools and (tools is not None or has_tool_turns):
+        messages = fallback_messages(messages, tools)
+    return messages, removed
+
+
+def _cut_end(tokenizer, text: str, cut: list[dict], tools, has_tool_turns, schemas, kwargs):
+    """Where the conversation `cut` short (ending at a cache breakpoint) stops agreeing with
+    the whole prompt's `text`: a character offset (the breakpoint's end, or before it)."""
+    if not cut:
+        return 0
+    messages, _ = _template_messages(tokenizer, cut, tools, has_tool_turns)
+    try:
+        shorter = tokenizer.render_chat(messages, schemas, kwargs, add_generation_prompt=False)
+    except Exception:  # a template that refuses a conversation cut there (role order)
+        return 0
+    return _common_prefix(shorter, text)
+
+
+def _common_prefix(a: str, b: str) -> int:
+    """Length of the longest common prefix of two strings (binary search over C compares)."""
+    low, high = 0, min(len(a), len(b))
+    while low < high:
+        mid = (low + high + 1) // 2
+        if a[:mid] == b[:mid]:
+            low = mid
+        else:
+            high = mid - 1
+    return low
 
 
 def _render(tokenizer: ModelTokenizer, messages, schemas, kwargs, generation: bool) -> str:

@@ -65,12 +65,9 @@ async def _serve(
     request: web.Request, api: Api, body: dict, served: ServedModel, trace, opened, before_end
 ) -> web.StreamResponse:
     app = request.app
-    max_tokens_cap = app[app_keys.CONFIG].max_tokens_cap
     workers = app[app_keys.CLUSTER].registry.healthy(served.id)
     images = await request_images(app, served, api.image_parts(body), workers)
-    req = await parse_off_loop(
-        app, api.parse, body, served.tokenizer, served.id, max_tokens_cap, images
-    )
+    req = await parse_request(app, api, body, served, images)
     request_id = api.new_id()
     note(request, request_id=request_id, model=served.id, stream=req.stream)
     if trace is not None:
@@ -117,6 +114,17 @@ async def parse_off_loop(app: web.Application, parse, *args):
     return await asyncio.get_running_loop().run_in_executor(pool, parse, *args)
 
 
+async def parse_request(
+    app: web.Application, api: Api, body: dict, served: ServedModel, images
+) -> GenerationRequest:
+    """The body as the neutral request (off the loop when a pool tokenizes); counts the
+    per-request metadata its prompt lost (router/text/volatile.py)."""
+    cap = app[app_keys.CONFIG].max_tokens_cap
+    req = await parse_off_loop(app, api.parse, body, served.tokenizer, served.id, cap, images)
+    served.metrics.volatile_removed(req.volatile_removed)
+    return req
+
+
 async def answer(
     app: web.Application,
     api: Api,
@@ -137,8 +145,7 @@ async def answer(
         await wait_for_model(app, served.id, body)
         workers = app[app_keys.CLUSTER].registry.healthy(served.id)
         images = await request_images(app, served, api.image_parts(body), workers)
-        cap = app[app_keys.CONFIG].max_tokens_cap
-        req = await parse_off_loop(app, api.parse, body, served.tokenizer, served.id, cap, images)
+        req = await parse_request(app, api, body, served, images)
         request_id = api.new_id()
         for k, prompt_ids in enumerate(req.batch):
             one = replace(req, prompt_ids=prompt_ids)
@@ -181,6 +188,7 @@ def start_job(
             images=req.images,
             priority=priority,
             per_worker=per_worker,
+            pins=req.pins,
         )
     except Overloaded:
         raise overloaded() from None
@@ -227,7 +235,7 @@ async def _stream(
     response = opened or await sse.open_stream(request)  # open already: the model loaded
     try:
         try:
-            await sse.send(response, reply.stream_start())
+            await sse.send(response, reply.stream_start(usage_of_all(jobs)))
             while item is not None:
                 await sse.send(response, reply.stream_piece(*item))
                 item = await anext(items, None)

@@ -78,6 +78,7 @@ class Metrics:
         self.cache_hits_family = counter("vllm:prefix_cache_hits", "prompt tokens found in the prefix caches")
         self.decisions_family = counter("mlx_fleet_routing_decisions", "routing decisions by how the prompt's cached prefix is served: local_hit, pull (from a peer), recompute", ("model_name", "kind"))
         self.pulled_tokens_family = counter("mlx_fleet_prefix_pulled_tokens", "prompt tokens routed to be pulled from a peer's cache (apart from vllm:prefix_cache_hits, the local hits)")
+        self.volatile_family = counter("mlx_fleet_volatile_prompt_removals", "per-request metadata taken out of prompts before templating ([router] volatile_prompt_patterns, e.g. Claude Code's billing line)")
         self.success_family = counter("vllm:request_success", "finished requests", ("model_name", "finished_reason"))
         # The streaming handler observes this one: time until the first chunk is written.
         self.first_chunk_family = histogram("mlx_fleet_time_to_first_chunk_seconds", "streamed requests: time to the first chunk", TTFT_BUCKETS_S)
@@ -147,6 +148,7 @@ class ModelMetrics:
         self._cache_queries = fleet.cache_queries_family.labels(name)
         self._cache_hits = fleet.cache_hits_family.labels(name)
         self.first_chunk = fleet.first_chunk_family.labels(name)
+        self._volatile = fleet.volatile_family.labels(name)
 
     def usage(self, prompt: int, completion: int, cached: int) -> None:
         """A generation request's usage, once it finished."""
@@ -155,6 +157,10 @@ class ModelMetrics:
         self._cache_queries.inc(prompt)
         self._cache_hits.inc(cached)
         self._fleet.cached_tokens(cached)
+
+    def volatile_removed(self, count: int) -> None:
+        """A prompt lost `count` matches of the volatile patterns (router/text/volatile.py)."""
+        self._volatile.inc(count)
 
     def first_token(self, seconds: float) -> None:
         """The first token of a request reached the router, `seconds` after it was sent."""

@@ -22,7 +22,7 @@ from router.routing.affinity import PrefixAffinity
 from router.routing.choose import PULL, choose
 from router.routing.job import Job as Job  # the handlers import it from here
 from router.routing.job import batch_room
-from shared.protocol import INTERACTIVE, Abort, ImageInput, Message, TokenDelta, Usage
+from shared.protocol import INTERACTIVE, Abort, CachePin, ImageInput, Message, TokenDelta, Usage
 
 if TYPE_CHECKING:
     from router.cluster.registry import WorkerRegistry, WorkerState
@@ -90,6 +90,7 @@ class Dispatcher:
         images: tuple[ImageInput, ...] = (),
         priority: int = INTERACTIVE,
         per_worker: int = 0,
+        pins: tuple[CachePin, ...] = (),
     ) -> Job:
         """Route a new job and send it; Overloaded or NoWorkerAvailable if it cannot be.
         With n > 1 the handler reads each choice from `job.choices`."""
@@ -97,6 +98,7 @@ class Dispatcher:
             raise Overloaded
         job = Job(request_id, tuple(prompt_ids), sampling, n=n, cache_key=cache_key, trace=trace)
         job.images, job.priority, job.per_worker = images, priority, per_worker
+        job.pins = pins
         if n > 1:
             job.choices = [
                 Job(request_id, job.prompt_ids, sampling, parent=job, index=i) for i in range(n)

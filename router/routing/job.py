@@ -9,7 +9,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from shared.protocol import INTERACTIVE, Generate, ImageInput, PullHint, TokenDelta
+from shared.protocol import INTERACTIVE, CachePin, Generate, ImageInput, PullHint, TokenDelta
 
 if TYPE_CHECKING:
     from router.metrics.tracing import RequestTrace
@@ -46,6 +46,7 @@ class Job:
     images: tuple[ImageInput, ...] = ()
     priority: int = INTERACTIVE  # Generate.priority: BATCH for a batch's lines
     per_worker: int = 0  # > 0: first routed only to a worker with fewer low-priority jobs
+    pins: tuple[CachePin, ...] = ()  # prefixes its worker keeps past it (cache_control...)
 
     @property
     def wire_id(self) -> str:
@@ -68,7 +69,13 @@ class Job:
         )
         ids = self.prompt_ids + tuple(self.generated)
         return Generate(
-            self.wire_id, ids, sampling, self.n, images=self.images, priority=self.priority
+            self.wire_id,
+            ids,
+            sampling,
+            self.n,
+            images=self.images,
+            priority=self.priority,
+            pins=self.pins,
         )
 
 

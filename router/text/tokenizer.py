@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 import functools
 import json
 import logging
@@ -9,6 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from router.text.detokenize import IncrementalDetokenizer
+from router.text.volatile import VolatileText
 from shared.models.store import DEFAULT_CONTEXT_LENGTH, config_context_length
 from shared.models.vision import VisionSpec, vision_spec
 
@@ -20,9 +22,17 @@ _PROBE = "\x00mlx-fleet-probe\x00"
 class ModelTokenizer:
     """Encodes prompts and chat messages, decodes token streams, knows the stop tokens."""
 
-    def __init__(self, hf_tokenizer, context_length: int, eos_token_ids: Sequence[int] = ()):
+    def __init__(
+        self,
+        hf_tokenizer,
+        context_length: int,
+        eos_token_ids: Sequence[int] = (),
+        volatile: VolatileText | None = None,
+    ):
         self._tok = hf_tokenizer
         self.context_length = context_length
+        # per-request metadata taken out of system messages before templating
+        self.volatile = volatile if volatile is not None else VolatileText()
         eos = set(eos_token_ids)
         if hf_tokenizer.eos_token_id is not None:
             eos.add(hf_tokenizer.eos_token_id)
@@ -38,7 +48,12 @@ class ModelTokenizer:
         self.vision_error: str | None = None
 
     @classmethod
-    def load(cls, model_dir: Path, context_length: int | None = None) -> ModelTokenizer:
+    def load(
+        cls,
+        model_dir: Path,
+        context_length: int | None = None,
+        volatile: VolatileText | None = None,
+    ) -> ModelTokenizer:
         from transformers import AutoTokenizer  # slow import: only when a model is loaded
 
         hf_tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
@@ -47,7 +62,7 @@ class ModelTokenizer:
         eos = _as_ids(config.get("eos_token_id")) + _as_ids(generation.get("eos_token_id"))
         if context_length is None:
             context_length = _context_length(config, hf_tokenizer)
-        tokenizer = cls(hf_tokenizer, int(context_length), eos)
+        tokenizer = cls(hf_tokenizer, int(context_length), eos, volatile)
         tokenizer.load_vision(model_dir)
         return tokenizer
 
@@ -142,6 +157,21 @@ class ModelTokenizer:
         """Text that already holds its special tokens (a rendered template)."""
         return self._tok.encode(text, add_special_tokens=False)
 
+    def tokens_within(self, text: str, ends: Sequence[int]) -> list[int]:
+        """For each character offset in `ends`: how many leading tokens of `encode_text(text)`
+        lie wholly within text[:end] (one tokenization, by the fast tokenizer's offsets)."""
+        if not ends:
+            return []
+        if not getattr(self._tok, "is_fast", False):  # no offsets: tokenize each prefix
+            return [
+                _common_prefix(self.encode_text(text[:end]), self.encode_text(text)) for end in ends
+            ]
+        offsets = self._tok(text, add_special_tokens=False, return_offsets_mapping=True)[
+            "offset_mapping"
+        ]
+        token_ends = [stop for _, stop in offsets]
+        return [bisect.bisect_right(token_ends, end) for end in ends]
+
     def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return self._tok.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
 
@@ -181,6 +211,15 @@ class ModelTokenizer:
             if token_id in special:
                 return {token_id}
         return set()
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
 
 
 def read_chat_template(file_or_text: str) -> str:

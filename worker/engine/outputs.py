@@ -76,7 +76,11 @@ class OutputBuilder:
             lps.update(prompt_logprob_fields(seq.sampling, seq.prompt_logprobs))
             seq.prompt_logprobs_sent = True
         if reason is None:
-            return TokenDelta(seq.request_id, tuple(emitted), index=seq.choice, **lps)
+            # the first tokens carry the prompt's usage: a stream's start reports its cached
+            # tokens (Anthropic's message_start) before the reply is done
+            first = seq.num_output <= len(tokens)
+            usage = Usage(seq.prompt_len, seq.num_output, seq.num_cached) if first else None
+            return TokenDelta(seq.request_id, tuple(emitted), None, usage, index=seq.choice, **lps)
         self.close_choice(seq.request_id)
         usage = Usage(seq.prompt_len, seq.num_output, seq.num_cached)
         return TokenDelta(seq.request_id, tuple(emitted), reason, usage, index=seq.choice, **lps)

@@ -75,11 +75,12 @@ class MessagesReply:
         events = self._reader.feed(choice.text) + self._reader.finish()
         reason, stop = stop_reason(self._reader, choice.last)
         content = content_blocks(events)
-        return message(self._id, self._req, content, reason, stop, usage_json(usage))
+        counts = usage_json(usage, self._req.breakpoint_tokens)
+        return message(self._id, self._req, content, reason, stop, counts)
 
-    def stream_start(self) -> list[StreamEvent]:
-        usage = {"input_tokens": len(self._req.prompt_ids), "output_tokens": 0}
-        start = message(self._id, self._req, [], None, None, usage)
+    def stream_start(self, usage: UsageCount) -> list[StreamEvent]:
+        counts = usage_json(usage, self._req.breakpoint_tokens) | {"output_tokens": 0}
+        start = message(self._id, self._req, [], None, None, counts)
         return [event("message_start", {"message": start}), event("ping", {})]
 
     def stream_piece(self, index: int, piece: Piece) -> list[StreamEvent]:
@@ -97,7 +98,10 @@ class MessagesReply:
         delta = {"stop_reason": reason, "stop_sequence": stop}
         return [
             *self._blocks.close(),
-            event("message_delta", {"delta": delta, "usage": usage_json(usage)}),
+            event(
+                "message_delta",
+                {"delta": delta, "usage": usage_json(usage, self._req.breakpoint_tokens)},
+            ),
             event("message_stop", {}),
         ]
 

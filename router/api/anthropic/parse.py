@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from router.api.anthropic.cache_control import Breakpoints
 from router.api.checks import completion_budget, refuse_unknown_fields, typed_field
 from router.api.request import GenerationRequest
 from router.chat.images.parts import image_mark, is_image_part
@@ -17,6 +18,7 @@ from router.chat.prompt import build_chat_prompt, template_kwargs
 from router.chat.tool_grammar import enforce_tool_choice, required_call_schema
 from router.chat.tools import ToolSet, parse_tools
 from router.errors import bad_request
+from shared.protocol import CachePin
 from shared.sampling import InvalidRequest, SamplingParams
 
 if TYPE_CHECKING:
@@ -31,6 +33,7 @@ MESSAGES_FIELDS = frozenset(
     | {"top_k", "stream", "tools", "tool_choice", "chat_template_kwargs", "thinking", "metadata"}
     | {"output_config", "context_management"}  # what Claude Code sends on every turn
     | {"keep_alive"}  # placement (router/placement/): Ollama's, honoured before parsing
+    | {"cache_control"}  # automatic caching: a breakpoint at the last message (router docs)
 )
 
 
@@ -45,7 +48,7 @@ def parse_messages_request(
     max_tokens = body.get("max_tokens")
     if type(max_tokens) is not int:
         raise bad_request("'max_tokens' is required and must be an integer", "max_tokens")
-    prompt = messages_prompt(body, tokenizer, images)
+    prompt, ttls = _prompt_and_breakpoints(body, tokenizer, images)
     tools = prompt.tools
     max_tokens = completion_budget(
         len(prompt.token_ids), max_tokens, tokenizer.context_length, max_tokens_cap
@@ -67,6 +70,13 @@ def parse_messages_request(
         tool_grammar=required_call_schema(tools),
         starts_in_reasoning=prompt.starts_in_reasoning,
         images=prompt.images,
+        volatile_removed=prompt.volatile_removed,
+        pins=tuple(
+            CachePin(tokens, ttl)
+            for tokens, ttl in zip(prompt.cut_tokens, ttls, strict=True)
+            if tokens > 0
+        ),
+        breakpoint_tokens=max(prompt.cut_tokens, default=0),
     )
 
 
@@ -74,11 +84,27 @@ def messages_prompt(
     body: dict, tokenizer: ModelTokenizer, images: PromptImages = NO_IMAGES
 ) -> ChatPrompt:
     """The templated prompt of a /v1/messages body (also /v1/messages/count_tokens')."""
+    return _prompt_and_breakpoints(body, tokenizer, images)[0]
+
+
+def _prompt_and_breakpoints(
+    body: dict, tokenizer: ModelTokenizer, images: PromptImages
+) -> tuple[ChatPrompt, list[float]]:
+    """The prompt, with the tokens up to each cache_control breakpoint (`cut_tokens`), and
+    each breakpoint's TTL in seconds, in the same order."""
     check_messages_no_ops(body)
     _check_thinking(body)
     tools = _tools(body)
-    messages = _system(body.get("system")) + _messages(body.get("messages"))
-    return build_chat_prompt(messages, tools, tokenizer, template_kwargs(body), images=images)
+    marks = Breakpoints()
+    marks.tools(body.get("tools"))
+    system = _system(body.get("system"), marks)
+    messages = system + _messages(body.get("messages"), marks, system)
+    if (top := body.get("cache_control")) is not None:  # automatic: at the last message
+        marks.add(top, "cache_control", list(messages))
+    prompt = build_chat_prompt(
+        messages, tools, tokenizer, template_kwargs(body), images=images, cuts=marks.cuts
+    )
+    return prompt, marks.ttls
 
 
 def check_messages_no_ops(body: dict) -> None:
@@ -194,30 +220,46 @@ def _tool_choice(choice):
 # ------------------------------------------------------------ messages
 
 
-def _system(system) -> list[dict]:
+def _system(system, marks: Breakpoints) -> list[dict]:
     if system is None:
         return []
-    return [{"role": "system", "content": _text_of(system, "system", ("text",))[0]}]
+    text, blocks = _text_of(system, "system", ("text",))
+    for j, block in enumerate(blocks):
+        if block.get("cache_control") is not None:
+            upto = "".join(b["text"] for b in blocks[: j + 1] if b.get("type") == "text")
+            cut = [{"role": "system", "content": upto}]
+            marks.add(block["cache_control"], f"system[{j}].cache_control", cut)
+    return [{"role": "system", "content": text}]
 
 
-def _messages(messages) -> list[dict]:
+def _messages(messages, marks: Breakpoints, head: list[dict]) -> list[dict]:
+    """The normalised messages; a breakpoint in one is cut after it (`head`, the system
+    messages, first)."""
     if not isinstance(messages, list) or not messages:
         raise bad_request("'messages' must be a non-empty array", "messages")
-    out = []
+    out: list[dict] = []
     for i, message in enumerate(messages):
         param = f"messages[{i}]"
-        if isinstance(message, dict) and message.get("role") == "system":
-            # a system message mid-conversation (Claude Code's mid-conversation-system beta):
-            # text only, rendered where it stands as the chat template renders system turns
-            text, _ = _text_of(message.get("content"), f"{param}.content", ("text",))
-            out.append({"role": "system", "content": text})
-            continue
-        if not isinstance(message, dict) or message.get("role") not in _ROLES:
-            raise bad_request(
-                f"{param} must be an object with role 'user', 'assistant' or 'system'", param
-            )
-        out += _turn(message["role"], message.get("content"), param)
+        content = message.get("content") if isinstance(message, dict) else None
+        found = marks.marks_in(content, f"{param}.content")
+        out += _message(message, param)
+        for mark, where in found:
+            marks.add(mark, where, head + out)
     return out
+
+
+def _message(message, param: str) -> list[dict]:
+    """One Anthropic message as normalised chat messages."""
+    if isinstance(message, dict) and message.get("role") == "system":
+        # a system message mid-conversation (Claude Code's mid-conversation-system beta):
+        # text only, rendered where it stands as the chat template renders system turns
+        text, _ = _text_of(message.get("content"), f"{param}.content", ("text",))
+        return [{"role": "system", "content": text}]
+    if not isinstance(message, dict) or message.get("role") not in _ROLES:
+        raise bad_request(
+            f"{param} must be an object with role 'user', 'assistant' or 'system'", param
+        )
+    return _turn(message["role"], message.get("content"), param)
 
 
 def _turn(role: str, content, param: str) -> list[dict]:

@@ -33,12 +33,19 @@ def stop_reason(reader: ChatReader, piece: Piece) -> tuple[str, str | None]:
     return _STOP_REASONS.get(piece.finish_reason, "end_turn"), None
 
 
-def usage_json(usage: UsageCount) -> dict:
+def usage_json(usage: UsageCount, breakpoint_tokens: int = 0) -> dict:
+    """Usage as Anthropic counts it: the prompt is the sum of `cache_read_input_tokens`
+    (read from cache), `cache_creation_input_tokens` (computed and written to cache up to
+    the last cache_control breakpoint, `breakpoint_tokens`; 0 without one) and
+    `input_tokens` (the rest: after the breakpoint, neither read nor written). Our cache
+    also keeps prefixes no breakpoint marked: what a request reads of those is cache_read."""
+    read = usage.cached_tokens
+    created = max(0, min(breakpoint_tokens, usage.prompt_tokens) - read)
     return {
-        "input_tokens": usage.prompt_tokens,
+        "input_tokens": usage.prompt_tokens - read - created,
         "output_tokens": usage.completion_tokens,
-        "cache_read_input_tokens": usage.cached_tokens,
-        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": read,
+        "cache_creation_input_tokens": created,
     }
 
 

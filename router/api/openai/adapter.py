@@ -105,7 +105,7 @@ class OpenAIReply:
             return shown, None
         return shown, vllm_prompt_logprobs(prompt, req.prompt_logprobs, self._tokenizer)
 
-    def stream_start(self) -> list[StreamEvent]:
+    def stream_start(self, usage: UsageCount) -> list[StreamEvent]:
         return []
 
     def stream_piece(self, index: int, piece: Piece) -> list[StreamEvent]:

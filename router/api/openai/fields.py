@@ -51,6 +51,8 @@ FIELDS: dict[str, Field] = {
     "spaces_between_special_tokens": Field(BOTH, honoured_if=lambda v: v is True),
     # routing (router/routing/affinity.py)
     "prompt_cache_key": Field(BOTH),
+    # "24h": the prompt stays cached a day (router/api/checks.py retention_pins)
+    "prompt_cache_retention": Field(CHAT),
     # placement (router/placement/): how long the model stays loaded once idle (Ollama's)
     "keep_alive": Field(BOTH),
     # logit processing (router/api/openai/sampling.py); legacy completions' `logprobs` is the count
@@ -75,7 +77,6 @@ FIELDS: dict[str, Field] = {
     "metadata": Field(CHAT, dict, "stored completions are not kept"),
     "store": Field(CHAT, bool, "stored completions are not kept"),
     "service_tier": Field(CHAT, str, "one tier here"),
-    "prompt_cache_retention": Field(CHAT, str, "cached prefixes stay until evicted (LRU)"),
     "prompt_cache_options": Field(CHAT, dict, "cached prefixes stay until evicted (LRU)"),
     # honoured for one value only
     "best_of": Field(TEXT, honoured_if=lambda v: v == 1),

@@ -5,7 +5,12 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from router.api.checks import completion_budget, refuse_unknown_fields, typed_field
+from router.api.checks import (
+    completion_budget,
+    refuse_unknown_fields,
+    retention_pins,
+    typed_field,
+)
 from router.api.openai.extensions import extensions
 from router.api.openai.fields import (
     CHAT_FIELDS,
@@ -66,6 +71,8 @@ def parse_chat(
         tool_grammar=required_call_schema(tools),
         starts_in_reasoning=prompt.starts_in_reasoning,
         images=prompt.images,
+        pins=retention_pins(body, len(prompt.wire_ids)),
+        volatile_removed=prompt.volatile_removed,
     )
 
 

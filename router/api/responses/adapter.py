@@ -87,7 +87,7 @@ class ResponsesReply:
         self._items.finish(status)
         return self._done(status, usage)
 
-    def stream_start(self) -> list[StreamEvent]:
+    def stream_start(self, usage: UsageCount) -> list[StreamEvent]:
         body = self._response("in_progress")
         return [
             self._items.event("response.created", {"response": body}),

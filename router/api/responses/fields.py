@@ -43,7 +43,7 @@ FIELDS: dict[str, Field] = {
     "client_metadata": Field(no_op=dict),  # Codex CLI's ids of its session and turn
     "service_tier": Field(no_op=str),
     "stream_options": Field(no_op=dict),
-    "prompt_cache_retention": Field(no_op=str),  # cached prefixes stay until evicted (LRU)
+    "prompt_cache_retention": HONOURED,  # "24h": kept a day (router/api/checks.py)
     "prompt_cache_options": Field(no_op=dict),
     "include": Field(
         refused="'include' asks for data this server does not produce (encrypted reasoning, "

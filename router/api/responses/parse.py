@@ -8,7 +8,12 @@ import uuid
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from router.api.checks import completion_budget, refuse_unknown_fields, typed_field
+from router.api.checks import (
+    completion_budget,
+    refuse_unknown_fields,
+    retention_pins,
+    typed_field,
+)
 from router.api.openai.sampling import ANY_JSON_OBJECT, schema_grammar
 from router.api.request import GenerationRequest
 from router.api.responses.fields import RESPONSES_FIELDS, check_responses_fields
@@ -88,6 +93,8 @@ def parse_responses(
         starts_in_reasoning=prompt.starts_in_reasoning,
         cache_key=_cache_key(body, previous_key, keep),
         images=prompt.images,
+        pins=retention_pins(body, len(prompt.wire_ids)),
+        volatile_removed=prompt.volatile_removed,
         context=ResponseContext(
             _echo(body, max_output, sampling) | {"parallel_tool_calls": parallel},
             items,
