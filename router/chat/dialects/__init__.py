@@ -43,6 +43,7 @@ REASONING_FORMATS: dict[str, Reasoning] = {
         Reasoning("longcat", "<longcat_think>", "</longcat_think>"),
         Reasoning("think_colon", "<|think:start|>", "<|think:end|>"),
         Reasoning("xtml", "<|open|>think<|sep|>", "<|close|>think<|sep|>"),
+        Reasoning("seed", "<seed:think>", "</seed:think>"),  # Seed-OSS
         Reasoning("harmony", "", ""),  # the analysis channel (dialects/harmony.py)
     ]
 }
@@ -87,9 +88,12 @@ class Dialect:
 _MENTIONS_TOOLS = re.compile(r"\btools\b")
 
 # (a marker in the chat template, the call format): the first that matches wins (mlx-lm's order,
-# with harmony and DeepSeek, which it lacks, ahead of the formats whose markers they share)
+# with harmony and DeepSeek, which it lacks, ahead of the formats whose markers they share; Seed-OSS
+# and Nemotron Nano v2, which it lacks too, have markers no other family writes)
 _TEMPLATE_RULES: tuple[tuple[tuple[str, ...], str], ...] = (
     (("<|channel|>", "<|start|>", "<|message|>"), HARMONY),
+    (("<seed:tool_call>",), "seed_oss"),
+    (("<TOOLCALL>",), "nemotron_json"),
     (("<minimax:tool_call>",), "minimax_m2"),
     (("<|tool_call>", "<tool_call|>"), "gemma4"),
     (("<start_function_call>",), "function_gemma"),

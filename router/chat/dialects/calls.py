@@ -5,7 +5,9 @@ A region opens at `start` and closes at `end` ("" = at the end of the reply); so
 several calls in one region, each closed by `item_end`, and those calls go out as each closes.
 The text inside goes to the family's parser: mlx-lm's own (`mlx_lm/tool_parsers/`, loaded by
 dialects/library.py) wherever it has one, ours for the families it lacks (hermes, Llama 3 JSON,
-DeepSeek V3 / R1 / V3.1; gpt-oss's harmony is a reader of its own, dialects/harmony.py).
+DeepSeek V3 / R1 / V3.1, Nemotron Nano v2's JSON array; gpt-oss's harmony is a reader of its
+own, dialects/harmony.py). Seed-OSS writes Qwen3-Coder's XML call inside markers of its own:
+the region's text goes to mlx-lm's qwen3_coder parser.
 
 A region whose text does not parse stays the model's text (content), never an error; so does a
 call to a function the request did not declare.
@@ -96,6 +98,14 @@ def _parse_hermes(text: str, _tools) -> list[dict]:
 
 def _parse_llama3(text: str, _tools) -> list[dict]:
     return [_json_call(part) for part in split_top_level(text.strip(), ";")]
+
+
+def _parse_json_array(text: str, _tools) -> list[dict]:
+    """Nemotron Nano v2's region: a JSON array of {"name", "arguments"} objects."""
+    value = strict_json.loads(text.strip())
+    if not isinstance(value, list) or not value:
+        raise ValueError("not an array of calls")
+    return value
 
 
 _DEEPSEEK_V31_CALL = re.compile(
@@ -194,6 +204,22 @@ def _g_qwen3_coder(name: str, params: dict) -> list[Piece]:
     body = _xml_params(lambda k: f"<parameter={k}>\n", "\n</parameter>\n", params)
     return [("text", f"<tool_call>\n<function={name}>\n"), *body,
             ("text", "</function>\n</tool_call>")]  # fmt: skip
+
+
+def _g_seed_oss(name: str, params: dict) -> list[Piece]:
+    body = _xml_params(lambda k: f"<parameter={k}>", "</parameter>\n", params)
+    return [("text", f"<seed:tool_call>\n<function={name}>\n"), *body,
+            ("text", "</function>\n</seed:tool_call>")]  # fmt: skip
+
+
+def _g_nemotron(name: str, params: dict) -> list[Piece]:
+    call = {
+        "type": "object",
+        "properties": {"name": {"const": name}, "arguments": _closed(params)},
+        "required": ["name", "arguments"],
+        "additionalProperties": False,
+    }
+    return [("text", "<TOOLCALL>["), ("json", call), ("text", "]</TOOLCALL>")]
 
 
 def _g_glm(name: str, params: dict) -> list[Piece]:
@@ -318,5 +344,12 @@ CALL_FORMATS: dict[str, CallFormat] = {
         CallFormat("minicpm5", "<function name=", "</function>", _mlx_lm("minicpm5"), "mlx-lm"),
         CallFormat("muse_spark", "<atem:function_calls>", "</atem:function_calls>",
                    _mlx_lm("muse_spark"), "mlx-lm", item_end="</atem:invoke>"),
+        CallFormat("seed_oss", "<seed:tool_call>", "</seed:tool_call>", _mlx_lm("qwen3_coder"),
+                   "mlx-lm", grammar=_g_seed_oss,
+                   example="<seed:tool_call>\n<function=get_weather>\n<parameter=city>Paris"
+                   "</parameter>\n</function>\n</seed:tool_call>"),
+        CallFormat("nemotron_json", "<TOOLCALL>", "</TOOLCALL>", _parse_json_array, "mlx-fleet",
+                   grammar=_g_nemotron,
+                   example=f'<TOOLCALL>[{{"name": "get_weather", "arguments": {_WEATHER}}}]</TOOLCALL>'),
     ]
 }  # fmt: skip

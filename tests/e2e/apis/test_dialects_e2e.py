@@ -71,6 +71,11 @@ _DS3 = (
 _HARMONY_CALL = f"<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{ARGS}"
 _PYTHONIC = '<|tool_call_start|>[get_weather(city="Paris")]<|tool_call_end|>'
 _GEMMA4 = '<|tool_call>call:get_weather{city:<|"|>Paris<|"|>}<tool_call|>'
+_SEED = (
+    "<seed:tool_call>\n<function=get_weather>\n<parameter=city>Paris</parameter>\n</function>\n"
+    "</seed:tool_call>"
+)
+_NEMOTRON = f'<TOOLCALL>[{{"name": "get_weather", "arguments": {ARGS}}}]</TOOLCALL>'
 THOUGHT = "The user wants the weather."
 
 CASES: dict[str, Case] = {
@@ -116,6 +121,11 @@ CASES: dict[str, Case] = {
     "muse_spark": Case(
         '<atem:function_calls><atem:invoke name="get_weather"><atem:parameter name="city">Paris'
         "</atem:parameter></atem:invoke></atem:function_calls><|eom|>", None, content=""),
+    "seed_oss": Case(f"<seed:think>{THOUGHT}</seed:think>Let me check.\n{_SEED}<seed:eos>",
+                     _SEED + "<seed:eos>", THOUGHT),
+    # Nemotron's template opens <think>: as GLM-4.7's, required closes it at once
+    "nemotron_nano_v2": Case(f"{THOUGHT}</think>Let me check.\n{_NEMOTRON}<SPECIAL_12>",
+                             f"</think>{_NEMOTRON}<SPECIAL_12>", THOUGHT),
 }  # fmt: skip
 
 

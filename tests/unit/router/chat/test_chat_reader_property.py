@@ -40,6 +40,16 @@ FRAGMENTS = {
         "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>", "<｜tool▁call▁begin｜>f<｜tool▁sep｜>",
         '{"a": 1}', "<｜tool▁call▁end｜>", "<｜tool", "prose ", *THINK,
     ],
+    "seed_oss": [
+        "<seed:tool_call>\n<function=f>\n<parameter=a>1</parameter>\n</function>\n</seed:tool_call>",
+        "<seed:tool_call>", "</seed:tool_call>", "<function=", "<seed:", "<seed:tool", "prose ",
+        "\n", *THINK,
+    ],
+    "nemotron_json": [
+        '<TOOLCALL>[{"name": "f", "arguments": {"a": 1}}]</TOOLCALL>', "<TOOLCALL>",
+        "</TOOLCALL>", "<TOOL", '[{"name": "g", "arguments": "{}"}]', "[", "]", "prose ", " ",
+        *THINK,
+    ],
     "harmony": [
         "<|channel|>analysis<|message|>", "<|channel|>final<|message|>", "<|end|>",
         "<|start|>assistant", "<|channel|>commentary to=functions.f <|constrain|>json<|message|>",

@@ -38,7 +38,8 @@ DETECTED = {
     "mistral_nemo": ("mistral", "think"), "magistral": ("mistral", "mistral"),
     "llama31": ("llama3", "think"), "kimi_k3": ("kimi_k3", "xtml"),
     "minicpm5": ("minicpm5", "think"), "laguna": ("glm47", "think"),
-    "muse_spark": ("muse_spark", "think"),
+    "muse_spark": ("muse_spark", "think"), "seed_oss": ("seed_oss", "seed"),
+    "nemotron_nano_v2": ("nemotron_json", "think"),
 }  # fmt: skip
 
 
@@ -113,6 +114,48 @@ def test_a_broken_call_stays_content(fmt):
     assert "@@@ not a call @@@" in content or "{@@@" in content
 
 
+SUM = {
+    "type": "function",
+    "function": {
+        "name": "calculate_sum",
+        "parameters": {
+            "type": "object",
+            "properties": {"numbers": {"type": "array", "items": {"type": "integer"}}},
+        },
+    },
+}
+# replies as the models write them (the shapes of llama.cpp's tests/test-chat.cpp for each)
+SEED_REPLY = (
+    "<seed:think>I need the sum and the weather</seed:think>"
+    "<seed:tool_call>\n<function=calculate_sum>\n<parameter=numbers>[1, 2, 3]</parameter>\n"
+    "</function>\n</seed:tool_call>"
+    "<seed:tool_call>\n<function=get_weather>\n<parameter=city>Paris</parameter>\n"
+    "</function>\n</seed:tool_call>"
+)
+# the template opened <think>: the reply starts inside it; arguments as an object or as text
+NEMOTRON_REPLY = (
+    "I need the sum and the weather</think>"
+    '<TOOLCALL>[{"name": "calculate_sum", "arguments": {"numbers": [1, 2, 3]}}, '
+    '{"name": "get_weather", "arguments": "{\\"city\\": \\"Paris\\"}"}]</TOOLCALL>'
+)
+
+
+@pytest.mark.parametrize(
+    ("name", "reply", "starts"),
+    [("seed_oss", SEED_REPLY, False), ("nemotron_nano_v2", NEMOTRON_REPLY, True)],
+)
+@pytest.mark.parametrize("pieces", [None, 1, 6])
+def test_seed_and_nemotron_read_reasoning_and_several_calls(name, reply, starts, pieces):
+    spec = FAMILIES[name]
+    vocab = dict.fromkeys((*spec.special, *spec.added), 0)
+    dialect = detect_dialect(spec.chat_template, vocab)
+    tools = parse_tools({"tools": [SUM, WEATHER]})
+    reasoning, content, calls, reason = read(dialect, reply, pieces, tools, starts)
+    assert reasoning == "I need the sum and the weather" and content == ""
+    assert calls == [("calculate_sum", {"numbers": [1, 2, 3]}), CALL]
+    assert reason == "tool_calls"
+
+
 def test_two_calls_in_one_section_stream_as_each_closes():
     dialect = detect_dialect("{{ tools }}", {}, "kimi_k2")
     one = (
@@ -137,6 +180,8 @@ def test_two_calls_in_one_section_stream_as_each_closes():
         ("mistral", "[THINK]about it[/THINK]Answer.", False),
         ("gemma4", "<|channel>thought\nabout it<channel|>Answer.", False),
         ("xtml", "about it<|close|>think<|sep|><|open|>response<|sep|>Answer.<|close|>response<|sep|>", True),
+        ("seed", "<seed:think>about it</seed:think>Answer.", False),
+        ("seed", "about it</seed:think>\n\nAnswer.", True),
     ],
 )  # fmt: skip
 @pytest.mark.parametrize("pieces", [None, 1, 4])
