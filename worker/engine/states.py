@@ -6,14 +6,19 @@ were where the hit ends, so for these models a hit is the deepest matched block 
 snapshot (`cut`); the K/V blocks past it are computed again with the states.
 
 Where snapshots are taken decides what later prompts can hit (vLLM #45238), and each costs a
-whole state, so a sequence takes at most three, two at block boundaries its prefill chunks are
-cut to end on (`chunk`):
+whole state, so a sequence takes at most three (four when its prompt ends on a block
+boundary), those in its prompt at block boundaries its prefill chunks are cut to end on
+(`chunk`):
 - **where its prompt left the cached tree**, when the tree held K/V blocks there but no
   snapshot: the radix tree branches there, so that prefix is one that several prompts
   share (a system prompt, a document asked about twice); the next prompt that shares it hits
   all of it. No client has to mark anything, and it works the same on every API;
 - **at its prompt's last whole block**: a chat's next turn extends this prompt, so the next
-  turn computes only this turn's reply and its new message;
+  turn computes only this turn's reply and its new message; and the same prompt sent again
+  (which must compute its last token) hits the block before it. Where the prompt ends on a
+  block boundary these are two blocks, both kept: a next turn whose history rewrites the reply
+  from its start (Qwen 3 without the client's `reasoning_content`, gpt-oss without its
+  analysis: scripts/history_reuse.py) leaves the reply right at the prompt's end;
 - **at its reply's last whole block**, published when it ends with its reply's blocks: the
   next turn computes only its new message (and the reply's last partial block). Where a reply
   ends is not known ahead, so its decode copies its states into one kept slot each time it
@@ -101,9 +106,12 @@ class SequenceStates:
 
     def plan(self, seq: Sequence, start: int, kv_tokens: int) -> None:
         """Mutates: where `seq`, to be admitted at `start`, takes its snapshots."""
-        bs = self.block_size
-        last = (len(seq.tokens) - 1) // bs * bs  # a later prompt hits up to here, at most
-        points = {p for p in (kv_tokens, last) if start < p}
+        bs, end = self.block_size, len(seq.tokens)
+        last = (end - 1) // bs * bs  # the same prompt again hits up to here, at most
+        # a next turn whose history leaves the reply where it began (a template dropping the
+        # reasoning) hits the prompt's end: on a block boundary, `last` is a block short of it
+        full = end if end % bs == 0 else last
+        points = {p for p in (kv_tokens, last, full) if start < p}
         hashes = hash_blocks(seq.tokens[: max(points)], bs) if points else []
         seq.snapshot_at = {p: hashes[p // bs - 1] for p in sorted(points)}
 

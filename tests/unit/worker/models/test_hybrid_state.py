@@ -153,3 +153,20 @@ def test_every_hybrid_is_served():
     layer, and a state that grows to its size over the first tokens."""
     assert "longcat_flash_ngram" in HYBRIDS
     assert set(REQUIRED) <= set(HYBRIDS)
+
+
+@pytest.mark.parametrize("length", [24, 21])  # the prompt ends on a block boundary, or in one
+def test_a_turn_that_rewrites_the_reply_starts_from_the_prompts_last_block(length):
+    # the next turn's history leaves the reply where it began (a template that drops the
+    # reasoning, scripts/history_reuse.py): the states at the prompt's last block boundary at
+    # or before its end are kept, though the reply ran two blocks past it
+    model = build("mamba2")
+    engine = make_engine(model, prefill_chunk=16)
+    bs, first = engine.block_size, _prompt(length, 5)
+    tokens, _ = _run(engine, {"a": (first, 1)}, max_tokens=2 * bs + 3)
+    turn = first + _prompt(9, 6)
+    assert turn[length] != tokens[("a", 0)][0]
+    tokens, usage = _run(engine, {"b": (turn, 1)}, max_tokens=4)
+    assert usage["b"].cached_tokens == length // bs * bs
+    assert tokens[("b", 0)] == reference_greedy(model, turn, 4)
+    engine.check_integrity()
