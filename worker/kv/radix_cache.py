@@ -96,20 +96,6 @@ class RadixCache:
             node = child
         return pos
 
-    def find_node(self, token_ids: Sequence[int]) -> RadixNode | None:
-        """The node whose path from the root holds exactly `token_ids` (full blocks), or None
-        (not cached, or ending inside a node); no mutation."""
-        tokens, limit = self._full_blocks(token_ids)
-        node, pos = self.root, 0
-        while pos < limit:
-            child = node.children.get(tokens[pos : pos + self.block_size])
-            if child is None:
-                return None
-            if common_blocks(child, tokens, pos, limit, self.block_size) < child.num_blocks:
-                return None
-            node, pos = child, pos + child.num_blocks * self.block_size
-        return node if limit == len(tokens) and not node.is_root else None
-
     # ---- mutations ----
 
     def match_prefix(self, token_ids: Sequence[int]) -> MatchResult:
@@ -194,18 +180,6 @@ class RadixCache:
         if removed_hashes:
             self._emit(BlockRemoved(tuple(removed_hashes)))
         return freed
-
-    def copy_out(self, node: RadixNode) -> None:
-        """Hands the path from the root to `node` to the evict listener, node by node, as
-        `evict` would, but keeps it: a lower tier copies a prefix about to lose its pin. The
-        tree is not changed; a no-op without a listener."""
-        self._require_live(node)
-        if self._on_evict is None:
-            return
-        for on_path in reversed(list(node.path_to_root())):
-            self._on_evict(
-                on_path.block_ids, on_path.block_hashes, on_path.parent.last_hash, on_path.key
-            )
 
     def reset(self) -> None:
         """Mutates: drops the whole tree (blocks no sequence holds are freed) and emits

@@ -7,8 +7,8 @@ import mlx.core as mx
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from worker.engine.caches.pins import PrefixPins
 from worker.kv import BlockPool, RadixCache
-from worker.kv.pins import PrefixPins
 
 BS = 2
 
@@ -147,10 +147,10 @@ def test_a_split_of_the_pinned_path_keeps_the_pin():
     check(pool, cache, pins)
 
 
-def test_released_for_room_the_path_goes_to_the_lower_tier_and_stays_cached():
+def test_released_for_room_the_path_is_spilled_and_stays_cached():
     pool, cache, pins, _ = setup()
     copied = []
-    cache.set_evict_listener(lambda ids, hashes, parent, tokens: copied.append(tuple(tokens)))
+    pins.spill = lambda ids, hashes, parent, tokens: copied.append(tuple(tokens))
     cache_prompt(cache, pool, A)
     cache_prompt(cache, pool, A[:4] + [9, 9, 9, 9])  # the pinned path is two nodes
     assert pins.pin(A, 8, 60)
@@ -158,6 +158,20 @@ def test_released_for_room_the_path_goes_to_the_lower_tier_and_stays_cached():
     assert copied == [tuple(A[:4]), tuple(A[4:])]  # root first, as eviction would
     assert cache.peek_prefix_length(A) == 8  # kept in memory until LRU wants it
     assert not pins.release_oldest()
+    check(pool, cache, pins)
+
+
+def test_due_pins_go_first_when_room_is_needed():
+    pool, cache, pins, clock = setup()
+    copied = []
+    pins.spill = lambda *node: copied.append(node)
+    for prompt, ttl in ((A, 60), (B, 600)):
+        cache_prompt(cache, pool, prompt)
+        pins.pin(prompt, 8, ttl)
+    clock.now += 60
+    assert pins.release_oldest()  # A was due: released, not spilled
+    assert (pins.expired, pins.released_for_room, copied) == (1, 0, [])
+    assert pins.deadline(B, 8) is not None
     check(pool, cache, pins)
 
 

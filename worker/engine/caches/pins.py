@@ -16,11 +16,11 @@ and the upper part copies the count, so the pinned node still ends where the pin
   the oldest pins (least recently pinned or renewed) first; a pin alone larger than the bound is
   refused. The scheduler also releases the oldest pins when running requests need the memory
   (`release_oldest`, from `make_room`, after evicting what is not pinned): hints never starve it.
-- Released for room (not expired): the pinned path is first copied to the lower tier
-  (`RadixCache.copy_out`, the evict listener: the disk tier where the worker has one, which
-  skips blocks it holds already), so a "24h" prefix survives memory pressure on disk, then reads
-  back on its next hit. Without a disk tier a released prefix is an ordinary cached prefix,
-  evicted by LRU like any other: retention is then bounded by the pool.
+- Released for room (not expired): the pinned path is first handed to `spill` (the disk tier's
+  `save`, where the worker has one: the listener eviction calls, which skips blocks the disk
+  holds already), so a "24h" prefix survives memory pressure on disk and reads back on its next
+  hit. Without a disk tier a released prefix is an ordinary cached prefix, evicted by LRU like
+  any other: retention is then bounded by the pool.
 
 What a pin keeps is the full-attention blocks of the tree. On a model with sliding-window
 layers, the window pages of a cached block no sequence holds are spare, taken back first under
@@ -40,10 +40,15 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from worker.kv.errors import IntegrityError
+from worker.kv.radix_node import common_blocks
 
 if TYPE_CHECKING:
+    from shared.protocol import CachePin
     from worker.kv.radix_cache import RadixCache
     from worker.kv.radix_node import RadixNode
+
+# (block_ids, block_hashes, parent_hash, tokens) of one node: `RadixCache.set_evict_listener`'s
+Spill = Callable[[list[int], list[int], int, tuple[int, ...]], None]
 
 
 class PrefixPins:
@@ -62,6 +67,7 @@ class PrefixPins:
         self._heap: list[tuple[float, int, RadixNode]] = []  # (deadline, tiebreak, node)
         self._tiebreak = itertools.count()
         self._pins_of_block: Counter[int] = Counter()
+        self.spill: Spill | None = None  # a path released for room is handed here first
         self.expired = self.released_for_room = self.refused = 0  # cumulative
 
     # ---- queries (none of these mutate) ----
@@ -77,10 +83,24 @@ class PrefixPins:
     def deadline(self, token_ids: Sequence[int], num_tokens: int) -> float | None:
         """The deadline of the pin on the full blocks of token_ids[:num_tokens], or None."""
         full = num_tokens - num_tokens % self._cache.block_size
-        node = self._cache.find_node(token_ids[:full]) if full > 0 else None
+        node = _node_at(self._cache.root, tuple(token_ids[:full]), self._cache.block_size)
         return self._deadline.get(node) if node is not None else None
 
     # ---- mutations ----
+
+    def take(
+        self, token_ids: Sequence[int], wanted: tuple[CachePin, ...], cached_tokens: int
+    ) -> tuple[CachePin, ...]:
+        """Mutates: pins (`pin`) each of `wanted`, pins of the prompt `token_ids`, whose full
+        blocks lie within its first `cached_tokens` tokens, which are in the tree; returns the
+        others, for when more of the prompt is."""
+        bs, left = self._cache.block_size, []
+        for want in wanted:
+            if want.num_tokens - want.num_tokens % bs <= cached_tokens:
+                self.pin(token_ids, want.num_tokens, want.ttl_s)
+            else:
+                left.append(want)
+        return tuple(left)
 
     def pin(self, token_ids: Sequence[int], num_tokens: int, ttl_s: float) -> bool:
         """Mutates: keeps the full blocks of token_ids[:num_tokens] cached until `ttl_s`
@@ -123,12 +143,18 @@ class PrefixPins:
         return released
 
     def release_oldest(self) -> bool:
-        """Mutates: releases the least recently pinned pin, for room: its path is first
-        handed to the lower tier (`RadixCache.copy_out`). False when there is no pin."""
+        """Mutates: releases the pins that are due, else the least recently pinned one, for
+        room (its path handed to `spill` first); False when there is no pin."""
+        if self.expire():
+            return True
         if not self._deadline:
             return False
         node = next(iter(self._deadline))
-        self._cache.copy_out(node)
+        if self.spill is not None:  # root first, node by node, as eviction would
+            for on_path in reversed(list(node.path_to_root())):
+                self.spill(
+                    on_path.block_ids, on_path.block_hashes, on_path.parent.last_hash, on_path.key
+                )
         self._release(node)
         self.released_for_room += 1
         return True
@@ -171,6 +197,18 @@ class PrefixPins:
         queued = {(id(n), d) for d, _, n in self._heap}
         if any((id(n), d) not in queued for n, d in self._deadline.items()):
             raise IntegrityError("a pin's deadline is not in the heap")
+
+
+def _node_at(root: RadixNode, tokens: tuple[int, ...], bs: int) -> RadixNode | None:
+    """The node whose path from `root` holds exactly `tokens` (full blocks), or None (not
+    cached, or ending inside a node). Reads the tree, changes nothing."""
+    node, pos = root, 0
+    while pos < len(tokens):
+        child = node.children.get(tokens[pos : pos + bs])
+        if child is None or common_blocks(child, tokens, pos, len(tokens), bs) < child.num_blocks:
+            return None
+        node, pos = child, pos + child.num_blocks * bs
+    return None if node is root else node
 
 
 def _path_blocks(node: RadixNode) -> list[int]:
