@@ -52,7 +52,7 @@ class EngineConfig:
     # hybrid models: snapshots of the recurrent states kept for prefix hits (worker/state);
     # None: two per running sequence, within half the KV memory; 0: no prefix hits for them
     state_snapshots: int | None = None
-    # share of the pool cache pins may hold (worker/engine/caches/pins.py); past it, the oldest
+    # share of the pool cache pins may hold (worker/kv/pins.py); past it, the oldest
     # pins are released first
     pin_share: float = _worker("pin_share")
 

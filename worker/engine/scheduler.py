@@ -6,7 +6,7 @@ sequences already mid-prompt, then newly admitted ones (FIFO), each admitted wit
 cached prefix (the hit every cache kind agrees on: `self.kv`, worker/engine/caches/), and only
 when its whole prompt fits beside what the running sequences still need (no overcommit). When
 blocks run out, the prefix cache gives back its least recently used unreferenced blocks, then
-its oldest pins (`self.kv.pins`: prefixes requests asked to keep, engine/caches/pins.py); then
+its oldest pins (`self.kv.pins`: prefixes requests asked to keep, worker/kv/pins.py); then
 the newest running sequence is preempted and requeued (its computed blocks stay cached)."""
 
 from __future__ import annotations

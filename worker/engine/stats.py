@@ -226,7 +226,7 @@ class EngineLoad(NamedTuple):
     state_snapshot_bytes: int = 0
     state_slots: int = 0  # ...the state pool's slots, and the reply-end copies kept in them
     state_kept: int = 0
-    pinned_blocks: int = 0  # blocks cache pins keep from LRU (engine/caches/pins.py), and pins
+    pinned_blocks: int = 0  # blocks cache pins keep from LRU (worker/kv/pins.py), and pins
     pins: int = 0
 
     @classmethod

@@ -8,9 +8,9 @@ from shared.hashing import hash_blocks
 from shared.prefix.hit_rule import HitRule
 from worker.engine.caches.chunks import ChunkKind
 from worker.engine.caches.kinds import CacheKind, Hit, StateKind, WindowKind
-from worker.engine.caches.pins import PrefixPins
 from worker.engine.caches.tails import TailKind
 from worker.engine.states import NO_STATES
+from worker.kv.pins import PrefixPins
 
 if TYPE_CHECKING:
     from worker.engine.sequence import Sequence
@@ -32,8 +32,8 @@ def kinds_of(pool: BlockPool, cache: RadixCache, states: States) -> list[CacheKi
 
 class CacheCoordinator:
     """Asks every kind (see the module docstring); owns the full blocks' reference counts and
-    the cache pins (pins.py): a request's pins are taken as its prompt enters the prefix cache
-    (`cached`), within `pin_share` of the pool (less the scratch block)."""
+    the cache pins (worker/kv/pins.py): a request's pins are taken as its prompt enters the
+    prefix cache (`cached`), within `pin_share` of the pool (less the scratch block)."""
 
     def __init__(
         self, pool: BlockPool, cache: RadixCache, states: States | None, pin_share: float = 0.0

@@ -7,8 +7,8 @@ import mlx.core as mx
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from worker.engine.caches.pins import PrefixPins
 from worker.kv import BlockPool, RadixCache
+from worker.kv.pins import PrefixPins
 
 BS = 2
 
