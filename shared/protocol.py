@@ -180,6 +180,8 @@ class Heartbeat:
     state_snapshot_bytes: int = 0
     state_slots: int = 0
     state_kept: int = 0
+    pinned_blocks: int = 0  # blocks cache pins (Generate.pins) keep from LRU, and the pins
+    pins: int = 0
 
 
 @dataclass(frozen=True, slots=True)

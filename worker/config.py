@@ -52,6 +52,9 @@ class EngineConfig:
     # hybrid models: snapshots of the recurrent states kept for prefix hits (worker/state);
     # None: two per running sequence, within half the KV memory; 0: no prefix hits for them
     state_snapshots: int | None = None
+    # share of the pool cache pins may hold (worker/kv/pins.py); past it, the oldest
+    # pins are released first
+    pin_share: float = _worker("pin_share")
 
     def validate(self) -> None:
         if self.block_size < 1 or self.block_size & (self.block_size - 1):
@@ -73,5 +76,7 @@ class EngineConfig:
             raise ValueError(f"kv_bits must be one of {KV_BITS}, got {self.kv_bits}")
         if self.kv_group_size not in (32, 64, 128):
             raise ValueError(f"kv_group_size must be 32, 64 or 128, got {self.kv_group_size}")
+        if not 0 <= self.pin_share <= 1:
+            raise ValueError(f"pin_share must be in [0, 1], got {self.pin_share}")
         if not 0 < self.kv_memory_fraction < 1:
             raise ValueError("kv_memory_fraction must be in (0, 1)")

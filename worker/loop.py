@@ -229,7 +229,7 @@ class WorkerLoop:
         ids = list(msg.token_ids)
         try:
             self.engine.add_request(
-                msg.request_id, ids, sampling, n, msg.images, prepared, msg.priority
+                msg.request_id, ids, sampling, n, msg.images, prepared, msg.priority, msg.pins
             )
         except (InvalidRequest, EngineOverloaded) as exc:
             self.prefill_only.forget(msg.request_id)

@@ -177,6 +177,12 @@ class WorkerSection:
         "head-dim values sharing one scale and bias with --kv-bits 8/4: 32, 64 or 128",
         unset=DEFAULT_KV_GROUP_SIZE,
     )
+    pin_share: float = spec(
+        0.5,
+        number(0.0, 1.0),
+        "most of the KV pool that cache pins (Anthropic cache_control, OpenAI "
+        "prompt_cache_retention) may hold, 0-1; past it the oldest pins are released (0: none)",
+    )
     log_level: str = spec(
         "INFO",
         string(LOG_LEVELS, parse=str.upper),

@@ -24,8 +24,6 @@ from worker.engine.requests import RequestIntake
 from worker.engine.scheduler import Scheduler
 from worker.engine.sequence import Sequence, Status
 from worker.engine.speculative import accepted_prefix
-from worker.engine.startup import open_disk_tier
-from worker.engine.states import NO_STATES
 from worker.engine.stats import EngineLoad, EngineStats, KVAudit, engine_stats
 from worker.engine.step_kind import still_running
 from worker.kv.radix_cache import RadixCache
@@ -36,7 +34,7 @@ from worker.runner.plan import StepKind, StepPlan
 
 if TYPE_CHECKING:
     from shared.kv_events import KVEvent
-    from shared.protocol import ImageInput, TokenDelta, WorkerPhases
+    from shared.protocol import CachePin, ImageInput, TokenDelta, WorkerPhases
     from shared.sampling import SamplingParams
     from worker.runner.sampler import TokenLogprobs
     from worker.tracing import WorkerTracing
@@ -90,8 +88,8 @@ class Engine:
         self.kv_events = KVEventLog(self.config.block_size)
         self.states = states_mod.make_states(self.config, shape, self.kv_events.record)
         self.cache = RadixCache(self.pool, self.config.block_size, on_event=self._kv_event)
-        kv = CacheCoordinator(self.pool, self.cache, self.states or NO_STATES)
-        disk = open_disk_tier(self.config, model, self.pool, self.cache, kv.cannot("disk"))
+        kv = CacheCoordinator(self.pool, self.cache, self.states, self.config.pin_share)
+        disk = startup.open_disk_tier(self.config, model, self.pool, self.cache, kv.cannot("disk"))
         self.disk = self.kv_events.disk = disk
         self.scheduler = Scheduler(self.pool, self.cache, self.config, max_context, disk, kv=kv)
         self.backend, self.attention_report = select_backend(
@@ -147,6 +145,7 @@ class Engine:
 
     def load(self) -> EngineLoad:
         """Queue and KV figures for the heartbeat (counters; now and then, idle, the KV audit)."""
+        self.scheduler.kv.pins.expire()  # every loop turn, idle ones too: due pins released
         self.kv_audit.maybe(busy=self.has_work())
         load = EngineLoad.of(self.scheduler, self.pool, self.cache, self.kv_audit)
         return load._replace(total_blocks=self.kv_capacity_blocks)
@@ -159,13 +158,14 @@ class Engine:
 
     def add_request(self, request_id: str, token_ids: list[int], sampling: SamplingParams,
                     n: int = 1, images: tuple[ImageInput, ...] = (),
-                    prepared: PreparedImages | None = None, priority: int = 0) -> None:  # fmt: skip
-        """Queue a request for `n` choices (choice i's deltas carry index i), its `images`
-        (`prepared` by `intake.prepare` on any thread, else here); raise InvalidRequest."""
-        self.intake.check(request_id, token_ids, sampling, n, self.outputs.is_open, images)
+                    prepared: PreparedImages | None = None, priority: int = 0,
+                    pins: tuple[CachePin, ...] = ()) -> None:  # fmt: skip
+        """Queue a request for `n` choices (choice i's deltas carry index i), its cache `pins`,
+        its `images` (`prepared` by `intake.prepare` on any thread, else here); InvalidRequest."""
+        self.intake.check(request_id, token_ids, sampling, n, self.outputs.is_open, images, pins)
         if len(self.scheduler.waiting) >= self.config.max_waiting:
             raise EngineOverloaded(f"{len(self.scheduler.waiting)} requests are already waiting")
-        seq = self.intake.sequence(request_id, token_ids, sampling, n, images, prepared)
+        seq = self.intake.sequence(request_id, token_ids, sampling, n, images, prepared, pins)
         seq.priority = priority  # its class: shared.protocol INTERACTIVE or BATCH
         self.outputs.open(request_id, n)
         self.scheduler.add(seq)
@@ -346,5 +346,4 @@ class Engine:
         """Raise unless the pool and the prefix cache are consistent (cheap enough when idle)."""
         self.pool.check_integrity()
         self.cache.check_integrity()
-        if self.states is not None:
-            self.states.pool.check()
+        self.scheduler.kv.check_integrity()  # the pins, and a hybrid model's state pool

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 import random
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -17,12 +18,17 @@ from worker.engine.speculative import DraftState
 from worker.runner.logits_processors import LogitsState
 
 if TYPE_CHECKING:
-    from shared.protocol import ImageInput, TokenDelta
+    from shared.protocol import CachePin, ImageInput, TokenDelta
     from worker.config import EngineConfig
     from worker.kv.block_pool import BlockPool
     from worker.runner.grammar import GrammarCompiler
     from worker.runner.plan import StepPlan
     from worker.vision.encoder import PreparedImages, VisionEncoder
+
+
+# cache pins one request may carry (Anthropic allows 4 cache_control breakpoints, OpenAI's
+# retention is one more)
+MAX_PINS = 8
 
 
 class RequestIntake:
@@ -51,6 +57,7 @@ class RequestIntake:
         n: int,
         is_running: Callable[[str], bool],
         images: tuple[ImageInput, ...] = (),
+        pins: tuple[CachePin, ...] = (),
     ) -> None:
         """Raise InvalidRequest naming the first thing wrong with the request."""
         if not isinstance(request_id, str) or not request_id:
@@ -58,11 +65,29 @@ class RequestIntake:
         if is_running(request_id):
             raise InvalidRequest(f"request {request_id!r} is already running")
         self._check_prompt(token_ids, images)
+        self._check_pins(pins, len(token_ids))
         if images and sampling.prompt_logprobs is not None:
             raise InvalidRequest("prompt logprobs are not served for prompts with images")
         sampling.validate(self.vocab_size)
         if not isinstance(n, int) or not 1 <= n <= self.config.max_running:
             raise InvalidRequest(f"n must be an integer in [1, {self.config.max_running}]")
+
+    @staticmethod
+    def _check_pins(pins: tuple[CachePin, ...], prompt_len: int) -> None:
+        """Raise InvalidRequest naming the first cache pin that cannot be one of this prompt's:
+        at most MAX_PINS, each over 1 .. len(prompt) tokens, for a positive finite time."""
+        if len(pins) > MAX_PINS:
+            raise InvalidRequest(f"{len(pins)} cache pins; at most {MAX_PINS} per request")
+        for i, pin in enumerate(pins):
+            if not isinstance(pin.num_tokens, int) or not 1 <= pin.num_tokens <= prompt_len:
+                raise InvalidRequest(
+                    f"cache pin {i}: num_tokens must be in [1, {prompt_len}] (the prompt's "
+                    f"length), got {pin.num_tokens!r}"
+                )
+            if not isinstance(pin.ttl_s, int | float) or not 0 < pin.ttl_s < math.inf:
+                raise InvalidRequest(
+                    f"cache pin {i}: ttl_s must be a finite number of seconds > 0, got {pin.ttl_s!r}"
+                )
 
     def _check_prompt(self, token_ids: list[int], images: tuple[ImageInput, ...]) -> None:
         if not token_ids:
@@ -109,6 +134,7 @@ class RequestIntake:
         n: int,
         images: tuple[ImageInput, ...] = (),
         prepared: PreparedImages | None = None,
+        pins: tuple[CachePin, ...] = (),
     ) -> Sequence:
         """The sequence of a checked request: its seed, sampling state, drafting state and
         images (`prepared`, else prepared here, on the caller's thread: InvalidRequest if one
@@ -132,6 +158,7 @@ class RequestIntake:
             logits_state=LogitsState.create(sampling, token_ids, self.vocab_size, self.grammars),
             drafting=DraftState() if self._may_draft(sampling, n) and not images else None,
             images=prompt_images,
+            pins=tuple(pins),
         )
 
     def _may_draft(self, sampling: SamplingParams, n: int) -> bool:

@@ -5,7 +5,8 @@ crosses a boundary); what is left of the step's token budget goes to prefill chu
 sequences already mid-prompt, then newly admitted ones (FIFO), each admitted with its longest
 cached prefix (the hit every cache kind agrees on: `self.kv`, worker/engine/caches/), and only
 when its whole prompt fits beside what the running sequences still need (no overcommit). When
-blocks run out, the prefix cache gives back its least recently used unreferenced blocks; then
+blocks run out, the prefix cache gives back its least recently used unreferenced blocks, then
+its oldest pins (`self.kv.pins`: prefixes requests asked to keep, worker/kv/pins.py); then
 the newest running sequence is preempted and requeued (its computed blocks stay cached)."""
 
 from __future__ import annotations
@@ -47,13 +48,15 @@ class Scheduler:
     ):
         self.pool, self.cache, self.config, self.costs = pool, cache, config, costs
         # every cache kind (window pages, recurrent states...), asked as one
-        self.kv = kv if kv is not None else CacheCoordinator(pool, cache, states)
+        self.kv = kv if kv is not None else CacheCoordinator(pool, cache, states, config.pin_share)
         self.states = self.kv.states  # hybrid models' recurrent state slots (their pool)
         self.pad_states = True  # whether their prefill rows may be right-padded
         self.max_context, self.disk = max_context, disk
         self.block_size = pool.block_size
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
+        if disk is not None:  # a pin released for room is written to disk first
+            self.kv.pins.spill = disk.save
 
     # ---- queue -------------------------------------------------------------------------
 
@@ -296,10 +299,13 @@ class Scheduler:
             seq.block_ids += self.pool.allocate(need)
 
     def make_room(self, need: int) -> bool:
-        """Mutates: evict cached blocks until `need` can be allocated; whether it can."""
+        """Mutates: evict cached blocks, then pins, till `need` can be allocated; whether it can."""
         if need <= 0 or self.pool.can_allocate(need):
             return True
+        self.kv.pins.expire()  # (due pins are evicted by LRU like the rest)
         self.cache.evict(self.pool.shortfall(need))
+        while not self.pool.can_allocate(need) and self.kv.pins.release_oldest():
+            self.cache.evict(self.pool.shortfall(need))
         return self.pool.can_allocate(need)
 
     def preempt(self, seq: Sequence) -> None:

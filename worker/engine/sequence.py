@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 import mlx.core as mx
 
 if TYPE_CHECKING:
+    from shared.protocol import CachePin
     from shared.sampling import SamplingParams
     from worker.engine.speculative import DraftState
     from worker.runner.logits_processors import LogitsState
@@ -74,6 +75,8 @@ class Sequence:
     prompt_logprobs_sent: bool = False  # handed out (with the first delta)
     images: PromptImages | None = None  # its prompt's images (vision models)
     priority: int = 0  # Generate.priority: 0 interactive; higher waits and is preempted first
+    # Generate.pins not taken yet: each is taken once its prefix is in the cache (scheduler)
+    pins: tuple[CachePin, ...] = ()
 
     def fork(self, choice: int) -> Sequence:
         """A copy that shares the prompt computed so far (the caller shares its blocks)."""

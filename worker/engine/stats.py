@@ -226,6 +226,8 @@ class EngineLoad(NamedTuple):
     state_snapshot_bytes: int = 0
     state_slots: int = 0  # ...the state pool's slots, and the reply-end copies kept in them
     state_kept: int = 0
+    pinned_blocks: int = 0  # blocks cache pins keep from LRU (worker/kv/pins.py), and pins
+    pins: int = 0
 
     @classmethod
     def of(
@@ -245,6 +247,8 @@ class EngineLoad(NamedTuple):
             kv_check_failures=audit.failures if audit else 0,
             cached_partial_blocks=len(cache.partials)
             + (pool.pages.kept_units(cache.partials.block_ids) if pool.pages else 0),
+            pinned_blocks=scheduler.kv.pins.pinned_blocks,
+            pins=len(scheduler.kv.pins),
             **_snapshots(scheduler),
         )
 
@@ -281,5 +285,7 @@ def engine_stats(
         "disk_blocks": len(disk.store.blocks()) if disk else 0,
         "cache_miss_tokens": cache.miss_tokens,
         "partial_hit_tokens": cache.partials.hit_tokens,  # copied partial blocks (CoW)
+        "pinned_blocks": load.pinned_blocks,
+        "pins": load.pins,
         **steps.summary(),
     }

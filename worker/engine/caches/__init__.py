@@ -19,7 +19,9 @@ KVCacheCoordinator over its SingleTypeKVCacheManagers is the model):
   each refusal with its reason.
 
 A new kind is one class (kinds.py, or beside its data structure) plus its line in
-`coordinator.kinds_of`.
+`coordinator.kinds_of`. Beside the kinds, the coordinator owns the cache pins
+(worker/kv/pins.py): prefixes requests asked to keep cached for a while (Anthropic
+`cache_control`, OpenAI `prompt_cache_retention`), locked in the radix tree until a deadline.
 """
 
 from worker.engine.caches.chunks import ChunkKind

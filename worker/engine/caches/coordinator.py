@@ -9,6 +9,8 @@ from shared.prefix.hit_rule import HitRule
 from worker.engine.caches.chunks import ChunkKind
 from worker.engine.caches.kinds import CacheKind, Hit, StateKind, WindowKind
 from worker.engine.caches.tails import TailKind
+from worker.engine.states import NO_STATES
+from worker.kv.pins import PrefixPins
 
 if TYPE_CHECKING:
     from worker.engine.sequence import Sequence
@@ -29,13 +31,19 @@ def kinds_of(pool: BlockPool, cache: RadixCache, states: States) -> list[CacheKi
 
 
 class CacheCoordinator:
-    """Asks every kind (see the module docstring); owns the full blocks' reference counts."""
+    """Asks every kind (see the module docstring); owns the full blocks' reference counts and
+    the cache pins (worker/kv/pins.py): a request's pins are taken as its prompt enters the
+    prefix cache (`cached`), within `pin_share` of the pool (less the scratch block)."""
 
-    def __init__(self, pool: BlockPool, cache: RadixCache, states: States):
-        self.pool, self.cache, self.states = pool, cache, states
+    def __init__(
+        self, pool: BlockPool, cache: RadixCache, states: States | None, pin_share: float = 0.0
+    ) -> None:
+        """`states`: a hybrid model's (None: NO_STATES); `pin_share`: 0, no pins."""
+        self.pool, self.cache, self.states = pool, cache, states or NO_STATES
+        self.pins = PrefixPins(cache, int(pin_share * (pool.num_blocks - 1)))
         self.kinds: list[CacheKind] = []
         self.rule, self._hashes = HitRule(), False
-        for kind in kinds_of(pool, cache, states):
+        for kind in kinds_of(pool, cache, self.states):
             self.register(kind)
 
     def register(self, kind: CacheKind) -> None:
@@ -114,9 +122,12 @@ class CacheCoordinator:
 
     def cached(self, seq: Sequence, known: int, running: bool) -> None:
         """Mutates: `seq`'s first `known` tokens are in the prefix cache, as its prompt is
-        done and it runs on, or as it stops (`running` False: before `release`)."""
+        done and it runs on, or as it stops (`running` False: before `release`); its pins on
+        them are taken (0 with prefix caching off: none are)."""
         for kind in self.kinds:
             kind.cached(seq, known, running)
+        if seq.pins:
+            seq.pins = self.pins.take(seq.tokens, seq.pins, known)
 
     def fork_blocks(self, parent: Sequence) -> int:
         """New blocks forking `parent`'s pending choices takes (see `fork`)."""
@@ -133,6 +144,13 @@ class CacheCoordinator:
         back what it lent (states: a snapshot at its last block is kept, then its slot goes)."""
         for kind in self.kinds:
             kind.release(seq)
+
+    def check_integrity(self) -> None:
+        """Raise IntegrityError unless the pins and the recurrent-state pool (hybrid models)
+        keep their books; no mutation. (The pool and the tree check their own.)"""
+        self.pins.check_integrity()
+        if self.states.active:
+            self.states.pool.check()
 
     def free(self, seq: Sequence) -> None:
         """Mutates: `seq`'s blocks go back (it may have been the last holder)."""
