@@ -171,6 +171,8 @@ class WorkerState:
             "kv_held_blocks": KVBlocks.of(hb).held if hb else None,
             "kv_cached_blocks": hb.cached_blocks if hb else None,  # full blocks
             "kv_cached_partial_blocks": hb.cached_partial_blocks if hb else None,
+            "kv_pinned_blocks": hb.pinned_blocks if hb else 0,  # kept by cache hints
+            "kv_pins": hb.pins if hb else 0,
             "state_snapshots": hb.state_snapshots if hb else 0,  # hybrid models' states
             "state_snapshot_bytes": hb.state_snapshot_bytes if hb else 0,
             "state_slots": hb.state_slots if hb else 0,

@@ -61,6 +61,9 @@ WORKER_SERIES: tuple[Series, ...] = (
            _hb("cached_blocks")),
     Series("kv_cached_partial_blocks", "gauge", "partial KV blocks the prefix cache keeps",
            _hb("cached_partial_blocks")),
+    Series("kv_pinned_blocks", "gauge", "KV blocks pinned by cache hints (cache_control, "
+           "prompt_cache_retention) until their deadline", _hb("pinned_blocks")),
+    Series("kv_pins", "gauge", "pinned prefixes", _hb("pins")),
     Series("state_snapshots", "gauge", "recurrent-state snapshots kept (hybrid models)",
            _hb("state_snapshots")),
     Series("state_snapshot_bytes", "gauge", "bytes of those snapshots",

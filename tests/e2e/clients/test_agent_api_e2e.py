@@ -115,3 +115,41 @@ def test_required_and_named_choices_always_yield_a_valid_call(url, choice):
         (call,) = choice0.message.tool_calls
         assert call.function.name == "get_weather"
         assert isinstance(json.loads(call.function.arguments)["city"], str)
+
+
+def test_a_new_agent_session_reads_the_shared_prompt_from_cache(url):
+    """Claude Code's shape on the real model: a billing block that differs per session, a long
+    system prompt with a cache_control breakpoint; the second session reads that prompt from
+    cache, usage adds up as Anthropic's does, and the worker holds the pin."""
+    api = anthropic.Anthropic(base_url=url, api_key="unused", max_retries=0, timeout=300)
+    rules = "Read the file before editing it. Keep changes small and test them. " * 40
+
+    def system(session: str) -> list[dict]:
+        billing = f"x-anthropic-billing-header: cc_version=2.1.197.{session}; cc_entrypoint=cli;"
+        return [
+            {"type": "text", "text": billing},
+            {"type": "text", "text": rules, "cache_control": {"type": "ephemeral", "ttl": "1h"}},
+        ]
+
+    def ask(session: str, question: str):
+        body = {"model": MODEL, "max_tokens": 4, "system": system(session)}
+        messages = [{"role": "user", "content": question}]
+        counted = api.messages.count_tokens(
+            model=MODEL, system=body["system"], messages=messages
+        ).input_tokens
+        with api.messages.stream(**body, messages=messages) as stream:
+            start = next(iter(stream)).message.usage
+            final = stream.get_final_message().usage
+        return counted, start, final
+
+    counted, start, first = ask("e12", "What should I do first?")
+    parts = (first.input_tokens, first.cache_read_input_tokens, first.cache_creation_input_tokens)
+    assert sum(parts) == counted and first.cache_creation_input_tokens > counted // 2
+    counted, start, second = ask("7c0", "Which file is the largest?")
+    assert second.cache_read_input_tokens >= 0.9 * counted  # the new session's first request
+    assert start.cache_read_input_tokens == second.cache_read_input_tokens
+    assert second.cache_creation_input_tokens == 0
+    assert second.input_tokens + second.cache_read_input_tokens == counted
+    with urllib.request.urlopen(f"{url}/v1/cluster", timeout=10) as r:
+        workers = json.loads(r.read())["workers"]
+    assert sum(w["kv_pins"] for w in workers) >= 1
