@@ -5,10 +5,12 @@ run); a forward builds one `AttentionPlan` per step and calls it for every layer
 `write_kv` stores the step's new K/V in the pool; `install_attention_hook` routes mlx-lm's
 attention calls to the plan; `ForwardContext` (`forward`) carries a forward's own data to
 every hook inside mlx-lm's model code. The modules behind it: `paged` (backends and the plan),
-`mlx_ops`/`tiles`/`shared_prefix` (the "mlx" backend's strategies), `metal_kernel` and
-`metal_source` (the "metal" backend), `selftest` and `select` (choosing one). Sliding windows
+`mlx_ops`/`tiles`/`shared_prefix` (the "mlx" backend's strategies), the `metal` package (the
+"metal" backend), `selftest` and `select` (choosing one). Sliding windows
 (`AttentionPlan(..., window=W)`) and attention sinks (`plan(..., sinks=...)`) reach every
-strategy and kernel variant: `window` and `metal.window`.
+strategy and kernel variant: `window` and `metal.window`. The modules behind this front import
+one another by their full path (`worker.attention.selftest`), never through it: the front
+imports them, so a member that imported it back would close a cycle.
 """
 
 from worker.attention.forward import ForwardContext, building, current_forward

@@ -20,9 +20,9 @@ import logging
 
 import mlx.core as mx
 
+import worker.attention.selftest as selftest
 from shared.config.choices import ATTENTION_BACKENDS
 from shared.protocol import AttentionReport
-from worker.attention import selftest
 from worker.attention.metal import kernel as metal_kernel
 from worker.attention.paged import BACKENDS, AttentionBackend, BackendUnavailableError
 

@@ -17,7 +17,7 @@ from typing import NamedTuple
 
 import mlx.core as mx
 
-from worker.attention import prefix_kv
+import worker.attention.prefix_kv as prefix_kv
 from worker.attention.exp2 import exp2_shifted
 from worker.attention.mlx_ops import (
     QUANTIZED_MATMUL_MAX_ROWS,

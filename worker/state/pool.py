@@ -27,12 +27,7 @@ import math
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 
-import mlx.core as mx
-
-from worker.state.slot_arrays import SlotArrays
-
-# one recurrent layer's arrays: (per-sequence shape, dtype) of each
-StateShape = tuple[tuple[tuple[int, ...], mx.Dtype], ...]
+from worker.state.slot_arrays import SlotArrays, StateShape
 
 
 def state_bytes(shapes: Iterable[StateShape]) -> int:

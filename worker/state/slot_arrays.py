@@ -20,12 +20,10 @@ this machine, where a scatter alone rose it by nothing). So a slot holds its own
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import mlx.core as mx
 
-if TYPE_CHECKING:
-    from worker.state.pool import StateShape
+# one recurrent layer's arrays: (per-sequence shape, dtype) of each
+StateShape = tuple[tuple[tuple[int, ...], mx.Dtype], ...]
 
 
 class SlotArrays:
