@@ -17,24 +17,18 @@ cached blocks become held or cached-only (`evictable_blocks` is exact) or lose w
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING
 
 from shared import kv_events as ev
 from shared.hashing import hash_blocks
 from shared.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 from worker.kv.errors import KVCacheError
 from worker.kv.radix_integrity import TreeCounters, check_tree
-from worker.kv.radix_node import LRUHeap, RadixNode, common_blocks
+from worker.kv.radix_node import LRUHeap, MatchResult, RadixNode, common_blocks
 from worker.kv.radix_partial import PartialTails
 
 if TYPE_CHECKING:
     from worker.kv.block_pool import BlockPool
-
-
-class MatchResult(NamedTuple):
-    node: RadixNode  # deepest matched node (the root when nothing matched); lock this
-    block_ids: list[int]  # the cached blocks of the prefix, in order
-    num_tokens: int  # len(block_ids) * block_size
 
 
 class RadixCache:

@@ -27,8 +27,7 @@ from worker.kv.errors import IntegrityError
 
 if TYPE_CHECKING:
     from worker.kv.block_pool import BlockPool
-    from worker.kv.radix_cache import MatchResult
-    from worker.kv.radix_node import RadixNode
+    from worker.kv.radix_node import MatchResult, RadixNode
 
 
 class PartialHit(NamedTuple):
