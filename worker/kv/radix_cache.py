@@ -6,35 +6,36 @@ Full blocks only; a sequence's partial last block may be kept as a tail beside t
 How the engine is meant to use it:
 - admission: `peek_prefix_length` to plan (no mutation), then `match_prefix` (splits,
   touches LRU), `lock(result.node)`, `pool.incref(result.block_ids)`, allocate the rest
-  (`partials.match` and `partials.take` copy a partial block), and once it is in, `admitted`;
-- finish: `insert(tokens, seq_blocks)`, `insert_tail`, `unlock(node)`, `pool.decref(...)`;
-  out of blocks: `evict(n)`: unheld tails first, then least recently used unlocked leaves.
+  (a partial block: `partials.match`, its block held with `pool.incref` while room is made,
+  then copied by `partials.take`), and once it is in, `admitted`; not admitted:
+  `unlock(result.node)` and `pool.decref` of what it held;
+- prompt computed, still running: `insert(tokens, seq_blocks)` and
+  `insert_tail(..., live=True)` let later prompts share it;
+- finish: `insert(tokens, seq_blocks)`, `partials.forget_live(seq_blocks)`, `insert_tail`,
+  `unlock(node)`, `pool.decref(...)`;
+  out of blocks: `evict(n)`: unheld tails first, then least recently used leaves that no
+  lock or holder reaches.
 
-LRU: a counter bumped once per match/insert (deterministic). The pool tells the tree when
-cached blocks become held or cached-only (`evictable_blocks` is exact) or lose window pages.
+LRU: a counter bumped once per walk (`match_prefix`, `insert`, `insert_tail`; deterministic).
+The pool tells the tree when cached blocks become held or cached-only (`evictable_blocks` is
+exact) or lose window pages. Shared types (`RadixNode`, `MatchResult`): worker/kv/radix_node.py.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING
 
 from shared import kv_events as ev
 from shared.hashing import hash_blocks
 from shared.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 from worker.kv.errors import KVCacheError
 from worker.kv.radix_integrity import TreeCounters, check_tree
-from worker.kv.radix_node import LRUHeap, RadixNode, common_blocks
+from worker.kv.radix_node import LRUHeap, MatchResult, RadixNode, common_blocks
 from worker.kv.radix_partial import PartialTails
 
 if TYPE_CHECKING:
     from worker.kv.block_pool import BlockPool
-
-
-class MatchResult(NamedTuple):
-    node: RadixNode  # deepest matched node (the root when nothing matched); lock this
-    block_ids: list[int]  # the cached blocks of the prefix, in order
-    num_tokens: int  # len(block_ids) * block_size
 
 
 class RadixCache:

@@ -1,11 +1,12 @@
 """The radix cache's integrity check: every invariant the tree and its pool must share.
 
-It reads the tree's parts (root, block map, counters), never the cache class, so the
-dependency runs one way: `radix_cache` imports this module, not the reverse."""
+It reads the tree's parts (root, block map, counters) and asks the partial tails to check
+themselves through `TailCheck`, never naming the cache or the tails' class, so the dependencies
+run one way: `radix_cache` imports this module; this one, only the node types and the pool."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 from shared.hashing import hash_blocks
 from worker.kv.errors import IntegrityError
@@ -13,7 +14,6 @@ from worker.kv.errors import IntegrityError
 if TYPE_CHECKING:
     from worker.kv.block_pool import BlockPool
     from worker.kv.radix_node import RadixNode
-    from worker.kv.radix_partial import PartialTails
 
 
 class TreeCounters(NamedTuple):
@@ -23,12 +23,22 @@ class TreeCounters(NamedTuple):
     num_locks: int
 
 
+class TailCheck(Protocol):
+    """The partial tails kept beside the tree (worker/kv/radix_partial.py), as the check
+    sees them."""
+
+    def check(self, tree_blocks: set[int]) -> set[int]:
+        """Raise IntegrityError unless the tails agree with the pool and `tree_blocks` (the
+        tree's full blocks); returns the tails' blocks. No mutation."""
+        ...
+
+
 def check_tree(
     root: RadixNode,
     pool: BlockPool,
     node_of_block: dict[int, RadixNode],
     claimed: TreeCounters,
-    partials: PartialTails,
+    partials: TailCheck,
 ) -> None:
     """Raise IntegrityError naming the first broken invariant; no mutation."""
     pool.check_integrity()

@@ -1,10 +1,12 @@
-"""A node of the radix prefix cache and the LRU heap of evictable leaves."""
+"""A node of the radix prefix cache, a match that ends at one, and the LRU heap of evictable
+leaves: the types the tree, its partial tails and its integrity check share."""
 
 from __future__ import annotations
 
 import heapq
 import itertools
 from collections.abc import Iterator
+from typing import NamedTuple
 
 from shared.hashing import ROOT_PARENT_HASH
 
@@ -92,6 +94,14 @@ class RadixNode:
             node = stack.pop()
             yield node
             stack.extend(node.children.values())
+
+
+class MatchResult(NamedTuple):
+    """The longest cached block-aligned prefix of a prompt (`RadixCache.match_prefix`)."""
+
+    node: RadixNode  # deepest matched node (the root when nothing matched); lock this
+    block_ids: list[int]  # the cached blocks of the prefix, in order
+    num_tokens: int  # len(block_ids) * block_size
 
 
 def common_blocks(node: RadixNode, tokens: tuple[int, ...], pos: int, limit: int, bs: int) -> int:

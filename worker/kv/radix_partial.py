@@ -2,7 +2,7 @@
 
 The tree holds full blocks only, so a prompt's K/V used to be reused up to its last whole
 block and the rest (up to block_size - 1 tokens: a request's partial last block, a chat
-template's tail) was computed again. Two kinds of block can serve those tokens:
+template's tail) was computed again. Three kinds of block can serve those tokens:
 
 - a tail: a finished sequence's partial last block, kept (cached, never written again) under
   the node its full blocks end at, with the tokens it holds;
@@ -27,8 +27,7 @@ from worker.kv.errors import IntegrityError
 
 if TYPE_CHECKING:
     from worker.kv.block_pool import BlockPool
-    from worker.kv.radix_cache import MatchResult
-    from worker.kv.radix_node import RadixNode
+    from worker.kv.radix_node import MatchResult, RadixNode
 
 
 class PartialHit(NamedTuple):
