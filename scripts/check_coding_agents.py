@@ -95,16 +95,61 @@ LONG_CONTEXT_CONFIG = {
 }  # fmt: skip
 LONG_CONTEXT_MODEL = (
     "tiny random-weight llama (2 layers, 64 wide, 32768 context, answers end-of-sequence) "
-    "with SmolLM2's tokenizer"
+    "with SmolLM2's tokenizer and a ChatML template that renders tools"
 )
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+# SmolLM2's ChatML, with tools: its own template renders none, and mlx_lm.server and vllm-mlx
+# then drop them (a 1.5k-token prompt where ours, which writes them into the system prompt,
+# sees 19.6k). Here every server sends the tools through the template: the same ~20k tokens,
+# the system message (the billing block first) at the head, the tools after it.
+TOOLS_CHATML = """\
+{%- if tools and (not messages or messages[0]['role'] != 'system') -%}
+<|im_start|>system
+{{ tools_text(tools) }}<|im_end|>
+{% endif -%}
+{%- for message in messages -%}
+{%- if loop.first and message['role'] == 'system' -%}
+<|im_start|>system
+{{ message['content'] }}{% if tools %}
+
+{{ tools_text(tools) }}{% endif %}<|im_end|>
+{% elif message['role'] == 'tool' -%}
+<|im_start|>user
+<tool_response>
+{{ message['content'] }}
+</tool_response><|im_end|>
+{% else -%}
+<|im_start|>{{ message['role'] }}
+{{ message['content'] or '' }}
+{%- for call in message['tool_calls'] or [] %}
+<tool_call>
+{"name": "{{ call['function']['name'] }}", "arguments": {{ call['function']['arguments'] if call['function']['arguments'] is string else call['function']['arguments'] | tojson }}}
+</tool_call>
+{%- endfor %}<|im_end|>
+{% endif -%}
+{%- endfor -%}
+{%- if add_generation_prompt -%}
+<|im_start|>assistant
+{% endif -%}"""
+TOOLS_TEXT_MACRO = """\
+{%- macro tools_text(tools) -%}
+# Tools
+
+You may call one or more functions. Their signatures, one per line:
+<tools>
+{% for tool in tools %}{{ tool | tojson }}
+{% endfor %}</tools>
+
+For each call, answer <tool_call>{"name": NAME, "arguments": {...}}</tool_call>.
+{%- endmacro -%}
+"""
 
 
 def long_context_model(directory: Path | None = None) -> Path:
     """The tiny long-context llama's directory: built once (seed 0) in the model cache."""
     from shared.models.store import cache_dir, resolve_model
 
-    directory = directory or cache_dir() / "models" / "agents-tiny-llama-32k-eos"
+    directory = directory or cache_dir() / "models" / "agents-tiny-llama-32k-tools"
     if (directory / "model.safetensors").exists():
         return directory
     import mlx.core as mx
@@ -119,6 +164,7 @@ def long_context_model(directory: Path | None = None) -> Path:
             shutil.copy2(source / name, building / name)
     tokenizer_config = json.loads((building / "tokenizer_config.json").read_text())
     tokenizer_config["model_max_length"] = LONG_CONTEXT
+    tokenizer_config["chat_template"] = TOOLS_TEXT_MACRO + TOOLS_CHATML
     (building / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=1))
     mx.random.seed(0)
     weights = dict(tree_flatten(eos_first_llama().parameters()))
