@@ -46,11 +46,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_flags(p, ClusterSection, ["workers", "prefill_workers", "tp", "routers"])
     p.add_argument(
-        "--model", action="append",
+        "--model",
+        action="append",
         help="model dir, .gguf, HF repo id or gemma3-270m; repeat it to serve several "
         "models, each by its own workers, routed by the request's `model` (default: "
         f"{DEFAULT_MODEL_NAME}, or the --config's [model] / [[models]])",
-    )  # fmt: skip
+    )
     add_flags(p, RouterSection, ["host", "port"])
     p.add_argument(
         "--zmq-port",
@@ -75,14 +76,18 @@ def build_parser() -> argparse.ArgumentParser:
         "host agents", "models placed by demand: the routers start workers through host agents"
     )
     hosts.add_argument(
-        "--hosts", type=int, metavar="N",
+        "--hosts",
+        type=int,
+        metavar="N",
         help="start N host agents (host-0 ...) instead of workers; the routers load the "
         "--config's [[models]] on them as requests come (needs --config)",
-    )  # fmt: skip
+    )
     hosts.add_argument(
-        "--host-memory", type=size_flag, metavar="SIZE",
+        "--host-memory",
+        type=size_flag,
+        metavar="SIZE",
         help="each host agent's memory budget, e.g. 8GiB (default: 3/4 of memory / N)",
-    )  # fmt: skip
+    )
     return p
 
 
@@ -166,12 +171,24 @@ def commands(
         for role in m.roles or ("both",) * m.workers:
             i = len(worker_cmds)
             worker_cmds.append(
-                py + ["worker", *config, *connect,
-                      "--model", str(m.model_dir), "--model-id", m.name,
-                      "--worker-id", f"worker-{i}", *extra, *disk_dir(args, fleet, i)]
-                + extra_traces + (["--role", role] if role != "both" else [])
+                py
+                + [
+                    "worker",
+                    *config,
+                    *connect,
+                    "--model",
+                    str(m.model_dir),
+                    "--model-id",
+                    m.name,
+                    "--worker-id",
+                    f"worker-{i}",
+                    *extra,
+                    *disk_dir(args, fleet, i),
+                ]
+                + extra_traces
+                + (["--role", role] if role != "both" else [])
                 + (["--kv-events-publish", offset_port(publish, i)] if publish else [])
-            )  # fmt: skip
+            )
     return router_cmds, worker_cmds
 
 

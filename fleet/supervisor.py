@@ -90,9 +90,13 @@ class Child:
             out = open(self.log_dir / f"{self.name}.log", "ab")  # noqa: SIM115 - the child owns it
         env = {**self.env, SPAWNED_AT_ENV: f"{time.time():.3f}"}
         self.proc = subprocess.Popen(
-            self.cmd, env=env, stdout=out, stderr=subprocess.STDOUT if out else None,
-            start_new_session=True, preexec_fn=_die_with_parent,
-        )  # fmt: skip
+            self.cmd,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT if out else None,
+            start_new_session=True,
+            preexec_fn=_die_with_parent,
+        )
         if out:
             out.close()
         self.started_at = time.monotonic()
@@ -141,11 +145,15 @@ class RankGroup:
             self.hostfile.unlink(missing_ok=True)
         self.hostfile = hostfile = ring_hostfile(self.size)
         self.ranks = [
-            Child(f"{self.name}-rank{r}", self.cmd,
-                  {**self.env, "MLX_RANK": str(r), "MLX_HOSTFILE": str(hostfile)},
-                  restart=False, log_dir=self.log_dir)
+            Child(
+                f"{self.name}-rank{r}",
+                self.cmd,
+                {**self.env, "MLX_RANK": str(r), "MLX_HOSTFILE": str(hostfile)},
+                restart=False,
+                log_dir=self.log_dir,
+            )
             for r in range(self.size)
-        ]  # fmt: skip
+        ]
         for rank in self.ranks:
             rank.start()
         self.started_at = time.monotonic()

@@ -335,9 +335,20 @@ class ReRegister:
 
 
 Message = (
-    Register | Heartbeat | TokenDelta | KVEvents | KVInventory | RegisterAck | Generate | Abort
-    | Shutdown | ReRegister | SendInventory | Embed | Embeddings
-)  # fmt: skip
+    Register
+    | Heartbeat
+    | TokenDelta
+    | KVEvents
+    | KVInventory
+    | RegisterAck
+    | Generate
+    | Abort
+    | Shutdown
+    | ReRegister
+    | SendInventory
+    | Embed
+    | Embeddings
+)
 
 # Tags are the wire contract: never renumber, only add.
 MESSAGE_TYPES: dict[int, type] = {
@@ -357,9 +368,13 @@ MESSAGE_TYPES: dict[int, type] = {
     **HOST_MESSAGE_TYPES,  # host agents (shared/placement/messages.py): 30-49
 }
 KV_EVENT_TYPES: dict[int, type] = {
-    1: BlockStored, 2: BlockRemoved, 3: AllBlocksCleared, 4: BlockWindowsDropped,
-    5: StateSnapshotsStored, 6: StateSnapshotsDropped,
-}  # fmt: skip
+    1: BlockStored,
+    2: BlockRemoved,
+    3: AllBlocksCleared,
+    4: BlockWindowsDropped,
+    5: StateSnapshotsStored,
+    6: StateSnapshotsDropped,
+}
 
 _CODEC = Codec(MESSAGE_TYPES, {KVEvent: KV_EVENT_TYPES}, MAX_FRAME_BYTES)
 encode = _CODEC.encode  # one message as a msgpack frame

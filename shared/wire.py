@@ -29,9 +29,11 @@ class Codec:
     renumber, only add); `unions` maps a union annotation to its own table of tags."""
 
     def __init__(
-        self, messages: dict[int, type], unions: dict[object, dict[int, type]] | None = None,
+        self,
+        messages: dict[int, type],
+        unions: dict[object, dict[int, type]] | None = None,
         max_frame_bytes: int = 64 * 1024 * 1024,
-    ):  # fmt: skip
+    ):
         self.messages, self.unions = messages, unions or {}
         self.max_frame_bytes = max_frame_bytes
         self._tags = {cls: tag for tag, cls in messages.items()}

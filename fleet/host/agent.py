@@ -81,9 +81,14 @@ class HostAgent:
     def hello(self) -> HostHello:
         s = self.settings
         return HostHello(
-            s.host_id, s.hostname, s.pid, s.budget_bytes, self.catalog.servable(),
-            self.live_workers(measure=False), s.total_bytes,
-        )  # fmt: skip
+            s.host_id,
+            s.hostname,
+            s.pid,
+            s.budget_bytes,
+            self.catalog.servable(),
+            self.live_workers(measure=False),
+            s.total_bytes,
+        )
 
     def report(self) -> HostReport:
         s = self.settings
@@ -171,8 +176,12 @@ class HostAgent:
                 self.workers[start.worker_id] = WorkerProcess.launch(
                     start, cmd, self.env, s.log_dir
                 )
-                log.info("started %s (%s), estimate %s", start.worker_id, start.model,
-                         gib(start.estimate_bytes))  # fmt: skip
+                log.info(
+                    "started %s (%s), estimate %s",
+                    start.worker_id,
+                    start.model,
+                    gib(start.estimate_bytes),
+                )
                 return
             except OSError as exc:
                 why = f"could not start a worker: {exc}"
@@ -198,8 +207,10 @@ class HostAgent:
                 exited = worker.exit_message(self.settings.host_id)
                 log.log(
                     logging.INFO if exited.asked else logging.WARNING,
-                    "%s exited: %s", worker.worker_id, exited.reason,
-                )  # fmt: skip
+                    "%s exited: %s",
+                    worker.worker_id,
+                    exited.reason,
+                )
                 for link in self.links:
                     link.send(exited)
 

@@ -34,12 +34,16 @@ def build_parser() -> argparse.ArgumentParser:
         "(the routers default to [worker] router; CURVE keys are [worker]'s)",
     )
     p.add_argument(
-        "--config", required=True, type=Path,
+        "--config",
+        required=True,
+        type=Path,
         help="fleet TOML file: its [[models]] are what this host may serve; [host] sets this "
         "agent, [worker] the routers and CURVE keys (its workers read it too)",
-    )  # fmt: skip
-    notes = {"router": "a router's ZeroMQ address; repeat it for several (default: [worker] "
-             "router, else tcp://127.0.0.1:5555)"}  # fmt: skip
+    )
+    notes = {
+        "router": "a router's ZeroMQ address; repeat it for several (default: [worker] "
+        "router, else tcp://127.0.0.1:5555)"
+    }
     add_flags(p, WorkerSection, ["router"], notes=notes)
     add_flags(p, HostSection, HOST_FLAGS)
     add_flags(p, WorkerSection, ["log_level"])
@@ -103,9 +107,12 @@ def main(argv: list[str] | None = None) -> int:
             log.warning("%s will be refused: %s", model.name, problem)
     log.info(
         "host %s: budget %.2f GiB of %.2f GiB, routers %s, worker logs in %s",
-        settings.host_id, settings.budget_bytes / 2**30, settings.total_bytes / 2**30,
-        ", ".join(settings.routers), settings.log_dir,
-    )  # fmt: skip
+        settings.host_id,
+        settings.budget_bytes / 2**30,
+        settings.total_bytes / 2**30,
+        ", ".join(settings.routers),
+        settings.log_dir,
+    )
     return agent.serve()
 
 

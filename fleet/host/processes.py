@@ -26,9 +26,19 @@ def worker_command(
     """`python -m worker` for catalog model `start.model` (its path read from the config)."""
     connect = [x for endpoint in routers for x in ("--router", endpoint)]
     return [
-        sys.executable, "-m", "worker", "--config", str(config), "--model-id", start.model,
-        "--worker-id", worker_id, "--kv-memory", str(start.kv_memory_bytes), *connect,
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "worker",
+        "--config",
+        str(config),
+        "--model-id",
+        start.model,
+        "--worker-id",
+        worker_id,
+        "--kv-memory",
+        str(start.kv_memory_bytes),
+        *connect,
+    ]
 
 
 @dataclass

@@ -11,14 +11,39 @@ from __future__ import annotations
 POLICY_NAMES = ("cache_aware", "round_robin", "least_load")
 # router/chat/dialects (calls.py CALL_FORMATS, plus harmony) has one reader for each
 TOOL_CALL_PARSERS = (
-    "hermes", "llama3", "mistral", "qwen3_coder", "glm47", "kimi_k2", "kimi_k3", "minimax_m2",
-    "deepseek_v31", "deepseek_v3", "pythonic", "gemma4", "function_gemma", "json_tools",
-    "longcat", "laguna", "minicpm5", "muse_spark", "seed_oss", "nemotron_json", "harmony",
-)  # fmt: skip
+    "hermes",
+    "llama3",
+    "mistral",
+    "qwen3_coder",
+    "glm47",
+    "kimi_k2",
+    "kimi_k3",
+    "minimax_m2",
+    "deepseek_v31",
+    "deepseek_v3",
+    "pythonic",
+    "gemma4",
+    "function_gemma",
+    "json_tools",
+    "longcat",
+    "laguna",
+    "minicpm5",
+    "muse_spark",
+    "seed_oss",
+    "nemotron_json",
+    "harmony",
+)
 # router/chat/dialects REASONING_FORMATS: how a reply marks its reasoning
 REASONING_PARSERS = (
-    "think", "mistral", "gemma4", "longcat", "think_colon", "xtml", "seed", "harmony",
-)  # fmt: skip
+    "think",
+    "mistral",
+    "gemma4",
+    "longcat",
+    "think_colon",
+    "xtml",
+    "seed",
+    "harmony",
+)
 # worker/attention/paged.py BACKENDS holds the concrete ones; "auto" picks among them
 ATTENTION_BACKENDS = ("auto", "metal", "mlx")
 # worker/engine/speculative.py drafts for "ngram"; "off" drafts nothing

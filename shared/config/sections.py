@@ -212,9 +212,11 @@ class WorkerSection:
         metavar="ADDR",
     )
     kv_events_topic: str | None = spec(
-        None, string(optional=True), "ZeroMQ topic of the published KV events (default: none)",
+        None,
+        string(optional=True),
+        "ZeroMQ topic of the published KV events (default: none)",
         metavar="TOPIC",
-    )  # fmt: skip
+    )
     curve_secret_key: Path | None = spec(
         None, path(), "this worker's CURVE secret key file (mlx-fleet-keys)"
     )

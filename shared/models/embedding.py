@@ -22,8 +22,11 @@ ENCODER_TYPES = ("bert", "xlm-roberta", "xlm_roberta", "modernbert")
 # decoder families trained with Matryoshka representation learning: a prefix of the vector is
 # itself an embedding (Qwen3-Embedding: "MRL support", 32 to the full width)
 MATRYOSHKA_DECODERS = ("qwen3",)
-_POOLING_KEYS = {"pooling_mode_lasttoken": "last", "pooling_mode_mean_tokens": "mean",
-                 "pooling_mode_cls_token": "cls"}  # fmt: skip
+_POOLING_KEYS = {
+    "pooling_mode_lasttoken": "last",
+    "pooling_mode_mean_tokens": "mean",
+    "pooling_mode_cls_token": "cls",
+}
 _ST_MODULES = ("Transformer", "Pooling", "Normalize")  # the sentence-transformers steps we run
 
 

@@ -175,8 +175,13 @@ def read_config(model_dir: Path) -> dict:
 
 
 CONTEXT_KEYS = (
-    "max_position_embeddings", "max_sequence_length", "n_positions", "max_seq_len", "n_ctx", "seq_length",
-)  # fmt: skip
+    "max_position_embeddings",
+    "max_sequence_length",
+    "n_positions",
+    "max_seq_len",
+    "n_ctx",
+    "seq_length",
+)
 DEFAULT_CONTEXT_LENGTH = 4096
 
 

@@ -139,9 +139,14 @@ def vision_spec(model_dir: Path, token_text: Callable[[int], str]) -> VisionSpec
         count = config.get("mm_tokens_per_image") or config["text_config"]["mm_tokens_per_image"]
         boi = token_text(config["boi_token_index"])
         return VisionSpec(
-            family, image_id, token_text(image_id), placeholder=boi,
-            tokens_per_image=count, boi=boi, eoi=token_text(config["eoi_token_index"]),
-        )  # fmt: skip
+            family,
+            image_id,
+            token_text(image_id),
+            placeholder=boi,
+            tokens_per_image=count,
+            boi=boi,
+            eoi=token_text(config["eoi_token_index"]),
+        )
     vision = config["vision_config"]
     pre = _preprocessor(model_dir)
     if family in MROPE_FAMILIES:
@@ -150,12 +155,15 @@ def vision_spec(model_dir: Path, token_text: Callable[[int], str]) -> VisionSpec
     edge = size.get("longest_edge") if isinstance(size, dict) else None
     image = token_text(image_id)
     return VisionSpec(
-        family, image_id, image, placeholder=image,
+        family,
+        image_id,
+        image,
+        placeholder=image,
         longest_edge=edge or vision.get("image_size", 1024),
         patch=vision.get("patch_size", 16) * config.get("spatial_merge_size", 1),
         image_break=_token(pre, "image_break_token", "[IMG_BREAK]"),
         image_end=_token(pre, "image_end_token", "[IMG_END]"),
-    )  # fmt: skip
+    )
 
 
 def _qwen_spec(config: dict, pre: dict, token_text: Callable[[int], str]) -> VisionSpec:
@@ -174,11 +182,17 @@ def _qwen_spec(config: dict, pre: dict, token_text: Callable[[int], str]) -> Vis
     )
     image = token_text(image_id)
     return VisionSpec(
-        config["model_type"], image_id, image, placeholder=boi + image + eoi, boi=boi, eoi=eoi,
+        config["model_type"],
+        image_id,
+        image,
+        placeholder=boi + image + eoi,
+        boi=boi,
+        eoi=eoi,
         patch=pre.get("patch_size", vision.get("patch_size", 14))
         * pre.get("merge_size", vision.get("spatial_merge_size", 2)),
-        min_pixels=low, max_pixels=high,
-    )  # fmt: skip
+        min_pixels=low,
+        max_pixels=high,
+    )
 
 
 def _preprocessor(model_dir: Path) -> dict:

@@ -53,8 +53,11 @@ def _parameters(model_dir: Path, files: list[Path]) -> int:
                 if length > min(path.stat().st_size, 1 << 26):  # not a safetensors file
                     return 0
                 header = json.loads(f.read(length))
-            tensors = [(n, t["dtype"], math.prod(t["shape"])) for n, t in header.items()
-                       if n != "__metadata__"]  # fmt: skip
+            tensors = [
+                (n, t["dtype"], math.prod(t["shape"]))
+                for n, t in header.items()
+                if n != "__metadata__"
+            ]
         except (OSError, ValueError, TypeError, KeyError, AttributeError, struct.error):
             return 0
         for name, dtype, elements in tensors:

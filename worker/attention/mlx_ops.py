@@ -107,9 +107,14 @@ def gather_attention(
     """
     if inputs is None:
         inputs = gather_inputs(
-            block_tables, context_lengths, k_pool.shape[1], queries.shape[2],
-            max_context=max_context, block_size=block_size, window=window,
-        )  # fmt: skip
+            block_tables,
+            context_lengths,
+            k_pool.shape[1],
+            queries.shape[2],
+            max_context=max_context,
+            block_size=block_size,
+            window=window,
+        )
     return attend_gathered(queries, k_pool, v_pool, inputs, scale, sinks=sinks)
 
 
@@ -201,8 +206,9 @@ def blockwise_attention(
     running_max = running_sum = acc = None
     for start in range(0, width, step):
         rows = kv_head_rows(slots[:, start : start + step], k_pool.shape[1])
-        visible = visible_keys(context_lengths, num_queries, key_pos[..., start : start + step],
-                               window)  # fmt: skip
+        visible = visible_keys(
+            context_lengths, num_queries, key_pos[..., start : start + step], window
+        )
         scores = apply_mask(key_scores(q, k_pool, rows), visible[:, None], num_queries)
         step_max = scores.max(axis=-1, keepdims=True)
         if window is not None:  # a later query may see none of a step's keys
@@ -254,9 +260,12 @@ def key_scores(q: mx.array, k_pool, rows: mx.array) -> mx.array:
     view): `(Hkv, B, rows_per_kv, n)`."""
     if hasattr(k_pool, "gather") and q.shape[-2] <= QUANTIZED_MATMUL_MAX_ROWS:
         return mx.quantized_matmul(
-            q, *k_pool.gather(rows), transpose=True,
-            group_size=k_pool.group_size, bits=k_pool.bits,
-        )  # fmt: skip
+            q,
+            *k_pool.gather(rows),
+            transpose=True,
+            group_size=k_pool.group_size,
+            bits=k_pool.bits,
+        )
     return q @ gather_rows(k_pool, rows).swapaxes(-1, -2)
 
 
@@ -273,9 +282,12 @@ def weighted_rows(weights: mx.array, v_pool, rows: mx.array) -> mx.array:
     weights = weights.astype(v_pool.dtype)
     if hasattr(v_pool, "gather") and weights.shape[-2] <= QUANTIZED_MATMUL_MAX_ROWS:
         return mx.quantized_matmul(
-            weights, *v_pool.gather(rows), transpose=False,
-            group_size=v_pool.group_size, bits=v_pool.bits,
-        )  # fmt: skip
+            weights,
+            *v_pool.gather(rows),
+            transpose=False,
+            group_size=v_pool.group_size,
+            bits=v_pool.bits,
+        )
     return weights @ gather_rows(v_pool, rows)
 
 

@@ -76,8 +76,18 @@ class AttentionBackend(NamedTuple):
     prepare: Callable[..., dict] = _no_preparation
 
 
-def _metal_checked(queries, k_pool, v_pool, block_tables, context_lengths, *, window=None,
-                   sinks=None, metal_plan=None, **common) -> mx.array:  # fmt: skip
+def _metal_checked(
+    queries,
+    k_pool,
+    v_pool,
+    block_tables,
+    context_lengths,
+    *,
+    window=None,
+    sinks=None,
+    metal_plan=None,
+    **common,
+) -> mx.array:
     """The Metal kernel, where the window and sink variants a call needs passed their
     start-up self-test on this machine (`metal_plan.VERDICTS`); else that call runs the
     MLX-ops reference, which serves every window and sink."""
@@ -86,12 +96,27 @@ def _metal_checked(queries, k_pool, v_pool, block_tables, context_lengths, *, wi
         sinks is not None and not verdicts.enabled("sinks")
     )
     if unchecked:
-        return gather_attention(queries, k_pool, v_pool, block_tables, context_lengths,
-                                window=window, sinks=sinks, **common)  # fmt: skip
+        return gather_attention(
+            queries,
+            k_pool,
+            v_pool,
+            block_tables,
+            context_lengths,
+            window=window,
+            sinks=sinks,
+            **common,
+        )
     return metal_kernel.paged_attention_metal(
-        queries, k_pool, v_pool, block_tables, context_lengths, window=window, sinks=sinks,
-        metal_plan=metal_plan, **common,
-    )  # fmt: skip
+        queries,
+        k_pool,
+        v_pool,
+        block_tables,
+        context_lengths,
+        window=window,
+        sinks=sinks,
+        metal_plan=metal_plan,
+        **common,
+    )
 
 
 BACKENDS: dict[str, AttentionBackend] = {
@@ -227,9 +252,12 @@ def paged_attention(
     one `AttentionPlan` from host ints instead, which reads nothing from the device.
     """
     plan = AttentionPlan(
-        resolve_backend(backend), block_tables, context_lengths.tolist(),
-        block_size=block_size, window=window,
-    )  # fmt: skip
+        resolve_backend(backend),
+        block_tables,
+        context_lengths.tolist(),
+        block_size=block_size,
+        window=window,
+    )
     return plan(queries, k_pool, v_pool, scale=scale, sinks=sinks)
 
 

@@ -141,8 +141,9 @@ class PrefixKV:
             return stacked
         pieces = [self._group(kept, g, pool, keep=False) for g in range(len(kept.groups))]
         if isinstance(pieces[0], tuple):  # packed values, scales and biases
-            stacked = tuple(mx.stack([_pad(p[i], width) for p in pieces], axis=1)
-                            for i in range(len(pieces[0])))  # fmt: skip
+            stacked = tuple(
+                mx.stack([_pad(p[i], width) for p in pieces], axis=1) for i in range(len(pieces[0]))
+            )
         else:
             stacked = mx.stack([_pad(p, width) for p in pieces], axis=1)
         blocks = frozenset(b for group in kept.blocks for b in group)

@@ -108,6 +108,9 @@ def _self_test_variants(block_size: int, dtype, dims: dict) -> None:
 
 def _report(backend: str, requested: str, verdict: str, result) -> AttentionReport:
     return AttentionReport(
-        backend, requested, verdict if verdict != "passed" else f"passed: {result.reason}",
-        result.candidate_ms, result.reference_ms,
-    )  # fmt: skip
+        backend,
+        requested,
+        verdict if verdict != "passed" else f"passed: {result.reason}",
+        result.candidate_ms,
+        result.reference_ms,
+    )

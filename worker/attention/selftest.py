@@ -67,9 +67,19 @@ def random_decode_batch(
 
 
 def shared_prefix_batch(
-    *, rows, tenants, prefix, own, block_size, dtype, num_heads, num_kv_heads, head_dim,
-    seed=0, quantize=None,
-) -> DecodeBatch:  # fmt: skip
+    *,
+    rows,
+    tenants,
+    prefix,
+    own,
+    block_size,
+    dtype,
+    num_heads,
+    num_kv_heads,
+    head_dim,
+    seed=0,
+    quantize=None,
+) -> DecodeBatch:
     """Decode rows of `tenants` tenants: each tenant's rows share its `prefix` tokens (whole
     blocks), then each row has up to `own` tokens of its own; shuffled block ids."""
     rng = np.random.default_rng(seed)
@@ -93,13 +103,20 @@ def shared_prefix_batch(
 
 
 def plan_call(
-    backend: AttentionBackend, batch: DecodeBatch, block_size: int,
-    window: int | None = None, sinks: mx.array | None = None,
-) -> Callable[[], mx.array]:  # fmt: skip
+    backend: AttentionBackend,
+    batch: DecodeBatch,
+    block_size: int,
+    window: int | None = None,
+    sinks: mx.array | None = None,
+) -> Callable[[], mx.array]:
     plan = AttentionPlan(
-        backend, batch.block_tables, batch.lengths, block_size=block_size,
-        host_tables=batch.block_tables.tolist(), window=window,
-    )  # fmt: skip
+        backend,
+        batch.block_tables,
+        batch.lengths,
+        block_size=block_size,
+        host_tables=batch.block_tables.tolist(),
+        window=window,
+    )
     scale = batch.queries.shape[-1] ** -0.5
     return lambda: plan(batch.queries, batch.k_pool, batch.v_pool, scale=scale, sinks=sinks)
 
@@ -138,14 +155,23 @@ def self_test(
     `inputs`), and is it faster there than the reference (or `baseline`)? Never raises for
     the candidate's faults: they become `reason`."""
     inputs = inputs or random_decode_batch(
-        batch=batch, context=context, block_size=block_size, dtype=dtype,
-        num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim, quantize=quantize,
-    )  # fmt: skip
+        batch=batch,
+        context=context,
+        block_size=block_size,
+        dtype=dtype,
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+        quantize=quantize,
+    )
     extra = {} if candidate_prepare is None else {"prepare": candidate_prepare}
     candidate = plan_call(
-        AttentionBackend("candidate", candidate_run, lambda: None, **extra), inputs, block_size,
-        window, sinks,
-    )  # fmt: skip
+        AttentionBackend("candidate", candidate_run, lambda: None, **extra),
+        inputs,
+        block_size,
+        window,
+        sinks,
+    )
     reference = plan_call(BACKENDS["mlx"], inputs, block_size, window, sinks)
     want = reference()
     try:
@@ -167,8 +193,13 @@ def self_test(
     timing = f"{candidate_ms:.3f} ms vs {against} {reference_ms:.3f} ms"
     if candidate_ms >= reference_ms:
         return SelfTestResult(False, f"slower: {timing}", candidate_ms, reference_ms, error)
-    return SelfTestResult(True, f"matches (max error {error:.2e}), faster: {timing}",
-                          candidate_ms, reference_ms, error)  # fmt: skip
+    return SelfTestResult(
+        True,
+        f"matches (max error {error:.2e}), faster: {timing}",
+        candidate_ms,
+        reference_ms,
+        error,
+    )
 
 
 def _max_error(got: mx.array, want: mx.array) -> float:
@@ -208,10 +239,14 @@ def prewarm(
     for block_size in block_sizes:
         for dtype in dtypes:
             outcome[(block_size, str(dtype))] = _prewarm_one(
-                candidate_run, block_size, dtype,
-                num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
+                candidate_run,
+                block_size,
+                dtype,
+                num_heads=num_heads,
+                num_kv_heads=num_kv_heads,
+                head_dim=head_dim,
                 quantize=quantize,
-            )  # fmt: skip
+            )
     return outcome
 
 
@@ -220,9 +255,12 @@ def _prewarm_one(candidate_run, block_size, dtype, **shape) -> str | None:
     try:
         for batch, blocks in PREWARM_SHAPES:
             inputs = random_decode_batch(
-                batch=batch, context=blocks * block_size, block_size=block_size, dtype=dtype,
+                batch=batch,
+                context=blocks * block_size,
+                block_size=block_size,
+                dtype=dtype,
                 **shape,
-            )  # fmt: skip
+            )
             mx.eval(plan_call(backend, inputs, block_size)())
     except Exception as error:  # reported, so the caller can fall back
         return f"{type(error).__name__}: {error}"
@@ -238,9 +276,14 @@ def verify_metal_backend(
         result = SelfTestResult(False, missing, None, None, None)
     else:
         result = self_test(
-            metal_kernel.paged_attention_metal, block_size=block_size, dtype=dtype,
-            num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim, **sizes,
-        )  # fmt: skip
+            metal_kernel.paged_attention_metal,
+            block_size=block_size,
+            dtype=dtype,
+            num_heads=num_heads,
+            num_kv_heads=num_kv_heads,
+            head_dim=head_dim,
+            **sizes,
+        )
     metal_kernel.SELF_TEST.record(result.ok, result.reason)
     return result
 
@@ -273,42 +316,75 @@ def forced(variant: str) -> Callable[..., dict]:
 
 
 def verify_metal_variants(
-    *, block_size: int, dtype, num_heads: int, num_kv_heads: int, head_dim: int, repeats=5,
+    *,
+    block_size: int,
+    dtype,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    repeats=5,
     quantize: Quantizer | None = None,
-) -> dict[str, SelfTestResult]:  # fmt: skip
+) -> dict[str, SelfTestResult]:
     """Self-test split-K and prefix-grouped on the shape each is for: each must match the
     MLX-ops reference and beat the plain kernel there; and the window and sink variants
     (`FEATURE_BATCHES`), which must match it. Record the verdicts (`metal_plan.VERDICTS`), so
     a forward uses a variant only where it passed on this machine (a window or sinks that did
     not pass: those calls run the MLX-ops reference, `paged._metal_checked`)."""
-    plain = AttentionBackend("the plain kernel", metal_kernel.paged_attention_metal,
-                             lambda: None, forced("plain"))  # fmt: skip
+    plain = AttentionBackend(
+        "the plain kernel", metal_kernel.paged_attention_metal, lambda: None, forced("plain")
+    )
     results = {}
     for variant, make in VARIANT_BATCHES.items():
         missing = metal_kernel.metal_reason()
         if missing is not None:
             results[variant] = SelfTestResult(False, missing, None, None, None)
         else:
-            inputs = make(block_size=block_size, dtype=dtype, num_heads=num_heads,
-                          num_kv_heads=num_kv_heads, head_dim=head_dim, quantize=quantize)  # fmt: skip
+            inputs = make(
+                block_size=block_size,
+                dtype=dtype,
+                num_heads=num_heads,
+                num_kv_heads=num_kv_heads,
+                head_dim=head_dim,
+                quantize=quantize,
+            )
             results[variant] = self_test(
-                metal_kernel.paged_attention_metal, block_size=block_size, dtype=dtype,
-                num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
-                repeats=repeats, inputs=inputs, candidate_prepare=forced(variant), baseline=plain,
-            )  # fmt: skip
+                metal_kernel.paged_attention_metal,
+                block_size=block_size,
+                dtype=dtype,
+                num_heads=num_heads,
+                num_kv_heads=num_kv_heads,
+                head_dim=head_dim,
+                repeats=repeats,
+                inputs=inputs,
+                candidate_prepare=forced(variant),
+                baseline=plain,
+            )
         metal_plan.VERDICTS.record(variant, results[variant].ok, results[variant].reason)
     for feature, make in FEATURE_BATCHES.items():
         missing = metal_kernel.metal_reason()
         if missing is not None:
             results[feature] = SelfTestResult(False, missing, None, None, None)
         else:
-            inputs, window = make(block_size=block_size, dtype=dtype, num_heads=num_heads,
-                                  num_kv_heads=num_kv_heads, head_dim=head_dim, quantize=quantize)  # fmt: skip
+            inputs, window = make(
+                block_size=block_size,
+                dtype=dtype,
+                num_heads=num_heads,
+                num_kv_heads=num_kv_heads,
+                head_dim=head_dim,
+                quantize=quantize,
+            )
             sinks = sinks_of(num_heads) if feature == "sinks" else None
             results[feature] = self_test(
-                metal_kernel.paged_attention_metal, block_size=block_size, dtype=dtype,
-                num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
-                inputs=inputs, window=window, sinks=sinks, need_faster=False,
-            )  # fmt: skip
+                metal_kernel.paged_attention_metal,
+                block_size=block_size,
+                dtype=dtype,
+                num_heads=num_heads,
+                num_kv_heads=num_kv_heads,
+                head_dim=head_dim,
+                inputs=inputs,
+                window=window,
+                sinks=sinks,
+                need_faster=False,
+            )
         metal_plan.VERDICTS.record(feature, results[feature].ok, results[feature].reason)
     return results

@@ -159,9 +159,12 @@ def plan_shared_prefixes(
     rows = loose_plan = order = None
     if loose:
         rows = mx.array(grouped, dtype=mx.int32)
-        loose_plan = (mx.array(loose, dtype=mx.int32), _loose_inputs(
-            [tables[r] for r in loose], [lengths[r] for r in loose], block_size, num_kv_heads
-        ))  # fmt: skip
+        loose_plan = (
+            mx.array(loose, dtype=mx.int32),
+            _loose_inputs(
+                [tables[r] for r in loose], [lengths[r] for r in loose], block_size, num_kv_heads
+            ),
+        )
         place = {r: i for i, r in enumerate(grouped + loose)}
         order = mx.array([place[r] for r in range(len(lengths))], dtype=mx.int32)
     return SharedPrefixPlan(
@@ -188,9 +191,13 @@ def _loose_inputs(
     blocks = -(-longest // block_size)
     padded = [t[:blocks] + [0] * (blocks - len(t[:blocks])) for t in tables]
     return gather_inputs(
-        mx.array(padded, dtype=mx.int32), mx.array(lengths, dtype=mx.int32), num_kv_heads, 1,
-        max_context=longest, block_size=block_size,
-    )  # fmt: skip
+        mx.array(padded, dtype=mx.int32),
+        mx.array(lengths, dtype=mx.int32),
+        num_kv_heads,
+        1,
+        max_context=longest,
+        block_size=block_size,
+    )
 
 
 def shared_prefix_attention(
@@ -289,8 +296,11 @@ def _prefix_values(weights: mx.array, v_pool, values) -> mx.array:
     if isinstance(values, tuple):
         if weights.shape[-2] <= QUANTIZED_MATMUL_MAX_ROWS:
             return mx.quantized_matmul(
-                weights, *values, transpose=False,
-                group_size=v_pool.group_size, bits=v_pool.bits,
-            )  # fmt: skip
+                weights,
+                *values,
+                transpose=False,
+                group_size=v_pool.group_size,
+                bits=v_pool.bits,
+            )
         values = _dequantized(v_pool, values)
     return weights @ values

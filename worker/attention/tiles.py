@@ -125,9 +125,14 @@ def prepare_tiles(
                 if picked is not None:
                     tables, lens = block_tables[picked[i]], context_lengths[picked[i]]
                 gathers[i] = gather_inputs(
-                    tables, lens, k_pool.shape[1], num_queries,
-                    max_context=lengths[rows[0]], block_size=block_size, window=window,
-                )  # fmt: skip
+                    tables,
+                    lens,
+                    k_pool.shape[1],
+                    num_queries,
+                    max_context=lengths[rows[0]],
+                    block_size=block_size,
+                    window=window,
+                )
     return PreparedTiles(plan, lengths, picked, back, gathers, window=window)
 
 

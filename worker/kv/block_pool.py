@@ -71,9 +71,12 @@ class BlockPool:
         (MLA, two head dims). `window_layers` (widest window `window`, or `chunked`: chunks of
         it) beside full layers of one shape hold pages while they see them (window_pages)."""
         for name, value in (
-            ("num_blocks", num_blocks), ("block_size", block_size), ("num_layers", num_layers),
-            ("num_kv_heads", num_kv_heads), ("head_dim", head_dim),
-        ):  # fmt: skip
+            ("num_blocks", num_blocks),
+            ("block_size", block_size),
+            ("num_layers", num_layers),
+            ("num_kv_heads", num_kv_heads),
+            ("head_dim", head_dim),
+        ):
             if value < (0 if name == "num_layers" else 1):  # 0: a model of recurrent layers only
                 raise ValueError(f"{name} must be >= 1, got {value}")
         self.num_blocks = num_blocks
@@ -93,9 +96,18 @@ class BlockPool:
         self.uniform = all(s == same for s in self.layer_shapes)
         self._free = deque(range(num_blocks))  # oldest-freed first
         self.k, self.v, self.pages, self.window_group = layer_storage(
-            num_blocks, block_size, self.layer_shapes, window_layers, window, self._free, dtype,
-            bits=self.kv_bits, group_size=self.kv_group_size, chunk=window_chunk, chunked=chunked,
-        )  # fmt: skip
+            num_blocks,
+            block_size,
+            self.layer_shapes,
+            window_layers,
+            window,
+            self._free,
+            dtype,
+            bits=self.kv_bits,
+            group_size=self.kv_group_size,
+            chunk=window_chunk,
+            chunked=chunked,
+        )
         self.unit_cost = 1 + (self.pages.groups if self.pages else 0)  # units a new block takes
         mx.eval(self.k, self.v)  # reserve the memory now, not at the first forward pass
         self._refs = [0] * num_blocks
@@ -116,9 +128,16 @@ class BlockPool:
         logger.info(
             "KV block pool: %d blocks x %d tokens (%d layers, %d KV heads, head dim %d, %s, "
             "%s)%s, %.1f MiB",
-            num_blocks, block_size, num_layers, num_kv_heads, head_dim, dtype, self.kv_layout,
-            pages, self.nbytes / 2**20,
-        )  # fmt: skip
+            num_blocks,
+            block_size,
+            num_layers,
+            num_kv_heads,
+            head_dim,
+            dtype,
+            self.kv_layout,
+            pages,
+            self.nbytes / 2**20,
+        )
 
     # ---- queries (none of these mutate) ----
 
@@ -289,8 +308,11 @@ class BlockPool:
         if self.pages and self.pages.has_page(src_id) and self.pages.has_page(dst_id):
             units += list(zip(self.pages.pages(src_id), self.pages.pages(dst_id), strict=True))
         bs = self.block_size
-        moves = [(a, slice(s * bs, (s + 1) * bs), slice(d * bs, (d + 1) * bs))
-                 for a in self._arrays for s, d in units]  # fmt: skip
+        moves = [
+            (a, slice(s * bs, (s + 1) * bs), slice(d * bs, (d + 1) * bs))
+            for a in self._arrays
+            for s, d in units
+        ]
         copies = [mx.array(a[src]) for a, src, _ in moves]
         mx.eval(copies)
         for (array, _, dst), copy in zip(moves, copies, strict=True):

@@ -274,9 +274,11 @@ class DiskKVStore:
             try:
                 block_hash = int(header["block_hash"])
                 block = StoredBlock(
-                    block_hash, int(header["parent_hash"]),
-                    tuple(int(t) for t in header["token_ids"]), path.stat().st_size,
-                )  # fmt: skip
+                    block_hash,
+                    int(header["parent_hash"]),
+                    tuple(int(t) for t in header["token_ids"]),
+                    path.stat().st_size,
+                )
             except (KeyError, TypeError, ValueError, OSError):
                 self._reject(path, "incomplete header")
                 continue

@@ -38,9 +38,15 @@ class WindowPages:
     """Each block's page in every window sub-group, drawn from the pool's free units."""
 
     def __init__(
-        self, groups: int, free: deque[int], num_units: int, window: int, block_size: int,
-        chunk: int = 0, chunked: bool = False,
-    ):  # fmt: skip
+        self,
+        groups: int,
+        free: deque[int],
+        num_units: int,
+        window: int,
+        block_size: int,
+        chunk: int = 0,
+        chunked: bool = False,
+    ):
         if groups < 1:
             raise ValueError(f"groups must be >= 1, got {groups}")
         self.groups, self.window, self.block_size = groups, window, block_size
@@ -190,10 +196,19 @@ class WindowPages:
 
 
 def layer_storage(
-    num_blocks: int, block_size: int, shapes: list, window_layers: Sequence[int],
-    window: int | None, free: deque[int], dtype, *, bits, group_size, chunk: int = 0,
+    num_blocks: int,
+    block_size: int,
+    shapes: list,
+    window_layers: Sequence[int],
+    window: int | None,
+    free: deque[int],
+    dtype,
+    *,
+    bits,
+    group_size,
+    chunk: int = 0,
     chunked: bool = False,
-):  # fmt: skip
+):
     """(K pools, V pools, WindowPages or None, layer -> page sub-group): each layer's storage.
     With window layers beside full-attention ones, all of one shape: as many arrays as there
     are full layers, each of `num_blocks` units, shared by a full layer and the window layers

@@ -27,8 +27,19 @@ DEFAULT_ALIGNMENT = 32
 MLX_TYPES = ("F32", "F16", "Q4_0", "Q4_1", "Q8_0")
 
 # GGUF metadata value types: id -> struct format (None for string / array)
-_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?",
-            10: "<Q", 11: "<q", 12: "<d"}  # fmt: skip
+_SCALARS = {
+    0: "<B",
+    1: "<b",
+    2: "<H",
+    3: "<h",
+    4: "<I",
+    5: "<i",
+    6: "<f",
+    7: "<?",
+    10: "<Q",
+    11: "<q",
+    12: "<d",
+}
 _STRING, _ARRAY = 8, 9
 
 

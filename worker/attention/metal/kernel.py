@@ -64,8 +64,14 @@ class _KernelCache:
         # (`metal_window`)
         self._kernels: dict[tuple, Callable] = {}
 
-    def get(self, factory: KernelFactory, quantized: bool = False, partial: bool = False,
-            windowed: bool = False, sinks: bool = False):  # fmt: skip
+    def get(
+        self,
+        factory: KernelFactory,
+        quantized: bool = False,
+        partial: bool = False,
+        windowed: bool = False,
+        sinks: bool = False,
+    ):
         key = (factory, quantized, partial, windowed, sinks)
         if key not in self._kernels:
             name, inputs, outputs, body = metal_window.kernel_spec(
@@ -107,10 +113,18 @@ def paged_attention_metal(
     if metal_plan is not None and metal_plan.variant == "split":
         kernel = _KERNELS.get(factory, quantized, partial=True, windowed=windowed)
         return metal_variants.split_k(
-            kernel, queries, k_pool, v_pool, block_tables, context_lengths,
-            parts=metal_plan.parts, part_blocks=metal_plan.part_blocks, window=window,
-            sinks=sinks, **common,
-        )  # fmt: skip
+            kernel,
+            queries,
+            k_pool,
+            v_pool,
+            block_tables,
+            context_lengths,
+            parts=metal_plan.parts,
+            part_blocks=metal_plan.part_blocks,
+            window=window,
+            sinks=sinks,
+            **common,
+        )
     if metal_plan is not None and metal_plan.variant == "grouped":
         if windowed:
             raise ValueError("the prefix-grouped variant takes no window (`metal_plan`)")

@@ -92,9 +92,15 @@ def plan_split(
 
 
 def plan_grouped(
-    tables: list[list[int]], lengths: list[int], *, block_size: int, num_kv_heads: int,
-    group: int, head_dim: int, force: bool = False,
-) -> MetalPlan | None:  # fmt: skip
+    tables: list[list[int]],
+    lengths: list[int],
+    *,
+    block_size: int,
+    num_kv_heads: int,
+    group: int,
+    head_dim: int,
+    force: bool = False,
+) -> MetalPlan | None:
     """Group one-query rows by their first block; a group's prefix is the leading blocks all
     its rows share, keeping each row's own last key outside it. None where grouping would not
     cut the K/V read by GROUPED_MIN_SAVING (unless `force`) or R is 1."""
@@ -149,9 +155,17 @@ def plan_grouped(
 
 
 def plan_forward(
-    *, lengths, num_queries, num_heads, k_pool, block_size, host_tables=None, only=None,
-    window=None, **_,
-) -> MetalPlan:  # fmt: skip
+    *,
+    lengths,
+    num_queries,
+    num_heads,
+    k_pool,
+    block_size,
+    host_tables=None,
+    only=None,
+    window=None,
+    **_,
+) -> MetalPlan:
     """The variant this forward runs (see the module docstring). `only` forces one variant
     where it applies (the self-test and benchmarks time each on its own). A sliding `window`
     is never prefix-grouped (a row's window soon leaves what others share), and split-K
@@ -160,9 +174,14 @@ def plan_forward(
     use = {v: (VERDICTS.enabled(v) if only is None else v == only) for v in VARIANTS[1:]}
     if use["grouped"] and num_queries == 1 and host_tables is not None and window is None:
         grouped = plan_grouped(
-            host_tables, lengths, block_size=block_size, num_kv_heads=num_kv_heads,
-            group=num_heads // num_kv_heads, head_dim=head_dim, force=only == "grouped",
-        )  # fmt: skip
+            host_tables,
+            lengths,
+            block_size=block_size,
+            num_kv_heads=num_kv_heads,
+            group=num_heads // num_kv_heads,
+            head_dim=head_dim,
+            force=only == "grouped",
+        )
         if grouped is not None:
             return grouped
     if use["split"]:

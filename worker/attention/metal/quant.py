@@ -115,9 +115,14 @@ def make_launch(queries, k_pool, v_pool, block_tables, context_lengths, *, scale
     if reason is not None:
         raise NotImplementedError(f"the Metal paged-attention kernel does not serve {reason}")
     launch = metal_source.make_launch(
-        queries, k_pool, v_pool, block_tables, context_lengths,
-        scale=scale, block_size=block_size,
-    )  # fmt: skip
+        queries,
+        k_pool,
+        v_pool,
+        block_tables,
+        context_lengths,
+        scale=scale,
+        block_size=block_size,
+    )
     queries_in, _, _, *rest = launch.inputs
     return launch._replace(
         inputs=[queries_in, *k_pool.arrays(), *v_pool.arrays(), *rest],

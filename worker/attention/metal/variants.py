@@ -89,13 +89,28 @@ KERNEL_OUTPUT_NAMES = ["numer_out", "part_max_out", "part_sum_out"]
 def kernel_spec(quantized: bool) -> tuple[str, list[str], list[str], str]:
     """(name, input names, output names, body) for `mx.fast.metal_kernel`."""
     if quantized:
-        return (KERNEL_NAME + "_quantized", QUANTIZED_INPUT_NAMES, KERNEL_OUTPUT_NAMES,
-                QUANTIZED_KERNEL_BODY)  # fmt: skip
+        return (
+            KERNEL_NAME + "_quantized",
+            QUANTIZED_INPUT_NAMES,
+            KERNEL_OUTPUT_NAMES,
+            QUANTIZED_KERNEL_BODY,
+        )
     return KERNEL_NAME, INPUT_NAMES, KERNEL_OUTPUT_NAMES, KERNEL_BODY
 
 
-def make_launch(queries, k_pool, v_pool, block_tables, context_lengths, *, scale, block_size,
-                parts: int, part_blocks: int, window=None) -> metal_source.Launch:  # fmt: skip
+def make_launch(
+    queries,
+    k_pool,
+    v_pool,
+    block_tables,
+    context_lengths,
+    *,
+    scale,
+    block_size,
+    parts: int,
+    part_blocks: int,
+    window=None,
+) -> metal_source.Launch:
     """The plain (or quantized) launch, with `parts` threadgroups per query row and the three
     fp32 partial outputs `(B, H, Lq, parts[, D])`; `window`: of the windowed body
     (`worker.attention.metal.window`), whose parts count blocks from the window's first."""
@@ -138,23 +153,65 @@ def combine(parts: Partial, dtype, sinks: mx.array | None = None) -> mx.array:
     return (numer / denom).astype(dtype)
 
 
-def run_partial(kernel, queries, k_pool, v_pool, block_tables, context_lengths, *, scale,
-                block_size, parts, part_blocks, window=None) -> Partial:  # fmt: skip
+def run_partial(
+    kernel,
+    queries,
+    k_pool,
+    v_pool,
+    block_tables,
+    context_lengths,
+    *,
+    scale,
+    block_size,
+    parts,
+    part_blocks,
+    window=None,
+) -> Partial:
     launch = make_launch(
-        queries, k_pool, v_pool, block_tables, context_lengths, scale=scale,
-        block_size=block_size, parts=parts, part_blocks=part_blocks, window=window,
-    )  # fmt: skip
+        queries,
+        k_pool,
+        v_pool,
+        block_tables,
+        context_lengths,
+        scale=scale,
+        block_size=block_size,
+        parts=parts,
+        part_blocks=part_blocks,
+        window=window,
+    )
     return Partial(*kernel(**launch._asdict()))
 
 
-def split_k(kernel, queries, k_pool, v_pool, block_tables, context_lengths, *, scale,
-            block_size, parts, part_blocks, window=None, sinks=None) -> mx.array:  # fmt: skip
+def split_k(
+    kernel,
+    queries,
+    k_pool,
+    v_pool,
+    block_tables,
+    context_lengths,
+    *,
+    scale,
+    block_size,
+    parts,
+    part_blocks,
+    window=None,
+    sinks=None,
+) -> mx.array:
     """Paged attention with each row's context (or window) split over `parts` threadgroups;
     `kernel`: the partial body, windowed where `window` is given."""
     partial = run_partial(
-        kernel, queries, k_pool, v_pool, block_tables, context_lengths, scale=scale,
-        block_size=block_size, parts=parts, part_blocks=part_blocks, window=window,
-    )  # fmt: skip
+        kernel,
+        queries,
+        k_pool,
+        v_pool,
+        block_tables,
+        context_lengths,
+        scale=scale,
+        block_size=block_size,
+        parts=parts,
+        part_blocks=part_blocks,
+        window=window,
+    )
     return combine(partial, queries.dtype, sinks)
 
 
@@ -173,8 +230,9 @@ class GroupedPlan(NamedTuple):
     suffix_part_blocks: int
 
 
-def prefix_grouped(kernel, queries, k_pool, v_pool, *, scale, block_size,
-                   plan: GroupedPlan, sinks=None) -> mx.array:  # fmt: skip
+def prefix_grouped(
+    kernel, queries, k_pool, v_pool, *, scale, block_size, plan: GroupedPlan, sinks=None
+) -> mx.array:
     """Decode attention (Lq 1) with each chunk's shared prefix read once per threadgroup;
     `sinks` join the merge of prefix and suffix, once. (Never windowed: `metal_plan`.)"""
     batch, num_heads, _, head_dim = queries.shape
@@ -184,9 +242,17 @@ def prefix_grouped(kernel, queries, k_pool, v_pool, *, scale, block_size,
     by_kv = queries.reshape(batch, kv_heads, group, head_dim)[plan.chunk_rows]  # (C,R,Hkv,G,D)
     virtual = by_kv.transpose(0, 2, 1, 3, 4).reshape(chunks, kv_heads * rows * group, 1, head_dim)
     prefix = run_partial(
-        kernel, virtual, k_pool, v_pool, plan.prefix_tables, plan.prefix_lengths, scale=scale,
-        block_size=block_size, parts=1, part_blocks=plan.prefix_tables.shape[1],
-    )  # fmt: skip
+        kernel,
+        virtual,
+        k_pool,
+        v_pool,
+        plan.prefix_tables,
+        plan.prefix_lengths,
+        scale=scale,
+        block_size=block_size,
+        parts=1,
+        part_blocks=plan.prefix_tables.shape[1],
+    )
 
     def per_row(x: mx.array) -> mx.array:  # (C, Hkv*R*G, 1, 1, ...) -> (B, H, 1, 1, ...)
         tail = x.shape[3:]
@@ -200,8 +266,16 @@ def prefix_grouped(kernel, queries, k_pool, v_pool, *, scale, block_size,
         mx.where(live, per_row(prefix.sum), 0.0),
     )
     suffix = run_partial(
-        kernel, queries, k_pool, v_pool, plan.suffix_tables, plan.suffix_lengths, scale=scale,
-        block_size=block_size, parts=plan.suffix_parts, part_blocks=plan.suffix_part_blocks,
-    )  # fmt: skip
+        kernel,
+        queries,
+        k_pool,
+        v_pool,
+        plan.suffix_tables,
+        plan.suffix_lengths,
+        scale=scale,
+        block_size=block_size,
+        parts=plan.suffix_parts,
+        part_blocks=plan.suffix_part_blocks,
+    )
     merged = Partial(*(mx.concatenate([a, b], axis=3) for a, b in zip(prefix, suffix, strict=True)))
     return combine(merged, queries.dtype, sinks)
