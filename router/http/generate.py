@@ -34,7 +34,7 @@ from shared.protocol import INTERACTIVE
 
 if TYPE_CHECKING:
     from router.api.request import GenerationRequest
-    from router.cluster.models import ServedModel
+    from router.routing.models import ServedModel
 
 
 async def generate(
@@ -82,7 +82,7 @@ async def _serve(
             jobs.append(start_job(served, request_id, req, trace))
         reply = api.reply(req, request_id, served.tokenizer)
         options = text_options(req)
-        items = batch_pieces(jobs, req.n, served.tokenizer, served.dispatcher, req.stop, options)
+        items = batch_pieces(jobs, req.n, served.tokenizer, req.stop, options)
         items = items if trace is None else trace.watch(items)
         async with contextlib.aclosing(items):
             if req.stream:
@@ -90,7 +90,7 @@ async def _serve(
             return await _whole(request, served, jobs, reply, items, before_end)
     finally:
         for job in jobs:
-            served.dispatcher.cancel(job)  # no-op when finished; aborts on disconnect/error
+            job.cancel()  # no-op when finished; aborts on disconnect/error
         if jobs:  # what was generated is charged, however the request ended (a client that
             # leaves before the end must not escape its key's tokens-per-minute budget)
             usage = usage_of_all(jobs)
@@ -156,7 +156,7 @@ async def answer(
             placed()
         reply = api.reply(req, request_id, served.tokenizer)
         options = text_options(req)
-        items = batch_pieces(jobs, req.n, served.tokenizer, served.dispatcher, req.stop, options)
+        items = batch_pieces(jobs, req.n, served.tokenizer, req.stop, options)
         async with contextlib.aclosing(items):
             choices = await _choices(items)
         usage = usage_of_all(jobs)
@@ -166,7 +166,7 @@ async def answer(
         return e.status, e.body()
     finally:
         for job in jobs:
-            served.dispatcher.cancel(job)
+            job.cancel()
 
 
 def start_job(
