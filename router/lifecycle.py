@@ -16,7 +16,7 @@ from router.chat.dialects import detect_dialect
 from router.chat.hazards import clock_hazard
 from router.chat.history import probe_arguments
 from router.cluster.listener import Cluster
-from router.cluster.models import ModelTable, ServedModel
+from router.cluster.models import ModelTable
 from router.cluster.registry import WorkerRegistry
 from router.cluster.worker_socket import WorkerSocket
 from router.http import app_keys
@@ -26,7 +26,7 @@ from router.placement.catalog import entry_of
 from router.placement.demand import Demand
 from router.placement.placer import Placer
 from router.routing.dispatcher import Dispatcher
-from router.routing.embed_jobs import EmbedDispatcher
+from router.routing.models import ServedModel
 from router.routing.policy import make_policy
 from router.routing.prefix_index import PrefixIndex
 from router.store import open_state
@@ -128,10 +128,6 @@ async def cluster_ctx(app: web.Application) -> AsyncIterator[None]:
         served = ServedModel(spec, tokenizer, index, dispatcher, model_metrics)
         served.embedding = embedding_spec(spec.path, spec.task)  # NotServable: says why
         if served.embedding is not None:
-            served.embed_jobs = EmbedDispatcher(
-                registry, link.send, spec.served_id, config.max_pending_requests,
-                config.max_resubmits,
-            )  # fmt: skip
             log.info("%s: an embedding model (%s)", spec.served_id, served.embedding)
         return served
 
@@ -151,6 +147,8 @@ async def cluster_ctx(app: web.Application) -> AsyncIterator[None]:
     demand = Demand(placer, registry, config.load_timeout_s, config.heartbeat_timeout_s,
                     time.monotonic)  # fmt: skip
     cluster.on_host, cluster.on_register = placer.handle, placer.on_registered
+    for served in models:
+        served.dispatcher.listen(cluster)
     app[app_keys.LINK] = link
     app[app_keys.MODELS] = models
     app[app_keys.CLUSTER] = cluster
@@ -192,8 +190,6 @@ async def abort_streams(app: web.Application) -> None:
     """on_shutdown: end every request in flight with an error, so open streams close."""
     for model in app.get(app_keys.MODELS, ()):
         model.dispatcher.fail_all("the router is shutting down")
-        if model.embed_jobs is not None:
-            model.embed_jobs.fail_all("the router is shutting down")
 
 
 def _task(coro: Coroutine) -> asyncio.Task:

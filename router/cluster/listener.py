@@ -1,4 +1,9 @@
-"""The router's side of the worker protocol: registration, heartbeats, KV events, liveness."""
+"""The router's side of the worker protocol: registration, heartbeats, KV events, liveness.
+
+Replies (token deltas, embeddings) and lost workers go up to the jobs' owner of each model
+through the `WorkerReplies` it subscribed (router.routing's dispatcher subscribes itself); the
+cluster knows nothing of what is above it.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +11,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from router.cluster.registry import WorkerRegistry, WorkerState
 from shared.placement.messages import HostHello, HostReport, WorkerExited
@@ -27,12 +32,25 @@ from shared.protocol import (
 HOST_MESSAGES = (HostHello, HostReport, WorkerExited)  # router/placement/ reads them
 
 if TYPE_CHECKING:
-    from router.cluster.models import ModelTable, ServedModel
+    from router.cluster.models import ClusterModel, ModelTable
     from router.metrics.router_metrics import Metrics
 
 log = logging.getLogger(__name__)
 
 INVENTORY_RETRY_S = 5.0  # an inventory asked for and not in by then is asked for again
+
+
+class WorkerReplies(Protocol):
+    """Who takes a model's replies: the owner of its requests in flight."""
+
+    def on_delta(self, worker: WorkerState, delta: TokenDelta) -> None:
+        """Tokens (and at the end, a finish reason and usage) of a request sent to `worker`."""
+
+    def on_embeddings(self, worker: WorkerState, msg: Embeddings) -> None:
+        """The answer to an Embed sent to `worker`."""
+
+    def on_worker_lost(self, worker: WorkerState) -> None:
+        """`worker` is gone (already out of the healthy set): move or end its requests."""
 
 
 class Cluster:
@@ -59,6 +77,11 @@ class Cluster:
         # host agents' messages, and a registration (router/placement/, wired by lifecycle)
         self.on_host: Callable[[bytes, object], None] | None = None
         self.on_register: Callable[[WorkerState], None] | None = None
+        self._replies: dict[str, WorkerReplies] = {}  # by model id (`subscribe`)
+
+    def subscribe(self, model: str, replies: WorkerReplies) -> None:
+        """Send the replies of `model`'s workers to `replies`, and tell it of lost ones."""
+        self._replies[model] = replies
 
     def handle(self, identity: bytes, msg: Message) -> None:
         """One decoded message from the worker at `identity`."""
@@ -77,11 +100,11 @@ class Cluster:
         if isinstance(msg, TokenDelta):
             if msg.finish_reason == "error":
                 worker.note_error(msg.error or "a request failed")
-            self._model_of(worker).dispatcher.on_delta(worker, msg)
+            if (replies := self._replies.get(worker.model)) is not None:
+                replies.on_delta(worker, msg)
         elif isinstance(msg, Embeddings):
-            jobs = self._model_of(worker).embed_jobs
-            if jobs is not None:
-                jobs.on_reply(worker, msg)
+            if (replies := self._replies.get(worker.model)) is not None:
+                replies.on_embeddings(worker, msg)
         elif isinstance(msg, Heartbeat):
             self._heartbeat(worker, msg)
         elif isinstance(msg, KVEvents):
@@ -229,7 +252,7 @@ class Cluster:
         if self.on_register is not None:
             self.on_register(state)
 
-    def _model_for(self, msg: Register) -> ServedModel | None:
+    def _model_for(self, msg: Register) -> ClusterModel | None:
         """The model a registering worker serves, by its id or an alias. A router of one
         model takes a worker that names another (a directory of another name, say: every
         worker served the router's one model before models were named), with a warning."""
@@ -244,7 +267,7 @@ class Cluster:
             )
         return model
 
-    def _model_of(self, worker: WorkerState) -> ServedModel:
+    def _model_of(self, worker: WorkerState) -> ClusterModel:
         return self.models[worker.model]  # registration set it to a served model's id
 
     def _heartbeat(self, worker: WorkerState, msg: Heartbeat) -> None:
@@ -264,6 +287,5 @@ class Cluster:
         worker.healthy = False
         model = self._model_of(worker)
         model.index.drop_worker(worker.worker_id)
-        model.dispatcher.on_worker_lost(worker)
-        if model.embed_jobs is not None:
-            model.embed_jobs.on_worker_lost(worker)
+        if (replies := self._replies.get(worker.model)) is not None:
+            replies.on_worker_lost(worker)

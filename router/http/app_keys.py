@@ -16,6 +16,7 @@ from router.http.api_keys import ApiKeys
 from router.http.budgets import KeyBudgets
 from router.metrics.router_metrics import Metrics
 from router.placement.demand import Demand
+from router.routing.models import ServedModel
 from router.text.tokenizer import ModelTokenizer
 
 CONFIG = web.AppKey("config", RouterConfig)
@@ -24,7 +25,9 @@ TOKENIZERS = web.AppKey("tokenizers", dict[str, ModelTokenizer])  # by model id
 # None: prompts are parsed and tokenized on the event loop
 TOKENIZE_POOL = web.AppKey("tokenize_pool", ThreadPoolExecutor | None)
 CLUSTER = web.AppKey("cluster", Cluster)
-MODELS = web.AppKey("models", ModelTable)  # each with its tokenizer, index and dispatcher
+MODELS = web.AppKey(
+    "models", ModelTable[ServedModel]
+)  # each with its tokenizer, index and dispatcher
 LINK = web.AppKey("link", WorkerSocket)  # the ZeroMQ socket the workers connect to
 API_KEYS = web.AppKey("api_keys", ApiKeys)
 RESPONSES = web.AppKey("responses", ResponseStore)  # /v1/responses kept (router/store/)

@@ -38,7 +38,7 @@ from router.api.responses.store import ScopedStore
 from router.errors import ApiError
 from router.http import app_keys
 from router.http.embed import embed
-from router.http.generate import answer
+from router.http.generate import Lane, answer
 from shared.protocol import BATCH as LOW_PRIORITY
 
 log = logging.getLogger(__name__)
@@ -249,11 +249,11 @@ class Run:
         """The line's body through its endpoint's API (an endpoint not served: its 404);
         `placed()` once its job is on a worker."""
         app, endpoint, owner = self.runner.app, self.batch["endpoint"], self.batch["owner"]
-        lane = (LOW_PRIORITY, self._per_worker, placed)
+        lane = Lane(LOW_PRIORITY, self._per_worker, placed)
         if endpoint == "/v1/chat/completions":
-            return await answer(app, CHAT, body, *lane)
+            return await answer(app, CHAT, body, lane)
         if endpoint == "/v1/completions":
-            return await answer(app, COMPLETIONS, body, *lane)
+            return await answer(app, COMPLETIONS, body, lane)
         if endpoint == "/v1/responses":
             view = ScopedStore(owner)
             previous = body.get("previous_response_id")
@@ -261,7 +261,7 @@ class Run:
                 stored = await app[app_keys.RESPONSES].get(previous, owner)
                 if stored is not None:
                     view.loaded[previous] = stored
-            status, reply = await answer(app, ResponsesApi(view), body, *lane)
+            status, reply = await answer(app, ResponsesApi(view), body, lane)
             for entry in view.pending:
                 await app[app_keys.RESPONSES].put(entry)
             return status, reply

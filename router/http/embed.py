@@ -17,14 +17,14 @@ async def embed(app: web.Application, body: dict, request_id: str) -> tuple[dict
     """`body` answered: (OpenAI's reply, the model served, its prompt tokens); ApiError as a
     live request gets it. The endpoint's and a batch line's (router/http/batch_runner.py)."""
     served = app[app_keys.MODELS].for_request(body)
-    if served.embedding is None or served.embed_jobs is None:
+    if served.embedding is None:
         raise not_an_embedding_model(served.id)
     await wait_for_model(app, served.id, body)
     req = await parse_off_loop(
         app, parse_embeddings, body, served.tokenizer, served.embedding, served.id
     )
     try:
-        job = served.embed_jobs.start(request_id, req.inputs, req.dimensions)
+        job = served.dispatcher.start_embed(request_id, req.inputs, req.dimensions)
     except Overloaded:
         raise overloaded() from None
     except NoWorkerAvailable:
@@ -32,7 +32,7 @@ async def embed(app: web.Application, body: dict, request_id: str) -> tuple[dict
     try:
         answer = await job.future
     finally:
-        served.embed_jobs.cancel(job)  # the client left before the answer: abort it there
+        job.cancel()  # the client left before the answer: abort it there
     if answer.error is not None:
         raise embedding_failed(answer.error)
     served.metrics.usage(req.prompt_tokens, 0, 0)

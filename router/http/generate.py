@@ -1,10 +1,14 @@
-"""The one generation endpoint skeleton, shared by every API adapter.
+"""The one generation pipeline, shared by every API adapter and by a batch's lines.
 
 read the body -> pick the model -> parse (off the loop) -> start the job (one per prompt when a
 completions request holds several: `req.batch`, merged by router/text/pieces.batch_pieces) ->
 reply whole or as a stream -> cancel the jobs in `finally` (a no-op once finished; an abort
 when the client left or an error cut it short). An error before the first token is a plain
 HTTP error; once a stream's headers are sent it goes in the stream.
+
+Who asked is a `Caller`: a live HTTP request (`LiveCaller`: streamed or whole, traced, its
+key's budgets charged) or a batch's line (`LineCaller`: the whole body, nothing charged). How
+its jobs are placed on workers is a `Lane` (interactive, or a batch's low priority).
 """
 
 from __future__ import annotations
@@ -13,9 +17,9 @@ import asyncio
 import contextlib
 import sys
 import time
-from collections.abc import Awaitable, Callable
-from dataclasses import replace
-from typing import TYPE_CHECKING
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from aiohttp import web
 
@@ -29,12 +33,41 @@ from router.http.security import charge_tokens
 from router.metrics.tracing import RequestTrace
 from router.placement.catalog import keep_alive_of
 from router.routing.dispatcher import Job, NoWorkerAvailable, Overloaded
-from router.text.pieces import TextOptions, batch_pieces, usage_of_all
+from router.text.pieces import Piece, TextOptions, UsageCount, batch_pieces, usage_of_all
 from shared.protocol import INTERACTIVE
 
 if TYPE_CHECKING:
     from router.api.request import GenerationRequest
-    from router.cluster.models import ServedModel
+    from router.routing.models import ServedModel
+
+Items = AsyncIterator[tuple[int, Piece]]  # (choice index, piece), as batch_pieces yields them
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Lane:
+    """How a request's jobs are placed: `priority` (Generate.priority); with `per_worker`, a
+    worker already holding that many low-priority jobs is not chosen (all are: 429,
+    Overloaded); `placed()` is called once the jobs are on workers."""
+
+    priority: int = INTERACTIVE
+    per_worker: int = 0
+    placed: Callable[[], None] | None = None
+
+
+class Caller(Protocol[T]):
+    """Who asked for a reply, and how it is handed over (its result: T)."""
+
+    trace: RequestTrace | None
+
+    def started(self, request_id: str, served: ServedModel, req: GenerationRequest) -> None:
+        """The request has its id (before any job is started)."""
+
+    async def deliver(self, served: ServedModel, jobs: list[Job], reply: Reply, items: Items) -> T:
+        """Read `items` to the end and hand the reply over; ApiError as it is."""
+
+    async def ended(self, jobs: list[Job]) -> None:
+        """Called once the jobs are cancelled, however the request ended."""
 
 
 async def generate(
@@ -52,8 +85,9 @@ async def generate(
         opened = await wait_for_model(app, served.id, body, request, api)
     except StreamEnded as ended:
         return ended.response
+    caller = LiveCaller(request, trace, opened, before_end)
     try:
-        return await _serve(request, api, body, served, trace, opened, before_end)
+        return await serve(app, api, body, served, Lane(), caller)
     except ApiError as error:
         if opened is None:
             raise
@@ -61,42 +95,147 @@ async def generate(
         return opened
 
 
-async def _serve(
-    request: web.Request, api: Api, body: dict, served: ServedModel, trace, opened, before_end
-) -> web.StreamResponse:
-    app = request.app
+async def answer(app: web.Application, api: Api, body: dict, lane: Lane) -> tuple[int, dict]:
+    """`body` answered whole, without an HTTP request (a batch's line, router/http/batches.py):
+    the reply a live request with the same body gets (not streamed), as (status, body); an
+    error is its status and OpenAI error body. Nothing is charged to a key's budgets."""
+    try:
+        served = app[app_keys.MODELS].for_request(body)
+        await wait_for_model(app, served.id, body)
+        return 200, await serve(app, api, body, served, lane, LineCaller())
+    except ApiError as e:
+        return e.status, e.body()
+
+
+async def serve(
+    app: web.Application, api: Api, body: dict, served: ServedModel, lane: Lane, caller: Caller[T]
+) -> T:
+    """The pipeline: `body` of `api` for `served`, its jobs placed in `lane`, the reply
+    handed to `caller`."""
     workers = app[app_keys.CLUSTER].registry.healthy(served.id)
     images = await request_images(app, served, api.image_parts(body), workers)
     req = await parse_request(app, api, body, served, images)
     request_id = api.new_id()
-    note(request, request_id=request_id, model=served.id, stream=req.stream)
-    if trace is not None:
-        trace.describe(request_id, served.id, req.stream)
+    caller.started(request_id, served, req)
     jobs: list[Job] = []
     try:
         # several prompts (completions): one job each, possibly on different workers
         for k, prompt_ids in enumerate(req.batch):
             one = replace(req, prompt_ids=prompt_ids)
-            jobs.append(start_job(served, f"{request_id}-{k}", one, trace))
+            jobs.append(start_job(served, f"{request_id}-{k}", one, lane, caller.trace))
         if not req.batch:
-            jobs.append(start_job(served, request_id, req, trace))
+            jobs.append(start_job(served, request_id, req, lane, caller.trace))
+        if lane.placed is not None:
+            lane.placed()
         reply = api.reply(req, request_id, served.tokenizer)
-        options = text_options(req)
-        items = batch_pieces(jobs, req.n, served.tokenizer, served.dispatcher, req.stop, options)
-        items = items if trace is None else trace.watch(items)
+        items = batch_pieces(jobs, req.n, served.tokenizer, req.stop, text_options(req))
+        items = items if caller.trace is None else caller.trace.watch(items)
         async with contextlib.aclosing(items):
-            if req.stream:
-                return await _stream(request, served, jobs, reply, items, before_end, opened)
-            return await _whole(request, served, jobs, reply, items, before_end)
+            return await caller.deliver(served, jobs, reply, items)
     finally:
         for job in jobs:
-            served.dispatcher.cancel(job)  # no-op when finished; aborts on disconnect/error
+            job.cancel()  # no-op when finished; aborts on disconnect/error
+        await caller.ended(jobs)
+
+
+class LineCaller:
+    """A batch's line: the whole body; nothing charged, nothing traced."""
+
+    trace = None
+
+    def started(self, request_id: str, served: ServedModel, req: GenerationRequest) -> None:
+        pass
+
+    async def deliver(
+        self, served: ServedModel, jobs: list[Job], reply: Reply, items: Items
+    ) -> dict:
+        choices = await _choices(items)
+        usage = usage_of_all(jobs)
+        served.metrics.usage(usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens)
+        return reply.whole(choices, usage)
+
+    async def ended(self, jobs: list[Job]) -> None:
+        pass
+
+
+class LiveCaller:
+    """A live HTTP request: streamed or whole, noted in the access log, traced when tracing
+    is on, and what was generated charged to its key's budgets."""
+
+    def __init__(
+        self,
+        request: web.Request,
+        trace: RequestTrace | None,
+        opened: web.StreamResponse | None,
+        before_end: Callable[[], Awaitable[None]] | None,
+    ):
+        self.request, self.trace = request, trace
+        self._opened = opened  # the stream opened while the model loaded (None: none was)
+        self._before_end = before_end
+        self._stream = False
+
+    def started(self, request_id: str, served: ServedModel, req: GenerationRequest) -> None:
+        self._stream = req.stream
+        note(self.request, request_id=request_id, model=served.id, stream=req.stream)
+        if self.trace is not None:
+            self.trace.describe(request_id, served.id, req.stream)
+
+    async def deliver(
+        self, served: ServedModel, jobs: list[Job], reply: Reply, items: Items
+    ) -> web.StreamResponse:
+        if self._stream:
+            return await self._streamed(served, jobs, reply, items)
+        choices = await _choices(items)
+        usage = usage_of_all(jobs)
+        self._count_usage(served, usage)
+        body = reply.whole(choices, usage)
+        if self._before_end is not None:
+            await self._before_end()
+        return web.json_response(body)
+
+    async def ended(self, jobs: list[Job]) -> None:
+        error = sys.exc_info()[1]  # what ends the request, if it did not end well
         if jobs:  # what was generated is charged, however the request ended (a client that
             # leaves before the end must not escape its key's tokens-per-minute budget)
             usage = usage_of_all(jobs)
-            await charge_tokens(request, usage.prompt_tokens, usage.completion_tokens)
-        if trace is not None:
-            trace.end(sum(job.completion_tokens for job in jobs), sys.exc_info()[1])
+            await charge_tokens(self.request, usage.prompt_tokens, usage.completion_tokens)
+        if self.trace is not None:
+            self.trace.end(sum(job.completion_tokens for job in jobs), error)
+
+    async def _streamed(
+        self, served: ServedModel, jobs: list[Job], reply: Reply, items: Items
+    ) -> web.StreamResponse:
+        started = time.perf_counter()
+        item = await anext(items)  # an error before the first token is a plain HTTP error
+        served.metrics.first_chunk.observe(time.perf_counter() - started)
+        response = self._opened or await sse.open_stream(self.request)  # the model loaded
+        try:
+            try:
+                await sse.send(response, reply.stream_start(usage_of_all(jobs)))
+                while item is not None:
+                    await sse.send(response, reply.stream_piece(*item))
+                    item = await anext(items, None)
+                usage = usage_of_all(jobs)
+                self._count_usage(served, usage)
+                events = reply.stream_end(usage)
+                if self._before_end is not None:
+                    await self._before_end()
+                await sse.send(response, events)
+            except ApiError as e:  # headers are sent: the error goes in the stream
+                await sse.send(response, reply.stream_error(e))
+            await response.write_eof()
+        except ConnectionResetError:
+            pass  # the client left; serve() aborts the job
+        return response
+
+    def _count_usage(self, served: ServedModel, usage: UsageCount) -> None:
+        served.metrics.usage(usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens)
+        note(
+            self.request,
+            prompt_tokens=usage.prompt_tokens,
+            completion_tokens=usage.completion_tokens,
+            cached_tokens=usage.cached_tokens,
+        )
 
 
 def text_options(req: GenerationRequest) -> TextOptions:
@@ -125,57 +264,12 @@ async def parse_request(
     return req
 
 
-async def answer(
-    app: web.Application,
-    api: Api,
-    body: dict,
-    priority: int,
-    per_worker: int = 0,
-    placed: Callable[[], None] | None = None,
-) -> tuple[int, dict]:
-    """`body` answered whole, without an HTTP request (a batch's line, router/http/batches.py):
-    the reply a live request with the same body gets (not streamed), as (status, body); an
-    error is its status and OpenAI error body. Nothing is charged to a key's budgets. With
-    `per_worker`, a worker already holding that many low-priority jobs is not chosen (all
-    are: 429, Overloaded); `placed()` is called once its jobs are on workers."""
-    jobs: list[Job] = []
-    served = None
-    try:
-        served = app[app_keys.MODELS].for_request(body)
-        await wait_for_model(app, served.id, body)
-        workers = app[app_keys.CLUSTER].registry.healthy(served.id)
-        images = await request_images(app, served, api.image_parts(body), workers)
-        req = await parse_request(app, api, body, served, images)
-        request_id = api.new_id()
-        for k, prompt_ids in enumerate(req.batch):
-            one = replace(req, prompt_ids=prompt_ids)
-            jobs.append(start_job(served, f"{request_id}-{k}", one, None, priority, per_worker))
-        if not req.batch:
-            jobs.append(start_job(served, request_id, req, None, priority, per_worker))
-        if placed is not None:
-            placed()
-        reply = api.reply(req, request_id, served.tokenizer)
-        options = text_options(req)
-        items = batch_pieces(jobs, req.n, served.tokenizer, served.dispatcher, req.stop, options)
-        async with contextlib.aclosing(items):
-            choices = await _choices(items)
-        usage = usage_of_all(jobs)
-        served.metrics.usage(usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens)
-        return 200, reply.whole(choices, usage)
-    except ApiError as e:
-        return e.status, e.body()
-    finally:
-        for job in jobs:
-            served.dispatcher.cancel(job)
-
-
 def start_job(
     served: ServedModel,
     request_id: str,
     req: GenerationRequest,
+    lane: Lane,
     trace: RequestTrace | None = None,
-    priority: int = INTERACTIVE,
-    per_worker: int = 0,
 ) -> Job:
     try:
         return served.dispatcher.start(
@@ -186,8 +280,8 @@ def start_job(
             cache_key=req.cache_key,
             trace=trace,
             images=req.images,
-            priority=priority,
-            per_worker=per_worker,
+            priority=lane.priority,
+            per_worker=lane.per_worker,
             pins=req.pins,
         )
     except Overloaded:
@@ -196,19 +290,7 @@ def start_job(
         raise no_workers(served.id) from None
 
 
-async def _whole(
-    request: web.Request, served: ServedModel, jobs: list[Job], reply: Reply, items, before_end
-) -> web.Response:
-    choices = await _choices(items)
-    usage = usage_of_all(jobs)
-    _count_usage(request, served, usage)
-    body = reply.whole(choices, usage)
-    if before_end is not None:
-        await before_end()
-    return web.json_response(body)
-
-
-async def _choices(items) -> list[ChoiceText]:
+async def _choices(items: Items) -> list[ChoiceText]:
     """Every choice's text, last piece and logprobs, read to the end of `items`."""
     texts: dict[int, list[str]] = {}
     entries: dict[int, list] = {}
@@ -218,49 +300,6 @@ async def _choices(items) -> list[ChoiceText]:
         entries.setdefault(index, []).extend(piece.logprobs)
         last[index] = piece
     return [ChoiceText("".join(texts[i]), last[i], tuple(entries[i])) for i in sorted(texts)]
-
-
-async def _stream(
-    request: web.Request,
-    served: ServedModel,
-    jobs: list[Job],
-    reply: Reply,
-    items,
-    before_end,
-    opened: web.StreamResponse | None = None,
-) -> web.StreamResponse:
-    started = time.perf_counter()
-    item = await anext(items)  # an error before the first token is a plain HTTP error
-    served.metrics.first_chunk.observe(time.perf_counter() - started)
-    response = opened or await sse.open_stream(request)  # open already: the model loaded
-    try:
-        try:
-            await sse.send(response, reply.stream_start(usage_of_all(jobs)))
-            while item is not None:
-                await sse.send(response, reply.stream_piece(*item))
-                item = await anext(items, None)
-            usage = usage_of_all(jobs)
-            _count_usage(request, served, usage)
-            events = reply.stream_end(usage)
-            if before_end is not None:
-                await before_end()
-            await sse.send(response, events)
-        except ApiError as e:  # headers are sent: the error goes in the stream
-            await sse.send(response, reply.stream_error(e))
-        await response.write_eof()
-    except ConnectionResetError:
-        pass  # the client left; generate() aborts the job
-    return response
-
-
-def _count_usage(request: web.Request, served: ServedModel, usage) -> None:
-    served.metrics.usage(usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens)
-    note(
-        request,
-        prompt_tokens=usage.prompt_tokens,
-        completion_tokens=usage.completion_tokens,
-        cached_tokens=usage.cached_tokens,
-    )
 
 
 async def wait_for_model(

@@ -21,8 +21,8 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
 
     from router.chat.images.parts import ImageSource
-    from router.cluster.models import ServedModel
     from router.cluster.registry import WorkerState
+    from router.routing.models import ServedModel
 
 # Below this many bytes an image is decoded on the loop. Measured here (x86-64, one core): a
 # 184 KiB PNG decodes and hashes in 3.4 ms, a 2 MiB one in 28 ms, an 8 MiB one in 113 ms;

@@ -27,7 +27,7 @@ from router.metrics.key_usage import KeyUsage
 from router.metrics.worker_metrics import WorkerCollector
 
 if TYPE_CHECKING:
-    from router.cluster.registry import WorkerState
+    from router.metrics.worker_metrics import ScrapedWorker
 
 disable_created_metrics()  # no `_created` series: vLLM's exposition has none either
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -43,7 +43,7 @@ class Metrics:
     def __init__(self, *model_names: str):
         self.registry = CollectorRegistry(auto_describe=True)
         self.model_names = model_names or ("model",)
-        self._workers: list[WorkerState] = []  # the registry as of the current scrape
+        self._workers: list[ScrapedWorker] = []  # the registry as of the current scrape
         self._pending = 0
         self._routed: Tally[str] = Tally()
         self._routed_hit_tokens: Tally[str] = Tally()
@@ -124,7 +124,7 @@ class Metrics:
 
     # ------------------------------------------------------------ exposition
 
-    def render(self, workers: Iterable[WorkerState], pending: int) -> str:
+    def render(self, workers: Iterable[ScrapedWorker], pending: int) -> str:
         """The text exposition, with the worker series read from `workers` now."""
         self._workers, self._pending = list(workers), pending
         try:

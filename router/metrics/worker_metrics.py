@@ -5,13 +5,16 @@ series are built when Prometheus scrapes (a custom collector) instead of being k
 on every message. Adding a per-worker series is one line in `WORKER_SERIES`; every field of
 `WorkerPhases` (a worker's step-time stats) is exported on its own as
 `mlx_fleet_worker_phase_<field>`.
+
+A worker is read through `ScrapedWorker`, what a scrape needs of one (the cluster's
+WorkerState is one): metrics sit below the cluster and import nothing of it.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable, Iterator
-from typing import TYPE_CHECKING, NamedTuple
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -20,29 +23,49 @@ from router.metrics.kv_blocks import KVBlocks
 from shared.protocol import WorkerPhases
 
 if TYPE_CHECKING:
-    from router.cluster.registry import WorkerState
+    from shared.protocol import Heartbeat, LinkRate, Register
+
+
+class ScrapedWorker(Protocol):
+    """A registered worker as a scrape reads it."""
+
+    info: Register  # what it said when it registered
+    heartbeat: Heartbeat | None  # its last one (None: none yet)
+    healthy: bool
+    model: str  # the id of the model it serves
+    inflight: Collection[str]  # wire ids of requests this router sent there
+    requests_served: int
+    cached_tokens: int  # prompt tokens of requests served there that hit the cache
+    links: Mapping[str, LinkRate]  # measured KV transfer rates from its peers, by peer id
+
+    @property
+    def worker_id(self) -> str: ...
+
+    @property
+    def load(self) -> int:
+        """Running + waiting requests, as the router sees them."""
 
 
 class Series(NamedTuple):
     name: str  # without the mlx_fleet_worker_ prefix (and, for counters, without _total)
     kind: str  # "gauge" or "counter"
     doc: str
-    value: Callable[[WorkerState], float]
+    value: Callable[[ScrapedWorker], float]
 
 
-def _hb(field: str, default: float = 0) -> Callable[[WorkerState], float]:
+def _hb(field: str, default: float = 0) -> Callable[[ScrapedWorker], float]:
     return lambda w: getattr(w.heartbeat, field) if w.heartbeat else default
 
 
-def _kv_total(w: WorkerState) -> int:
+def _kv_total(w: ScrapedWorker) -> int:
     return w.heartbeat.total_blocks if w.heartbeat else w.info.kv_capacity_blocks
 
 
-def _kv_used(w: WorkerState) -> int:
+def _kv_used(w: ScrapedWorker) -> int:
     return w.heartbeat.total_blocks - w.heartbeat.free_blocks if w.heartbeat else 0
 
 
-def _kv_held(w: WorkerState) -> int:
+def _kv_held(w: ScrapedWorker) -> int:
     return KVBlocks.of(w.heartbeat).held if w.heartbeat else 0
 
 
@@ -92,7 +115,7 @@ PHASE_COUNTERS = frozenset(
 )  # fmt: skip
 
 
-def _phase(field: str) -> Callable[[WorkerState], float]:
+def _phase(field: str) -> Callable[[ScrapedWorker], float]:
     return lambda w: getattr(w.heartbeat.phases, field) if w.heartbeat and w.heartbeat.phases else 0
 
 
@@ -116,7 +139,7 @@ class WorkerCollector(Collector):
     def __init__(
         self,
         model_names: Iterable[str],
-        workers: Callable[[], Iterable[WorkerState]],
+        workers: Callable[[], Iterable[ScrapedWorker]],
         routed: Callable[[str], tuple[int, int, int]],
     ):
         self._model_names = tuple(model_names)
@@ -141,7 +164,7 @@ class WorkerCollector(Collector):
                    lambda w: self._routed(w.worker_id)[2]),
         )  # fmt: skip
 
-    def _cluster_gauges(self, workers: list[WorkerState]) -> Iterator[Metric]:
+    def _cluster_gauges(self, workers: list[ScrapedWorker]) -> Iterator[Metric]:
         """vLLM's names, summed per model (`model_name`) over its healthy workers, so
         dashboards built for vLLM work."""
         gauges = (
@@ -165,20 +188,20 @@ class WorkerCollector(Collector):
         yield preemptions
 
 
-def _running(live: list[WorkerState]) -> float:
+def _running(live: list[ScrapedWorker]) -> float:
     return sum(w.heartbeat.running for w in live)
 
 
-def _waiting(live: list[WorkerState]) -> float:
+def _waiting(live: list[ScrapedWorker]) -> float:
     return sum(w.heartbeat.waiting for w in live)
 
 
-def _kv_usage(live: list[WorkerState]) -> float:
+def _kv_usage(live: list[ScrapedWorker]) -> float:
     total = sum(_kv_total(w) for w in live)
     return sum(_kv_used(w) for w in live) / total if total else 0.0
 
 
-def _family(series: Series, workers: list[WorkerState]) -> Metric:
+def _family(series: Series, workers: list[ScrapedWorker]) -> Metric:
     name = f"mlx_fleet_worker_{series.name}"
     cls = CounterMetricFamily if series.kind == "counter" else GaugeMetricFamily
     family = cls(name, series.doc, labels=["worker"])
@@ -187,7 +210,7 @@ def _family(series: Series, workers: list[WorkerState]) -> Metric:
     return family
 
 
-def _attention(workers: list[WorkerState]) -> Iterator[Metric]:
+def _attention(workers: list[ScrapedWorker]) -> Iterator[Metric]:
     """Each worker's paged-attention backend, its self-test and timings (from Register)."""
     info = GaugeMetricFamily(
         "mlx_fleet_worker_attention_info",
@@ -212,7 +235,7 @@ def _attention(workers: list[WorkerState]) -> Iterator[Metric]:
     yield from _kv_layout(workers)
 
 
-def _kv_layout(workers: list[WorkerState]) -> Iterator[Metric]:
+def _kv_layout(workers: list[ScrapedWorker]) -> Iterator[Metric]:
     """Each worker's K/V layout ("float16", "q8g64": --kv-bits 8 in groups of 64) and the
     bytes one token's K and V take in its pool, all layers (from Register)."""
     layout = GaugeMetricFamily(
@@ -245,7 +268,7 @@ def _kv_layout(workers: list[WorkerState]) -> Iterator[Metric]:
     yield groups
 
 
-def _links(workers: list[WorkerState]) -> Metric:
+def _links(workers: list[ScrapedWorker]) -> Metric:
     """The link rates each worker measured fetching KV blocks from its peers."""
     family = GaugeMetricFamily(
         "mlx_fleet_worker_link_bytes_per_second",

@@ -1,10 +1,17 @@
-"""Requests in flight: routing, token deltas back to their HTTP handlers, abort, fail-over.
+"""Requests in flight: routing, replies back to their HTTP handlers, abort, fail-over.
 
 Each HTTP request is a Job (router.routing.job). The job is sent to a worker under a wire id `<request_id>#<attempt>`;
 when its worker is lost the job is re-sent elsewhere as prompt + tokens generated so far, with
 max_tokens reduced, under the next attempt's wire id (late deltas of the old attempt are then
 ignored). The handler reads the job's `events` queue and never sees the move. With
 disaggregated prefill (router.routing.disagg) a job's first leg goes to a prefill worker.
+
+An embedding model's requests are EmbedJobs in the same registry: sent to the least-loaded
+embed worker (an embedding has no prefix to reuse, so load alone decides), answered by one
+Embeddings, moved like a generation when their worker is lost.
+
+Replies come up from the cluster's listener, which calls the dispatcher registered for the
+model (`listen`); a job's reader stops it with `job.cancel()`, which the dispatcher gave it.
 """
 
 from __future__ import annotations
@@ -20,11 +27,22 @@ from typing import TYPE_CHECKING
 from router.routing import disagg
 from router.routing.affinity import PrefixAffinity
 from router.routing.choose import PULL, choose
+from router.routing.job import EmbedJob, batch_room
 from router.routing.job import Job as Job  # the handlers import it from here
-from router.routing.job import batch_room
-from shared.protocol import INTERACTIVE, Abort, CachePin, ImageInput, Message, TokenDelta, Usage
+from shared.protocol import (
+    INTERACTIVE,
+    Abort,
+    CachePin,
+    Embed,
+    Embeddings,
+    ImageInput,
+    Message,
+    TokenDelta,
+    Usage,
+)
 
 if TYPE_CHECKING:
+    from router.cluster.listener import Cluster
     from router.cluster.registry import WorkerRegistry, WorkerState
     from router.metrics.router_metrics import ModelMetrics
     from router.metrics.tracing import RequestTrace
@@ -72,12 +90,18 @@ class Dispatcher:
         self._metrics = metrics
         self._max_pending = max_pending
         self._max_resubmits = max_resubmits
-        self._jobs: dict[str, Job] = {}  # by wire id
+        self._jobs: dict[str, Job | EmbedJob] = {}  # by wire id: the one registry in flight
         self._affinity = PrefixAffinity()
 
     @property
     def num_pending(self) -> int:
         return len(self._jobs)
+
+    def listen(self, cluster: Cluster) -> None:
+        """Take the replies of this model's workers, and hear when one is lost."""
+        if self.model is None:
+            raise ValueError("a dispatcher of every worker listens to no one model")
+        cluster.subscribe(self.model, self)
 
     def start(
         self,
@@ -98,17 +122,31 @@ class Dispatcher:
             raise Overloaded
         job = Job(request_id, tuple(prompt_ids), sampling, n=n, cache_key=cache_key, trace=trace)
         job.images, job.priority, job.per_worker = images, priority, per_worker
-        job.pins = pins
+        job.pins, job.on_cancel = pins, self.cancel
         if n > 1:
             job.choices = [
                 Job(request_id, job.prompt_ids, sampling, parent=job, index=i) for i in range(n)
             ]
+            for choice in job.choices:
+                choice.on_cancel = self.cancel
         self._route(job)
+        return job
+
+    def start_embed(
+        self, request_id: str, inputs: Sequence[Sequence[int]], dimensions: int = 0
+    ) -> EmbedJob:
+        """Send a new embedding job; Overloaded or NoWorkerAvailable if it cannot be sent.
+        The handler awaits `job.future` and never sees a move."""
+        if len(self._jobs) >= self._max_pending:
+            raise Overloaded
+        job = EmbedJob(request_id, tuple(tuple(ids) for ids in inputs), dimensions)
+        job.on_cancel = self.cancel
+        self._route_embed(job)
         return job
 
     def on_delta(self, worker: WorkerState, delta: TokenDelta) -> None:
         job = self._jobs.get(delta.request_id)
-        if job is None or job.worker_id != worker.worker_id:
+        if not isinstance(job, Job) or job.worker_id != worker.worker_id:
             return  # a late delta of an attempt that was aborted or moved
         if job.prefilling:
             if delta.finish_reason is not None:
@@ -178,9 +216,27 @@ class Dispatcher:
             _credit(worker, TokenDelta(job.wire_id, (), "stop", usage))
             self._metrics.request_finished("stop", time.perf_counter() - job.sent_at)
 
-    def cancel(self, job: Job) -> None:
+    def on_embeddings(self, worker: WorkerState, msg: Embeddings) -> None:
+        job = self._jobs.get(msg.request_id)
+        if not isinstance(job, EmbedJob) or job.worker_id != worker.worker_id:
+            return  # a late answer of an attempt that was moved or cancelled
+        self._untrack(job)
+        if msg.error is None and len(msg.vectors) != len(job.inputs):
+            msg = Embeddings(msg.request_id, error="the worker answered the wrong number")
+        if msg.error is None:
+            worker.requests_served += 1
+            worker.prompt_tokens += msg.prompt_tokens
+        else:
+            worker.note_error(msg.error)
+        if not job.future.done():
+            job.future.set_result(msg)
+
+    def cancel(self, job: Job | EmbedJob) -> None:
         """Stop a job the client no longer wants (disconnect, stop string); a choice of an
-        n > 1 job stops alone."""
+        n > 1 job stops alone. A no-op once the job is finished (an embedding: answered)."""
+        if isinstance(job, EmbedJob):
+            self._cancel_embed(job)
+            return
         if job.finished:
             return
         job.finished = True
@@ -201,7 +257,10 @@ class Dispatcher:
         """Move every job of a lost worker elsewhere (it has already left the healthy set)."""
         for wire_id in list(worker.inflight):
             job = self._jobs.get(wire_id)
-            if job is not None and job.prefilling:
+            if isinstance(job, EmbedJob):
+                self._untrack(job)
+                self._resubmit_embed(job)
+            elif job is not None and job.prefilling:
                 self._send(worker.identity, Abort(wire_id))
                 self._prefilled(job, None)
             elif job is not None:
@@ -213,6 +272,9 @@ class Dispatcher:
         """End every job with an error (router shutting down)."""
         for job in list(self._jobs.values()):
             self.cancel(job)
+            if isinstance(job, EmbedJob):
+                _fail_embed(job, reason)
+                continue
             for target in job.choices or [job]:
                 target.events.put_nowait(_error_delta(job, reason))
 
@@ -330,9 +392,38 @@ class Dispatcher:
             target.finished = True
             target.events.put_nowait(_error_delta(job, reason))
 
-    def _untrack(self, job: Job) -> WorkerState | None:
+    # ------------------------------------------------------------ embeddings
+
+    def _route_embed(self, job: EmbedJob) -> None:
+        workers = [w for w in self._registry.healthy(self.model) if w.info.task == "embed"]
+        if not workers:
+            raise NoWorkerAvailable
+        worker = min(workers, key=_load)
+        job.worker_id = worker.worker_id
+        self._jobs[job.wire_id] = job
+        worker.inflight.add(job.wire_id)
+        self._send(worker.identity, Embed(job.wire_id, job.inputs, job.dimensions))
+
+    def _cancel_embed(self, job: EmbedJob) -> None:
+        if job.wire_id not in self._jobs:
+            return
+        worker = self._untrack(job)
+        if worker is not None:
+            self._send(worker.identity, Abort(job.wire_id))
+
+    def _resubmit_embed(self, job: EmbedJob) -> None:
+        if job.attempt >= self._max_resubmits:
+            _fail_embed(job, f"embedding failed on {job.attempt + 1} workers in turn")
+            return
+        job.attempt += 1
+        try:
+            self._route_embed(job)
+        except NoWorkerAvailable:
+            _fail_embed(job, "the worker serving this request was lost and no other is up")
+
+    def _untrack(self, job: Job | EmbedJob) -> WorkerState | None:
         self._jobs.pop(job.wire_id, None)
-        if job.trace is not None:
+        if isinstance(job, Job) and job.trace is not None:
             job.trace.unrouted(job.wire_id)
         worker = self._registry.get(job.worker_id) if job.worker_id else None
         if worker is not None:
@@ -350,3 +441,15 @@ def _credit(worker: WorkerState, delta: TokenDelta) -> None:
 
 def _error_delta(job: Job, reason: str) -> TokenDelta:
     return TokenDelta(job.request_id, (), "error", error=reason)
+
+
+def _fail_embed(job: EmbedJob, reason: str) -> None:
+    if not job.future.done():
+        job.future.set_result(Embeddings(job.wire_id, error=reason))
+
+
+def _load(worker: WorkerState) -> int:
+    """An embed worker's load: requests in flight there, plus what its heartbeat says is
+    queued."""
+    waiting = worker.heartbeat.waiting if worker.heartbeat else 0
+    return len(worker.inflight) + waiting

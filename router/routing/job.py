@@ -1,15 +1,28 @@
-"""One HTTP request in flight, as the dispatcher (router.routing.dispatcher) tracks it."""
+"""One request in flight, as the dispatcher (router.routing.dispatcher) tracks it: a
+generation (`Job`) or an embedding (`EmbedJob`).
+
+A job is what the layers below the dispatcher hold of it: its reader (router/text/pieces)
+reads `events` and calls `cancel()` when it wants no more, which reaches the dispatcher through
+the callback it gave the job; nothing below routing knows the dispatcher."""
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from shared.protocol import INTERACTIVE, CachePin, Generate, ImageInput, PullHint, TokenDelta
+from shared.protocol import (
+    INTERACTIVE,
+    CachePin,
+    Embeddings,
+    Generate,
+    ImageInput,
+    PullHint,
+    TokenDelta,
+)
 
 if TYPE_CHECKING:
     from router.metrics.tracing import RequestTrace
@@ -47,6 +60,14 @@ class Job:
     priority: int = INTERACTIVE  # Generate.priority: BATCH for a batch's lines
     per_worker: int = 0  # > 0: first routed only to a worker with fewer low-priority jobs
     pins: tuple[CachePin, ...] = ()  # prefixes its worker keeps past it (cache_control...)
+    # the dispatcher's cancel, given at construction: how a reader stops the job
+    on_cancel: Callable[[Job], None] | None = field(default=None, repr=False)
+
+    def cancel(self) -> None:
+        """Stop the job: the client left, or a stop string ended it (a no-op once finished;
+        a choice of an n > 1 job stops alone)."""
+        if self.on_cancel is not None:
+            self.on_cancel(self)
 
     @property
     def wire_id(self) -> str:
@@ -79,11 +100,36 @@ class Job:
         )
 
 
-def batch_room(jobs: dict[str, Job], wire_ids: Iterable[str], per_worker: int) -> int:
+@dataclass(eq=False)
+class EmbedJob:
+    """An embedding request in flight: answered by one Embeddings, set on `future`."""
+
+    request_id: str
+    inputs: tuple[tuple[int, ...], ...]
+    dimensions: int = 0
+    future: asyncio.Future[Embeddings] = field(
+        default_factory=lambda: asyncio.get_running_loop().create_future()
+    )
+    worker_id: str | None = None
+    attempt: int = 0
+    on_cancel: Callable[[EmbedJob], None] | None = field(default=None, repr=False)
+
+    @property
+    def wire_id(self) -> str:
+        return f"{self.request_id}#{self.attempt}"
+
+    def cancel(self) -> None:
+        """The client left: forget the job, tell its worker (a no-op once answered)."""
+        if self.on_cancel is not None:
+            self.on_cancel(self)
+
+
+def batch_room(jobs: dict[str, Job | EmbedJob], wire_ids: Iterable[str], per_worker: int) -> int:
     """Low-priority jobs a worker running `wire_ids` (of `jobs`) may still take: up to
     `per_worker` while it runs no interactive job, a quarter of that (at least 1) while it
     does (a batch fills idle workers and trickles beside live traffic); negative when over."""
-    jobs = [job for job in map(jobs.get, wire_ids) if job is not None]  # (ours: one model's)
-    low = sum(1 for job in jobs if job.priority != INTERACTIVE)
-    bound = max(1, per_worker // 4) if len(jobs) > low else per_worker
+    # (ours: one model's; an embedding model's workers run no generation)
+    running = [job for job in map(jobs.get, wire_ids) if isinstance(job, Job)]
+    low = sum(1 for job in running if job.priority != INTERACTIVE)
+    bound = max(1, per_worker // 4) if len(running) > low else per_worker
     return bound - low

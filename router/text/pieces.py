@@ -3,23 +3,46 @@
 With n > 1 the worker forks the request after one prefill (`Generate.n`) and the dispatcher
 hands each choice its own sub-job (`job.choices`): each choice becomes text on its own
 (detokenizer, stop strings, logprobs), and a stop string ends its choice alone.
+
+The jobs are the dispatcher's (router/routing/job.py), read here through `ReplyJob`, what this
+module needs of one: its events, and `cancel()` to stop it once a stop string has matched.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from router.errors import ApiError, generation_failed
 from router.text.detokenize import StopMatcher
 from router.text.logprobs import LogprobEntry, entries_of, prompt_entries_of
 
-if TYPE_CHECKING:  # the jobs are the dispatcher's; text/ only reads their events
-    from router.routing.dispatcher import Dispatcher, Job
+if TYPE_CHECKING:
     from router.text.tokenizer import ModelTokenizer
+    from shared.protocol import TokenDelta
+    from shared.sampling import SamplingParams
+
+
+class ReplyJob(Protocol):
+    """A job in flight as its reader sees it (router.routing.job.Job is one)."""
+
+    prompt_ids: tuple[int, ...]
+    sampling: SamplingParams
+    events: asyncio.Queue[TokenDelta]
+    cached_tokens: int
+    index: int  # of a choice of an n > 1 job
+
+    @property
+    def choices(self) -> Sequence[ReplyJob]: ...
+
+    @property
+    def completion_tokens(self) -> int: ...
+
+    def cancel(self) -> None:
+        """No more of it is wanted (a no-op once it finished)."""
 
 
 @dataclass(frozen=True)
@@ -56,12 +79,12 @@ class TextOptions:
     skip_special_tokens: bool = True
 
 
-def usage_of(job: Job) -> UsageCount:
+def usage_of(job: ReplyJob) -> UsageCount:
     """The prompt counted once, the completions of every choice added up."""
     return UsageCount(len(job.prompt_ids), job.completion_tokens, job.cached_tokens)
 
 
-def usage_of_all(jobs: list[Job]) -> UsageCount:
+def usage_of_all(jobs: Sequence[ReplyJob]) -> UsageCount:
     """Several prompts' jobs: their usages added up (as OpenAI counts a batch)."""
     usages = [usage_of(j) for j in jobs]
     if len(usages) == 1:
@@ -74,23 +97,22 @@ def usage_of_all(jobs: list[Job]) -> UsageCount:
 
 
 async def batch_pieces(
-    jobs: list[Job],
+    jobs: Sequence[ReplyJob],
     n: int,
     tokenizer: ModelTokenizer,
-    dispatcher: Dispatcher,
     stop: tuple[str, ...],
     options: TextOptions = TextOptions(),
 ) -> AsyncIterator[tuple[int, Piece]]:
     """choice_pieces of several prompts' jobs, merged: prompt k's choice i is choice k x n + i
     (OpenAI's order). The first ApiError of any is raised; close it to stop them all."""
     if len(jobs) == 1:
-        async for item in choice_pieces(jobs[0], tokenizer, dispatcher, stop, options):
+        async for item in choice_pieces(jobs[0], tokenizer, stop, options):
             yield item
         return
     queue: asyncio.Queue = asyncio.Queue()
 
-    async def pump(k: int, job: Job) -> None:
-        items = choice_pieces(job, tokenizer, dispatcher, stop, options)
+    async def pump(k: int, job: ReplyJob) -> None:
+        items = choice_pieces(job, tokenizer, stop, options)
         try:
             async for index, piece in items:
                 await queue.put((k * n + index, piece))
@@ -125,23 +147,22 @@ async def _merged(queue: asyncio.Queue, pumps: list) -> AsyncIterator[tuple[int,
 
 
 async def choice_pieces(
-    job: Job,
+    job: ReplyJob,
     tokenizer: ModelTokenizer,
-    dispatcher: Dispatcher,
     stop: tuple[str, ...],
     options: TextOptions = TextOptions(),
 ) -> AsyncIterator[tuple[int, Piece]]:
     """(choice index, piece) of every choice of `job`, in the order they come; the first
     ApiError of any choice is raised. Close it (aclose) to stop the choices' readers."""
     if not job.choices:
-        async for piece in pieces(job, tokenizer, dispatcher, stop, options):
+        async for piece in pieces(job, tokenizer, stop, options):
             yield 0, piece
         return
     queue: asyncio.Queue = asyncio.Queue()
 
-    async def pump(choice: Job) -> None:
+    async def pump(choice: ReplyJob) -> None:
         try:
-            async for piece in pieces(choice, tokenizer, dispatcher, stop, options):
+            async for piece in pieces(choice, tokenizer, stop, options):
                 await queue.put((choice.index, piece))
         except ApiError as e:
             await queue.put((choice.index, e))
@@ -155,9 +176,8 @@ async def choice_pieces(
 
 
 async def pieces(
-    job: Job,
+    job: ReplyJob,
     tokenizer: ModelTokenizer,
-    dispatcher: Dispatcher,
     stop: tuple[str, ...],
     options: TextOptions = TextOptions(),
 ) -> AsyncIterator[Piece]:
@@ -182,7 +202,7 @@ async def pieces(
         logprobs += entries_of(delta, stop_ids)
         text = matcher.feed(detokenizer.add([t for t in delta.token_ids if t not in stop_ids]))
         if matcher.stopped:
-            dispatcher.cancel(job)
+            job.cancel()
             yield Piece(text, "stop", tuple(logprobs), matcher.matched)
             return
         if delta.finish_reason is None:

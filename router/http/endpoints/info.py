@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from router.cluster.models import ServedModel, unknown_model
+from router.cluster.models import unknown_model
 from router.http import app_keys
 from router.placement.operator import hosts_json, model_json
+from router.routing.models import ServedModel
 
 
 async def models(request: web.Request) -> web.Response:
