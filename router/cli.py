@@ -33,23 +33,57 @@ log = logging.getLogger("router")
 
 # [router] settings with a flag, in --help order; the security ones get their own group.
 ROUTER_FLAGS = (
-    "host", "port", "zmq_bind", "policy", "prefill_weight", "balance_abs_threshold",
-    "balance_rel_threshold", "kv_pulls", "prefill_timeout_s", "prefill_min_tokens", "prefix_ttl_s", "heartbeat_interval_s", "heartbeat_timeout_s",
-    "wedged_after_s", "max_pending_requests", "tokenizer_threads", "context_length", "tool_call_parser",
+    "host",
+    "port",
+    "zmq_bind",
+    "policy",
+    "prefill_weight",
+    "balance_abs_threshold",
+    "balance_rel_threshold",
+    "kv_pulls",
+    "prefill_timeout_s",
+    "prefill_min_tokens",
+    "prefix_ttl_s",
+    "heartbeat_interval_s",
+    "heartbeat_timeout_s",
+    "wedged_after_s",
+    "max_pending_requests",
+    "tokenizer_threads",
+    "context_length",
+    "tool_call_parser",
     "reasoning_parser",
-    "chat_template", "volatile_prompt_patterns", "state_url", "responses_store", "responses_store_path", "responses_store_size",
-    "responses_store_bytes", "responses_store_ttl_s", "batch_file_max_bytes",
-    "batch_file_max_lines", "batch_lines_per_worker", "load_timeout_s",
-)  # fmt: skip
+    "chat_template",
+    "volatile_prompt_patterns",
+    "state_url",
+    "responses_store",
+    "responses_store_path",
+    "responses_store_size",
+    "responses_store_bytes",
+    "responses_store_ttl_s",
+    "batch_file_max_bytes",
+    "batch_file_max_lines",
+    "batch_lines_per_worker",
+    "load_timeout_s",
+)
 SECURITY_FLAGS = (
-    "api_keys_file", "max_body_bytes", "max_tokens_cap", "per_key_concurrency", "key_rpm",
+    "api_keys_file",
+    "max_body_bytes",
+    "max_tokens_cap",
+    "per_key_concurrency",
+    "key_rpm",
     "key_tpm",
-    "curve_secret_key", "curve_authorized_keys", "admin_keys",
-)  # fmt: skip
+    "curve_secret_key",
+    "curve_authorized_keys",
+    "admin_keys",
+)
 IMAGE_FLAGS = (
-    "max_images", "max_image_bytes", "max_request_image_bytes", "max_image_pixels",
-    "image_fetch", "image_fetch_timeout_s",
-)  # fmt: skip
+    "max_images",
+    "max_image_bytes",
+    "max_request_image_bytes",
+    "max_image_pixels",
+    "image_fetch",
+    "image_fetch_timeout_s",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -152,7 +186,7 @@ def model_specs(args: argparse.Namespace, fleet) -> tuple[ModelSpec, ...]:
             m.reasoning_parser,
             m.task,
             m,
-        )  # fmt: skip
+        )
         for m in sections
     )
 

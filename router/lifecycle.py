@@ -142,10 +142,12 @@ async def cluster_ctx(app: web.Application) -> AsyncIterator[None]:
         wedged_after_s=config.wedged_after_s,
     )
     entries = {spec.served_id: entry_of(spec) for spec in config.models}
-    placer = Placer(registry, entries, link.send, cluster.retire, time.monotonic,
-                    config.heartbeat_interval_s)  # fmt: skip
-    demand = Demand(placer, registry, config.load_timeout_s, config.heartbeat_timeout_s,
-                    time.monotonic)  # fmt: skip
+    placer = Placer(
+        registry, entries, link.send, cluster.retire, time.monotonic, config.heartbeat_interval_s
+    )
+    demand = Demand(
+        placer, registry, config.load_timeout_s, config.heartbeat_timeout_s, time.monotonic
+    )
     cluster.on_host, cluster.on_register = placer.handle, placer.on_registered
     for served in models:
         served.dispatcher.listen(cluster)

@@ -58,8 +58,11 @@ def probe_arguments(dialect: Dialect, tokenizer: ModelTokenizer) -> Dialect:
     """`dialect` with `arguments_as_json` set when the template prints arguments as given."""
 
     def render(arguments) -> str | None:
-        call = {"id": "a1b2c3d4e", "type": "function",  # 9 characters: Mistral's rule
-                "function": {"name": "probe", "arguments": arguments}}  # fmt: skip
+        call = {
+            "id": "a1b2c3d4e",
+            "type": "function",  # 9 characters: Mistral's rule
+            "function": {"name": "probe", "arguments": arguments},
+        }
         turns = [
             {"role": "user", "content": "hi"},
             {"role": "assistant", "content": "", "tool_calls": [call]},

@@ -126,8 +126,11 @@ class ChatReader:
             if kind == "call":
                 assert isinstance(value, ParsedCall)
                 call_id = f"call_{uuid.uuid4().hex[:24]}"
-                events.append(ReplyEvent("tool_call", call=value, call_index=self._harmony_calls,
-                                         call_id=call_id))  # fmt: skip
+                events.append(
+                    ReplyEvent(
+                        "tool_call", call=value, call_index=self._harmony_calls, call_id=call_id
+                    )
+                )
                 self._harmony_calls += 1
             else:
                 events.append(ReplyEvent(kind, str(value)))

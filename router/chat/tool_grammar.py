@@ -62,8 +62,10 @@ def required_call_schema(tools: ToolSet | None) -> dict | None:
 
 
 def _harmony(name: str, params: dict) -> list[Piece]:
-    return [("text", f"<|channel|>commentary to=functions.{name} <|constrain|>json<|message|>"),
-            ("json", _closed(params))]  # fmt: skip
+    return [
+        ("text", f"<|channel|>commentary to=functions.{name} <|constrain|>json<|message|>"),
+        ("json", _closed(params)),
+    ]
 
 
 def tool_call_grammar(

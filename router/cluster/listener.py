@@ -146,8 +146,12 @@ class Cluster:
         if index.receive_inventory(wid, *parts):
             worker.kv_seq = msg.last_seq
             worker.inventory_asked_at = None
-            log.info("worker %s holds %d blocks (its inventory, %d part(s))",
-                     wid, index.num_blocks(wid), msg.parts)  # fmt: skip
+            log.info(
+                "worker %s holds %d blocks (its inventory, %d part(s))",
+                wid,
+                index.num_blocks(wid),
+                msg.parts,
+            )
 
     def _ask_to_register(self, identity: bytes, msg: Message) -> None:
         """A peer we don't know (this router restarted, say) talks: ask it to register,

@@ -165,7 +165,7 @@ class WorkerState:
                     "paged_layers": g.paged_layers,
                 }
                 for g in getattr(self.info.attention, "kv_groups", ())
-            ],  # fmt: skip
+            ],
             "kv_total_blocks": hb.total_blocks if hb else self.info.kv_capacity_blocks,
             "kv_free_blocks": hb.free_blocks if hb else None,
             "kv_held_blocks": KVBlocks.of(hb).held if hb else None,

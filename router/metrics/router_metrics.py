@@ -60,7 +60,6 @@ class Metrics:
         """The request series of one served model (labelled `model_name`)."""
         return self._models[name]
 
-    # fmt: off
     def _request_families(self) -> None:
         def histogram(name, doc, buckets):
             return Histogram(name, doc, ["model_name"], buckets=buckets, registry=self.registry)
@@ -68,31 +67,81 @@ class Metrics:
         def counter(name, doc, labels=("model_name",)):
             return Counter(name, doc, list(labels), registry=self.registry)
 
-        self.ttft_family = histogram("vllm:time_to_first_token_seconds", "time to first token", TTFT_BUCKETS_S)
-        self.itl_family = histogram("vllm:inter_token_latency_seconds", "time between output tokens", ITL_BUCKETS_S)
-        self.tpot_family = histogram("vllm:time_per_output_token_seconds", "time per output token (vLLM's older name)", ITL_BUCKETS_S)
-        self.e2e_family = histogram("vllm:e2e_request_latency_seconds", "request latency, end to end", E2E_BUCKETS_S)
+        self.ttft_family = histogram(
+            "vllm:time_to_first_token_seconds", "time to first token", TTFT_BUCKETS_S
+        )
+        self.itl_family = histogram(
+            "vllm:inter_token_latency_seconds", "time between output tokens", ITL_BUCKETS_S
+        )
+        self.tpot_family = histogram(
+            "vllm:time_per_output_token_seconds",
+            "time per output token (vLLM's older name)",
+            ITL_BUCKETS_S,
+        )
+        self.e2e_family = histogram(
+            "vllm:e2e_request_latency_seconds", "request latency, end to end", E2E_BUCKETS_S
+        )
         self.prompt_tokens_family = counter("vllm:prompt_tokens", "prompt tokens processed")
         self.generation_tokens_family = counter("vllm:generation_tokens", "tokens generated")
-        self.cache_queries_family = counter("vllm:prefix_cache_queries", "prompt tokens looked up in the prefix caches")
-        self.cache_hits_family = counter("vllm:prefix_cache_hits", "prompt tokens found in the prefix caches")
-        self.decisions_family = counter("mlx_fleet_routing_decisions", "routing decisions by how the prompt's cached prefix is served: local_hit, pull (from a peer), recompute", ("model_name", "kind"))
-        self.pulled_tokens_family = counter("mlx_fleet_prefix_pulled_tokens", "prompt tokens routed to be pulled from a peer's cache (apart from vllm:prefix_cache_hits, the local hits)")
-        self.volatile_family = counter("mlx_fleet_volatile_prompt_removals", "per-request metadata taken out of prompts before templating ([router] volatile_prompt_patterns, e.g. Claude Code's billing line)")
-        self.success_family = counter("vllm:request_success", "finished requests", ("model_name", "finished_reason"))
+        self.cache_queries_family = counter(
+            "vllm:prefix_cache_queries", "prompt tokens looked up in the prefix caches"
+        )
+        self.cache_hits_family = counter(
+            "vllm:prefix_cache_hits", "prompt tokens found in the prefix caches"
+        )
+        self.decisions_family = counter(
+            "mlx_fleet_routing_decisions",
+            "routing decisions by how the prompt's cached prefix is served: local_hit, pull (from a peer), recompute",
+            ("model_name", "kind"),
+        )
+        self.pulled_tokens_family = counter(
+            "mlx_fleet_prefix_pulled_tokens",
+            "prompt tokens routed to be pulled from a peer's cache (apart from vllm:prefix_cache_hits, the local hits)",
+        )
+        self.volatile_family = counter(
+            "mlx_fleet_volatile_prompt_removals",
+            "per-request metadata taken out of prompts before templating ([router] volatile_prompt_patterns, e.g. Claude Code's billing line)",
+        )
+        self.success_family = counter(
+            "vllm:request_success", "finished requests", ("model_name", "finished_reason")
+        )
         # The streaming handler observes this one: time until the first chunk is written.
-        self.first_chunk_family = histogram("mlx_fleet_time_to_first_chunk_seconds", "streamed requests: time to the first chunk", TTFT_BUCKETS_S)
+        self.first_chunk_family = histogram(
+            "mlx_fleet_time_to_first_chunk_seconds",
+            "streamed requests: time to the first chunk",
+            TTFT_BUCKETS_S,
+        )
 
     def _fleet_series(self) -> None:
         r = self.registry
-        self._http = Counter("mlx_fleet_http_requests", "HTTP requests", ["endpoint", "status"], registry=r)
-        self._http_seconds = Histogram("mlx_fleet_http_request_duration_seconds", "HTTP request duration", ["endpoint"], buckets=HTTP_BUCKETS_S, registry=r)
-        self._resubmitted = Counter("mlx_fleet_resubmitted_requests", "requests moved to another worker", registry=r)
+        self._http = Counter(
+            "mlx_fleet_http_requests", "HTTP requests", ["endpoint", "status"], registry=r
+        )
+        self._http_seconds = Histogram(
+            "mlx_fleet_http_request_duration_seconds",
+            "HTTP request duration",
+            ["endpoint"],
+            buckets=HTTP_BUCKETS_S,
+            registry=r,
+        )
+        self._resubmitted = Counter(
+            "mlx_fleet_resubmitted_requests", "requests moved to another worker", registry=r
+        )
         self._workers_lost = Counter("mlx_fleet_workers_lost", "workers declared lost", registry=r)
-        self._registrations = Counter("mlx_fleet_worker_registrations", "registrations (a restart registers again)", ["worker"], registry=r)
-        self._cached_tokens = Counter("mlx_fleet_cached_prompt_tokens", "prompt tokens of finished requests served from a cache", registry=r)
-        Gauge("mlx_fleet_pending_requests", "requests the router holds", registry=r).set_function(lambda: self._pending)
-    # fmt: on
+        self._registrations = Counter(
+            "mlx_fleet_worker_registrations",
+            "registrations (a restart registers again)",
+            ["worker"],
+            registry=r,
+        )
+        self._cached_tokens = Counter(
+            "mlx_fleet_cached_prompt_tokens",
+            "prompt tokens of finished requests served from a cache",
+            registry=r,
+        )
+        Gauge("mlx_fleet_pending_requests", "requests the router holds", registry=r).set_function(
+            lambda: self._pending
+        )
 
     # ------------------------------------------------------------ recording
 

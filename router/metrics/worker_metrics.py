@@ -78,41 +78,83 @@ WORKER_SERIES: tuple[Series, ...] = (
     Series("kv_total_blocks", "gauge", "KV blocks in the worker's pool", _kv_total),
     Series("kv_used_blocks", "gauge", "KV blocks held by sequences or the cache", _kv_used),
     Series("kv_free_blocks", "gauge", "KV blocks free", _hb("free_blocks")),
-    Series("kv_held_blocks", "gauge", "KV blocks running requests hold beyond the cache",
-           _kv_held),
-    Series("kv_cached_blocks", "gauge", "full KV blocks in the prefix cache",
-           _hb("cached_blocks")),
-    Series("kv_cached_partial_blocks", "gauge", "partial KV blocks the prefix cache keeps",
-           _hb("cached_partial_blocks")),
-    Series("kv_pinned_blocks", "gauge", "KV blocks pinned by cache hints (cache_control, "
-           "prompt_cache_retention) until their deadline", _hb("pinned_blocks")),
+    Series("kv_held_blocks", "gauge", "KV blocks running requests hold beyond the cache", _kv_held),
+    Series("kv_cached_blocks", "gauge", "full KV blocks in the prefix cache", _hb("cached_blocks")),
+    Series(
+        "kv_cached_partial_blocks",
+        "gauge",
+        "partial KV blocks the prefix cache keeps",
+        _hb("cached_partial_blocks"),
+    ),
+    Series(
+        "kv_pinned_blocks",
+        "gauge",
+        "KV blocks pinned by cache hints (cache_control, "
+        "prompt_cache_retention) until their deadline",
+        _hb("pinned_blocks"),
+    ),
     Series("kv_pins", "gauge", "pinned prefixes", _hb("pins")),
-    Series("state_snapshots", "gauge", "recurrent-state snapshots kept (hybrid models)",
-           _hb("state_snapshots")),
-    Series("state_snapshot_bytes", "gauge", "bytes of those snapshots",
-           _hb("state_snapshot_bytes")),
+    Series(
+        "state_snapshots",
+        "gauge",
+        "recurrent-state snapshots kept (hybrid models)",
+        _hb("state_snapshots"),
+    ),
+    Series(
+        "state_snapshot_bytes", "gauge", "bytes of those snapshots", _hb("state_snapshot_bytes")
+    ),
     Series("state_slots", "gauge", "recurrent-state slots (hybrid models)", _hb("state_slots")),
-    Series("state_kept", "gauge", "state slots holding running sequences' reply-end copies",
-           _hb("state_kept")),
-    Series("cache_hit_tokens", "counter", "prompt tokens served from the prefix cache",
-           _hb("hit_tokens")),
-    Series("cache_query_tokens", "counter", "prompt tokens looked up in the prefix cache",
-           _hb("prompt_tokens")),
-    Series("cached_tokens", "counter", "cached prompt tokens of requests this router sent there",
-           lambda w: w.cached_tokens),
+    Series(
+        "state_kept",
+        "gauge",
+        "state slots holding running sequences' reply-end copies",
+        _hb("state_kept"),
+    ),
+    Series(
+        "cache_hit_tokens",
+        "counter",
+        "prompt tokens served from the prefix cache",
+        _hb("hit_tokens"),
+    ),
+    Series(
+        "cache_query_tokens",
+        "counter",
+        "prompt tokens looked up in the prefix cache",
+        _hb("prompt_tokens"),
+    ),
+    Series(
+        "cached_tokens",
+        "counter",
+        "cached prompt tokens of requests this router sent there",
+        lambda w: w.cached_tokens,
+    ),
     Series("requests_served", "counter", "requests finished there", lambda w: w.requests_served),
     Series("pulled_blocks", "counter", "KV blocks it pulled from peers", _hb("pulled_blocks")),
     Series("pull_failures", "counter", "pulls that fell back to recompute", _hb("pull_failures")),
-    Series("prefill_tokens_per_s", "gauge", "its measured prefill rate (0: not yet)",
-           _hb("prefill_tokens_per_s")),
-)  # fmt: skip
+    Series(
+        "prefill_tokens_per_s",
+        "gauge",
+        "its measured prefill rate (0: not yet)",
+        _hb("prefill_tokens_per_s"),
+    ),
+)
 
 # WorkerPhases fields that only grow (the others are recent-window statistics).
 PHASE_COUNTERS = frozenset(
-    {"decode_spikes", "decode_spike_seconds", "decode_tokens", "prefill_tokens", "preemptions",
-     "spec_drafted", "spec_accepted", "folded_tokens", "folded_forwards", "prefill_forwards",
-     "prefill_padding_tokens"}
-)  # fmt: skip
+    {
+        "decode_spikes",
+        "decode_spike_seconds",
+        "decode_tokens",
+        "prefill_tokens",
+        "preemptions",
+        "spec_drafted",
+        "spec_accepted",
+        "folded_tokens",
+        "folded_forwards",
+        "prefill_forwards",
+        "prefill_padding_tokens",
+    }
+)
 
 
 def _phase(field: str) -> Callable[[ScrapedWorker], float]:
@@ -157,12 +199,22 @@ class WorkerCollector(Collector):
 
     def _routing_series(self) -> tuple[Series, ...]:
         return (
-            Series("routed", "counter", "requests routed there", lambda w: self._routed(w.worker_id)[0]),
-            Series("routed_hit_tokens", "counter", "prefix tokens predicted cached when routed",
-                   lambda w: self._routed(w.worker_id)[1]),
-            Series("routed_pull_tokens", "counter", "prefix tokens routed to be pulled from a peer",
-                   lambda w: self._routed(w.worker_id)[2]),
-        )  # fmt: skip
+            Series(
+                "routed", "counter", "requests routed there", lambda w: self._routed(w.worker_id)[0]
+            ),
+            Series(
+                "routed_hit_tokens",
+                "counter",
+                "prefix tokens predicted cached when routed",
+                lambda w: self._routed(w.worker_id)[1],
+            ),
+            Series(
+                "routed_pull_tokens",
+                "counter",
+                "prefix tokens routed to be pulled from a peer",
+                lambda w: self._routed(w.worker_id)[2],
+            ),
+        )
 
     def _cluster_gauges(self, workers: list[ScrapedWorker]) -> Iterator[Metric]:
         """vLLM's names, summed per model (`model_name`) over its healthy workers, so
@@ -180,9 +232,10 @@ class WorkerCollector(Collector):
                 family.add_metric([model], value([w for w in group if w.healthy and w.heartbeat]))
             yield family
         preemptions = CounterMetricFamily(
-            "vllm:num_preemptions", "sequences preempted (summed over the workers' counts)",
+            "vllm:num_preemptions",
+            "sequences preempted (summed over the workers' counts)",
             labels=["model_name"],
-        )  # fmt: skip
+        )
         for model, group in by_model.items():
             preemptions.add_metric([model], sum(_phase("preemptions")(w) for w in group))
         yield preemptions

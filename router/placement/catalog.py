@@ -88,9 +88,14 @@ def entry_of(spec) -> Entry:
     float32 = computes_in_float32(section.compute_dtype)
     memory = section.memory or estimate(spec.path, kv, float32=float32)
     return Entry(
-        spec.served_id, memory, kv, section.min_workers, section.max_workers,
-        section.keep_alive, section.pinned,
-    )  # fmt: skip
+        spec.served_id,
+        memory,
+        kv,
+        section.min_workers,
+        section.max_workers,
+        section.keep_alive,
+        section.pinned,
+    )
 
 
 _DURATION = re.compile(r"^\s*(-?\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")

@@ -92,9 +92,10 @@ class Demand:
         is larger than every host's budget."""
         if failure := entry.failing(self.clock()):
             raise model_unavailable(
-                f"the model '{entry.id}' failed to load {failure}", "model_load_failed",
+                f"the model '{entry.id}' failed to load {failure}",
+                "model_load_failed",
                 FAILURE_HOLD_S,
-            )  # fmt: skip
+            )
         readers = [h for h in self.placer.alive() if h.reads(entry.id)]
         if not readers:
             raise model_unavailable(
@@ -117,8 +118,9 @@ class Demand:
                 f"no host has {gib(entry.estimate_bytes)} free, and the models loaded there "
                 "are pinned or busy"
             )
-        return model_unavailable(f"the model '{entry.id}' is not loaded: {why}",
-                                 "model_loading", 30)  # fmt: skip
+        return model_unavailable(
+            f"the model '{entry.id}' is not loaded: {why}", "model_loading", 30
+        )
 
     # ------------------------------------------------------------ once a second
 

@@ -57,14 +57,19 @@ def load(demand: Demand, model: str) -> dict:
     demand.check(entry)
     live = len(demand.registry.healthy(entry.id)) + len(entry.starts)
     if live >= entry.max_workers:
-        raise ApiError(409, f"the model '{model}' has its max_workers ({entry.max_workers}) "
-                       "loaded or loading", "model", "max_workers")  # fmt: skip
+        raise ApiError(
+            409,
+            f"the model '{model}' has its max_workers ({entry.max_workers}) loaded or loading",
+            "model",
+            "max_workers",
+        )
     entry.last_used = demand.clock()
     if demand.placer.place(entry) is None:
         raise model_unavailable(
             f"no host has room for the model '{model}' now (the models loaded are pinned or busy)",
-            "no_room", 30,
-        )  # fmt: skip
+            "no_room",
+            30,
+        )
     return model_json(demand, model)
 
 
@@ -80,8 +85,13 @@ def unload(demand: Demand, model: str) -> dict:
     ]
     busy = [wid for _, wid in workers if not demand.placer.idle(wid)]
     if busy:
-        raise ApiError(409, f"the model '{model}' has requests in flight on {', '.join(busy)}; "
-                       "unload it once they end", "model", "model_busy")  # fmt: skip
+        raise ApiError(
+            409,
+            f"the model '{model}' has requests in flight on {', '.join(busy)}; "
+            "unload it once they end",
+            "model",
+            "model_busy",
+        )
     entry.min_workers = 0
     for host, worker_id in workers:
         demand.placer.stop(host, worker_id, "unloaded by the operator")

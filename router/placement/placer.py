@@ -86,8 +86,12 @@ class Placer:
         self.hosts[msg.host_id] = host
         log.info(
             "host %s (%s) joined: budget %s, %d catalog models readable, %d workers running",
-            msg.host_id, msg.host, gib(msg.budget_bytes), len(msg.models), len(msg.workers),
-        )  # fmt: skip
+            msg.host_id,
+            msg.host,
+            gib(msg.budget_bytes),
+            len(msg.models),
+            len(msg.workers),
+        )
         self._send(identity, HostAck(True, report_interval_s=self.report_interval_s))
 
     def _report(self, host: HostState, msg: HostReport) -> None:
@@ -96,16 +100,21 @@ class Placer:
         for gone in host.stopping - set(host.workers):
             self._gone(host, gone)
         for w in host.over_estimate():
-            log.debug("worker %s measures %s, over its estimate %s",
-                      w.worker_id, gib(w.rss_bytes), gib(w.estimate_bytes))  # fmt: skip
+            log.debug(
+                "worker %s measures %s, over its estimate %s",
+                w.worker_id,
+                gib(w.rss_bytes),
+                gib(w.estimate_bytes),
+            )
 
     def _exited(self, host: HostState, msg: WorkerExited) -> None:
         host.workers.pop(msg.worker_id, None)
         entry = self.entries.get(msg.model)
         start = entry.starts.pop(msg.worker_id, None) if entry else None
         if not msg.asked:
-            log.warning("host %s: worker %s (%s) ended: %s",
-                        host.id, msg.worker_id, msg.model, msg.reason)  # fmt: skip
+            log.warning(
+                "host %s: worker %s (%s) ended: %s", host.id, msg.worker_id, msg.model, msg.reason
+            )
             if entry is not None and start is not None:  # it never registered: the load failed
                 entry.fail(f"on host {host.id}: {msg.reason}", self._clock())
         self._retire(msg.worker_id, msg.reason if not msg.asked else "stopped by its host")
@@ -231,8 +240,13 @@ class Placer:
 
     def _send_start(self, entry: Entry, start: Start, host: HostState) -> None:
         start.sent = True
-        log.info("starting %s on host %s as %s (%s by estimate)",
-                 entry.id, host.id, start.worker_id, gib(entry.estimate_bytes))  # fmt: skip
+        log.info(
+            "starting %s on host %s as %s (%s by estimate)",
+            entry.id,
+            host.id,
+            start.worker_id,
+            gib(entry.estimate_bytes),
+        )
         msg = StartWorker(start.worker_id, entry.id, entry.estimate_bytes, entry.kv_bytes)
         self._send(host.identity, msg)
 

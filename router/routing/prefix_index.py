@@ -186,9 +186,10 @@ class PrefixIndex:
     def hit_rule(self, worker_id: str) -> HitRule:
         """The worker's hit rule (shared/prefix/hit_rule.py), from what it registered."""
         return HitRule(
-            self._window_blocks.get(worker_id, 0), worker_id in self._snapshots,
+            self._window_blocks.get(worker_id, 0),
+            worker_id in self._snapshots,
             self._chunk_blocks.get(worker_id, 0),
-        )  # fmt: skip
+        )
 
     def _usable(self, worker_id: str, block_hashes: Sequence[int], depth: int) -> int:
         """The deepest end <= `depth` the worker can serve as a hit: the rule its own

@@ -115,8 +115,12 @@ class ModelTokenizer:
     def special_tokens(self) -> tuple[str, ...]:
         """The strings of every special token (what skip_special_tokens drops)."""
         decoder = getattr(self._tok, "added_tokens_decoder", {})
-        return tuple(sorted(set(self._tok.all_special_tokens) | {t.content for t in decoder.values()
-                                                                  if t.special}))  # fmt: skip
+        return tuple(
+            sorted(
+                set(self._tok.all_special_tokens)
+                | {t.content for t in decoder.values() if t.special}
+            )
+        )
 
     @functools.cached_property
     def added_tokens(self) -> tuple[str, ...]:

@@ -54,11 +54,19 @@ def tiny_quantizable_model(
     32 or 64 (the models above have head dims 8-16): "llama", "qwen2" or "qwen3"."""
     module = importlib.import_module(f"mlx_lm.models.{arch}")
     args = dict(
-        model_type=arch, hidden_size=128, num_hidden_layers=num_layers, intermediate_size=192,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=64, rms_norm_eps=1e-5,
-        vocab_size=vocab_size, max_position_embeddings=8192, rope_theta=10000.0,
+        model_type=arch,
+        hidden_size=128,
+        num_hidden_layers=num_layers,
+        intermediate_size=192,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=64,
+        rms_norm_eps=1e-5,
+        vocab_size=vocab_size,
+        max_position_embeddings=8192,
+        rope_theta=10000.0,
         tie_word_embeddings=True,
-    )  # fmt: skip
+    )
     fields = module.ModelArgs.__dataclass_fields__
     mx.random.seed(seed)
     model = module.Model(module.ModelArgs(**{k: v for k, v in args.items() if k in fields}))

@@ -23,8 +23,13 @@ PIECES += ["ld", "▁world", "▁h", "▁hello"]
 VOCAB = SPECIAL + PIECES
 Q = GGMLQuantizationType
 # GGUF name part -> the type the fixture stores it in (norms are always F32)
-TYPES = {"token_embd": Q.Q8_0, "attn_q": Q.Q5_0, "attn_output": Q.Q4_K, "ffn_down": Q.Q6_K,
-         "attn_k": Q.F16}  # fmt: skip
+TYPES = {
+    "token_embd": Q.Q8_0,
+    "attn_q": Q.Q5_0,
+    "attn_output": Q.Q4_K,
+    "ffn_down": Q.Q6_K,
+    "attn_k": Q.F16,
+}
 _K_SCALE_BYTES = {Q.Q4_K: (0, 2), Q.Q6_K: (208,)}  # where each block's float16 scales lie
 
 _NAMES = {

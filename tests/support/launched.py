@@ -29,9 +29,19 @@ def launch_cluster(
     port = free_port()
     popen = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL, **popen}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "fleet.launch", *args, "--port", str(port), "--log-dir", str(log_dir)],
-        start_new_session=True, **popen,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "fleet.launch",
+            *args,
+            "--port",
+            str(port),
+            "--log-dir",
+            str(log_dir),
+        ],
+        start_new_session=True,
+        **popen,
+    )
     try:
         yield f"http://127.0.0.1:{port}", proc
     finally:

@@ -33,9 +33,12 @@ TINY_TP_ARGS = dict(
 
 # qwen3: per-head q/k norms, tied embeddings, an explicit head_dim
 TINY_TP_QWEN3_ARGS = {
-    **TINY_TP_ARGS, "model_type": "qwen3", "head_dim": 8, "tie_word_embeddings": True,
+    **TINY_TP_ARGS,
+    "model_type": "qwen3",
+    "head_dim": 8,
+    "tie_word_embeddings": True,
     "rope_theta": 1e6,
-}  # fmt: skip
+}
 
 
 # head vectors of 32 values: --kv-bits 8/4 quantize them in groups of 32 (TINY_TP_ARGS' 8 cannot)
@@ -96,8 +99,14 @@ def start_group_case(model_dir: Path, case: dict, size: int, workdir: Path):
     result file (written once the case's phases are done)."""
     (workdir / "case.json").write_text(json.dumps(case))
     out = workdir / "out.json"
-    args = [sys.executable, "-m", "tests.support.tp_rank_main", str(model_dir), str(workdir / "case.json"),
-            str(out)]  # fmt: skip
+    args = [
+        sys.executable,
+        "-m",
+        "tests.support.tp_rank_main",
+        str(model_dir),
+        str(workdir / "case.json"),
+        str(out),
+    ]
     return start_ranks(size, args, workdir), out
 
 

@@ -299,8 +299,11 @@ def _text_of(
 
 
 def _tool_use(block: dict, param: str) -> dict:
-    if not (isinstance(block.get("id"), str) and isinstance(block.get("name"), str)
-            and isinstance(block.get("input"), dict)):  # fmt: skip
+    if not (
+        isinstance(block.get("id"), str)
+        and isinstance(block.get("name"), str)
+        and isinstance(block.get("input"), dict)
+    ):
         raise bad_request(f"{param}: a tool_use block needs id, name and an input object", param)
     function = {"name": block["name"], "arguments": block["input"]}
     return {"id": block["id"], "type": "function", "function": function}

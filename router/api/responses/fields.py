@@ -62,7 +62,7 @@ FIELDS: dict[str, Field] = {
     ),
     "top_logprobs": Field(
         refused="logprobs are not returned by /v1/responses", harmless=lambda v: v == 0
-    ),  # fmt: skip
+    ),
     "max_tool_calls": Field(refused="'max_tool_calls' is not supported (function tools only)"),
     "conversation": Field(
         refused="the Conversations API is not supported; chain turns with 'previous_response_id'"

@@ -86,8 +86,11 @@ def _parts_text(parts, param: str, images: bool = False) -> str:
         if is_image_part(part):
             texts.append(image_mark(part, f"{param}[{j}]", images))
             continue
-        if not (isinstance(part, dict) and part.get("type") in TEXT_PARTS
-                and isinstance(part.get("text"), str)):  # fmt: skip
+        if not (
+            isinstance(part, dict)
+            and part.get("type") in TEXT_PARTS
+            and isinstance(part.get("text"), str)
+        ):
             raise bad_request(
                 f"{param}[{j}]: only input_text / output_text / input_image parts are supported",
                 param,
@@ -139,8 +142,9 @@ def chat_messages(items: list[dict]) -> list[dict]:
         if kind == "reasoning":
             reasoning += _reasoning_text(item)
         elif kind == "function_call_output":
-            messages.append({"role": "tool", "tool_call_id": item["call_id"],
-                             "content": item["output"]})  # fmt: skip
+            messages.append(
+                {"role": "tool", "tool_call_id": item["call_id"], "content": item["output"]}
+            )
         elif kind == "message" and item["role"] != "assistant":
             text = _parts_text(item["content"], "input", images=item["role"] == "user")
             messages.append({"role": item["role"], "content": text})
@@ -152,8 +156,10 @@ def chat_messages(items: list[dict]) -> list[dict]:
             if kind == "message":
                 last["content"] += _parts_text(item["content"], "")
             else:
-                function = {"name": item["name"], "arguments": _arguments_object(
-                    item["arguments"], "input")}  # fmt: skip
+                function = {
+                    "name": item["name"],
+                    "arguments": _arguments_object(item["arguments"], "input"),
+                }
                 call = {"id": item["call_id"], "type": "function", "function": function}
                 last.setdefault("tool_calls", []).append(call)
             if reasoning:

@@ -93,8 +93,7 @@ def text_part(text: str) -> dict:
 
 def reasoning_item(item_id: str, text: str, status: str) -> dict:
     content = [{"type": "reasoning_text", "text": text}] if status != "in_progress" else []
-    return {"type": "reasoning", "id": item_id, "status": status, "summary": [],
-            "content": content}  # fmt: skip
+    return {"type": "reasoning", "id": item_id, "status": status, "summary": [], "content": content}
 
 
 def call_item(item_id: str, e: ReplyEvent, status: str) -> dict:

@@ -56,8 +56,10 @@ class ItemStream:
         self._open = (kind, item_id, so_far + text)
         delta = {"item_id": item_id, "output_index": len(self.output), "content_index": 0}
         extra = {"logprobs": []} if kind == "content" else {}
-        return [*out, self.event(f"response.{_TEXT_KIND[kind]}.delta",
-                                 delta | {"delta": text} | extra)]  # fmt: skip
+        return [
+            *out,
+            self.event(f"response.{_TEXT_KIND[kind]}.delta", delta | {"delta": text} | extra),
+        ]
 
     def close(self, status: str) -> list[StreamEvent]:
         """Finish the open item (if any) with `status`."""
@@ -96,10 +98,12 @@ class ItemStream:
         where = {"item_id": item_id, "output_index": len(self.output), "content_index": 0}
         part = text_part("") if kind == "content" else {"type": "reasoning_text", "text": ""}
         return [
-            self.event("response.output_item.added",
-                       {"output_index": len(self.output), "item": make(item_id, "", "in_progress")}),
+            self.event(
+                "response.output_item.added",
+                {"output_index": len(self.output), "item": make(item_id, "", "in_progress")},
+            ),
             self.event("response.content_part.added", where | {"part": part}),
-        ]  # fmt: skip
+        ]
 
     def _call(self, e: ReplyEvent) -> list[StreamEvent]:
         if not self._parallel and self._has_call():
@@ -114,10 +118,12 @@ class ItemStream:
             *out,
             self.event("response.output_item.added", added),
             self.event("response.function_call_arguments.delta", where | {"delta": arguments}),
-            self.event("response.function_call_arguments.done",
-                       where | {"arguments": arguments, "name": e.call.name}),
+            self.event(
+                "response.function_call_arguments.done",
+                where | {"arguments": arguments, "name": e.call.name},
+            ),
             *self._finish(call_item(item_id, e, "completed")),
-        ]  # fmt: skip
+        ]
 
     def _has_call(self) -> bool:
         return any(i["type"] == "function_call" for i in self.output)

@@ -202,14 +202,20 @@ def _g_hermes(name: str, params: dict) -> list[Piece]:
 
 def _g_qwen3_coder(name: str, params: dict) -> list[Piece]:
     body = _xml_params(lambda k: f"<parameter={k}>\n", "\n</parameter>\n", params)
-    return [("text", f"<tool_call>\n<function={name}>\n"), *body,
-            ("text", "</function>\n</tool_call>")]  # fmt: skip
+    return [
+        ("text", f"<tool_call>\n<function={name}>\n"),
+        *body,
+        ("text", "</function>\n</tool_call>"),
+    ]
 
 
 def _g_seed_oss(name: str, params: dict) -> list[Piece]:
     body = _xml_params(lambda k: f"<parameter={k}>", "</parameter>\n", params)
-    return [("text", f"<seed:tool_call>\n<function={name}>\n"), *body,
-            ("text", "</function>\n</seed:tool_call>")]  # fmt: skip
+    return [
+        ("text", f"<seed:tool_call>\n<function={name}>\n"),
+        *body,
+        ("text", "</function>\n</seed:tool_call>"),
+    ]
 
 
 def _g_nemotron(name: str, params: dict) -> list[Piece]:
@@ -229,25 +235,37 @@ def _g_glm(name: str, params: dict) -> list[Piece]:
 
 def _g_minimax(name: str, params: dict) -> list[Piece]:
     body = _xml_params(lambda k: f'<parameter name="{k}">', "</parameter>\n", params)
-    return [("text", f'<minimax:tool_call>\n<invoke name="{name}">\n'), *body,
-            ("text", "</invoke>\n</minimax:tool_call>")]  # fmt: skip
+    return [
+        ("text", f'<minimax:tool_call>\n<invoke name="{name}">\n'),
+        *body,
+        ("text", "</invoke>\n</minimax:tool_call>"),
+    ]
 
 
 def _g_kimi(name: str, params: dict) -> list[Piece]:
-    return [("text", "<|tool_calls_section_begin|><|tool_call_begin|>"),
-            ("text", f"functions.{name}:0<|tool_call_argument_begin|>"), ("json", _closed(params)),
-            ("text", "<|tool_call_end|><|tool_calls_section_end|>")]  # fmt: skip
+    return [
+        ("text", "<|tool_calls_section_begin|><|tool_call_begin|>"),
+        ("text", f"functions.{name}:0<|tool_call_argument_begin|>"),
+        ("json", _closed(params)),
+        ("text", "<|tool_call_end|><|tool_calls_section_end|>"),
+    ]
 
 
 def _g_deepseek_v31(name: str, params: dict) -> list[Piece]:
-    return [("text", f"<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>{name}<｜tool▁sep｜>"),
-            ("json", _closed(params)), ("text", "<｜tool▁call▁end｜><｜tool▁calls▁end｜>")]  # fmt: skip
+    return [
+        ("text", f"<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>{name}<｜tool▁sep｜>"),
+        ("json", _closed(params)),
+        ("text", "<｜tool▁call▁end｜><｜tool▁calls▁end｜>"),
+    ]
 
 
 def _g_deepseek_v3(name: str, params: dict) -> list[Piece]:
     head = f"<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>{name}\n```json\n"
-    return [("text", head), ("json", _closed(params)),
-            ("text", "\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>")]  # fmt: skip
+    return [
+        ("text", head),
+        ("json", _closed(params)),
+        ("text", "\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>"),
+    ]
 
 
 def _g_mistral(name: str, params: dict) -> list[Piece]:
@@ -288,68 +306,171 @@ _WEATHER = '{"city": "Paris"}'
 CALL_FORMATS: dict[str, CallFormat] = {
     f.name: f
     for f in [
-        CallFormat("hermes", "<tool_call>", "</tool_call>", _parse_hermes, "mlx-fleet",
-                   grammar=_g_hermes,
-                   example=f'<tool_call>\n{{"name": "get_weather", "arguments": {_WEATHER}}}\n</tool_call>'),
-        CallFormat("llama3", "<|python_tag|>", "", _parse_llama3, "mlx-fleet", bare_start="{",
-                   grammar=_g_llama3,
-                   example=f'{{"name": "get_weather", "parameters": {_WEATHER}}}'),
-        CallFormat("mistral", "[TOOL_CALLS]", "", _mlx_lm("mistral"), "mlx-lm", bare_start="[",
-                   grammar=_g_mistral, example=f"[TOOL_CALLS]get_weather[ARGS]{_WEATHER}"),
-        CallFormat("qwen3_coder", "<tool_call>", "</tool_call>", _mlx_lm("qwen3_coder"), "mlx-lm",
-                   grammar=_g_qwen3_coder,
-                   example="<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n"
-                   "</parameter>\n</function>\n</tool_call>"),
-        CallFormat("glm47", "<tool_call>", "</tool_call>", _mlx_lm("glm47"), "mlx-lm",
-                   grammar=_g_glm,
-                   example="<tool_call>get_weather\n<arg_key>city</arg_key>\n"
-                   "<arg_value>Paris</arg_value>\n</tool_call>"),
-        CallFormat("kimi_k2", "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>",
-                   _mlx_lm("kimi_k2"), "mlx-lm", item_end="<|tool_call_end|>", grammar=_g_kimi,
-                   example="<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0"
-                   f"<|tool_call_argument_begin|>{_WEATHER}<|tool_call_end|>"
-                   "<|tool_calls_section_end|>"),
-        CallFormat("kimi_k3", "<|open|>tools<|sep|>", "<|close|>tools<|sep|>", _mlx_lm("kimi_k3"),
-                   "mlx-lm"),
-        CallFormat("minimax_m2", "<minimax:tool_call>", "</minimax:tool_call>",
-                   _mlx_lm("minimax_m2"), "mlx-lm", item_end="</invoke>", grammar=_g_minimax,
-                   example='<minimax:tool_call>\n<invoke name="get_weather">\n'
-                   '<parameter name="city">Paris</parameter>\n</invoke>\n</minimax:tool_call>'),
-        CallFormat("deepseek_v31", "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>",
-                   _parse_deepseek(_DEEPSEEK_V31_CALL), "mlx-fleet", item_end="<｜tool▁call▁end｜>",
-                   grammar=_g_deepseek_v31,
-                   example="<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>"
-                   f"{_WEATHER}<｜tool▁call▁end｜><｜tool▁calls▁end｜>"),
-        CallFormat("deepseek_v3", "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>",
-                   _parse_deepseek(_DEEPSEEK_V3_CALL), "mlx-fleet", item_end="<｜tool▁call▁end｜>",
-                   grammar=_g_deepseek_v3,
-                   example="<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>"
-                   f"get_weather\n```json\n{_WEATHER}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>"),
-        CallFormat("pythonic", "<|tool_call_start|>", "<|tool_call_end|>", _mlx_lm("pythonic"),
-                   "mlx-lm", grammar=_g_pythonic,
-                   example='<|tool_call_start|>[get_weather(city="Paris")]<|tool_call_end|>'),
-        CallFormat("gemma4", "<|tool_call>", "<tool_call|>", _mlx_lm("gemma4"), "mlx-lm",
-                   grammar=_g_gemma4,
-                   example='<|tool_call>call:get_weather{city:<|"|>Paris<|"|>}<tool_call|>'),
-        CallFormat("function_gemma", "<start_function_call>", "<end_function_call>",
-                   _mlx_lm("function_gemma"), "mlx-lm",
-                   example="<start_function_call>call:get_weather{city:<escape>Paris<escape>}"
-                   "<end_function_call>"),
-        CallFormat("json_tools", "<tool_call>", "</tool_call>", _mlx_lm("json_tools"), "mlx-lm",
-                   grammar=_g_hermes),
-        CallFormat("longcat", "<longcat_tool_call>", "</longcat_tool_call>", _mlx_lm("longcat"),
-                   "mlx-lm"),
-        CallFormat("laguna", "<tool_call>", "</tool_call>", _mlx_lm("laguna"), "mlx-lm",
-                   grammar=_g_glm),
+        CallFormat(
+            "hermes",
+            "<tool_call>",
+            "</tool_call>",
+            _parse_hermes,
+            "mlx-fleet",
+            grammar=_g_hermes,
+            example=f'<tool_call>\n{{"name": "get_weather", "arguments": {_WEATHER}}}\n</tool_call>',
+        ),
+        CallFormat(
+            "llama3",
+            "<|python_tag|>",
+            "",
+            _parse_llama3,
+            "mlx-fleet",
+            bare_start="{",
+            grammar=_g_llama3,
+            example=f'{{"name": "get_weather", "parameters": {_WEATHER}}}',
+        ),
+        CallFormat(
+            "mistral",
+            "[TOOL_CALLS]",
+            "",
+            _mlx_lm("mistral"),
+            "mlx-lm",
+            bare_start="[",
+            grammar=_g_mistral,
+            example=f"[TOOL_CALLS]get_weather[ARGS]{_WEATHER}",
+        ),
+        CallFormat(
+            "qwen3_coder",
+            "<tool_call>",
+            "</tool_call>",
+            _mlx_lm("qwen3_coder"),
+            "mlx-lm",
+            grammar=_g_qwen3_coder,
+            example="<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n"
+            "</parameter>\n</function>\n</tool_call>",
+        ),
+        CallFormat(
+            "glm47",
+            "<tool_call>",
+            "</tool_call>",
+            _mlx_lm("glm47"),
+            "mlx-lm",
+            grammar=_g_glm,
+            example="<tool_call>get_weather\n<arg_key>city</arg_key>\n"
+            "<arg_value>Paris</arg_value>\n</tool_call>",
+        ),
+        CallFormat(
+            "kimi_k2",
+            "<|tool_calls_section_begin|>",
+            "<|tool_calls_section_end|>",
+            _mlx_lm("kimi_k2"),
+            "mlx-lm",
+            item_end="<|tool_call_end|>",
+            grammar=_g_kimi,
+            example="<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0"
+            f"<|tool_call_argument_begin|>{_WEATHER}<|tool_call_end|>"
+            "<|tool_calls_section_end|>",
+        ),
+        CallFormat(
+            "kimi_k3", "<|open|>tools<|sep|>", "<|close|>tools<|sep|>", _mlx_lm("kimi_k3"), "mlx-lm"
+        ),
+        CallFormat(
+            "minimax_m2",
+            "<minimax:tool_call>",
+            "</minimax:tool_call>",
+            _mlx_lm("minimax_m2"),
+            "mlx-lm",
+            item_end="</invoke>",
+            grammar=_g_minimax,
+            example='<minimax:tool_call>\n<invoke name="get_weather">\n'
+            '<parameter name="city">Paris</parameter>\n</invoke>\n</minimax:tool_call>',
+        ),
+        CallFormat(
+            "deepseek_v31",
+            "<｜tool▁calls▁begin｜>",
+            "<｜tool▁calls▁end｜>",
+            _parse_deepseek(_DEEPSEEK_V31_CALL),
+            "mlx-fleet",
+            item_end="<｜tool▁call▁end｜>",
+            grammar=_g_deepseek_v31,
+            example="<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>"
+            f"{_WEATHER}<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
+        ),
+        CallFormat(
+            "deepseek_v3",
+            "<｜tool▁calls▁begin｜>",
+            "<｜tool▁calls▁end｜>",
+            _parse_deepseek(_DEEPSEEK_V3_CALL),
+            "mlx-fleet",
+            item_end="<｜tool▁call▁end｜>",
+            grammar=_g_deepseek_v3,
+            example="<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>"
+            f"get_weather\n```json\n{_WEATHER}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
+        ),
+        CallFormat(
+            "pythonic",
+            "<|tool_call_start|>",
+            "<|tool_call_end|>",
+            _mlx_lm("pythonic"),
+            "mlx-lm",
+            grammar=_g_pythonic,
+            example='<|tool_call_start|>[get_weather(city="Paris")]<|tool_call_end|>',
+        ),
+        CallFormat(
+            "gemma4",
+            "<|tool_call>",
+            "<tool_call|>",
+            _mlx_lm("gemma4"),
+            "mlx-lm",
+            grammar=_g_gemma4,
+            example='<|tool_call>call:get_weather{city:<|"|>Paris<|"|>}<tool_call|>',
+        ),
+        CallFormat(
+            "function_gemma",
+            "<start_function_call>",
+            "<end_function_call>",
+            _mlx_lm("function_gemma"),
+            "mlx-lm",
+            example="<start_function_call>call:get_weather{city:<escape>Paris<escape>}"
+            "<end_function_call>",
+        ),
+        CallFormat(
+            "json_tools",
+            "<tool_call>",
+            "</tool_call>",
+            _mlx_lm("json_tools"),
+            "mlx-lm",
+            grammar=_g_hermes,
+        ),
+        CallFormat(
+            "longcat", "<longcat_tool_call>", "</longcat_tool_call>", _mlx_lm("longcat"), "mlx-lm"
+        ),
+        CallFormat(
+            "laguna", "<tool_call>", "</tool_call>", _mlx_lm("laguna"), "mlx-lm", grammar=_g_glm
+        ),
         CallFormat("minicpm5", "<function name=", "</function>", _mlx_lm("minicpm5"), "mlx-lm"),
-        CallFormat("muse_spark", "<atem:function_calls>", "</atem:function_calls>",
-                   _mlx_lm("muse_spark"), "mlx-lm", item_end="</atem:invoke>"),
-        CallFormat("seed_oss", "<seed:tool_call>", "</seed:tool_call>", _mlx_lm("qwen3_coder"),
-                   "mlx-lm", grammar=_g_seed_oss,
-                   example="<seed:tool_call>\n<function=get_weather>\n<parameter=city>Paris"
-                   "</parameter>\n</function>\n</seed:tool_call>"),
-        CallFormat("nemotron_json", "<TOOLCALL>", "</TOOLCALL>", _parse_json_array, "mlx-fleet",
-                   grammar=_g_nemotron,
-                   example=f'<TOOLCALL>[{{"name": "get_weather", "arguments": {_WEATHER}}}]</TOOLCALL>'),
+        CallFormat(
+            "muse_spark",
+            "<atem:function_calls>",
+            "</atem:function_calls>",
+            _mlx_lm("muse_spark"),
+            "mlx-lm",
+            item_end="</atem:invoke>",
+        ),
+        CallFormat(
+            "seed_oss",
+            "<seed:tool_call>",
+            "</seed:tool_call>",
+            _mlx_lm("qwen3_coder"),
+            "mlx-lm",
+            grammar=_g_seed_oss,
+            example="<seed:tool_call>\n<function=get_weather>\n<parameter=city>Paris"
+            "</parameter>\n</function>\n</seed:tool_call>",
+        ),
+        CallFormat(
+            "nemotron_json",
+            "<TOOLCALL>",
+            "</TOOLCALL>",
+            _parse_json_array,
+            "mlx-fleet",
+            grammar=_g_nemotron,
+            example=f'<TOOLCALL>[{{"name": "get_weather", "arguments": {_WEATHER}}}]</TOOLCALL>',
+        ),
     ]
-}  # fmt: skip
+}

@@ -26,17 +26,25 @@ def _require_admin(request: web.Request) -> None:
         scheme, _, token = request.headers.get("Authorization", "").partition(" ")
         given = token.strip() if scheme.lower() == "bearer" else ""
         if not any(hmac.compare_digest(given, key) for key in keys):
-            raise ApiError(401, "the admin API needs an admin key (Authorization: Bearer KEY)",
-                           code="invalid_admin_key", type="authentication_error")  # fmt: skip
+            raise ApiError(
+                401,
+                "the admin API needs an admin key (Authorization: Bearer KEY)",
+                code="invalid_admin_key",
+                type="authentication_error",
+            )
         return
     try:
         local = ipaddress.ip_address(request.remote or "").is_loopback
     except ValueError:
         local = False
     if not local:
-        raise ApiError(403, "the admin API is open to this machine only: set [router] "
-                       "admin_keys to use it from elsewhere", code="admin_only_local",
-                       type="permission_error")  # fmt: skip
+        raise ApiError(
+            403,
+            "the admin API is open to this machine only: set [router] "
+            "admin_keys to use it from elsewhere",
+            code="admin_only_local",
+            type="permission_error",
+        )
 
 
 async def catalog(request: web.Request) -> web.Response:

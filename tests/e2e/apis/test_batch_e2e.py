@@ -25,9 +25,12 @@ SYSTEM = "You are a terse assistant. Answer in one short sentence."
 
 
 def line(custom_id: str, question: str, max_tokens: int) -> dict:
-    body = {"model": MODEL, "max_tokens": max_tokens, "temperature": 0,
-            "messages": [{"role": "system", "content": SYSTEM},
-                         {"role": "user", "content": question}]}  # fmt: skip
+    body = {
+        "model": MODEL,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}],
+    }
     return {"custom_id": custom_id, "method": "POST", "url": "/v1/chat/completions", "body": body}
 
 
@@ -72,8 +75,12 @@ def test_batches_end_to_end_with_the_sdk(model_cache, tmp_path):
         api = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=120)
 
         # 1. every line answered as a live request is (greedy)
-        questions = ["What is the capital of France?", "Name a primary colour.",
-                     "What is 2 + 2?", "Say hello."]  # fmt: skip
+        questions = [
+            "What is the capital of France?",
+            "Name a primary colour.",
+            "What is 2 + 2?",
+            "Say hello.",
+        ]
         lines = [line(f"q{i}", q, 12) for i, q in enumerate(questions)]
         done = wait(api, submit(api, lines).id, final)
         assert done.status == "completed", done

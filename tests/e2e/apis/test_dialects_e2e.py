@@ -43,8 +43,11 @@ class Case:
 def _hermes(end: str, think: bool = False) -> Case:
     call = f'<tool_call>\n{{"name": "get_weather", "arguments": {ARGS}}}\n</tool_call>'
     head = "<think>\nThe user wants the weather.\n</think>\n\n" if think else ""
-    return Case(f"{head}Let me check.\n{call}{end}", call + end,
-                "The user wants the weather." if think else "")  # fmt: skip
+    return Case(
+        f"{head}Let me check.\n{call}{end}",
+        call + end,
+        "The user wants the weather." if think else "",
+    )
 
 
 _QWEN_CODER = (
@@ -82,32 +85,55 @@ CASES: dict[str, Case] = {
     "qwen25": _hermes("<|im_end|>"),
     "qwen3": _hermes("<|im_end|>", think=True),
     "qwen3_coder": Case(f"Let me check.\n{_QWEN_CODER}<|im_end|>", _QWEN_CODER + "<|im_end|>"),
-    "glm45": Case(f"<think>{THOUGHT}</think>\nLet me check.\n{_GLM}<|observation|>",
-                  _GLM + "<|observation|>", THOUGHT),
+    "glm45": Case(
+        f"<think>{THOUGHT}</think>\nLet me check.\n{_GLM}<|observation|>",
+        _GLM + "<|observation|>",
+        THOUGHT,
+    ),
     # the template opened <think>: the reply starts inside it; required closes it at once
-    "glm47": Case(f"{THOUGHT}</think>Let me check.\n{_GLM}<|observation|>",
-                  f"</think>{_GLM}<|observation|>", THOUGHT),
+    "glm47": Case(
+        f"{THOUGHT}</think>Let me check.\n{_GLM}<|observation|>",
+        f"</think>{_GLM}<|observation|>",
+        THOUGHT,
+    ),
     "kimi_k2": Case(f"Let me check.{_KIMI}<|im_end|>", _KIMI + "<|im_end|>"),
-    "kimi_k2_thinking": Case(f"<think>{THOUGHT}</think>Let me check.{_KIMI}<|im_end|>",
-                             _KIMI + "<|im_end|>", THOUGHT),
-    "minimax_m2": Case(f"{THOUGHT}\n</think>\n\nLet me check.\n{_MINIMAX}[e~[",
-                       f"</think>{_MINIMAX}[e~[", THOUGHT),
-    "deepseek_v31": Case(f"Let me check.{_DS31}<｜end▁of▁sentence｜>", _DS31 + "<｜end▁of▁sentence｜>"),
-    "deepseek_r1": Case(f"<think>\n{THOUGHT}\n</think>\n\nLet me check.{_DS3}<｜end▁of▁sentence｜>",
-                        _DS3 + "<｜end▁of▁sentence｜>", THOUGHT),
+    "kimi_k2_thinking": Case(
+        f"<think>{THOUGHT}</think>Let me check.{_KIMI}<|im_end|>", _KIMI + "<|im_end|>", THOUGHT
+    ),
+    "minimax_m2": Case(
+        f"{THOUGHT}\n</think>\n\nLet me check.\n{_MINIMAX}[e~[", f"</think>{_MINIMAX}[e~[", THOUGHT
+    ),
+    "deepseek_v31": Case(
+        f"Let me check.{_DS31}<｜end▁of▁sentence｜>", _DS31 + "<｜end▁of▁sentence｜>"
+    ),
+    "deepseek_r1": Case(
+        f"<think>\n{THOUGHT}\n</think>\n\nLet me check.{_DS3}<｜end▁of▁sentence｜>",
+        _DS3 + "<｜end▁of▁sentence｜>",
+        THOUGHT,
+    ),
     "gpt_oss": Case(
         f"<|channel|>analysis<|message|>{THOUGHT}<|end|><|start|>assistant<|channel|>commentary"
         f"<|message|>Let me check.<|end|><|start|>assistant{_HARMONY_CALL}<|call|>",
-        _HARMONY_CALL + "<|call|>", THOUGHT),
+        _HARMONY_CALL + "<|call|>",
+        THOUGHT,
+    ),
     "lfm2": Case(f"Let me check.{_PYTHONIC}<|im_end|>", _PYTHONIC + "<|im_end|>"),
     "gemma4": Case(f"Let me check.{_GEMMA4}<turn|>", _GEMMA4 + "<turn|>"),
     "mistral_nemo": Case(
         f'[TOOL_CALLS][{{"name": "get_weather", "arguments": {ARGS}}}]</s>',
-        f'[{{"name": "get_weather", "arguments": {ARGS}}}]</s>', content=""),
-    "magistral": Case(f"[THINK]{THOUGHT}[/THINK]Let me check.[TOOL_CALLS]get_weather[ARGS]{ARGS}</s>",
-                      f"[TOOL_CALLS]get_weather[ARGS]{ARGS}</s>", THOUGHT),
-    "llama31": Case(f'{{"name": "get_weather", "parameters": {ARGS}}}<|eot_id|>',
-                    f'{{"name": "get_weather", "parameters": {ARGS}}}<|eot_id|>', content=""),
+        f'[{{"name": "get_weather", "arguments": {ARGS}}}]</s>',
+        content="",
+    ),
+    "magistral": Case(
+        f"[THINK]{THOUGHT}[/THINK]Let me check.[TOOL_CALLS]get_weather[ARGS]{ARGS}</s>",
+        f"[TOOL_CALLS]get_weather[ARGS]{ARGS}</s>",
+        THOUGHT,
+    ),
+    "llama31": Case(
+        f'{{"name": "get_weather", "parameters": {ARGS}}}<|eot_id|>',
+        f'{{"name": "get_weather", "parameters": {ARGS}}}<|eot_id|>',
+        content="",
+    ),
     "laguna": Case(f"Let me check.\n{_GLM}〈|EOS|〉", _GLM + "〈|EOS|〉"),
     "lfm25": Case(f"Let me check.{_PYTHONIC}<|im_end|>", _PYTHONIC + "<|im_end|>"),
     # Kimi K3's template opens the think element; the answer is a response element
@@ -115,18 +141,33 @@ CASES: dict[str, Case] = {
         f"{THOUGHT}<|close|>think<|sep|><|open|>response<|sep|>Let me check.<|close|>response<|sep|>"
         '<|open|>tools<|sep|><|open|>call tool="get_weather" index="1"<|sep|>'
         '<|open|>argument key="city" type="string"<|sep|>Paris<|close|>argument<|sep|>'
-        "<|close|>call<|sep|><|close|>tools<|sep|><|end_of_msg|>", None, THOUGHT),
-    "minicpm5": Case('Let me check.<function name="get_weather"><param name="city">Paris</param>'
-                     "</function><|im_end|>", None),
+        "<|close|>call<|sep|><|close|>tools<|sep|><|end_of_msg|>",
+        None,
+        THOUGHT,
+    ),
+    "minicpm5": Case(
+        'Let me check.<function name="get_weather"><param name="city">Paris</param>'
+        "</function><|im_end|>",
+        None,
+    ),
     "muse_spark": Case(
         '<atem:function_calls><atem:invoke name="get_weather"><atem:parameter name="city">Paris'
-        "</atem:parameter></atem:invoke></atem:function_calls><|eom|>", None, content=""),
-    "seed_oss": Case(f"<seed:think>{THOUGHT}</seed:think>Let me check.\n{_SEED}<seed:eos>",
-                     _SEED + "<seed:eos>", THOUGHT),
+        "</atem:parameter></atem:invoke></atem:function_calls><|eom|>",
+        None,
+        content="",
+    ),
+    "seed_oss": Case(
+        f"<seed:think>{THOUGHT}</seed:think>Let me check.\n{_SEED}<seed:eos>",
+        _SEED + "<seed:eos>",
+        THOUGHT,
+    ),
     # Nemotron's template opens <think>: as GLM-4.7's, required closes it at once
-    "nemotron_nano_v2": Case(f"{THOUGHT}</think>Let me check.\n{_NEMOTRON}<SPECIAL_12>",
-                             f"</think>{_NEMOTRON}<SPECIAL_12>", THOUGHT),
-}  # fmt: skip
+    "nemotron_nano_v2": Case(
+        f"{THOUGHT}</think>Let me check.\n{_NEMOTRON}<SPECIAL_12>",
+        f"</think>{_NEMOTRON}<SPECIAL_12>",
+        THOUGHT,
+    ),
+}
 
 
 @pytest.fixture(scope="module")
@@ -179,16 +220,18 @@ def test_chat(fleet, family):
     case = CASES[family]
     api = openai.OpenAI(base_url=f"{fleet}/v1", api_key="none", max_retries=0, timeout=60)
     messages = _padded(fleet, family, AUTO)
-    reply = api.chat.completions.create(model=family, messages=messages, tools=[WEATHER],
-                                        max_tokens=200, temperature=0)  # fmt: skip
+    reply = api.chat.completions.create(
+        model=family, messages=messages, tools=[WEATHER], max_tokens=200, temperature=0
+    )
     choice = reply.choices[0]
     assert choice.finish_reason == "tool_calls"
     calls = [(c.function.name, json.loads(c.function.arguments)) for c in choice.message.tool_calls]
     reasoning = getattr(choice.message, "reasoning_content", None) or ""
     _check(case, reasoning, choice.message.content or "", calls)
 
-    stream = api.chat.completions.create(model=family, messages=messages, tools=[WEATHER],
-                                         max_tokens=200, temperature=0, stream=True)  # fmt: skip
+    stream = api.chat.completions.create(
+        model=family, messages=messages, tools=[WEATHER], max_tokens=200, temperature=0, stream=True
+    )
     content = reasoning = ""
     streamed: dict[int, dict] = {}
     finish = None
@@ -213,12 +256,23 @@ def test_required_tool_choice_gives_a_call_the_dialect_reads(fleet, family):
     messages = _padded(fleet, family, REQUIRED, "required")
     if CASES[family].required is None:  # no grammar for this format: said, not ignored
         with pytest.raises(openai.BadRequestError) as refused:
-            api.chat.completions.create(model=family, messages=messages, tools=[WEATHER],
-                                        tool_choice="required", max_tokens=200)  # fmt: skip
+            api.chat.completions.create(
+                model=family,
+                messages=messages,
+                tools=[WEATHER],
+                tool_choice="required",
+                max_tokens=200,
+            )
         assert "cannot be constrained" in refused.value.body["message"]
         return
-    reply = api.chat.completions.create(model=family, messages=messages, tools=[WEATHER],
-                                        tool_choice="required", max_tokens=200, temperature=0)  # fmt: skip
+    reply = api.chat.completions.create(
+        model=family,
+        messages=messages,
+        tools=[WEATHER],
+        tool_choice="required",
+        max_tokens=200,
+        temperature=0,
+    )
     choice = reply.choices[0]
     calls = [
         (c.function.name, json.loads(c.function.arguments)) for c in choice.message.tool_calls or ()
@@ -233,8 +287,14 @@ def test_responses(fleet, family):
     messages = _padded(fleet, family, AUTO)
     tool = {"type": "function", **WEATHER["function"]}
     for stream in (False, True):
-        kwargs = {"model": family, "input": messages, "tools": [tool], "max_output_tokens": 200,
-                  "temperature": 0, "store": False}  # fmt: skip
+        kwargs = {
+            "model": family,
+            "input": messages,
+            "tools": [tool],
+            "max_output_tokens": 200,
+            "temperature": 0,
+            "store": False,
+        }
         if stream:
             events = list(api.responses.create(**kwargs, stream=True))
             done = [e for e in events if e.type == "response.completed"]
@@ -264,8 +324,13 @@ def test_anthropic_messages(fleet, family):
     messages = _padded(fleet, family, AUTO)
     fn = WEATHER["function"]
     tool = {"name": fn["name"], "description": fn["description"], "input_schema": fn["parameters"]}
-    kwargs = {"model": family, "messages": messages, "tools": [tool], "max_tokens": 200,
-              "extra_body": {"temperature": 0}}  # fmt: skip
+    kwargs = {
+        "model": family,
+        "messages": messages,
+        "tools": [tool],
+        "max_tokens": 200,
+        "extra_body": {"temperature": 0},
+    }
     whole = client.messages.create(**kwargs)
     with client.messages.stream(**kwargs) as stream:
         text = "".join(stream.text_stream)

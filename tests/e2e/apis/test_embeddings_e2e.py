@@ -119,9 +119,12 @@ def test_langchain_openai_embeddings(fleet):
     base, dirs = fleet
     # check_embedding_ctx_length=False: send text, not tiktoken's ids (OpenAI's vocabulary)
     embedder = OpenAIEmbeddings(
-        model="qwen3-embed", base_url=f"{base}/v1", api_key="unused",
-        check_embedding_ctx_length=False, max_retries=0,
-    )  # fmt: skip
+        model="qwen3-embed",
+        base_url=f"{base}/v1",
+        api_key="unused",
+        check_embedding_ctx_length=False,
+        max_retries=0,
+    )
     documents = embedder.embed_documents(TEXTS)
     query = embedder.embed_query(TEXTS[0])
     tokenizer = AutoTokenizer.from_pretrained(dirs["qwen3-embed"])
@@ -146,15 +149,19 @@ def test_the_wrong_model_for_an_endpoint_is_a_400(fleet):
     base, _ = fleet
     listed = {m["id"]: m for m in get_json(f"{base}/v1/models")["data"]}
     assert {name: m["task"] for name, m in listed.items()} == {
-        "qwen3-embed": "embed", "bert-embed": "embed", "chat": "chat",
-    }  # fmt: skip
+        "qwen3-embed": "embed",
+        "bert-embed": "embed",
+        "chat": "chat",
+    }
     assert listed["qwen3-embed"]["dimensions"] == 32
     status, body = post(base, "/v1/embeddings", {"model": "chat", "input": "hello"})
     assert status == 400 and body["error"]["code"] == "model_task_mismatch"
     assert "chat model" in body["error"]["message"]
     chat = {"model": "qwen3-embed", "messages": [{"role": "user", "content": "hi"}]}
-    for path, body in (("/v1/chat/completions", chat),
-                       ("/v1/completions", {"model": "bert-embed", "prompt": "hi"})):  # fmt: skip
+    for path, body in (
+        ("/v1/chat/completions", chat),
+        ("/v1/completions", {"model": "bert-embed", "prompt": "hi"}),
+    ):
         status, reply = post(base, path, body)
         assert status == 400 and reply["error"]["code"] == "model_task_mismatch", path
         assert "embedding model" in reply["error"]["message"]

@@ -64,11 +64,19 @@ def test_tools_request_and_round_trip(url):
         assert call.id.startswith("call_") and isinstance(json.loads(call.function.arguments), dict)
     history = [
         *messages,
-        {"role": "assistant", "content": None, "tool_calls": [
-            {"id": "call_1", "type": "function",
-             "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+                }
+            ],
+        },
         {"role": "tool", "tool_call_id": "call_1", "content": "18C and sunny"},
-    ]  # fmt: skip
+    ]
     stream = api.chat.completions.create(
         model=MODEL, messages=history, tools=[WEATHER], max_tokens=30, stream=True
     )

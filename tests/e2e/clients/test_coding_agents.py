@@ -33,8 +33,12 @@ def test_one_turn_without_a_protocol_error(agent, model_cache):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     out = subprocess.run(
         [sys.executable, "scripts/check_coding_agents.py", "--agent", agent, "--timeout", "900"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=1500,
-    )  # fmt: skip
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1500,
+    )
     report = json.loads(out.stdout)
     (result,) = report["agents"]
     print(json.dumps(result, indent=1))

@@ -90,8 +90,10 @@ def test_a_data_url_image_is_answered_and_hits_the_cache_when_sent_again(oai, mo
 
 @pytest.mark.parametrize("model", list(MODELS))
 def test_an_anthropic_base64_block_is_answered(claude, model):
-    block = {"type": "image", "source": {"type": "base64", "media_type": "image/png",
-                                         "data": b64(png(64, 32, seed=3))}}  # fmt: skip
+    block = {
+        "type": "image",
+        "source": {"type": "base64", "media_type": "image/png", "data": b64(png(64, 32, seed=3))},
+    }
     reply = claude.messages.create(
         model=model,
         max_tokens=4,
@@ -124,7 +126,7 @@ MALFORMED = {
             "content": image_message(f"data:image/png;base64,{b64(png())}")[0]["content"],
         },
         {"role": "user", "content": "hi"},
-    ],  # fmt: skip
+    ],
     "too many images": [
         {
             "role": "user",
@@ -136,7 +138,7 @@ MALFORMED = {
                 for s in range(9)
             ],
         }
-    ],  # fmt: skip
+    ],
 }
 
 
@@ -169,8 +171,10 @@ def test_a_text_model_asked_with_an_image_says_it_takes_none(oai, claude):
             messages=image_message(f"data:image/png;base64,{b64(png())}"),
         )
     assert "model 'text' does not take images" in caught.value.body["message"]
-    block = {"type": "image", "source": {"type": "base64", "media_type": "image/png",
-                                         "data": b64(png())}}  # fmt: skip
+    block = {
+        "type": "image",
+        "source": {"type": "base64", "media_type": "image/png", "data": b64(png())},
+    }
     with pytest.raises(anthropic.BadRequestError) as caught:
         claude.messages.create(
             model="text", max_tokens=2, messages=[{"role": "user", "content": [block]}]

@@ -34,10 +34,15 @@ def _message(seed: int) -> list[dict]:
 
     data = base64.b64encode(sample_image(40, 60, seed=seed)).decode()
     text = "hello world, you are a helpful assistant; answer the user. " * 3
-    return [{"role": "user", "content": [
-        {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{data}"}},
-        {"type": "text", "text": text},
-    ]}]  # fmt: skip
+    return [
+        {
+            "role": "user",
+            "content": [
+                {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{data}"}},
+                {"type": "text", "text": text},
+            ],
+        }
+    ]
 
 
 def test_a_returning_image_is_routed_to_its_holder(url):

@@ -25,11 +25,19 @@ pytestmark = pytest.mark.slow
 
 LM_EVAL = ROOT / ".venv-lm-eval" / "bin" / "lm_eval"
 QUESTIONS = [
-    {"question": "What is the capital of France?", "choices": ["Paris", "London", "Rome"], "answer": 0},
+    {
+        "question": "What is the capital of France?",
+        "choices": ["Paris", "London", "Rome"],
+        "answer": 0,
+    },
     {"question": "How many legs does a cat have?", "choices": ["two", "four", "six"], "answer": 1},
-    {"question": "What color is the sky on a clear day?", "choices": ["green", "red", "blue"], "answer": 2},
+    {
+        "question": "What color is the sky on a clear day?",
+        "choices": ["green", "red", "blue"],
+        "answer": 2,
+    },
     {"question": "Which animal barks?", "choices": ["a dog", "a fish", "a snake"], "answer": 0},
-]  # fmt: skip
+]
 TASK = """\
 task: fleet_mc
 dataset_path: json
@@ -84,10 +92,21 @@ def test_lm_eval_local_completions_loglikelihoods_equal_mlx_lm(cluster, tmp_path
         "tokenizer_backend=huggingface,num_concurrent=1,max_retries=1"
     )
     command = [
-        str(LM_EVAL), "--model", "local-completions", "--model_args", model_args,
-        "--tasks", "fleet_mc", "--include_path", str(tasks), "--batch_size", "1",
-        "--output_path", str(out), "--log_samples",
-    ]  # fmt: skip
+        str(LM_EVAL),
+        "--model",
+        "local-completions",
+        "--model_args",
+        model_args,
+        "--tasks",
+        "fleet_mc",
+        "--include_path",
+        str(tasks),
+        "--batch_size",
+        "1",
+        "--output_path",
+        str(out),
+        "--log_samples",
+    ]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
     env.pop("PYTHONPATH", None)
     done = subprocess.run(command, env=env, timeout=600, **PIPED)

@@ -52,9 +52,13 @@ def test_three_turns_by_previous_response_id_hit_the_cache(url):
     previous, shares = None, []
     for question in ("My name is Ann. Say hello.", "What is 2 + 2?", "What is my name?"):
         resp = api.responses.create(
-            model=MODEL, input=question, max_output_tokens=24, temperature=0,
-            instructions=INSTRUCTIONS, previous_response_id=previous,
-        )  # fmt: skip
+            model=MODEL,
+            input=question,
+            max_output_tokens=24,
+            temperature=0,
+            instructions=INSTRUCTIONS,
+            previous_response_id=previous,
+        )
         assert resp.status in ("completed", "incomplete") and resp.output_text
         cached = resp.usage.input_tokens_details.cached_tokens
         shares.append((cached, resp.usage.input_tokens))
@@ -85,9 +89,7 @@ def test_agents_sdk_runs_a_function_tool_to_a_final_output(url):
         instructions="Use the get_weather tool.",
         tools=[get_weather],
         model=agents.OpenAIResponsesModel(model=MODEL, openai_client=client),
-        model_settings=agents.ModelSettings(
-            tool_choice="required", temperature=0, max_tokens=80
-        ),  # fmt: skip
+        model_settings=agents.ModelSettings(tool_choice="required", temperature=0, max_tokens=80),
         tool_use_behavior="stop_on_first_tool",
     )
     result = agents.Runner.run_sync(agent, "What is the weather in Paris?", max_turns=2)
@@ -117,9 +119,12 @@ def test_json_schema_text_format_gives_20_of_20_valid_objects(url):
 
     def ask(_):
         return api.responses.create(
-            model=MODEL, input="Is Paris the capital of France? Answer as JSON.",
-            text={"format": fmt}, temperature=0.8, max_output_tokens=60,
-        )  # fmt: skip
+            model=MODEL,
+            input="Is Paris the capital of France? Answer as JSON.",
+            text={"format": fmt},
+            temperature=0.8,
+            max_output_tokens=60,
+        )
 
     with ThreadPoolExecutor(max_workers=20) as pool:
         replies = list(pool.map(ask, range(20)))

@@ -34,8 +34,9 @@ def router_pid(launcher_pid: int) -> int:
         except OSError:
             continue
         if int(stat.rsplit(")", 1)[1].split()[1]) == launcher_pid and args[1:3] == [
-            b"-m", b"router",
-        ]:  # fmt: skip
+            b"-m",
+            b"router",
+        ]:
             return int(entry)
     raise AssertionError("no router process under the launcher")
 

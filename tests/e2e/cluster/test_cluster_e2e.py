@@ -138,9 +138,13 @@ def test_greedy_output_equals_mlx_lm(cluster):
 
 def test_chat_completion_streaming(cluster):
     stream = cluster.client.chat.completions.create(
-        model=MODEL, messages=QUESTION, temperature=0, max_tokens=24, stream=True,
+        model=MODEL,
+        messages=QUESTION,
+        temperature=0,
+        max_tokens=24,
+        stream=True,
         stream_options={"include_usage": True},
-    )  # fmt: skip
+    )
     chunks = list(stream)
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert "Paris" in text

@@ -50,8 +50,19 @@ def launched(default_model_dir, tmp_path):
     """`launch-cluster --workers 1` without PDEATHSIG, serving; yields (launcher, url)."""
     port = free_port()
     env = dict(os.environ, PYTHONPATH=str(ROOT), **{NO_PDEATHSIG_ENV: "1"})
-    cmd = [sys.executable, "-m", "fleet.launch", "--workers", "1", "--port", str(port),
-           "--kv-memory", "128MiB", "--log-dir", str(tmp_path / "logs")]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "fleet.launch",
+        "--workers",
+        "1",
+        "--port",
+        str(port),
+        "--kv-memory",
+        "128MiB",
+        "--log-dir",
+        str(tmp_path / "logs"),
+    ]
     launcher = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True)
     assert "is serving" in launcher.stdout.readline(), "the cluster did not come up"
     yield launcher, f"http://127.0.0.1:{port}"

@@ -29,8 +29,21 @@ GREEDY = SamplingParams(max_tokens=8, temperature=0.0)
 
 
 def start_worker(model_dir, router: Router, worker_id: str, log) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "worker", "--router", router.endpoint, "--model", str(model_dir),
-           "--worker-id", worker_id, "--kv-memory", "16MiB", "--block-size", str(BLOCK)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "worker",
+        "--router",
+        router.endpoint,
+        "--model",
+        str(model_dir),
+        "--worker-id",
+        worker_id,
+        "--kv-memory",
+        "16MiB",
+        "--block-size",
+        str(BLOCK),
+    ]
     env = {**os.environ, "PYTHONPATH": os.getcwd()}
     return subprocess.Popen(
         cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True

@@ -57,10 +57,33 @@ def test_curve_worker_joins_and_unknown_key_is_refused(default_model_dir, tmp_pa
     )
     url = f"http://127.0.0.1:{http}"
     logs = {name: open(tmp_path / f"{name}.log", "wb") for name in ("router", "good", "bad")}  # noqa: SIM115
-    router = start([sys.executable, "-m", "router", "--config", str(config), "--model", str(default_model_dir),
-                    "--model-id", "smol"], logs["router"])  # fmt: skip
-    worker_cmd = [sys.executable, "-m", "worker", "--router", f"tcp://127.0.0.1:{zmq_port}",
-                  "--model", str(default_model_dir), "--kv-memory", "128MiB", "--curve-server-key", str(router_pub)]  # fmt: skip
+    router = start(
+        [
+            sys.executable,
+            "-m",
+            "router",
+            "--config",
+            str(config),
+            "--model",
+            str(default_model_dir),
+            "--model-id",
+            "smol",
+        ],
+        logs["router"],
+    )
+    worker_cmd = [
+        sys.executable,
+        "-m",
+        "worker",
+        "--router",
+        f"tcp://127.0.0.1:{zmq_port}",
+        "--model",
+        str(default_model_dir),
+        "--kv-memory",
+        "128MiB",
+        "--curve-server-key",
+        str(router_pub),
+    ]
     good = start(
         [*worker_cmd, "--worker-id", "remote-a", "--curve-secret-key", str(good_secret)],
         logs["good"],
@@ -75,9 +98,11 @@ def test_curve_worker_joins_and_unknown_key_is_refused(default_model_dir, tmp_pa
             time.sleep(0.5)
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=60)
         r = client.chat.completions.create(
-            model="smol", messages=[{"role": "user", "content": "What is the capital of France?"}],
-            temperature=0, max_tokens=12,
-        )  # fmt: skip
+            model="smol",
+            messages=[{"role": "user", "content": "What is the capital of France?"}],
+            temperature=0,
+            max_tokens=12,
+        )
         assert "Paris" in r.choices[0].message.content
         # the unauthorized worker loaded its model and kept trying, but never got in
         deadline = time.monotonic() + 120

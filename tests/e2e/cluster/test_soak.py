@@ -15,9 +15,24 @@ from tests.support.paths import ROOT
 
 pytestmark = pytest.mark.slow
 
-SHORT = ["--duration", "60", "--rate", "0.3", "--max-tokens", "8",
-         "--faults", "worker-kill,worker-stop", "--fault-every", "20", "--stop-seconds", "5",
-         "--sample-every", "2", "--deadline", "40"]  # fmt: skip
+SHORT = [
+    "--duration",
+    "60",
+    "--rate",
+    "0.3",
+    "--max-tokens",
+    "8",
+    "--faults",
+    "worker-kill,worker-stop",
+    "--fault-every",
+    "20",
+    "--stop-seconds",
+    "5",
+    "--sample-every",
+    "2",
+    "--deadline",
+    "40",
+]
 
 
 def test_short_soak_loses_nothing_and_recovers(default_model_dir, tmp_path):

@@ -25,8 +25,19 @@ PROMPTS = [tuple((7 * i + s) % 97 + 1 for i in range(n)) for s, n in ((1, 45), (
 
 
 def start(model_dir, router: Router, worker_id: str, log, *extra: str) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "worker", "--router", router.endpoint, "--model", str(model_dir),
-           "--worker-id", worker_id, *QUANT, *extra]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "worker",
+        "--router",
+        router.endpoint,
+        "--model",
+        str(model_dir),
+        "--worker-id",
+        worker_id,
+        *QUANT,
+        *extra,
+    ]
     env = {**os.environ, "PYTHONPATH": os.getcwd(), "OPENBLAS_NUM_THREADS": "1"}
     return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
 

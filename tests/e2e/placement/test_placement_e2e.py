@@ -110,9 +110,12 @@ def test_models_load_where_there_is_room_and_evict_the_idle(models, tmp_path):
 
         def ask(model: str, **extra) -> str:
             reply = api.chat.completions.create(
-                model=model, max_tokens=4, temperature=0, extra_body=extra,
+                model=model,
+                max_tokens=4,
+                temperature=0,
+                extra_body=extra,
                 messages=[{"role": "user", "content": "Name a French city."}],
-            )  # fmt: skip
+            )
             assert reply.choices[0].finish_reason in ("stop", "length")
             return reply.choices[0].message.content
 
@@ -123,12 +126,14 @@ def test_models_load_where_there_is_room_and_evict_the_idle(models, tmp_path):
             assert len(where["smol"]) == len(where["gemma"]) == 1
             assert where["smol"] != where["gemma"]
             ask("tiny")  # no room anywhere: smol, used longest ago, is evicted
-            where = wait_for(lambda: "smol" not in loaded_on(url) and loaded_on(url), 30,
-                               "smol evicted")  # fmt: skip
+            where = wait_for(
+                lambda: "smol" not in loaded_on(url) and loaded_on(url), 30, "smol evicted"
+            )
             assert sorted(where) == ["gemma", "tiny"]
             ask("smol")  # and back: gemma is now the idle one used longest ago
-            where = wait_for(lambda: "gemma" not in loaded_on(url) and loaded_on(url), 30,
-                               "gemma evicted")  # fmt: skip
+            where = wait_for(
+                lambda: "gemma" not in loaded_on(url) and loaded_on(url), 30, "gemma evicted"
+            )
             assert sorted(where) == ["smol", "tiny"]
             models_state = {m["id"]: m["placement"] for m in get_json(f"{url}/v1/models")["data"]}
             assert models_state["smol"]["state"] == "loaded"
@@ -187,9 +192,13 @@ def test_a_failed_load_names_its_cause_and_a_killed_host_is_replaced(models, tmp
         )
         thread.start()
         loading = wait_for(
-            lambda: next((h for h, d in hosts(url).items() for w in d["workers"]
-                          if w["model"] == "tiny"), None), 60, "tiny loading on a host",
-        )  # fmt: skip
+            lambda: next(
+                (h for h, d in hosts(url).items() for w in d["workers"] if w["model"] == "tiny"),
+                None,
+            ),
+            60,
+            "tiny loading on a host",
+        )
         procs[loading].send_signal(signal.SIGKILL)
         thread.join(timeout=240)
         assert result["reply"].choices[0].finish_reason in ("stop", "length")

@@ -29,8 +29,20 @@ def launched(
     """`launch-cluster ARGS` on HTTP `port` (router i on port + i), serving when yielded; its
     children run this checkout's code (PYTHONPATH)."""
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    cmd = [sys.executable, "-m", "fleet.launch", *args, "--port", str(port),
-           "--zmq-port", str(zmq_port), "--log-dir", str(log_dir), "--startup-timeout", "300"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "fleet.launch",
+        *args,
+        "--port",
+        str(port),
+        "--zmq-port",
+        str(zmq_port),
+        "--log-dir",
+        str(log_dir),
+        "--startup-timeout",
+        "300",
+    ]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True, start_new_session=True)
     try:
         line = proc.stdout.readline()
@@ -77,9 +89,12 @@ def cluster(url: str) -> dict[str, dict] | None:
 
 def chat(url: str, question: str, system: str = SYSTEM, max_tokens: int = 8) -> dict:
     """A plain chat completion; the reply's JSON (raises on any HTTP or connection error)."""
-    body = {"model": MODEL, "max_tokens": max_tokens, "temperature": 0,
-            "messages": [{"role": "system", "content": system},
-                         {"role": "user", "content": question}]}  # fmt: skip
+    body = {
+        "model": MODEL,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "messages": [{"role": "system", "content": system}, {"role": "user", "content": question}],
+    }
     req = urllib.request.Request(
         f"{url}/v1/chat/completions",
         json.dumps(body).encode(),
@@ -92,8 +107,12 @@ def chat(url: str, question: str, system: str = SYSTEM, max_tokens: int = 8) -> 
 def stream_chat(url: str, question: str, max_tokens: int = 24) -> int:
     """A streamed chat completion read to its end; the number of chunks. Raises unless the
     stream ends with [DONE] and no error event."""
-    body = {"model": MODEL, "max_tokens": max_tokens, "stream": True,
-            "messages": [{"role": "user", "content": question}]}  # fmt: skip
+    body = {
+        "model": MODEL,
+        "max_tokens": max_tokens,
+        "stream": True,
+        "messages": [{"role": "user", "content": question}],
+    }
     req = urllib.request.Request(
         f"{url}/v1/chat/completions",
         json.dumps(body).encode(),

@@ -50,8 +50,10 @@ def test_the_index_survives_a_router_restart(model_cache, tmp_path):
         restored = wait_for(lambda: index_matches_caches(url), timeout=10, step=0.05)
         assert restored, f"10 s after the router's return: {cluster(url)}"
         took = time.monotonic() - back
-        print(f"router back {back - killed:.1f}s after SIGKILL; index equal to the caches "
-              f"{took:.2f}s later: {restored}")  # fmt: skip
+        print(
+            f"router back {back - killed:.1f}s after SIGKILL; index equal to the caches "
+            f"{took:.2f}s later: {restored}"
+        )
         for holder in holders.values():  # every worker that computed a prompt still has it
             assert restored[holder] > 0
 

@@ -53,11 +53,22 @@ def test_two_routers_serve_one_fleet_and_survive_each_other(model_cache, tmp_pat
         assert again["usage"]["prompt_tokens_details"]["cached_tokens"] > 0, again["usage"]
         # a conversation started on one router continues on the other (the shared store)
         model = "SmolLM2-135M-Instruct"
-        turn = _post(first, "/v1/responses", {"model": model, "input": "Name a colour.",
-                                               "max_output_tokens": 8, "temperature": 0})  # fmt: skip
-        follow = _post(second, "/v1/responses", {
-            "model": model, "input": "And another?", "previous_response_id": turn["id"],
-            "max_output_tokens": 8, "temperature": 0})  # fmt: skip
+        turn = _post(
+            first,
+            "/v1/responses",
+            {"model": model, "input": "Name a colour.", "max_output_tokens": 8, "temperature": 0},
+        )
+        follow = _post(
+            second,
+            "/v1/responses",
+            {
+                "model": model,
+                "input": "And another?",
+                "previous_response_id": turn["id"],
+                "max_output_tokens": 8,
+                "temperature": 0,
+            },
+        )
         # (an unknown previous_response_id would be a 404; 8 tokens end it "incomplete")
         assert follow["status"] in ("completed", "incomplete") and follow["output"], follow
         assert follow["previous_response_id"] == turn["id"]
@@ -83,8 +94,11 @@ def test_two_routers_serve_one_fleet_and_survive_each_other(model_cache, tmp_pat
             return done
 
         with ThreadPoolExecutor(4) as pool:
-            loads = [pool.submit(load, url, f"{url[-4:]}-{i}") for url in (first, second)
-                     for i in range(2)]  # fmt: skip
+            loads = [
+                pool.submit(load, url, f"{url[-4:]}-{i}")
+                for url in (first, second)
+                for i in range(2)
+            ]
             time.sleep(3)  # requests in flight on both routers
             os.kill(router_pid(launcher.pid, PORT), signal.SIGKILL)
             killed = time.monotonic()
@@ -95,7 +109,9 @@ def test_two_routers_serve_one_fleet_and_survive_each_other(model_cache, tmp_pat
             stop.set()
             counts = [f.result(timeout=180) for f in loads]
         assert not failures, failures
-        print(f"\nafter the kill: {len(after)} new requests on the survivor, all served in "
-              f"{time.monotonic() - killed:.1f}s; load loops completed {counts}")  # fmt: skip
+        print(
+            f"\nafter the kill: {len(after)} new requests on the survivor, all served in "
+            f"{time.monotonic() - killed:.1f}s; load loops completed {counts}"
+        )
         # the killed router comes back with its index whole again (the workers' inventories)
         assert wait_for(lambda: index_matches_caches(first), timeout=60), cluster(first)

@@ -34,12 +34,33 @@ NOT_BUILT: dict[str, str] = {
 
 # whose make_prompt_cache holds a recurrent state (ArraysCache / MambaCache) beside or instead of
 # K/V; tests/unit/scripts/test_arch_zoo.py checks this list against the built models
-RECURRENT: frozenset[str] = frozenset({
-    "baichuan_m1", "bailing_hybrid", "bailing_moe_linear", "bailing_moe_v3", "falcon_h1",
-    "granitemoehybrid", "jamba", "kimi_k3", "kimi_linear", "lfm2", "lfm2-vl", "lfm2_moe",
-    "longcat_flash_ngram", "mamba", "mamba2", "nemotron_h", "olmo_hybrid", "plamo2", "qwen3_5",
-    "qwen3_5_moe", "qwen3_next", "recurrent_gemma", "rwkv7",
-})  # fmt: skip
+RECURRENT: frozenset[str] = frozenset(
+    {
+        "baichuan_m1",
+        "bailing_hybrid",
+        "bailing_moe_linear",
+        "bailing_moe_v3",
+        "falcon_h1",
+        "granitemoehybrid",
+        "jamba",
+        "kimi_k3",
+        "kimi_linear",
+        "lfm2",
+        "lfm2-vl",
+        "lfm2_moe",
+        "longcat_flash_ngram",
+        "mamba",
+        "mamba2",
+        "nemotron_h",
+        "olmo_hybrid",
+        "plamo2",
+        "qwen3_5",
+        "qwen3_5_moe",
+        "qwen3_next",
+        "recurrent_gemma",
+        "rwkv7",
+    }
+)
 
 # built everywhere, but whose forward runs only on Apple silicon (MLX's Metal back-end)
 NEEDS_METAL: dict[str, str] = {
@@ -50,9 +71,18 @@ NEEDS_METAL: dict[str, str] = {
 }
 
 __all__ = [
-    "ARCHITECTURES", "NEEDS_METAL", "NOT_BUILT", "RECURRENT", "VOCAB", "build", "cache_kinds",
-    "caches", "is_recurrent", "module_for", "runs_here",
-]  # fmt: skip
+    "ARCHITECTURES",
+    "NEEDS_METAL",
+    "NOT_BUILT",
+    "RECURRENT",
+    "VOCAB",
+    "build",
+    "cache_kinds",
+    "caches",
+    "is_recurrent",
+    "module_for",
+    "runs_here",
+]
 
 
 def module_for(config: dict):

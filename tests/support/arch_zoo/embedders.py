@@ -21,10 +21,17 @@ from mlx.utils import tree_flatten
 from tests.support.tp_group import TINY_TP_QWEN3_ARGS, save_tiny_model
 
 BERT_ARGS = dict(
-    model_type="bert", architectures=["BertModel"], num_hidden_layers=2, num_attention_heads=4,
-    hidden_size=32, intermediate_size=64, max_position_embeddings=128, vocab_size=64,
-    type_vocab_size=2, layer_norm_eps=1e-12,
-)  # fmt: skip
+    model_type="bert",
+    architectures=["BertModel"],
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    hidden_size=32,
+    intermediate_size=64,
+    max_position_embeddings=128,
+    vocab_size=64,
+    type_vocab_size=2,
+    layer_norm_eps=1e-12,
+)
 BERT_SPECIAL = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 
 
@@ -43,14 +50,29 @@ def save_qwen3_embedder(directory: Path, seed: int = 0, pooling: str = "lasttoke
     tokenizer.save(str(directory / "tokenizer.json"))
     modules = [
         {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
-        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
-        {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"},
-    ]  # fmt: skip
+        {
+            "idx": 1,
+            "name": "1",
+            "path": "1_Pooling",
+            "type": "sentence_transformers.models.Pooling",
+        },
+        {
+            "idx": 2,
+            "name": "2",
+            "path": "2_Normalize",
+            "type": "sentence_transformers.models.Normalize",
+        },
+    ]
     (directory / "modules.json").write_text(json.dumps(modules))
     (directory / "1_Pooling").mkdir(exist_ok=True)
-    (directory / "1_Pooling" / "config.json").write_text(json.dumps({
-        "word_embedding_dimension": config["hidden_size"], f"pooling_mode_{pooling}": True,
-    }))  # fmt: skip
+    (directory / "1_Pooling" / "config.json").write_text(
+        json.dumps(
+            {
+                "word_embedding_dimension": config["hidden_size"],
+                f"pooling_mode_{pooling}": True,
+            }
+        )
+    )
     return directory
 
 
@@ -75,11 +97,19 @@ def save_bert_embedder(directory: Path, seed: int = 0) -> Path:
     )
     tokenizer.add_special_tokens(BERT_SPECIAL)
     tokenizer.save(str(directory / "tokenizer.json"))
-    (directory / "tokenizer_config.json").write_text(json.dumps({
-        "tokenizer_class": "PreTrainedTokenizerFast", "unk_token": "[UNK]", "pad_token": "[PAD]",
-        "cls_token": "[CLS]", "sep_token": "[SEP]", "mask_token": "[MASK]",
-        "model_max_length": BERT_ARGS["max_position_embeddings"],
-    }))  # fmt: skip
+    (directory / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "tokenizer_class": "PreTrainedTokenizerFast",
+                "unk_token": "[UNK]",
+                "pad_token": "[PAD]",
+                "cls_token": "[CLS]",
+                "sep_token": "[SEP]",
+                "mask_token": "[MASK]",
+                "model_max_length": BERT_ARGS["max_position_embeddings"],
+            }
+        )
+    )
     return directory
 
 

@@ -34,18 +34,28 @@ def save_tokenizer(directory: Path, context_length: int = 512, size: int = VOCAB
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
     tokenizer = Tokenizer(models.WordLevel(word_vocabulary(size), unk_token="<unk>"))
-    tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.WhitespaceSplit(),
-        pre_tokenizers.ByteLevel(add_prefix_space=True, use_regex=False),
-    ])  # fmt: skip
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.WhitespaceSplit(),
+            pre_tokenizers.ByteLevel(add_prefix_space=True, use_regex=False),
+        ]
+    )
     tokenizer.decoder = decoders.ByteLevel()  # llguidance (the grammar side) needs a decoder
     tokenizer.add_special_tokens(SPECIAL)
     tokenizer.save(str(directory / "tokenizer.json"))
-    (directory / "tokenizer_config.json").write_text(json.dumps({
-        "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": None,
-        "eos_token": "<|im_end|>", "unk_token": "<unk>", "pad_token": "<|endoftext|>",
-        "chat_template": CHATML, "model_max_length": context_length,
-    }))  # fmt: skip
+    (directory / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "tokenizer_class": "PreTrainedTokenizerFast",
+                "bos_token": None,
+                "eos_token": "<|im_end|>",
+                "unk_token": "<unk>",
+                "pad_token": "<|endoftext|>",
+                "chat_template": CHATML,
+                "model_max_length": context_length,
+            }
+        )
+    )
 
 
 def save(name: str, directory: Path, seed: int = 0) -> Path:

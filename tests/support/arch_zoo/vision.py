@@ -43,60 +43,127 @@ _SPECIALS["qwen2_vl"] = _SPECIALS["qwen3_vl"] = _SPECIALS["qwen2_5_vl"]
 def _text_config(family: str, vocab: int) -> dict:
     if family == "gemma3":
         return dict(
-            model_type="gemma3_text", hidden_size=64, num_hidden_layers=2, intermediate_size=128,
-            num_attention_heads=4, head_dim=16, num_key_value_heads=1, vocab_size=vocab,
-            sliding_window=8, sliding_window_pattern=2, mm_tokens_per_image=4,
-            query_pre_attn_scalar=16, max_position_embeddings=512,
-        )  # fmt: skip
+            model_type="gemma3_text",
+            hidden_size=64,
+            num_hidden_layers=2,
+            intermediate_size=128,
+            num_attention_heads=4,
+            head_dim=16,
+            num_key_value_heads=1,
+            vocab_size=vocab,
+            sliding_window=8,
+            sliding_window_pattern=2,
+            mm_tokens_per_image=4,
+            query_pre_attn_scalar=16,
+            max_position_embeddings=512,
+        )
     if family == "qwen3_vl":  # head_dim 16: 8 rotated pairs, t, h, w interleaved
         return dict(
-            model_type="qwen3_vl_text", hidden_size=64, num_hidden_layers=2,
-            intermediate_size=128, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-            vocab_size=vocab, rms_norm_eps=1e-6, rope_theta=10000.0,
-            max_position_embeddings=512, tie_word_embeddings=True,
+            model_type="qwen3_vl_text",
+            hidden_size=64,
+            num_hidden_layers=2,
+            intermediate_size=128,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            vocab_size=vocab,
+            rms_norm_eps=1e-6,
+            rope_theta=10000.0,
+            max_position_embeddings=512,
+            tie_word_embeddings=True,
             rope_scaling={"type": "mrope", "mrope_section": [2, 3, 3], "mrope_interleaved": True},
-        )  # fmt: skip
+        )
     if family in QWEN:  # head_dim 16: 8 rotated pairs in t, h, w sections
         return dict(
-            model_type=family, hidden_size=64, num_hidden_layers=2, intermediate_size=128,
-            num_attention_heads=4, num_key_value_heads=2, vocab_size=vocab, rms_norm_eps=1e-6,
-            rope_theta=10000.0, max_position_embeddings=512, tie_word_embeddings=True,
+            model_type=family,
+            hidden_size=64,
+            num_hidden_layers=2,
+            intermediate_size=128,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            vocab_size=vocab,
+            rms_norm_eps=1e-6,
+            rope_theta=10000.0,
+            max_position_embeddings=512,
+            tie_word_embeddings=True,
             rope_scaling={"type": "mrope", "mrope_section": [2, 3, 3]},
-        )  # fmt: skip
+        )
     return dict(
-        model_type="mistral", hidden_size=64, num_hidden_layers=2, intermediate_size=128,
-        num_attention_heads=4, head_dim=16, num_key_value_heads=2, vocab_size=vocab,
-        rms_norm_eps=1e-5, rope_theta=10000.0, max_position_embeddings=512,
-    )  # fmt: skip
+        model_type="mistral",
+        hidden_size=64,
+        num_hidden_layers=2,
+        intermediate_size=128,
+        num_attention_heads=4,
+        head_dim=16,
+        num_key_value_heads=2,
+        vocab_size=vocab,
+        rms_norm_eps=1e-5,
+        rope_theta=10000.0,
+        max_position_embeddings=512,
+    )
 
 
 def _vision_config(family: str) -> dict:
     if family == "gemma3":
         return dict(
-            model_type="siglip_vision_model", num_hidden_layers=2, hidden_size=32,
-            intermediate_size=64, num_attention_heads=2, patch_size=14, image_size=56,
-        )  # fmt: skip
+            model_type="siglip_vision_model",
+            num_hidden_layers=2,
+            hidden_size=32,
+            intermediate_size=64,
+            num_attention_heads=2,
+            patch_size=14,
+            image_size=56,
+        )
     if family == "qwen2_5_vl":
         return dict(
-            model_type="qwen2_5_vl", depth=2, hidden_size=32, intermediate_size=64,
-            out_hidden_size=64, num_heads=2, patch_size=14, spatial_merge_size=2,
-            temporal_patch_size=2, window_size=56, fullatt_block_indexes=[1],
-        )  # fmt: skip
+            model_type="qwen2_5_vl",
+            depth=2,
+            hidden_size=32,
+            intermediate_size=64,
+            out_hidden_size=64,
+            num_heads=2,
+            patch_size=14,
+            spatial_merge_size=2,
+            temporal_patch_size=2,
+            window_size=56,
+            fullatt_block_indexes=[1],
+        )
     if family == "qwen3_vl":
         return dict(
-            model_type="qwen3_vl", depth=2, hidden_size=32, intermediate_size=64,
-            out_hidden_size=64, num_heads=2, patch_size=16, spatial_merge_size=2,
-            temporal_patch_size=2, num_position_embeddings=16, deepstack_visual_indexes=[0],
-        )  # fmt: skip
+            model_type="qwen3_vl",
+            depth=2,
+            hidden_size=32,
+            intermediate_size=64,
+            out_hidden_size=64,
+            num_heads=2,
+            patch_size=16,
+            spatial_merge_size=2,
+            temporal_patch_size=2,
+            num_position_embeddings=16,
+            deepstack_visual_indexes=[0],
+        )
     if family == "qwen2_vl":
         return dict(
-            model_type="qwen2_vl", depth=2, embed_dim=32, hidden_size=64, num_heads=2,
-            mlp_ratio=2, patch_size=14, spatial_merge_size=2, temporal_patch_size=2,
-        )  # fmt: skip
+            model_type="qwen2_vl",
+            depth=2,
+            embed_dim=32,
+            hidden_size=64,
+            num_heads=2,
+            mlp_ratio=2,
+            patch_size=14,
+            spatial_merge_size=2,
+            temporal_patch_size=2,
+        )
     return dict(
-        model_type="pixtral", num_hidden_layers=2, hidden_size=32, head_dim=16,
-        intermediate_size=64, num_attention_heads=2, image_size=64, patch_size=8,
-    )  # fmt: skip
+        model_type="pixtral",
+        num_hidden_layers=2,
+        hidden_size=32,
+        head_dim=16,
+        intermediate_size=64,
+        num_attention_heads=2,
+        image_size=64,
+        patch_size=8,
+    )
 
 
 def _preprocessor(family: str) -> dict:
@@ -113,12 +180,15 @@ def _preprocessor(family: str) -> dict:
         pixels = (2 * patch) ** 2  # one merged 2×2 patch
         return {
             "image_processor_type": "Qwen2VLImageProcessor",
-            "patch_size": patch, "merge_size": 2, "temporal_patch_size": 2,
-            "min_pixels": 4 * pixels, "max_pixels": 16 * pixels,
+            "patch_size": patch,
+            "merge_size": 2,
+            "temporal_patch_size": 2,
+            "min_pixels": 4 * pixels,
+            "max_pixels": 16 * pixels,
             "size": {"shortest_edge": 4 * pixels, "longest_edge": 16 * pixels},
             "image_mean": [0.48145466, 0.4578275, 0.40821073],
             "image_std": [0.26862954, 0.26130258, 0.27577711],
-        }  # fmt: skip
+        }
     return {
         "image_processor_type": "PixtralImageProcessor",
         "size": {"longest_edge": 64},
@@ -156,10 +226,13 @@ def build_vision_model(
         from mlx_vlm.models.gemma3 import Model, ModelConfig, TextConfig, VisionConfig
 
         config |= dict(
-            boi_token_index=ids[0], eoi_token_index=ids[1], image_token_index=ids[2],
-            mm_tokens_per_image=text["mm_tokens_per_image"], hidden_size=text["hidden_size"],
+            boi_token_index=ids[0],
+            eoi_token_index=ids[1],
+            image_token_index=ids[2],
+            mm_tokens_per_image=text["mm_tokens_per_image"],
+            hidden_size=text["hidden_size"],
             pad_token_id=0,
-        )  # fmt: skip
+        )
     elif family == "mistral3":
         from mlx_vlm.models.mistral3 import Model, ModelConfig, TextConfig, VisionConfig
 
@@ -175,9 +248,11 @@ def build_vision_model(
             config = {"model_type": family, "text_config": text, "vision_config": vision}
             config |= {"eos_token_id": eos, "tie_word_embeddings": True}
         config |= dict(
-            vision_start_token_id=ids[0], vision_end_token_id=ids[1], image_token_id=ids[2],
+            vision_start_token_id=ids[0],
+            vision_end_token_id=ids[1],
+            image_token_id=ids[2],
             video_token_id=ids[3],
-        )  # fmt: skip
+        )
     model_config = ModelConfig.from_dict(config | {"vision_config": vision})
     # the nested configs as mlx-vlm's loader makes them (its from_dict keeps dicts)
     model_config.text_config = TextConfig.from_dict(text)

@@ -55,9 +55,12 @@ def build_dialect_model(
     bos_id = _token_id(tokenizer, spec.bos) if spec.bos else None
     args = _write_weights(directory, vocab_size, _reply_targets(tokenizer, replies))
     config = {
-        **args, "architectures": ["GPT2LMHeadModel"], "tie_word_embeddings": True,
-        "bos_token_id": bos_id, "eos_token_id": end_ids,
-    }  # fmt: skip
+        **args,
+        "architectures": ["GPT2LMHeadModel"],
+        "tie_word_embeddings": True,
+        "bos_token_id": bos_id,
+        "eos_token_id": end_ids,
+    }
     _write_json(directory / "config.json", config)
     _write_json(directory / "generation_config.json", {"eos_token_id": end_ids, "do_sample": False})
     return directory
@@ -197,9 +200,15 @@ def _write_weights(directory: Path, vocab_size: int, targets: dict[int, int]) ->
     direction = {token_id: d for d, token_id in enumerate(reply_ids)}
     n_embd = _n_embd(len(reply_ids))
     args = dict(
-        model_type="gpt2", n_ctx=CONTEXT_LENGTH, n_embd=n_embd, n_head=_N_HEAD, n_layer=1,
-        n_positions=CONTEXT_LENGTH, layer_norm_epsilon=1e-5, vocab_size=vocab_size,
-    )  # fmt: skip
+        model_type="gpt2",
+        n_ctx=CONTEXT_LENGTH,
+        n_embd=n_embd,
+        n_head=_N_HEAD,
+        n_layer=1,
+        n_positions=CONTEXT_LENGTH,
+        layer_norm_epsilon=1e-5,
+        vocab_size=vocab_size,
+    )
     model = gpt2.Model(gpt2.ModelArgs(**args))
     wte = np.zeros((vocab_size, n_embd), np.float32)
     for token_id, d in direction.items():

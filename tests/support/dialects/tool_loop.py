@@ -273,10 +273,13 @@ def _read_reply(prompt, tokenizer, generated: list[int], drop_reasoning: bool) -
     reasoning = "".join(e.text for e in events if e.kind == "reasoning")
     content = "".join(e.text for e in events if e.kind == "content")
     calls = [
-        {"id": e.call_id or f"call_{i}", "type": "function",
-         "function": {"name": e.call.name, "arguments": e.call.arguments}}
+        {
+            "id": e.call_id or f"call_{i}",
+            "type": "function",
+            "function": {"name": e.call.name, "arguments": e.call.arguments},
+        }
         for i, e in enumerate(e for e in events if e.kind == "tool_call")
-    ]  # fmt: skip
+    ]
     message: dict = {"role": "assistant", "content": content or None}
     if calls:
         message["tool_calls"] = calls

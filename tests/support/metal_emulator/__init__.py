@@ -154,14 +154,30 @@ class EmulatedKernel:
         if threads > MAX_THREADS_PER_THREADGROUP:
             raise ValueError(f"threadgroup of {threads} threads: Metal allows at most 1024")
         metal, slots, attributes = signature.kernel_source(
-            self.name, self.input_names, self.output_names, self.source, self.header,
-            inputs, output_dtypes, list(template),
-        )  # fmt: skip
+            self.name,
+            self.input_names,
+            self.output_names,
+            self.source,
+            self.header,
+            inputs,
+            output_dtypes,
+            list(template),
+        )
         from_mlx = source_from_mlx(
-            self.name, self.input_names, self.output_names, self.source, self.header,
-            dict(inputs=inputs, template=list(template), grid=grid, threadgroup=threadgroup,
-                 output_shapes=output_shapes, output_dtypes=output_dtypes),
-        )  # fmt: skip
+            self.name,
+            self.input_names,
+            self.output_names,
+            self.source,
+            self.header,
+            dict(
+                inputs=inputs,
+                template=list(template),
+                grid=grid,
+                threadgroup=threadgroup,
+                output_shapes=output_shapes,
+                output_dtypes=output_dtypes,
+            ),
+        )
         if from_mlx is not None and from_mlx != metal:
             raise SignatureMismatch(metal, from_mlx)
         self.last_source, self.checked_against_mlx = metal, from_mlx is not None

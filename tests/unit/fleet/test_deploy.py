@@ -173,9 +173,20 @@ def test_dry_run_writes_into_out_and_prints_the_commands(
 ):
     out_dir = tmp_path / "agents"
     code, out, _ = run_cli(
-        capsys, "install", "worker", "--launchd", "--workers", "2", "--config", str(config_file),
-        "--dry-run", "--out", str(out_dir), "--log-dir", str(tmp_path / "logs"),
-    )  # fmt: skip
+        capsys,
+        "install",
+        "worker",
+        "--launchd",
+        "--workers",
+        "2",
+        "--config",
+        str(config_file),
+        "--dry-run",
+        "--out",
+        str(out_dir),
+        "--log-dir",
+        str(tmp_path / "logs"),
+    )
     assert code == 0
     assert sorted(p.name for p in out_dir.iterdir()) == [
         "com.mlx-fleet.worker.1.plist",
@@ -188,9 +199,18 @@ def test_dry_run_writes_into_out_and_prints_the_commands(
 
     # A later install with fewer workers unloads and removes the extra one.
     code, out, _ = run_cli(
-        capsys, "install", "worker", "--launchd", "--workers", "1", "--config", str(config_file),
-        "--dry-run", "--out", str(out_dir),
-    )  # fmt: skip
+        capsys,
+        "install",
+        "worker",
+        "--launchd",
+        "--workers",
+        "1",
+        "--config",
+        str(config_file),
+        "--dry-run",
+        "--out",
+        str(out_dir),
+    )
     assert f"$ launchctl bootout gui/{uid}/com.mlx-fleet.worker.2" in out
     assert f"# remove {out_dir}/com.mlx-fleet.worker.2.plist" in out
 
@@ -249,9 +269,16 @@ def test_daemon_dry_run_prints_system_domain_commands_and_changes_nothing(
     monkeypatch.setenv("SUDO_USER", "ann")
     monkeypatch.setattr(services, "LAUNCH_DAEMONS_DIR", Path("/nonexistent/LaunchDaemons"))
     code, out, _ = run_cli(
-        capsys, "install", "worker", "--daemon", "--workers", "2", "--config", str(config_file),
+        capsys,
+        "install",
+        "worker",
+        "--daemon",
+        "--workers",
+        "2",
+        "--config",
+        str(config_file),
         "--dry-run",
-    )  # fmt: skip
+    )
     assert code == 0 and not Path("/nonexistent").exists()
     folder = "/nonexistent/LaunchDaemons"
     assert f"# ---- {folder}/com.mlx-fleet.worker.2.plist" in out
@@ -266,8 +293,17 @@ def test_daemon_status_and_uninstall_act_on_the_system_domain(
 ):
     monkeypatch.setenv("SUDO_USER", "ann")
     folder = tmp_path / "daemons"
-    run_cli(capsys, "install", "router", "--daemon", "--config", str(config_file),
-            "--dry-run", "--out", str(folder))  # fmt: skip
+    run_cli(
+        capsys,
+        "install",
+        "router",
+        "--daemon",
+        "--config",
+        str(config_file),
+        "--dry-run",
+        "--out",
+        str(folder),
+    )
     assert oct((folder / "com.mlx-fleet.router.plist").stat().st_mode & 0o777) == "0o644"
     _, out, _ = run_cli(capsys, "status", "router", "--daemon", "--out", str(folder), "--dry-run")
     assert "$ launchctl print system/com.mlx-fleet.router" in out
@@ -284,9 +320,16 @@ def test_daemon_refusals(capsys, config_file, no_subprocess, monkeypatch):
         install_cli.main(["install", "router", "--daemon", "--config", str(config_file)])
     assert "sudo" in capsys.readouterr().err
     code, _, err = run_cli(
-        capsys, "install", "router", "--daemon", "--user", "root", "--config", str(config_file),
+        capsys,
+        "install",
+        "router",
+        "--daemon",
+        "--user",
+        "root",
+        "--config",
+        str(config_file),
         "--dry-run",
-    )  # fmt: skip
+    )
     assert code == 1 and "--user" in err
     with pytest.raises(SystemExit):
         install_cli.main(["status", "router", "--daemon", "--systemd", "--dry-run"])
@@ -297,8 +340,12 @@ def test_host_agent_service_one_per_machine(tmp_path):
     plist = plistlib.loads(file.text.encode())
     assert file.name == "com.mlx-fleet.host.plist" and plist["Label"] == "com.mlx-fleet.host"
     assert plist["ProgramArguments"] == [
-        "/opt/fleet/.venv/bin/python", "-m", "fleet.host", "--config", "/opt/fleet/fleet.toml",
-    ]  # fmt: skip
+        "/opt/fleet/.venv/bin/python",
+        "-m",
+        "fleet.host",
+        "--config",
+        "/opt/fleet/fleet.toml",
+    ]
     assert plist["StandardOutPath"] == "/opt/fleet/logs/host.log" and plist["KeepAlive"]
     _lint(tmp_path, file)
     unit = services.render_systemd("host", make_install(ODD))

@@ -16,8 +16,9 @@ STATES = ("kv_free_blocks", "kv_held_blocks", "kv_cached_blocks", "kv_cached_par
 
 def test_held_is_what_neither_the_free_list_nor_the_cache_accounts_for():
     hb = Heartbeat("w", 1, 0, 50, 100, 30, 0, cached_partial_blocks=6)
-    assert KVBlocks.of(hb) == KVBlocks(total=100, free=50, held=14, cached_full=30,
-                                       cached_partial=6)  # fmt: skip
+    assert KVBlocks.of(hb) == KVBlocks(
+        total=100, free=50, held=14, cached_full=30, cached_partial=6
+    )
     older = Heartbeat("w", 0, 0, 60, 100, 30, 0)  # a worker that does not report tails
     assert KVBlocks.of(older).held == 10
 
@@ -25,8 +26,7 @@ def test_held_is_what_neither_the_free_list_nor_the_cache_accounts_for():
 async def test_cluster_metrics_and_page_show_every_state(make_cluster):
     cluster = await make_cluster()
     await cluster.add_worker("w1", kv_capacity_blocks=64, partial_blocks=3)
-    chat = {"model": "tiny", "messages": [{"role": "user", "content": "hi " * 20}],
-            "max_tokens": 2}  # fmt: skip
+    chat = {"model": "tiny", "messages": [{"role": "user", "content": "hi " * 20}], "max_tokens": 2}
     assert (await cluster.client.post("/v1/chat/completions", json=chat)).status == 200
 
     for _ in range(100):  # until a heartbeat after the request shows its cached blocks

@@ -24,12 +24,20 @@ def sse(*events: dict) -> str:
 
 def test_anthropic_prompt_is_the_sum_of_its_three_counts_in_a_stream():
     reply = sse(
-        {"type": "message_start", "message": {"usage": {
-            "input_tokens": 100, "cache_read_input_tokens": 20000,
-            "cache_creation_input_tokens": 900, "output_tokens": 1}}},
+        {
+            "type": "message_start",
+            "message": {
+                "usage": {
+                    "input_tokens": 100,
+                    "cache_read_input_tokens": 20000,
+                    "cache_creation_input_tokens": 900,
+                    "output_tokens": 1,
+                }
+            },
+        },
         {"type": "content_block_delta", "delta": {"type": "text_delta", "text": "hi"}},
         {"type": "message_delta", "usage": {"output_tokens": 5}},
-    )  # fmt: skip
+    )
     usage = usage_of("/v1/messages?beta=true", reply)
     assert (usage["prompt"], usage["cached"]) == (21000, 20000)
     assert usage["output_tokens"] == 5  # message_delta's count is the final one
@@ -43,9 +51,13 @@ def test_anthropic_plain_reply_and_missing_cache_fields():
 def test_responses_usage_comes_from_response_completed():
     reply = sse(
         {"type": "response.created", "response": {"usage": None}},
-        {"type": "response.completed", "response": {"usage": {
-            "input_tokens": 5851, "input_tokens_details": {"cached_tokens": 5828}}}},
-    )  # fmt: skip
+        {
+            "type": "response.completed",
+            "response": {
+                "usage": {"input_tokens": 5851, "input_tokens_details": {"cached_tokens": 5828}}
+            },
+        },
+    )
     usage = usage_of("/v1/responses", reply)
     assert (usage["prompt"], usage["cached"]) == (5851, 5828)
 
@@ -64,13 +76,23 @@ def test_chat_usage_from_the_last_chunk_and_data_done():
 def body_with(system_first: str) -> dict:
     return {
         "model": "m",
-        "system": [{"type": "text", "text": system_first},
-                   {"type": "text", "text": "You are Claude Code.",
-                    "cache_control": {"type": "ephemeral"}}],
+        "system": [
+            {"type": "text", "text": system_first},
+            {
+                "type": "text",
+                "text": "You are Claude Code.",
+                "cache_control": {"type": "ephemeral"},
+            },
+        ],
         "messages": [{"role": "user", "content": [{"type": "text", "text": "hello"}]}],
-        "tools": [{"name": "Read", "description": "read a file",
-                   "input_schema": {"type": "object", "properties": {}}}],
-    }  # fmt: skip
+        "tools": [
+            {
+                "name": "Read",
+                "description": "read a file",
+                "input_schema": {"type": "object", "properties": {}},
+            }
+        ],
+    }
 
 
 def test_cch_is_added_then_replaced_and_the_rest_kept():
@@ -109,16 +131,27 @@ def test_conversion_keeps_billing_block_as_first_system_text_and_tools_as_functi
 def test_conversion_of_tool_use_tool_result_and_mid_conversation_system():
     body = body_with(BILLING)
     body["messages"] += [
-        {"role": "assistant", "content": [
-            {"type": "thinking", "thinking": "hmm", "signature": "x"},
-            {"type": "text", "text": "Reading."},
-            {"type": "tool_use", "id": "t1", "name": "Read", "input": {"path": "a"}}]},
-        {"role": "user", "content": [
-            {"type": "tool_result", "tool_use_id": "t1",
-             "content": [{"type": "text", "text": "file body"}]},
-            {"type": "text", "text": "thanks"}]},
+        {
+            "role": "assistant",
+            "content": [
+                {"type": "thinking", "thinking": "hmm", "signature": "x"},
+                {"type": "text", "text": "Reading."},
+                {"type": "tool_use", "id": "t1", "name": "Read", "input": {"path": "a"}},
+            ],
+        },
+        {
+            "role": "user",
+            "content": [
+                {
+                    "type": "tool_result",
+                    "tool_use_id": "t1",
+                    "content": [{"type": "text", "text": "file body"}],
+                },
+                {"type": "text", "text": "thanks"},
+            ],
+        },
         {"role": "system", "content": "Available agent types: ..."},
-    ]  # fmt: skip
+    ]
     messages = anthropic_to_chat(body, max_tokens=8)["messages"][2:]
     assert messages[0]["content"] == "Reading."
     assert messages[0]["tool_calls"][0]["function"] == {
@@ -152,29 +185,54 @@ def test_fixture_names_no_machine():
 
 
 def test_scrub_replaces_paths_and_ids():
-    saved = {"headers": {"X-Claude-Code-Session-Id": "f19a2e5f-4925-490d-95ed-c995e41d6f0b"},
-             "body": {"system": [{"text": "cwd: /tmp/check-agents-ab12_x/claude-code\n"
-                                          " - OS Version: Linux 6.18.44-fc\n"}]}}  # fmt: skip
+    saved = {
+        "headers": {"X-Claude-Code-Session-Id": "f19a2e5f-4925-490d-95ed-c995e41d6f0b"},
+        "body": {
+            "system": [
+                {
+                    "text": "cwd: /tmp/check-agents-ab12_x/claude-code\n"
+                    " - OS Version: Linux 6.18.44-fc\n"
+                }
+            ]
+        },
+    }
     out = json.dumps(scrubbed(saved))
     assert "f19a2e5f" not in out and "/home/user/project" in out and "6.18" not in out
 
 
 def request(n, agent, share, turn_request=True, status=200, session=1):
-    return {"n": n, "agent": agent, "session": session, "turn": n, "method": "POST",
-            "path": "/v1/messages", "status": status, "turn_request": turn_request,
-            "share": share, "prompt_tokens": 100, "cached_tokens": int(share * 100)}  # fmt: skip
+    return {
+        "n": n,
+        "agent": agent,
+        "session": session,
+        "turn": n,
+        "method": "POST",
+        "path": "/v1/messages",
+        "status": status,
+        "turn_request": turn_request,
+        "share": share,
+        "prompt_tokens": 100,
+        "cached_tokens": int(share * 100),
+    }
 
 
 def test_verdict_exempts_each_agents_first_and_side_requests():
-    requests = [request(1, "claude-code", 0.0), request(2, "claude-code", 0.1, False),
-                request(3, "claude-code", 0.99), request(4, "codex-cli", 0.0),
-                request(5, "codex-cli", 0.95)]  # fmt: skip
+    requests = [
+        request(1, "claude-code", 0.0),
+        request(2, "claude-code", 0.1, False),
+        request(3, "claude-code", 0.99),
+        request(4, "codex-cli", 0.0),
+        request(5, "codex-cli", 0.95),
+    ]
     assert verdict(requests) == []
 
 
 def test_verdict_fails_a_new_session_missing_the_cache_and_protocol_errors():
-    requests = [request(1, "claude-code", 0.0), request(2, "claude-code", 0.001, session=2),
-                request(3, "codex-cli", 0.0, status=400)]  # fmt: skip
+    requests = [
+        request(1, "claude-code", 0.0),
+        request(2, "claude-code", 0.001, session=2),
+        request(3, "codex-cli", 0.0, status=400),
+    ]
     why = verdict(requests)
     assert any("request 2" in w and "< 90%" in w for w in why)
     assert any("request 3" in w and "protocol error" in w for w in why)

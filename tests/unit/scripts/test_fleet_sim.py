@@ -66,15 +66,22 @@ def test_the_real_index_follows_the_simulated_caches_exactly():
 
 
 def test_traffic_is_seeded_zipf_and_turns_extend_their_conversation():
-    shape = TrafficShape(tenants=20, zipf_s=1.2, system_tokens=8, question_tokens=2,
-                         output_tokens=2, continue_prob=0.5)  # fmt: skip
+    shape = TrafficShape(
+        tenants=20,
+        zipf_s=1.2,
+        system_tokens=8,
+        question_tokens=2,
+        output_tokens=2,
+        continue_prob=0.5,
+    )
     first = Traffic(shape, 7).requests(400, 10.0)
     assert first == Traffic(shape, 7).requests(400, 10.0)
     counts = [sum(r.tenant == t for r in first) for t in range(20)]
     assert counts[0] > 3 * counts[10]
     seen = [r.token_ids for r in first]
-    continued = [t for k, t in enumerate(seen) if any(t[: len(s)] == s and len(t) > len(s)
-                                                      for s in seen[:k])]  # fmt: skip
+    continued = [
+        t for k, t in enumerate(seen) if any(t[: len(s)] == s and len(t) > len(s) for s in seen[:k])
+    ]
     assert len(continued) > 100  # next turns repeat a previous prompt as their prefix
 
 
@@ -92,8 +99,10 @@ def test_index_and_workers_agree_after_a_fleet_run():
 def test_under_kv_pressure_cache_aware_nears_the_bound_far_above_round_robin():
     """The issue's configuration (24 tenants, 2 workers with room for ~8 each): the real
     router's hit rate; deterministic (seeded traffic, simulated time)."""
-    rows = {r["policy"]: r for r in run(pressure(24, seed=0, requests=600),
-                                        ("cache_aware", "round_robin"))}  # fmt: skip
+    rows = {
+        r["policy"]: r
+        for r in run(pressure(24, seed=0, requests=600), ("cache_aware", "round_robin"))
+    }
     aware, rr = rows["cache_aware"]["hit_rate"], rows["round_robin"]["hit_rate"]
     assert aware >= 1.6 * rr, rows
     assert aware >= 0.85 * rows["capacity_bound"]["hit_rate"], rows

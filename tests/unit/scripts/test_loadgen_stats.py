@@ -161,9 +161,12 @@ def test_fleet_cache_counts_pulled_tokens_apart_from_local_hits():
     before = snapshot(100, 20, 0, {"w0": 0, "w1": 0})
     after = snapshot(1100, 420, 300, {"w0": 0, "w1": 10})
     assert fleet_cache(before, after) == {
-        "prompt_tokens": 1000, "local_hit_tokens": 400, "pulled_tokens": 300,
-        "local_hit_rate": 0.4, "hit_rate_with_pulls": 0.7,
-    }  # fmt: skip
+        "prompt_tokens": 1000,
+        "local_hit_tokens": 400,
+        "pulled_tokens": 300,
+        "local_hit_rate": 0.4,
+        "hit_rate_with_pulls": 0.7,
+    }
     assert pulled_blocks_per_worker(before, after) == {"w0": 0, "w1": 10}
     assert fleet_cache({"workers": []}, after) is None  # a server without the fleet cache
 

@@ -15,13 +15,22 @@ def test_quick_report_has_every_section_and_says_metal_is_missing():
     env = {**os.environ, "PYTHON": sys.executable}
     result = subprocess.run(
         ["scripts/mac-check", "--quick", "--skip-engine", "--skip-cluster", "--repeats", "1"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr
     report = result.stdout
     headings = re.findall(r"^## (.+)$", report, flags=re.MULTILINE)
-    assert headings == ["Machine", "Kernel self-test", "Kernel vs MLX ops", "Engine benchmark",
-                        "Cluster"]  # fmt: skip
+    assert headings == [
+        "Machine",
+        "Kernel self-test",
+        "Kernel vs MLX ops",
+        "Engine benchmark",
+        "Cluster",
+    ]
     assert report.startswith("# mlx-fleet mac-check (decode, 32 heads / 8 KV heads")
     for field in ("- machine:", "- OS:", "- Python:", "- MLX:", "- Metal available:"):
         assert field in report
@@ -35,8 +44,11 @@ def test_quick_report_has_every_section_and_says_metal_is_missing():
         for kv in ("float16", "q8g64", "q4g64"):
             assert f'backend "auto" picks ({kv}): mlx' in report
             assert report.count(f"| {kv} | 16 | float16 | no |") == 1
-        rows = re.findall(r"^\| (\w+) \| (\d+) \| (\d+) \| 16 \| unavailable \| ([\d.]+) \| - \|$",
-                          report, flags=re.MULTILINE)  # fmt: skip
+        rows = re.findall(
+            r"^\| (\w+) \| (\d+) \| (\d+) \| 16 \| unavailable \| ([\d.]+) \| - \|$",
+            report,
+            flags=re.MULTILINE,
+        )
         assert [(kv, b, c) for kv, b, c, _ in rows] == [
             (kv, b, "512") for kv in ("float16", "q8g64", "q4g64") for b in ("1", "8")
         ]
@@ -45,8 +57,14 @@ def test_quick_report_has_every_section_and_says_metal_is_missing():
 
 
 def run_wrapper(root, env) -> subprocess.CompletedProcess:
-    return subprocess.run(["scripts/mac-check", "--quick"], cwd=root, env=env,
-                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    return subprocess.run(
+        ["scripts/mac-check", "--quick"],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def test_a_fresh_checkout_without_venv_is_told_what_to_run(tmp_path):

@@ -7,9 +7,14 @@ import pytest
 from scripts.roofline import Load, Machine, bound, load_of_report, model_cost
 
 SMOLLM2 = {
-    "hidden_size": 576, "num_hidden_layers": 30, "intermediate_size": 1536,
-    "num_attention_heads": 9, "num_key_value_heads": 3, "head_dim": 64, "vocab_size": 49152,
-}  # fmt: skip
+    "hidden_size": 576,
+    "num_hidden_layers": 30,
+    "intermediate_size": 1536,
+    "num_attention_heads": 9,
+    "num_key_value_heads": 3,
+    "head_dim": 64,
+    "vocab_size": 49152,
+}
 
 
 def test_default_model_reads_538_mb_of_float32_weights_per_forward():
@@ -42,25 +47,41 @@ def test_uncached_prompt_tokens_cost_their_flops_and_cached_ones_nothing():
 
 def test_a_report_gives_its_load_from_the_workers_phase_metrics():
     report = {
-        "completed": 48, "prompt_tokens": 26880, "cached_tokens": 20000, "output_tokens": 1536,
-        "concurrency": 16, "requests_per_s": 1.0,
-        "worker_phases": {"w0": {"decode_batch_mean": 9.5, "decode_kv_bytes_mean": 1e6,
-                                 "decode_tick_p50_ms": 200.0}},
-    }  # fmt: skip
+        "completed": 48,
+        "prompt_tokens": 26880,
+        "cached_tokens": 20000,
+        "output_tokens": 1536,
+        "concurrency": 16,
+        "requests_per_s": 1.0,
+        "worker_phases": {
+            "w0": {
+                "decode_batch_mean": 9.5,
+                "decode_kv_bytes_mean": 1e6,
+                "decode_tick_p50_ms": 200.0,
+            }
+        },
+    }
     load = load_of_report(report, model_cost(SMOLLM2))
     assert (load.decode_batch, load.kv_bytes_per_tick, load.cached_tokens) == (9.5, 1e6, 20000)
 
 
 def test_a_prefill_worker_does_not_dilute_the_decoders_kv_per_tick():
     report = {
-        "completed": 8, "prompt_tokens": 16000, "cached_tokens": 0, "output_tokens": 384,
-        "concurrency": 8, "requests_per_s": 0.5,
+        "completed": 8,
+        "prompt_tokens": 16000,
+        "cached_tokens": 0,
+        "output_tokens": 384,
+        "concurrency": 8,
+        "requests_per_s": 0.5,
         "worker_phases": {
             "worker-0": {"decode_batch_mean": 0.0, "decode_kv_bytes_mean": 0.0},  # prefill
-            "worker-1": {"decode_batch_mean": 6.0, "decode_kv_bytes_mean": 4e7,
-                         "decode_tick_p50_ms": 150.0},
+            "worker-1": {
+                "decode_batch_mean": 6.0,
+                "decode_kv_bytes_mean": 4e7,
+                "decode_tick_p50_ms": 150.0,
+            },
         },
-    }  # fmt: skip
+    }
     load = load_of_report(report, model_cost(SMOLLM2))
     assert (load.decode_batch, load.kv_bytes_per_tick) == (6.0, 4e7)
     assert bound(load, model_cost(SMOLLM2), Machine(20.0, 100.0, 8.0))["kv_mb_per_tick"] == 40.0

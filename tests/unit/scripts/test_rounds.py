@@ -7,8 +7,13 @@ from scripts.loadgen.rounds import medians, medians_table
 
 
 def run(config: str, rate: float, ttft: float, workload: str = "chat") -> dict:
-    return {"config": config, "workload": workload, "requests_per_s": rate,
-            "ttft_ms": {"p95": ttft}, "roofline": {"fraction_of_bound": rate / 4}}  # fmt: skip
+    return {
+        "config": config,
+        "workload": workload,
+        "requests_per_s": rate,
+        "ttft_ms": {"p95": ttft},
+        "roofline": {"fraction_of_bound": rate / 4},
+    }
 
 
 def test_medians_and_spread_per_configuration_and_workload():

@@ -15,10 +15,19 @@ def sampler_with(points: list[tuple[float, dict]]) -> Sampler:
 def test_a_worker_whose_mlx_memory_grows_has_a_flat_host_share():
     # RSS climbs 100 MB over the hour, all of it MLX's kept prefixes: the host share is flat
     points = [
-        (t, {"rss_mb": 1200 + t / 36, "open_files": 9, "threads": 12, "mlx_active_mb": 1000 + t / 36,
-             "mlx_cache_mb": 30.0, "prefix_kv_mb": t / 36})
+        (
+            t,
+            {
+                "rss_mb": 1200 + t / 36,
+                "open_files": 9,
+                "threads": 12,
+                "mlx_active_mb": 1000 + t / 36,
+                "mlx_cache_mb": 30.0,
+                "prefix_kv_mb": t / 36,
+            },
+        )
         for t in range(0, 3601, 10)
-    ]  # fmt: skip
+    ]
     (report,) = sampler_with(points).report()
     assert report["rss_slope_mb_per_hour"] == 100.0
     assert report["host_slope_mb_per_hour"] == 0.0

@@ -14,9 +14,18 @@ from mlx_lm.utils import quantize_model, save_config, save_model
 from shared.models import dequantized_cache
 from shared.models.loading import load_model
 
-CONFIG = dict(model_type="llama", hidden_size=64, num_hidden_layers=2, intermediate_size=128,
-              num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5, vocab_size=512,
-              rope_theta=10000.0, tie_word_embeddings=False)  # fmt: skip
+CONFIG = dict(
+    model_type="llama",
+    hidden_size=64,
+    num_hidden_layers=2,
+    intermediate_size=128,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    rms_norm_eps=1e-5,
+    vocab_size=512,
+    rope_theta=10000.0,
+    tie_word_embeddings=False,
+)
 
 
 @pytest.fixture

@@ -46,11 +46,18 @@ def test_a_bare_trunk_or_an_encoder_type_is_an_embedding_model(tmp_path):
 
 
 def test_sentence_transformers_files_set_pooling_and_normalize(tmp_path):
-    modules = [{"type": "sentence_transformers.models.Transformer"},
-               {"type": "sentence_transformers.models.Pooling"}]  # fmt: skip
-    path = model_dir(tmp_path, {"model_type": "qwen3"}, {
-        "modules.json": modules, "1_Pooling/config.json": {"pooling_mode_mean_tokens": True},
-    })  # fmt: skip
+    modules = [
+        {"type": "sentence_transformers.models.Transformer"},
+        {"type": "sentence_transformers.models.Pooling"},
+    ]
+    path = model_dir(
+        tmp_path,
+        {"model_type": "qwen3"},
+        {
+            "modules.json": modules,
+            "1_Pooling/config.json": {"pooling_mode_mean_tokens": True},
+        },
+    )
     spec = embedding_spec(path)
     assert spec.pooling == "mean" and not spec.normalize and spec.matryoshka  # Qwen3: MRL
 

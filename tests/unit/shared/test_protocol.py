@@ -55,7 +55,7 @@ EXAMPLES = [
         "host-a",
         4242,
         attention=AttentionReport("mlx", "auto", "failed: mismatch 0.3", 1.5, 2.0),
-    ),  # fmt: skip
+    ),
     RegisterAck(accepted=False, reason="protocol version 0 != 1"),
     RegisterAck(accepted=True, heartbeat_interval_s=0.5),
     Heartbeat(
@@ -233,8 +233,20 @@ def test_metrics_show_each_workers_phases_and_attention_choice():
 def test_heartbeat_kv_pressure_fields_are_optional_and_smoothed_by_the_router():
     from router.cluster.registry import WorkerState
 
-    older = msgpack.packb([2, {"worker_id": "w1", "running": 0, "waiting": 0, "free_blocks": 1,
-                               "total_blocks": 2, "cached_blocks": 0, "hit_tokens": 0}])  # fmt: skip
+    older = msgpack.packb(
+        [
+            2,
+            {
+                "worker_id": "w1",
+                "running": 0,
+                "waiting": 0,
+                "free_blocks": 1,
+                "total_blocks": 2,
+                "cached_blocks": 0,
+                "hit_tokens": 0,
+            },
+        ]
+    )
     assert decode(older).evicted_blocks == 0  # a worker without the field still decodes
     worker = WorkerState(Register("w1", "m", 16, 10, "h", 1), b"id", 0.0)
     for evicted in (100, 100, 140):  # cumulative counts, one heartbeat each

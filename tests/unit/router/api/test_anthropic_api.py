@@ -81,9 +81,11 @@ async def test_tool_use_whole_and_round_trip_history(cluster, sdk):
     history = [
         *ASK,
         {"role": "assistant", "content": [b.model_dump() for b in msg.content]},
-        {"role": "user", "content": [
-            {"type": "tool_result", "tool_use_id": use.id, "content": "18C"}]},
-    ]  # fmt: skip
+        {
+            "role": "user",
+            "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "18C"}],
+        },
+    ]
     body = {"messages": history, "max_tokens": 50, "tools": [WEATHER]}
     worker, _ = await scripted(cluster, body, "It is 18C.")
     msg = await sdk(api_key="none").messages.create(model=MODEL, **body)
@@ -106,8 +108,9 @@ async def test_streaming_events(cluster, sdk):
     starts = [e.content_block.type for e in events if e.type == "content_block_start"]
     assert starts == ["thinking", "text", "tool_use"]
     assert types.count("content_block_stop") == 3
-    json_deltas = [e for e in events if e.type == "content_block_delta"
-                   and e.delta.type == "input_json_delta"]  # fmt: skip
+    json_deltas = [
+        e for e in events if e.type == "content_block_delta" and e.delta.type == "input_json_delta"
+    ]
     assert json_deltas and json_deltas[0].index == 2
     assert [b.type for b in final.content] == ["thinking", "text", "tool_use"]
     assert final.content[0].thinking == "cold?" and final.content[1].text == "Checking. "
@@ -160,9 +163,14 @@ async def test_what_claude_code_sends_is_accepted(cluster):
     """Claude Code's turn carries adaptive thinking, an effort and a clear_thinking edit."""
     await cluster.add_worker("w1")
     messages = [*ASK, {"role": "system", "content": [{"type": "text", "text": "Be brief."}]}]
-    body = {"model": MODEL, "messages": messages, "max_tokens": 2, "thinking": {"type": "adaptive"},
-            "output_config": {"effort": "high"},
-            "context_management": {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]}}  # fmt: skip
+    body = {
+        "model": MODEL,
+        "messages": messages,
+        "max_tokens": 2,
+        "thinking": {"type": "adaptive"},
+        "output_config": {"effort": "high"},
+        "context_management": {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]},
+    }
     resp = await cluster.client.post("/v1/messages", json=body)
     assert resp.status == 200, await resp.text()
 

@@ -91,13 +91,40 @@ JSON_VALUES = st.recursive(
     max_leaves=8,
 )
 FIELDS = [
-    "model", "messages", "prompt", "max_tokens", "max_completion_tokens", "temperature",
-    "top_p", "top_k", "min_p", "stream", "stream_options", "stop", "seed", "n", "tools",
-    "tool_choice", "system", "stop_sequences", "chat_template_kwargs", "user", "metadata",
-    "logprobs", "top_logprobs", "logit_bias", "presence_penalty", "frequency_penalty",
-    "repetition_penalty", "response_format", "echo", "suffix", "best_of", "thinking",
+    "model",
+    "messages",
+    "prompt",
+    "max_tokens",
+    "max_completion_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "stream",
+    "stream_options",
+    "stop",
+    "seed",
+    "n",
+    "tools",
+    "tool_choice",
+    "system",
+    "stop_sequences",
+    "chat_template_kwargs",
+    "user",
+    "metadata",
+    "logprobs",
+    "top_logprobs",
+    "logit_bias",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+    "response_format",
+    "echo",
+    "suffix",
+    "best_of",
+    "thinking",
     "prompt_logprobs",
-]  # fmt: skip
+]
 MESSAGE_FIELDS = ["role", "content", "tool_calls", "tool_call_id", "name", "type"]
 
 
@@ -130,12 +157,24 @@ def near_valid_tools(draw):
     }
     body = dict(CHAT) | {
         "tools": [{"type": draw(st.sampled_from(["function", "other"])), "function": function}],
-        "tool_choice": draw(st.sampled_from(["auto", "none", "required", {"type": "function",
-                        "function": {"name": "f"}}, {"type": "tool", "name": "f"}, {"type": "any"}])),
-        "messages": [{"role": "user", "content": "hi"},
-                     {"role": "assistant", "content": draw(JSON_VALUES), "tool_calls": [call]},
-                     {"role": "tool", "tool_call_id": draw(JSON_VALUES), "content": draw(JSON_VALUES)}],
-    }  # fmt: skip
+        "tool_choice": draw(
+            st.sampled_from(
+                [
+                    "auto",
+                    "none",
+                    "required",
+                    {"type": "function", "function": {"name": "f"}},
+                    {"type": "tool", "name": "f"},
+                    {"type": "any"},
+                ]
+            )
+        ),
+        "messages": [
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": draw(JSON_VALUES), "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": draw(JSON_VALUES), "content": draw(JSON_VALUES)},
+        ],
+    }
     # the same in Anthropic's shape, for /v1/messages
     body["system"] = draw(JSON_VALUES | st.just([{"type": "text", "text": "x"}]))
     return body
@@ -158,12 +197,36 @@ async def test_valid_json_of_wrong_shapes_is_never_5xx(cluster, body, path):
 
 JSONISH = st.lists(
     st.sampled_from(
-        [b"{", b"}", b"[", b"]", b'"', b":", b",", b"\\u", b"d800", b"\\", b"1e999", b"-",
-         b"NaN", b"null", b"true", b'"model"', b'"tiny"', b'"messages"', b'"prompt"', b"\xff",
-         b"\xc3", b"0", b"9999999999999999999999", b" ", b"\x00"]
+        [
+            b"{",
+            b"}",
+            b"[",
+            b"]",
+            b'"',
+            b":",
+            b",",
+            b"\\u",
+            b"d800",
+            b"\\",
+            b"1e999",
+            b"-",
+            b"NaN",
+            b"null",
+            b"true",
+            b'"model"',
+            b'"tiny"',
+            b'"messages"',
+            b'"prompt"',
+            b"\xff",
+            b"\xc3",
+            b"0",
+            b"9999999999999999999999",
+            b" ",
+            b"\x00",
+        ]
     ),
     max_size=40,
-).map(b"".join)  # fmt: skip
+).map(b"".join)
 
 
 @FUZZ
@@ -185,13 +248,19 @@ async def test_near_valid_tool_requests_are_never_5xx(cluster, body, path):
     content=st.lists(
         st.fixed_dictionaries(
             {"type": st.sampled_from(["text", "tool_use", "tool_result", "image"])},
-            optional={"text": JSON_VALUES, "id": JSON_VALUES, "name": JSON_VALUES,
-                      "input": JSON_VALUES, "tool_use_id": JSON_VALUES, "content": JSON_VALUES},
+            optional={
+                "text": JSON_VALUES,
+                "id": JSON_VALUES,
+                "name": JSON_VALUES,
+                "input": JSON_VALUES,
+                "tool_use_id": JSON_VALUES,
+                "content": JSON_VALUES,
+            },
         ),
         max_size=3,
     ),
     role=st.sampled_from(["user", "assistant"]),
-)  # fmt: skip
+)
 async def test_anthropic_content_blocks_are_never_5xx(cluster, content, role):
     body = {"model": MODEL, "max_tokens": 2, "messages": [{"role": role, "content": content}]}
     status, raw = await post_raw(cluster, "/v1/messages", json.dumps(body).encode())

@@ -39,9 +39,13 @@ async def test_n_choices_whole(cluster, tiny_tokenizer):
 
 async def test_n_choices_streamed_by_index(cluster, tiny_tokenizer):
     stream = await cluster.openai().chat.completions.create(
-        model=MODEL, messages=MESSAGES, max_tokens=4, n=2, stream=True,
+        model=MODEL,
+        messages=MESSAGES,
+        max_tokens=4,
+        n=2,
+        stream=True,
         stream_options={"include_usage": True},
-    )  # fmt: skip
+    )
     texts, finishes, usage = {0: "", 1: ""}, {}, None
     async for chunk in stream:
         if chunk.usage is not None:

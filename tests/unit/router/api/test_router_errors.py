@@ -199,29 +199,63 @@ async def test_worker_error_mid_stream_is_an_error_event(make_cluster):
     [
         (
             "/v1/chat/completions",
-            {**CHAT, "messages": [{"role": "user", "content": [
-                {"type": "text", "text": "what is this?"},
-                {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0K"}},
-            ]}]},
+            {
+                **CHAT,
+                "messages": [
+                    {
+                        "role": "user",
+                        "content": [
+                            {"type": "text", "text": "what is this?"},
+                            {
+                                "type": "image_url",
+                                "image_url": {"url": "data:image/png;base64,iVBORw0K"},
+                            },
+                        ],
+                    }
+                ],
+            },
             "image_url",
         ),
         (
             "/v1/responses",
-            {"model": MODEL, "input": [{"role": "user", "content": [
-                {"type": "input_image", "image_url": "data:image/png;base64,iVBORw0K"},
-            ]}]},
+            {
+                "model": MODEL,
+                "input": [
+                    {
+                        "role": "user",
+                        "content": [
+                            {"type": "input_image", "image_url": "data:image/png;base64,iVBORw0K"},
+                        ],
+                    }
+                ],
+            },
             "input_image",
         ),
         (
             "/v1/messages",
-            {"model": MODEL, "max_tokens": 2, "messages": [{"role": "user", "content": [
-                {"type": "image", "source": {"type": "base64", "media_type": "image/png",
-                                             "data": "iVBORw0K"}},
-            ]}]},
+            {
+                "model": MODEL,
+                "max_tokens": 2,
+                "messages": [
+                    {
+                        "role": "user",
+                        "content": [
+                            {
+                                "type": "image",
+                                "source": {
+                                    "type": "base64",
+                                    "media_type": "image/png",
+                                    "data": "iVBORw0K",
+                                },
+                            },
+                        ],
+                    }
+                ],
+            },
             "image",
         ),
     ],
-)  # fmt: skip
+)
 async def test_an_image_to_a_text_only_model_gets_a_400_that_says_so(cluster, path, body, kind):
     resp = await cluster.client.post(path, json=body)
     text = await resp.text()

@@ -13,8 +13,13 @@ def jsonl(lines: list[dict]) -> bytes:
 
 
 def chat_line(custom_id: str, text: str, max_tokens: int = 4, **extra) -> dict:
-    body = {"model": MODEL, "max_tokens": max_tokens, "temperature": 0,
-            "messages": [{"role": "user", "content": text}], **extra}  # fmt: skip
+    body = {
+        "model": MODEL,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "messages": [{"role": "user", "content": text}],
+        **extra,
+    }
     return {"custom_id": custom_id, "method": "POST", "url": "/v1/chat/completions", "body": body}
 
 

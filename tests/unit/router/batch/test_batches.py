@@ -63,12 +63,16 @@ async def test_each_line_gets_the_body_a_live_request_gets(make_cluster):
         (jsonl([chat_line("a", "x"), chat_line("a", "y")]), [("duplicate_custom_id", 2)]),
         (jsonl([{**chat_line("a", "x"), "url": "/v1/completions"}]), [("invalid_url", 1)]),
         (jsonl([{**chat_line("a", "x"), "method": "GET"}]), [("invalid_method", 1)]),
-        (jsonl([{"custom_id": "a", "method": "POST", "url": "/v1/chat/completions"}]),
-         [("missing_required_parameter", 1)]),
-        (jsonl([chat_line("a", "x"), [1]]) + b"{\n", [("invalid_json_line", 2),
-                                                      ("invalid_json_line", 3)]),
+        (
+            jsonl([{"custom_id": "a", "method": "POST", "url": "/v1/chat/completions"}]),
+            [("missing_required_parameter", 1)],
+        ),
+        (
+            jsonl([chat_line("a", "x"), [1]]) + b"{\n",
+            [("invalid_json_line", 2), ("invalid_json_line", 3)],
+        ),
     ],
-)  # fmt: skip
+)
 async def test_a_malformed_file_fails_validation_with_error_lines(make_cluster, content, codes):
     cluster = await make_cluster()
     await cluster.add_worker("w0")
@@ -114,8 +118,12 @@ async def test_embeddings_lines_get_what_a_live_request_gets(make_cluster):
     cluster = await make_cluster()
     await cluster.add_worker("w0")
     api = cluster.openai()
-    line = {"custom_id": "e", "method": "POST", "url": "/v1/embeddings",
-            "body": {"model": MODEL, "input": "hello"}}  # fmt: skip
+    line = {
+        "custom_id": "e",
+        "method": "POST",
+        "url": "/v1/embeddings",
+        "body": {"model": MODEL, "input": "hello"},
+    }
     batch = await start(api, [line], endpoint="/v1/embeddings")
     done = await finished(api, batch.id)
     live = await cluster.client.post("/v1/embeddings", json=line["body"])

@@ -17,8 +17,11 @@ async def test_a_file_is_uploaded_listed_read_and_deleted(make_cluster):
     made = await api.files.create(file=("in.jsonl", CONTENT), purpose="batch")
     assert made.id.startswith("file-") and made.object == "file"
     assert (made.bytes, made.filename, made.purpose, made.status) == (
-        len(CONTENT), "in.jsonl", "batch", "processed",
-    )  # fmt: skip
+        len(CONTENT),
+        "in.jsonl",
+        "batch",
+        "processed",
+    )
     assert (await api.files.retrieve(made.id)).model_dump() == made.model_dump()
     assert [f.id for f in (await api.files.list()).data] == [made.id]
     assert [f.id for f in (await api.files.list(purpose="batch_output")).data] == []
@@ -37,11 +40,15 @@ async def test_a_file_is_uploaded_listed_read_and_deleted(make_cluster):
         (CONTENT, "fine-tune", openai.BadRequestError, "invalid_value"),
         (b"", "batch", openai.BadRequestError, "empty_file"),
         (b"\xff\xfe{}\n", "batch", openai.BadRequestError, "invalid_file_format"),
-        (jsonl([chat_line(str(i), "x") for i in range(4)]), "batch", openai.BadRequestError,
-         "too_many_lines"),
+        (
+            jsonl([chat_line(str(i), "x") for i in range(4)]),
+            "batch",
+            openai.BadRequestError,
+            "too_many_lines",
+        ),
         (CONTENT * 20, "batch", openai.APIStatusError, "file_too_large"),
     ],
-)  # fmt: skip
+)
 async def test_uploads_past_the_bounds_are_refused(make_cluster, content, purpose, error, code):
     cluster = await make_cluster(batch_file_max_bytes=2000, batch_file_max_lines=3)
     api = cluster.openai()

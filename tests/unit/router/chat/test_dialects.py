@@ -28,19 +28,30 @@ CALL = ("get_weather", {"city": "Paris"})
 
 # what each family's template and vocabulary must be read as: (call format, reasoning)
 DETECTED = {
-    "qwen25": ("hermes", "think"), "qwen3": ("hermes", "think"),
-    "qwen3_coder": ("qwen3_coder", "think"), "glm45": ("glm47", "think"),
-    "glm47": ("glm47", "think"), "kimi_k2": ("kimi_k2", "think"),
-    "kimi_k2_thinking": ("kimi_k2", "think"), "minimax_m2": ("minimax_m2", "think"),
-    "deepseek_v31": ("deepseek_v31", "think"), "deepseek_r1": ("deepseek_v3", "think"),
-    "gpt_oss": ("harmony", "harmony"), "lfm2": ("pythonic", "think"),
-    "lfm25": ("pythonic", "think"), "gemma4": ("gemma4", "gemma4"),
-    "mistral_nemo": ("mistral", "think"), "magistral": ("mistral", "mistral"),
-    "llama31": ("llama3", "think"), "kimi_k3": ("kimi_k3", "xtml"),
-    "minicpm5": ("minicpm5", "think"), "laguna": ("glm47", "think"),
-    "muse_spark": ("muse_spark", "think"), "seed_oss": ("seed_oss", "seed"),
+    "qwen25": ("hermes", "think"),
+    "qwen3": ("hermes", "think"),
+    "qwen3_coder": ("qwen3_coder", "think"),
+    "glm45": ("glm47", "think"),
+    "glm47": ("glm47", "think"),
+    "kimi_k2": ("kimi_k2", "think"),
+    "kimi_k2_thinking": ("kimi_k2", "think"),
+    "minimax_m2": ("minimax_m2", "think"),
+    "deepseek_v31": ("deepseek_v31", "think"),
+    "deepseek_r1": ("deepseek_v3", "think"),
+    "gpt_oss": ("harmony", "harmony"),
+    "lfm2": ("pythonic", "think"),
+    "lfm25": ("pythonic", "think"),
+    "gemma4": ("gemma4", "gemma4"),
+    "mistral_nemo": ("mistral", "think"),
+    "magistral": ("mistral", "mistral"),
+    "llama31": ("llama3", "think"),
+    "kimi_k3": ("kimi_k3", "xtml"),
+    "minicpm5": ("minicpm5", "think"),
+    "laguna": ("glm47", "think"),
+    "muse_spark": ("muse_spark", "think"),
+    "seed_oss": ("seed_oss", "seed"),
     "nemotron_nano_v2": ("nemotron_json", "think"),
-}  # fmt: skip
+}
 
 
 @pytest.fixture(scope="module")
@@ -179,11 +190,15 @@ def test_two_calls_in_one_section_stream_as_each_closes():
         ("think", "about it\n</think>\n\nAnswer.", True),
         ("mistral", "[THINK]about it[/THINK]Answer.", False),
         ("gemma4", "<|channel>thought\nabout it<channel|>Answer.", False),
-        ("xtml", "about it<|close|>think<|sep|><|open|>response<|sep|>Answer.<|close|>response<|sep|>", True),
+        (
+            "xtml",
+            "about it<|close|>think<|sep|><|open|>response<|sep|>Answer.<|close|>response<|sep|>",
+            True,
+        ),
         ("seed", "<seed:think>about it</seed:think>Answer.", False),
         ("seed", "about it</seed:think>\n\nAnswer.", True),
     ],
-)  # fmt: skip
+)
 @pytest.mark.parametrize("pieces", [None, 1, 4])
 def test_reasoning_markers_of_every_family(reasoning, text, starts, pieces):
     dialect = detect_dialect("", {}, "hermes" if reasoning != "xtml" else "kimi_k3", reasoning)
@@ -267,10 +282,17 @@ def _conversation(spec, router_form: bool) -> list[dict]:
     arguments = {"city": "Paris"}
     if router_form or spec.tool_arguments == "string":
         arguments = json.dumps(arguments)
-    call = {"id": "abc123def", "type": "function",
-            "function": {"name": "get_weather", "arguments": arguments}}  # fmt: skip
-    assistant = {"role": "assistant", "content": "", "tool_calls": [call],
-                 "reasoning_content": "Need the weather."}  # fmt: skip
+    call = {
+        "id": "abc123def",
+        "type": "function",
+        "function": {"name": "get_weather", "arguments": arguments},
+    }
+    assistant = {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [call],
+        "reasoning_content": "Need the weather.",
+    }
     result = {"role": "tool", "tool_call_id": "abc123def", "content": '{"temp": 21}'}
     if not router_form:
         result["name"] = "get_weather"

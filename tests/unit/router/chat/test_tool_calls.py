@@ -47,20 +47,45 @@ CALL_TEXT = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}
 @pytest.mark.parametrize(
     ("family", "text", "content", "calls"),
     [
-        ("hermes", "Let me check. " + CALL_TEXT, "Let me check.", [("get_weather", {"city": "Paris"})]),
-        ("hermes", CALL_TEXT + CALL_TEXT.replace("Paris", "Rome"), "", [("get_weather", {"city": "Paris"}), ("get_weather", {"city": "Rome"})]),
+        (
+            "hermes",
+            "Let me check. " + CALL_TEXT,
+            "Let me check.",
+            [("get_weather", {"city": "Paris"})],
+        ),
+        (
+            "hermes",
+            CALL_TEXT + CALL_TEXT.replace("Paris", "Rome"),
+            "",
+            [("get_weather", {"city": "Paris"}), ("get_weather", {"city": "Rome"})],
+        ),
         ("hermes", "<tool_call>{not json}</tool_call>", "<tool_call>{not json}</tool_call>", []),
         ("hermes", '<tool_call>{"name": "f", "arguments": {"a": 1}}', "", [("f", {"a": 1})]),
         ("llama3", '{"name": "f", "parameters": {"x": [1, 2]}}', "", [("f", {"x": [1, 2]})]),
-        ("llama3", '<|python_tag|>{"name": "f", "parameters": {}}; {"name": "g", "parameters": {"s": ";"}}', "", [("f", {}), ("g", {"s": ";"})]),
+        (
+            "llama3",
+            '<|python_tag|>{"name": "f", "parameters": {}}; {"name": "g", "parameters": {"s": ";"}}',
+            "",
+            [("f", {}), ("g", {"s": ";"})],
+        ),
         ("llama3", "{this is prose in braces}", "{this is prose in braces}", []),
         ("llama3", "The answer is 4.", "The answer is 4.", []),
-        ("mistral", '[TOOL_CALLS][{"name": "f", "arguments": {"q": "a"}}]', "", [("f", {"q": "a"})]),
-        ("mistral", '[{"name": "f", "arguments": {}}, {"name": "g", "arguments": {}}]', "", [("f", {}), ("g", {})]),
+        (
+            "mistral",
+            '[TOOL_CALLS][{"name": "f", "arguments": {"q": "a"}}]',
+            "",
+            [("f", {"q": "a"})],
+        ),
+        (
+            "mistral",
+            '[{"name": "f", "arguments": {}}, {"name": "g", "arguments": {}}]',
+            "",
+            [("f", {}), ("g", {})],
+        ),
         ("mistral", "[TOOL_CALLS][{broken", "[TOOL_CALLS][{broken", []),
         ("mistral", '[{"name": 5}]', '[{"name": 5}]', []),
     ],
-)  # fmt: skip
+)
 def test_parsers_per_family(family, text, content, calls):
     parsed = parse_tool_calls(family, text)
     assert parsed.content == content
@@ -116,15 +141,31 @@ def test_llama3_reply_that_is_prose_is_content_when_streamed():
         ({"tools": [{"type": "function", "function": {"name": "f", "parameters": 3}}]}, "tools[0]"),
         ({"tools": [WEATHER, WEATHER]}, "tools"),
         ({"tools": [WEATHER], "tool_choice": "always"}, "tool_choice"),
-        ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
+        (
+            {"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}},
+            "tool_choice",
+        ),
         ({"tool_choice": "required"}, "tool_choice"),
-        ({"messages": [{"role": "assistant", "content": None, "tool_calls": "x"}]}, "messages[0].tool_calls"),
-        ({"messages": [{"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": "{bad"}}]}]}, "messages[0].tool_calls[0]"),
+        (
+            {"messages": [{"role": "assistant", "content": None, "tool_calls": "x"}]},
+            "messages[0].tool_calls",
+        ),
+        (
+            {
+                "messages": [
+                    {
+                        "role": "assistant",
+                        "tool_calls": [{"function": {"name": "f", "arguments": "{bad"}}],
+                    }
+                ]
+            },
+            "messages[0].tool_calls[0]",
+        ),
         ({"messages": [{"role": "tool", "content": "18C"}]}, "messages[0].tool_call_id"),
         ({"chat_template_kwargs": [1]}, "chat_template_kwargs"),
         ({"chat_template_kwargs": {"tools": []}}, "chat_template_kwargs"),
     ],
-)  # fmt: skip
+)
 async def test_bad_tool_fields_are_400_naming_the_field(tool_cluster, body, param):
     cluster = tool_cluster
     request = {"model": MODEL, "messages": ASK, "max_tokens": 2} | body
@@ -137,11 +178,19 @@ async def test_bad_tool_fields_are_400_naming_the_field(tool_cluster, body, para
 def test_fallback_prompt_lists_schemas_and_renders_history(tok):
     history = [
         *ASK,
-        {"role": "assistant", "content": None, "tool_calls": [
-            {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
-        ]},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+                }
+            ],
+        },
         {"role": "tool", "tool_call_id": "call_1", "content": "18C and sunny"},
-    ]  # fmt: skip
+    ]
     body = {"model": MODEL, "messages": history, "tools": [WEATHER]}
     req = parse_chat(body, tok, MODEL)
     text = tok.decode(req.prompt_ids)
@@ -181,8 +230,14 @@ def test_a_template_with_tool_support_renders_them_itself(tiny_model_dir):
 
     tokenizer = ModelTokenizer.load(tiny_model_dir, CONTEXT)
     tokenizer.set_chat_template(NATIVE_TEMPLATE)
-    history = [*ASK, {"role": "assistant", "content": "", "tool_calls": [
-        {"function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}]}]  # fmt: skip
+    history = [
+        *ASK,
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [{"function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}],
+        },
+    ]
     body = {"messages": history, "tools": [WEATHER]}
     prompt = build_chat_prompt(chat_messages(body), parse_tools(body), tokenizer, {})
     text = tokenizer.decode(prompt.token_ids)
@@ -281,8 +336,15 @@ async def test_refused_fields_and_mistyped_no_ops_are_400(tool_cluster, body, pa
 
 async def test_accepted_no_ops_change_nothing(tool_cluster, tok):
     await tool_cluster.add_worker("w1")
-    no_ops = {"user": "u1", "store": False, "metadata": {"k": "v"}, "service_tier": "auto",
-              "parallel_tool_calls": True, "modalities": ["text"], "prompt_cache_key": "p"}  # fmt: skip
+    no_ops = {
+        "user": "u1",
+        "store": False,
+        "metadata": {"k": "v"},
+        "service_tier": "auto",
+        "parallel_tool_calls": True,
+        "modalities": ["text"],
+        "prompt_cache_key": "p",
+    }
     request = {"model": MODEL, "messages": ASK, "max_tokens": 2}
     plain = await tool_cluster.client.post("/v1/chat/completions", json=request)
     resp = await tool_cluster.client.post("/v1/chat/completions", json=request | no_ops)

@@ -69,8 +69,12 @@ def test_grammar_accepts_what_the_parser_reads_and_nothing_else(hf_and_ll, famil
     assert not accepts(hf_and_ll, grammar, "The weather is fine.")
     wrong_args = one.replace('{"city": "Paris"}', '{"town": 5}')
     assert not accepts(hf_and_ll, grammar, wrong_args)
-    named = parse_tools({"tools": [WEATHER, TIME], "tool_choice": {
-        "type": "function", "function": {"name": "get_time"}}})  # fmt: skip
+    named = parse_tools(
+        {
+            "tools": [WEATHER, TIME],
+            "tool_choice": {"type": "function", "function": {"name": "get_time"}},
+        }
+    )
     assert not accepts(hf_and_ll, tool_call_grammar(named, family), one)
 
 

@@ -44,8 +44,14 @@ def test_a_bare_string_image_url_is_taken_too():  # vLLM and some clients send i
 def test_responses_input_image_and_anthropic_base64_block():
     data = png()
     responses = {"type": "input_image", "image_url": data_url(data), "detail": "auto"}
-    block = {"type": "image", "source": {"type": "base64", "media_type": "image/png",
-                                         "data": base64.b64encode(data).decode()}}  # fmt: skip
+    block = {
+        "type": "image",
+        "source": {
+            "type": "base64",
+            "media_type": "image/png",
+            "data": base64.b64encode(data).decode(),
+        },
+    }
     assert image_source(responses, "input[0].content[0]").base64 == data_url(data)[22:]
     source = image_source(block, "messages[0].content[0]")
     assert source.param == "messages[0].content[0].source.data"
@@ -68,25 +74,46 @@ def test_http_urls_are_sources_to_fetch():
         ({"type": "image_url"}, "p.image_url.url", "invalid_image"),
         ({"type": "image_url", "image_url": {"url": 5}}, "p.image_url.url", "invalid_image"),
         ({"type": "image_url", "image_url": {"url": "ftp://x/y.png"}}, "p.image_url.url", None),
-        ({"type": "image_url", "image_url": {"url": "data:image/png,abc"}}, "p.image_url.url",
-         "invalid_image"),
-        ({"type": "image_url", "image_url": {"url": "data:text/plain;base64,aGk="}},
-         "p.image_url.url", "invalid_image"),
-        ({"type": "image_url", "image_url": {"url": "data:image/png;base64,x", "detail": "max"}},
-         "p.image_url.detail", None),
+        (
+            {"type": "image_url", "image_url": {"url": "data:image/png,abc"}},
+            "p.image_url.url",
+            "invalid_image",
+        ),
+        (
+            {"type": "image_url", "image_url": {"url": "data:text/plain;base64,aGk="}},
+            "p.image_url.url",
+            "invalid_image",
+        ),
+        (
+            {"type": "image_url", "image_url": {"url": "data:image/png;base64,x", "detail": "max"}},
+            "p.image_url.detail",
+            None,
+        ),
         ({"type": "input_image", "file_id": "file-1"}, "p.file_id", "unsupported_image_source"),
         ({"type": "input_image"}, "p.image_url", "invalid_image"),
-        ({"type": "image", "source": {"type": "file", "file_id": "f"}}, "p.source",
-         "unsupported_image_source"),
-        ({"type": "image", "source": {"type": "base64", "media_type": "text/html", "data": "x"}},
-         "p.source.media_type", "invalid_image"),
-        ({"type": "image", "source": {"type": "base64", "media_type": "image/png"}},
-         "p.source.data", "invalid_image"),
-        ({"type": "image", "source": {"type": "url", "url": "file:///etc/passwd"}},
-         "p.source.url", "invalid_image"),
+        (
+            {"type": "image", "source": {"type": "file", "file_id": "f"}},
+            "p.source",
+            "unsupported_image_source",
+        ),
+        (
+            {"type": "image", "source": {"type": "base64", "media_type": "text/html", "data": "x"}},
+            "p.source.media_type",
+            "invalid_image",
+        ),
+        (
+            {"type": "image", "source": {"type": "base64", "media_type": "image/png"}},
+            "p.source.data",
+            "invalid_image",
+        ),
+        (
+            {"type": "image", "source": {"type": "url", "url": "file:///etc/passwd"}},
+            "p.source.url",
+            "invalid_image",
+        ),
         ({"type": "image"}, "p.source", "unsupported_image_source"),
     ],
-)  # fmt: skip
+)
 def test_malformed_parts_are_400s_naming_the_field(part, param, code):
     error = refused(image_source, part, "p")
     assert error.param == param
@@ -102,12 +129,14 @@ def test_an_image_outside_a_user_message_is_refused():
 
 def test_only_user_messages_images_are_collected_in_order():
     a, b = ({"type": "image_url", "image_url": {"url": data_url(png(seed=i))}} for i in (1, 2))
-    body = {"messages": [
-        {"role": "system", "content": [a]},
-        {"role": "user", "content": [{"type": "text", "text": "x"}, a]},
-        {"role": "user", "content": "text only"},
-        {"role": "user", "content": [b]},
-    ]}  # fmt: skip
+    body = {
+        "messages": [
+            {"role": "system", "content": [a]},
+            {"role": "user", "content": [{"type": "text", "text": "x"}, a]},
+            {"role": "user", "content": "text only"},
+            {"role": "user", "content": [b]},
+        ]
+    }
     found = list(user_image_parts(body))
     assert [param for _, param in found] == ["messages[1].content[1]", "messages[3].content[0]"]
     assert [part for part, _ in found] == [a, b]

@@ -119,8 +119,14 @@ def test_prompt_logprobs_are_refused_with_images(tokenizer):
 
 def test_an_anthropic_image_block_places_like_an_openai_part(tokenizer):
     data = png()
-    block = {"type": "image", "source": {"type": "base64", "media_type": "image/png",
-                                         "data": base64.b64encode(data).decode()}}  # fmt: skip
+    block = {
+        "type": "image",
+        "source": {
+            "type": "base64",
+            "media_type": "image/png",
+            "data": base64.b64encode(data).decode(),
+        },
+    }
     content = [{"type": "text", "text": "What is this?"}, block]
     body = {"model": VLM, "max_tokens": 3, "messages": [{"role": "user", "content": content}]}
     req = parse_messages_request(body, tokenizer, VLM, None, decoded(body))

@@ -98,18 +98,31 @@ async def test_disaggregated_prefill_sends_the_images_on_both_legs(vision_cluste
 async def test_anthropic_and_responses_images(vision_cluster):
     cluster = await vision_cluster()
     worker = await cluster.add_worker("w", model_id=VLM, vision=True)
-    block = {"type": "image", "source": {"type": "base64", "media_type": "image/png",
-                                         "data": base64.b64encode(png()).decode()}}  # fmt: skip
-    body = {"model": VLM, "max_tokens": 3,
-            "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}, block]}]}  # fmt: skip
+    block = {
+        "type": "image",
+        "source": {
+            "type": "base64",
+            "media_type": "image/png",
+            "data": base64.b64encode(png()).decode(),
+        },
+    }
+    body = {
+        "model": VLM,
+        "max_tokens": 3,
+        "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}, block]}],
+    }
     resp = await cluster.client.post("/v1/messages", json=body)
     assert resp.status == 200, await resp.text()
     part = {"type": "input_image", "image_url": data_url(png())}
     body = {"model": VLM, "max_output_tokens": 3, "input": [{"role": "user", "content": [part]}]}
     resp = await cluster.client.post("/v1/responses", json=body)
     assert resp.status == 200, await resp.text()
-    follow = {"model": VLM, "max_output_tokens": 3, "input": "and its colour?",
-              "previous_response_id": (await resp.json())["id"]}  # fmt: skip
+    follow = {
+        "model": VLM,
+        "max_output_tokens": 3,
+        "input": "and its colour?",
+        "previous_response_id": (await resp.json())["id"],
+    }
     resp = await cluster.client.post("/v1/responses", json=follow)
     assert resp.status == 200, await resp.text()
     assert [len(m.images) for m in worker.received] == [1, 1, 1]
@@ -170,8 +183,9 @@ async def test_too_many_images_and_too_many_bytes(vision_cluster):
     cluster = await vision_cluster(max_images=2, max_request_image_bytes=3 * len(png()) // 2)
     await cluster.add_worker("w", model_id=VLM, vision=True)
     body = chat_image(png(seed=1))
-    body["messages"][0]["content"] += [chat_image(png(seed=s))["messages"][0]["content"][1]
-                                       for s in (2, 3)]  # fmt: skip
+    body["messages"][0]["content"] += [
+        chat_image(png(seed=s))["messages"][0]["content"][1] for s in (2, 3)
+    ]
     error = await error_of(cluster, "/v1/chat/completions", body)
     assert error["code"] == "too_many_images" and error["param"] == "messages[0].content[3]"
     body["messages"][0]["content"].pop()
@@ -191,8 +205,10 @@ async def test_a_pixel_bomb_and_a_large_file_are_refused(vision_cluster):
 async def test_anthropic_errors_come_in_its_shape(vision_cluster):
     cluster = await vision_cluster()
     await cluster.add_worker("w", model_id=VLM, vision=True)
-    block = {"type": "image", "source": {"type": "base64", "media_type": "image/png",
-                                         "data": "%%%"}}  # fmt: skip
+    block = {
+        "type": "image",
+        "source": {"type": "base64", "media_type": "image/png", "data": "%%%"},
+    }
     body = {"model": VLM, "max_tokens": 3, "messages": [{"role": "user", "content": [block]}]}
     resp = await cluster.client.post("/v1/messages", json=body)
     reply = await resp.json()

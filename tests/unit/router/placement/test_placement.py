@@ -230,8 +230,17 @@ def test_a_model_whose_requests_queue_gets_another_worker_up_to_max_workers():
     fleet = Fleet({"h0": 8 * GIB}, {"a": GIB}, a={"max_workers": 2})
     fleet.load("a")
     [worker] = fleet.registry.healthy("a")
-    worker.on_heartbeat(Heartbeat(worker.worker_id, running=4, waiting=3, free_blocks=1,
-                                  total_blocks=9, cached_blocks=0, hit_tokens=0))  # fmt: skip
+    worker.on_heartbeat(
+        Heartbeat(
+            worker.worker_id,
+            running=4,
+            waiting=3,
+            free_blocks=1,
+            total_blocks=9,
+            cached_blocks=0,
+            hit_tokens=0,
+        )
+    )
     fleet.tick()
     assert len(fleet.where("a")) == 1  # not for a moment's queue
     fleet.now = 3

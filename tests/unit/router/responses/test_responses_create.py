@@ -27,8 +27,10 @@ async def test_plain_text_with_instructions(cluster):
 
 
 async def test_length_is_incomplete(cluster):
-    body = {"input": [{"role": "user", "content": [{"type": "input_text", "text": "count"}]}],
-            "max_output_tokens": 3}  # fmt: skip
+    body = {
+        "input": [{"role": "user", "content": [{"type": "input_text", "text": "count"}]}],
+        "max_output_tokens": 3,
+    }
     await scripted(cluster, body, "one two three four five", end_turn=False)
     resp = await cluster.openai().responses.create(model=MODEL, **body)
     assert resp.status == "incomplete"
@@ -95,8 +97,12 @@ async def test_stream_is_named_sse(cluster):
 
 async def test_function_call_required_and_named(cluster):
     for choice in ("required", {"type": "function", "name": "get_weather"}):
-        body = {"input": "weather in paris?", "tools": [WEATHER], "tool_choice": choice,
-                "max_output_tokens": 200}  # fmt: skip
+        body = {
+            "input": "weather in paris?",
+            "tools": [WEATHER],
+            "tool_choice": choice,
+            "max_output_tokens": 200,
+        }
         worker, _ = await scripted(cluster, body, CALL)
         resp = await cluster.openai().responses.create(model=MODEL, **body)
         (call,) = resp.output
@@ -107,8 +113,12 @@ async def test_function_call_required_and_named(cluster):
 
 
 async def test_parallel_tool_calls_false_keeps_the_first(cluster):
-    body = {"input": "weather?", "tools": [WEATHER], "parallel_tool_calls": False,
-            "max_output_tokens": 300}  # fmt: skip
+    body = {
+        "input": "weather?",
+        "tools": [WEATHER],
+        "parallel_tool_calls": False,
+        "max_output_tokens": 300,
+    }
     await scripted(cluster, body, CALL + "\n" + CALL.replace("Paris", "Rome"))
     resp = await cluster.openai().responses.create(model=MODEL, **body)
     assert [i.type for i in resp.output] == ["function_call"]
@@ -136,8 +146,12 @@ async def test_function_call_output_round_trip(cluster):
 
 
 async def test_json_schema_text_format_uses_the_grammar(cluster):
-    schema = {"type": "object", "properties": {"city": {"type": "string"}},
-              "required": ["city"], "additionalProperties": False}  # fmt: skip
+    schema = {
+        "type": "object",
+        "properties": {"city": {"type": "string"}},
+        "required": ["city"],
+        "additionalProperties": False,
+    }
     fmt = {"type": "json_schema", "name": "place", "schema": schema, "strict": True}
     body = {"input": "a city?", "text": {"format": fmt}, "max_output_tokens": 50}
     worker, _ = await scripted(cluster, body, '{"city": "Paris"}')

@@ -29,8 +29,12 @@ async def test_stored_responses_are_scoped_to_their_key(make_cluster):
         openai.AsyncOpenAI(base_url=url, api_key=KEY_B, max_retries=0) as b,
     ):
         resp = await a.responses.create(model=MODEL, **body)
-        for call in (b.responses.retrieve, b.responses.input_items.list, b.responses.delete,
-                     b.responses.cancel):  # fmt: skip
+        for call in (
+            b.responses.retrieve,
+            b.responses.input_items.list,
+            b.responses.delete,
+            b.responses.cancel,
+        ):
             for rid in (resp.id, "resp_nope"):  # the same 404 as an unknown id
                 with pytest.raises(openai.NotFoundError) as e:
                     await call(rid)

@@ -35,9 +35,12 @@ async def test_a_chained_turn_goes_where_the_first_went(cluster):
     previous = None
     for turn, style in enumerate(("Terse", "Verbose", "Formal", "Casual")):
         resp = await api.responses.create(
-            model=MODEL, input=f"question {turn}", instructions=f"{style} answers. " * 8,
-            max_output_tokens=3, previous_response_id=previous,
-        )  # fmt: skip
+            model=MODEL,
+            input=f"question {turn}",
+            instructions=f"{style} answers. " * 8,
+            max_output_tokens=3,
+            previous_response_id=previous,
+        )
         previous = resp.id
     served = [len(w.received) for w in workers]
     assert sorted(served) == [0, 4], served

@@ -9,16 +9,20 @@ from tests.unit.router.responses.conftest import MODEL, WEATHER, scripted
 
 
 async def test_get_input_items_delete(cluster):
-    body = {"input": [{"role": "developer", "content": "terse"},
-                      {"role": "user", "content": "hi"}], "max_output_tokens": 20}  # fmt: skip
+    body = {
+        "input": [{"role": "developer", "content": "terse"}, {"role": "user", "content": "hi"}],
+        "max_output_tokens": 20,
+    }
     await scripted(cluster, body, "Hello.")
     api = cluster.openai()
     resp = await api.responses.create(model=MODEL, metadata={"k": "v"}, **body)
     got = await api.responses.retrieve(resp.id)
     assert got.id == resp.id and got.output_text == "Hello." and got.metadata == {"k": "v"}
     items = await api.responses.input_items.list(resp.id, order="asc")
-    assert [(i.role, i.content[0].text) for i in items.data] == [("developer", "terse"),
-                                                                  ("user", "hi")]  # fmt: skip
+    assert [(i.role, i.content[0].text) for i in items.data] == [
+        ("developer", "terse"),
+        ("user", "hi"),
+    ]
     assert all(i.id.startswith("msg_") for i in items.data)
     newest = await api.responses.input_items.list(resp.id, limit=1)  # default order: desc
     assert [i.content[0].text for i in newest.data] == ["hi"] and newest.has_more
@@ -30,8 +34,12 @@ async def test_get_input_items_delete(cluster):
 
 async def test_unknown_ids_are_404_and_cancel_is_400(cluster):
     api = cluster.openai()
-    for call in (api.responses.retrieve, api.responses.delete, api.responses.input_items.list,
-                 api.responses.cancel):  # fmt: skip
+    for call in (
+        api.responses.retrieve,
+        api.responses.delete,
+        api.responses.input_items.list,
+        api.responses.cancel,
+    ):
         with pytest.raises(openai.NotFoundError):
             await call("resp_nope")
     body = {"input": "hi", "max_output_tokens": 20}
@@ -105,12 +113,22 @@ async def test_refused_fields_are_a_400_naming_them(cluster, extra, param):
 async def test_accepted_no_ops_answer(cluster):
     body = {"input": "hi", "max_output_tokens": 20}
     await scripted(cluster, body, "ok")
-    extra = {"user": "u1", "safety_identifier": "s", "prompt_cache_key": "k",
-             "service_tier": "auto", "include": [], "background": False,
-             "reasoning": {"effort": None}, "truncation": "disabled"}  # fmt: skip
+    extra = {
+        "user": "u1",
+        "safety_identifier": "s",
+        "prompt_cache_key": "k",
+        "service_tier": "auto",
+        "include": [],
+        "background": False,
+        "reasoning": {"effort": None},
+        "truncation": "disabled",
+    }
     # what Codex CLI sends on every turn
-    extra |= {"client_metadata": {"turn_id": "t1"}, "reasoning": {"summary": "auto"},
-              "include": ["reasoning.encrypted_content"]}  # fmt: skip
+    extra |= {
+        "client_metadata": {"turn_id": "t1"},
+        "reasoning": {"summary": "auto"},
+        "include": ["reasoning.encrypted_content"],
+    }
     resp = await cluster.client.post("/v1/responses", json={"model": MODEL, **body, **extra})
     assert resp.status == 200, await resp.text()
 
@@ -118,8 +136,7 @@ async def test_accepted_no_ops_answer(cluster):
 async def test_truncation_auto_drops_the_oldest_items(make_cluster):
     cluster = await make_cluster(context_length=120)
     old = [{"role": "user", "content": "word " * 40}, {"role": "assistant", "content": "ok"}]
-    body = {"input": [*old, {"role": "user", "content": "last question"}],
-            "max_output_tokens": 20}  # fmt: skip
+    body = {"input": [*old, {"role": "user", "content": "last question"}], "max_output_tokens": 20}
     resp = await cluster.client.post("/v1/responses", json={"model": MODEL, **body})
     assert resp.status == 400  # disabled (the default): too long
     body["truncation"] = "auto"

@@ -22,14 +22,23 @@ LAYOUTS = {"q8": ("q8g64", 720), "f32": ("float32", 2560)}
 def cluster():
     registry, index, sent = WorkerRegistry(), PrefixIndex(ttl_s=0.0), []
     for name, (layout, per_token) in LAYOUTS.items():
-        report = AttentionReport("mlx", "auto", "not run", kv_layout=layout,
-                                 kv_bytes_per_token=per_token)  # fmt: skip
-        registry.add(WorkerState(Register(name, "m", BLOCK, 1000, "h", 1, attention=report),
-                                 name.encode(), 0.0))  # fmt: skip
+        report = AttentionReport(
+            "mlx", "auto", "not run", kv_layout=layout, kv_bytes_per_token=per_token
+        )
+        registry.add(
+            WorkerState(
+                Register(name, "m", BLOCK, 1000, "h", 1, attention=report), name.encode(), 0.0
+            )
+        )
     dispatcher = Dispatcher(
-        registry, index, make_policy("cache_aware"), lambda ident, msg: sent.append(msg),
-        Metrics().model("model"), max_pending=100, max_resubmits=1,
-    )  # fmt: skip
+        registry,
+        index,
+        make_policy("cache_aware"),
+        lambda ident, msg: sent.append(msg),
+        Metrics().model("model"),
+        max_pending=100,
+        max_resubmits=1,
+    )
     return registry, index, dispatcher
 
 

@@ -252,8 +252,10 @@ def test_launch_cluster_starts_workers_per_model(tmp_path):
     from shared.config.fleet import ModelSection, load_with_flags
 
     a, b = build_tiny_model(tmp_path / "A"), build_tiny_model(tmp_path / "B")
-    path = config_file(tmp_path, TWO_MODELS.replace("/m/SmolLM2-135M-Instruct", str(a))
-                       .replace("/m/Qwen3-0.6B", str(b)))  # fmt: skip
+    path = config_file(
+        tmp_path,
+        TWO_MODELS.replace("/m/SmolLM2-135M-Instruct", str(a)).replace("/m/Qwen3-0.6B", str(b)),
+    )
     args, fleet = load_with_flags(build_parser(), ["--config", str(path)], {"cluster": {}})
     models = served_models(args, fleet)
     assert [(m.name, m.workers) for m in models] == [("smol", 3), ("B", 2)]

@@ -107,9 +107,14 @@ def _serve_tenants(policy_name: str, tenants: int, capacity: int, requests: int)
     for name in ("w0", "w1"):
         registry.add(WorkerState(Register(name, "m", 4, 1000, "h", 1), name.encode(), 0.0))
     dispatcher = Dispatcher(
-        registry, index, make_policy(policy_name), lambda ident, msg: sent.append((ident, msg)),
-        Metrics().model("model"), max_pending=100, max_resubmits=1,
-    )  # fmt: skip
+        registry,
+        index,
+        make_policy(policy_name),
+        lambda ident, msg: sent.append((ident, msg)),
+        Metrics().model("model"),
+        max_pending=100,
+        max_resubmits=1,
+    )
     caches = {"w0": OrderedDict(), "w1": OrderedDict()}
     prompts = [[1000 * t + i for i in range(40)] for t in range(tenants)]
     rng, hits = random.Random(0), 0

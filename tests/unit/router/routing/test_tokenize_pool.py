@@ -29,9 +29,10 @@ async def test_off_loop_tokenization_gives_the_same_prompt_and_errors(make_clust
     threads = []
     encode = tokenizer.encode_text
     monkeypatch.setattr(
-        tokenizer, "encode_text", lambda text: threads.append(threading.current_thread().name)
-        or encode(text)
-    )  # fmt: skip
+        tokenizer,
+        "encode_text",
+        lambda text: threads.append(threading.current_thread().name) or encode(text),
+    )
     expected = await prompt_tokens(on_loop, "/v1/chat/completions", CHAT)
     assert await prompt_tokens(pooled, "/v1/chat/completions", CHAT) == expected
     anthropic_body = {**CHAT, "model": "tiny"}

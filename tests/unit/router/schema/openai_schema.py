@@ -65,8 +65,9 @@ COMPLETION_USAGE = obj(  # CompletionUsage
     prompt_tokens_details=obj(cached_tokens=INTEGER, cache_write_tokens=INTEGER),
     completion_tokens_details=obj(reasoning_tokens=INTEGER),
 )
-_TOP_LOGPROB = obj(("token", "logprob", "bytes"), token=STRING, logprob=NUMBER,
-                   bytes=nullable(array(INTEGER)))  # fmt: skip
+_TOP_LOGPROB = obj(
+    ("token", "logprob", "bytes"), token=STRING, logprob=NUMBER, bytes=nullable(array(INTEGER))
+)
 TOKEN_LOGPROB = obj(  # ChatCompletionTokenLogprob
     ("token", "logprob", "bytes", "top_logprobs"),
     token=STRING,
@@ -79,7 +80,7 @@ CHAT_LOGPROBS = nullable(
         ("content", "refusal"),
         content=nullable(array(TOKEN_LOGPROB)),
         refusal=nullable(array(TOKEN_LOGPROB)),
-    )  # fmt: skip
+    )
 )
 TOOL_CALL = obj(  # ChatCompletionMessageToolCall
     ("id", "type", "function"),
@@ -117,7 +118,7 @@ CHAT_COMPLETION = obj(  # CreateChatCompletionResponse
             index=INTEGER,
             message=CHAT_MESSAGE,
             logprobs=CHAT_LOGPROBS,
-        )  # fmt: skip
+        )
     ),
 )
 TOOL_CALL_CHUNK = obj(  # ChatCompletionMessageToolCallChunk
@@ -145,7 +146,7 @@ CHAT_CHUNK = obj(  # CreateChatCompletionStreamResponse
             finish_reason=nullable(CHAT_FINISH),
             index=INTEGER,
             logprobs=CHAT_LOGPROBS,
-        )  # fmt: skip
+        )
     ),
 )
 LEGACY_LOGPROBS = nullable(
@@ -172,7 +173,7 @@ def _completion(finish_reason: dict) -> dict:
                 index=INTEGER,
                 logprobs=LEGACY_LOGPROBS,
                 text=STRING,
-            )  # fmt: skip
+            )
         ),
     )
 
@@ -189,7 +190,7 @@ ERROR_BODY = obj(  # ErrorResponse
         message=STRING,
         param=nullable(STRING),
         code=nullable(STRING),
-    ),  # fmt: skip
+    ),
 )
 
 # ------------------------------------------------------------ responses
@@ -203,8 +204,11 @@ OUTPUT_TEXT = obj(  # OutputTextContent
     logprobs=array({"type": "object"}),
 )
 REASONING_TEXT = obj(("type", "text"), type=enum("reasoning_text"), text=STRING)
-OUTPUT_CONTENT = tagged(output_text=OUTPUT_TEXT, reasoning_text=REASONING_TEXT,  # OutputContent
-                        refusal=obj(("type", "refusal"), refusal=STRING, type=STRING))  # fmt: skip
+OUTPUT_CONTENT = tagged(
+    output_text=OUTPUT_TEXT,
+    reasoning_text=REASONING_TEXT,  # OutputContent
+    refusal=obj(("type", "refusal"), refusal=STRING, type=STRING),
+)
 OUTPUT_MESSAGE = obj(  # OutputMessage
     ("id", "type", "role", "content", "status"),
     id=STRING,
@@ -231,8 +235,7 @@ REASONING_ITEM = obj(  # ReasoningItem
     encrypted_content=nullable(STRING),
     status=ITEM_STATUS,
 )
-OUTPUT_ITEM = tagged(message=OUTPUT_MESSAGE, function_call=FUNCTION_CALL,
-                     reasoning=REASONING_ITEM)  # fmt: skip
+OUTPUT_ITEM = tagged(message=OUTPUT_MESSAGE, function_call=FUNCTION_CALL, reasoning=REASONING_ITEM)
 RESPONSE_USAGE = obj(  # ResponseUsage
     (
         "input_tokens",
@@ -240,11 +243,11 @@ RESPONSE_USAGE = obj(  # ResponseUsage
         "output_tokens",
         "output_tokens_details",
         "total_tokens",
-    ),  # fmt: skip
+    ),
     input_tokens=INTEGER,
     input_tokens_details=obj(
         ("cached_tokens", "cache_write_tokens"), cached_tokens=INTEGER, cache_write_tokens=INTEGER
-    ),  # fmt: skip
+    ),
     output_tokens=INTEGER,
     output_tokens_details=obj(("reasoning_tokens",), reasoning_tokens=INTEGER),
     total_tokens=INTEGER,
@@ -274,7 +277,7 @@ RESPONSE = obj(  # Response (ModelResponseProperties + ResponseProperties + its 
         "tool_choice",
         "temperature",
         "top_p",
-    ),  # fmt: skip
+    ),
     id=STRING,
     object=enum("response"),
     created_at=NUMBER,
@@ -300,10 +303,10 @@ RESPONSE = obj(  # Response (ModelResponseProperties + ResponseProperties + its 
     truncation=nullable(enum("auto", "disabled")),
     service_tier=nullable(
         enum("auto", "default", "flex", "scale", "priority", "fast", "ultrafast")
-    ),  # fmt: skip
+    ),
     reasoning=nullable(
         obj(effort=nullable(STRING), summary=nullable(enum("auto", "concise", "detailed")))
-    ),  # fmt: skip
+    ),
     text=obj(format=obj(("type",), type=enum("text", "json_schema", "json_object"))),
 )
 _AT_ITEM = {"item_id": STRING, "output_index": INTEGER}
@@ -312,8 +315,9 @@ _AT_PART = {**_AT_ITEM, "content_index": INTEGER}
 
 def _event(*required: str, **properties: dict) -> dict:
     """An event's schema; its `type` is set below, from its name in STREAM_EVENTS."""
-    return obj((*required, "type", "sequence_number"), type=STRING, sequence_number=INTEGER,
-               **properties)  # fmt: skip
+    return obj(
+        (*required, "type", "sequence_number"), type=STRING, sequence_number=INTEGER, **properties
+    )
 
 
 _WITH_RESPONSE = _event("response", response=RESPONSE)
@@ -325,29 +329,27 @@ STREAM_EVENTS = {  # ResponseStreamEvent, the variants we send
     "response.failed": _WITH_RESPONSE,
     "response.output_item.added": _event(
         "output_index", "item", output_index=INTEGER, item=OUTPUT_ITEM
-    ),  # fmt: skip
+    ),
     "response.output_item.done": _event(
         "output_index", "item", output_index=INTEGER, item=OUTPUT_ITEM
-    ),  # fmt: skip
+    ),
     "response.content_part.added": _event(*_AT_PART, "part", **_AT_PART, part=OUTPUT_CONTENT),
     "response.content_part.done": _event(*_AT_PART, "part", **_AT_PART, part=OUTPUT_CONTENT),
     "response.output_text.delta": _event(
         *_AT_PART, "delta", "logprobs", **_AT_PART, delta=STRING, logprobs=array({"type": "object"})
-    ),  # fmt: skip
+    ),
     "response.output_text.done": _event(
         *_AT_PART, "text", "logprobs", **_AT_PART, text=STRING, logprobs=array({"type": "object"})
-    ),  # fmt: skip
+    ),
     "response.reasoning_text.delta": _event(*_AT_PART, "delta", **_AT_PART, delta=STRING),
     "response.reasoning_text.done": _event(*_AT_PART, "text", **_AT_PART, text=STRING),
-    "response.function_call_arguments.delta": _event(
-        *_AT_ITEM, "delta", **_AT_ITEM, delta=STRING
-    ),  # fmt: skip
+    "response.function_call_arguments.delta": _event(*_AT_ITEM, "delta", **_AT_ITEM, delta=STRING),
     "response.function_call_arguments.done": _event(
         *_AT_ITEM, "name", "arguments", **_AT_ITEM, name=STRING, arguments=STRING
-    ),  # fmt: skip
+    ),
     "error": _event(
         "code", "message", "param", code=nullable(STRING), message=STRING, param=nullable(STRING)
-    ),  # fmt: skip
+    ),
 }
 
 

@@ -88,7 +88,7 @@ NESTED = [  # (path, body with nested nulls, the same body with them left out)
             "tools": [{"type": "function", "function": FUNCTION}],
             "tool_choice": None,
             "stream_options": None,
-        },  # fmt: skip
+        },
         {"messages": ASK, "tools": [{"type": "function", "function": {"name": "f"}}]},
     ),
     (
@@ -105,7 +105,7 @@ NESTED = [  # (path, body with nested nulls, the same body with them left out)
                 },
                 *ASK,
             ]
-        },  # fmt: skip
+        },
         {"messages": [*ASK, {"role": "assistant", "content": "yo"}, *ASK]},
     ),
     (
@@ -120,13 +120,13 @@ NESTED = [  # (path, body with nested nulls, the same body with them left out)
                     "schema": {"type": "object"},
                 },
             }
-        },  # fmt: skip
+        },
         {
             "response_format": {
                 "type": "json_schema",
                 "json_schema": {"name": "x", "schema": {"type": "object"}},
             }
-        },  # fmt: skip
+        },
     ),
     (
         "/v1/responses",
@@ -134,7 +134,7 @@ NESTED = [  # (path, body with nested nulls, the same body with them left out)
             "text": {"format": None, "verbosity": None},
             "reasoning": {"effort": None, "summary": None},
             "tools": [{"type": "function", **FUNCTION}],
-        },  # fmt: skip
+        },
         {"tools": [{"type": "function", "name": "f"}]},
     ),
     (
@@ -147,7 +147,7 @@ NESTED = [  # (path, body with nested nulls, the same body with them left out)
             "messages": [
                 {"role": "user", "content": [{"type": "text", "text": "hi", "cache_control": None}]}
             ],
-        },  # fmt: skip
+        },
         {"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]},
     ),
 ]
@@ -166,7 +166,7 @@ async def test_nested_nulls_are_left_out_too(cluster, path, nulls, absent):
         ("/v1/chat/completions", "messages"),
         ("/v1/completions", "prompt"),
         ("/v1/messages", "max_tokens"),
-    ],  # fmt: skip
+    ],
 )
 async def test_a_required_field_as_null_is_missing(cluster, path, field):
     body, _ = ENDPOINTS[path]

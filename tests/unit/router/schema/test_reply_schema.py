@@ -65,14 +65,31 @@ async def script_chat(cluster, body: dict, reply: str, end_turn: bool = True) ->
 def test_the_schemas_reject_the_defects_fuzzing_found():
     message = {"role": "assistant", "content": "hi"}  # no `refusal`
     assert any("refusal" in v for v in oas.violations(message, oas.CHAT_MESSAGE))
-    body = {"id": "x", "object": "chat.completion", "created": 1, "model": "m", "choices": [],
-            "system_fingerprint": None}  # fmt: skip
+    body = {
+        "id": "x",
+        "object": "chat.completion",
+        "created": 1,
+        "model": "m",
+        "choices": [],
+        "system_fingerprint": None,
+    }
     assert oas.violations(body, oas.CHAT_COMPLETION) != []
-    usage = {"input_tokens": 1, "input_tokens_details": {"cached_tokens": 0}, "output_tokens": 1,
-             "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": 2}  # fmt: skip
+    usage = {
+        "input_tokens": 1,
+        "input_tokens_details": {"cached_tokens": 0},
+        "output_tokens": 1,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": 2,
+    }
     assert any("cache_write_tokens" in v for v in oas.violations(usage, oas.RESPONSE_USAGE))
-    event = {"type": "response.output_text.delta", "sequence_number": 0, "item_id": "i",
-             "output_index": 0, "content_index": 0, "delta": "x"}  # fmt: skip
+    event = {
+        "type": "response.output_text.delta",
+        "sequence_number": 0,
+        "item_id": "i",
+        "output_index": 0,
+        "content_index": 0,
+        "delta": "x",
+    }
     assert any("logprobs" in v for v in oas.event_violations(event))
     assert oas.event_violations({"type": "response.unheard_of"}) != []
 
@@ -95,8 +112,14 @@ async def test_chat_whole_reply(cluster, reply, finish):
 
 async def test_chat_whole_reply_with_logprobs_and_two_choices(cluster):
     await cluster.add_worker("w1")
-    body = {"model": MODEL, "messages": ASK, "max_tokens": 3, "n": 2, "logprobs": True,
-            "top_logprobs": 2}  # fmt: skip
+    body = {
+        "model": MODEL,
+        "messages": ASK,
+        "max_tokens": 3,
+        "n": 2,
+        "logprobs": True,
+        "top_logprobs": 2,
+    }
     out = await post(cluster, "/v1/chat/completions", body)
     conforms(out, oas.CHAT_COMPLETION)
     assert [c["index"] for c in out["choices"]] == [0, 1]
@@ -107,9 +130,18 @@ async def test_chat_whole_reply_with_logprobs_and_two_choices(cluster):
 async def test_chat_stream_chunks(cluster, reply):
     body = {"messages": ASK, "tools": [WEATHER]}
     n = await script_chat(cluster, body, reply)
-    chunks = await post(cluster, "/v1/chat/completions", {"model": MODEL, **body,
-                        "max_tokens": n, "stream": True, "stream_options": {"include_usage": True},
-                        "logprobs": True})  # fmt: skip
+    chunks = await post(
+        cluster,
+        "/v1/chat/completions",
+        {
+            "model": MODEL,
+            **body,
+            "max_tokens": n,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "logprobs": True,
+        },
+    )
     for chunk in chunks:
         conforms(chunk, oas.CHAT_CHUNK)
     assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
@@ -121,8 +153,11 @@ async def test_chat_stream_chunks(cluster, reply):
 
 async def test_chat_stream_error_is_an_error_body(cluster):
     await cluster.add_worker("w1", error="worker fell over", error_after_tokens=1)
-    events = await post(cluster, "/v1/chat/completions",
-                        {"model": MODEL, "messages": ASK, "max_tokens": 5, "stream": True})  # fmt: skip
+    events = await post(
+        cluster,
+        "/v1/chat/completions",
+        {"model": MODEL, "messages": ASK, "max_tokens": 5, "stream": True},
+    )
     for chunk in events[:-1]:
         conforms(chunk, oas.CHAT_CHUNK)
     conforms(events[-1], oas.ERROR_BODY)
@@ -144,8 +179,17 @@ async def test_completion_stream_chunks(cluster):
     body = {"model": MODEL, "prompt": "once upon"}
     ids = parse_completion(body, cluster.tokenizer, MODEL).prompt_ids
     _, n = await scripted_worker(cluster, cluster.tokenizer, ids, " a time", end_turn=False)
-    chunks = await post(cluster, "/v1/completions", body | {"max_tokens": n, "stream": True,
-                        "stream_options": {"include_usage": True}, "logprobs": 1})  # fmt: skip
+    chunks = await post(
+        cluster,
+        "/v1/completions",
+        body
+        | {
+            "max_tokens": n,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "logprobs": 1,
+        },
+    )
     for chunk in chunks:
         conforms(chunk, oas.COMPLETION_CHUNK)
     assert "".join(c["choices"][0]["text"] for c in chunks[:-1]) == " a time"
@@ -156,8 +200,11 @@ async def test_completion_stream_chunks(cluster):
 
 # ------------------------------------------------------------ responses
 
-RESPONSES_TOOL = {"type": "function", "name": "get_weather",
-                  "parameters": WEATHER["function"]["parameters"]}  # fmt: skip
+RESPONSES_TOOL = {
+    "type": "function",
+    "name": "get_weather",
+    "parameters": WEATHER["function"]["parameters"],
+}
 
 
 async def script_responses(cluster, body: dict, reply: str, end_turn: bool = True) -> int:
@@ -173,7 +220,7 @@ async def script_responses(cluster, body: dict, reply: str, end_turn: bool = Tru
         ("Sunny.", True, "completed"),
         (THINK_AND_CALL, True, "completed"),
         ("one two three four", False, "incomplete"),
-    ],  # fmt: skip
+    ],
 )
 async def test_responses_whole_reply(cluster, reply, end_turn, status):
     body = {"input": "weather?", "tools": [RESPONSES_TOOL], "instructions": "Be brief."}
@@ -191,8 +238,11 @@ async def test_responses_whole_reply(cluster, reply, end_turn, status):
 
 async def test_responses_user_is_echoed_as_a_string(cluster):
     n = await script_responses(cluster, {"input": "hi"}, "hello")
-    out = await post(cluster, "/v1/responses", {"model": MODEL, "input": "hi", "user": "u-1",
-                                                "max_output_tokens": n})  # fmt: skip
+    out = await post(
+        cluster,
+        "/v1/responses",
+        {"model": MODEL, "input": "hi", "user": "u-1", "max_output_tokens": n},
+    )
     conforms(out, oas.RESPONSE)
     assert out["user"] == "u-1"
 
@@ -200,21 +250,30 @@ async def test_responses_user_is_echoed_as_a_string(cluster):
 async def test_responses_stream_events(cluster):
     body = {"input": "weather?", "tools": [RESPONSES_TOOL]}
     n = await script_responses(cluster, body, THINK_AND_CALL)
-    events = await post(cluster, "/v1/responses",
-                        {"model": MODEL, **body, "max_output_tokens": n, "stream": True})  # fmt: skip
+    events = await post(
+        cluster, "/v1/responses", {"model": MODEL, **body, "max_output_tokens": n, "stream": True}
+    )
     for event in events:
         assert oas.event_violations(event) == [], json.dumps(event)[:2000]
     types = {e["type"] for e in events}
-    assert {"response.created", "response.in_progress", "response.reasoning_text.delta",
-            "response.output_text.delta", "response.function_call_arguments.done",
-            "response.completed"} <= types  # fmt: skip
+    assert {
+        "response.created",
+        "response.in_progress",
+        "response.reasoning_text.delta",
+        "response.output_text.delta",
+        "response.function_call_arguments.done",
+        "response.completed",
+    } <= types
     assert "usage" not in events[0]["response"] and "usage" in events[-1]["response"]
 
 
 async def test_responses_stream_failure(cluster):
     await cluster.add_worker("w1", error="worker fell over", error_after_tokens=1)
-    events = await post(cluster, "/v1/responses",
-                        {"model": MODEL, "input": "hi", "max_output_tokens": 5, "stream": True})  # fmt: skip
+    events = await post(
+        cluster,
+        "/v1/responses",
+        {"model": MODEL, "input": "hi", "max_output_tokens": 5, "stream": True},
+    )
     for event in events:
         assert oas.event_violations(event) == [], json.dumps(event)[:2000]
     assert [e["type"] for e in events[-2:]] == ["error", "response.failed"]

@@ -44,8 +44,12 @@ async def test_the_count_bound_drops_the_oldest(make_store, clock):
         await store.put(entry(i))
     assert await store.count() == 3
     assert [await store.get(f"resp_{i}", None) is not None for i in range(5)] == [
-        False, False, True, True, True,
-    ]  # fmt: skip
+        False,
+        False,
+        True,
+        True,
+        True,
+    ]
     await store.put(entry(2, text="again"))  # storing an id again replaces it, newest now
     await store.put(entry(9))
     assert await store.get("resp_3", None) is None

@@ -154,13 +154,23 @@ def test_prewarm_shapes_cover_every_pipeline_a_worker_meets():
 
     def name(batch, blocks, block_size=16):
         inputs = random_decode_batch(
-            batch=batch, context=blocks * block_size, block_size=block_size, dtype=mx.float16,
-            num_heads=4, num_kv_heads=2, head_dim=64,
-        )  # fmt: skip
+            batch=batch,
+            context=blocks * block_size,
+            block_size=block_size,
+            dtype=mx.float16,
+            num_heads=4,
+            num_kv_heads=2,
+            head_dim=64,
+        )
         launch = make_launch(
-            inputs.queries, inputs.k_pool, inputs.v_pool, inputs.block_tables,
-            mx.array(inputs.lengths), scale=0.1, block_size=block_size,
-        )  # fmt: skip
+            inputs.queries,
+            inputs.k_pool,
+            inputs.v_pool,
+            inputs.block_tables,
+            mx.array(inputs.lengths),
+            scale=0.1,
+            block_size=block_size,
+        )
         return kernel_name(KERNEL_NAME, launch.inputs, launch.output_dtypes, launch.template)
 
     warmed = {name(b, n) for b, n in selftest.PREWARM_SHAPES}

@@ -10,11 +10,13 @@ from worker.attention.exp2 import exp2_shifted, swiglu
 
 
 def test_the_compiled_exp2_matches_power_to_two_ulp():
-    scores = mx.concatenate([
-        mx.linspace(-130.0, 0.0, 100_003),  # every fraction and exponent the weights see
-        mx.random.normal((4, 1000), key=mx.random.key(5)).reshape(-1) * 9,
-        mx.array([-mx.inf, 0.0, -0.5, 0.5, -1e-7]),
-    ]).reshape(1, -1)  # fmt: skip
+    scores = mx.concatenate(
+        [
+            mx.linspace(-130.0, 0.0, 100_003),  # every fraction and exponent the weights see
+            mx.random.normal((4, 1000), key=mx.random.key(5)).reshape(-1) * 9,
+            mx.array([-mx.inf, 0.0, -0.5, 0.5, -1e-7]),
+        ]
+    ).reshape(1, -1)
     top = scores.max(axis=-1, keepdims=True)
     got, want = exp2_shifted(scores, top), mx.power(2.0, scores - top)
     normal = want >= 2.0**-125
@@ -40,11 +42,13 @@ def test_the_compiled_exp2_keeps_a_bounded_number_of_traces(monkeypatch):
 
 
 def test_swiglu_matches_silu_to_float_rounding():
-    gate = mx.concatenate([
-        mx.linspace(-200.0, 200.0, 100_001),  # past both ends of the clamp
-        mx.random.normal((20_000,), key=mx.random.key(3)) * 6,
-        mx.array([0.0, -0.0, 1e-30, -1e-30, 88.7, -88.7]),
-    ]).reshape(1, -1)  # fmt: skip
+    gate = mx.concatenate(
+        [
+            mx.linspace(-200.0, 200.0, 100_001),  # past both ends of the clamp
+            mx.random.normal((20_000,), key=mx.random.key(3)) * 6,
+            mx.array([0.0, -0.0, 1e-30, -1e-30, 88.7, -88.7]),
+        ]
+    ).reshape(1, -1)
     x = mx.random.normal(gate.shape, key=mx.random.key(4))
     want = gate * mx.sigmoid(gate) * x
     got = swiglu(gate, x)

@@ -169,8 +169,13 @@ def test_signature_matches_mlx_rules():
 def _mlx_generates_sources() -> bool:
     from tests.support.metal_emulator.mlx_source import source_from_mlx
 
-    call = dict(inputs=[mx.zeros((4,))], grid=(4, 1, 1), threadgroup=(4, 1, 1),
-                output_shapes=[(4,)], output_dtypes=[mx.float32])  # fmt: skip
+    call = dict(
+        inputs=[mx.zeros((4,))],
+        grid=(4, 1, 1),
+        threadgroup=(4, 1, 1),
+        output_shapes=[(4,)],
+        output_dtypes=[mx.float32],
+    )
     return source_from_mlx("probe", ["a"], ["b"], "b[0] = a[0];", "", call) is not None
 
 
@@ -193,9 +198,16 @@ def test_emulator_compiles_exactly_what_mlx_generates():
     queries, pool = mx.ones((3, 6, 1, 64)), mx.ones((32, 2, 64))
     tables, lengths = mx.zeros((3, 4), dtype=mx.int32), mx.array([3, 8, 1], dtype=mx.int32)
     paged_attention_metal(
-        queries, pool, pool, tables, lengths, scale=0.125, block_size=8, max_context=8,
+        queries,
+        pool,
+        pool,
+        tables,
+        lengths,
+        scale=0.125,
+        block_size=8,
+        max_context=8,
         kernel_factory=recording_factory,
-    )  # fmt: skip
+    )
     (kernel,) = kernels
     assert kernel.checked_against_mlx
     assert ks.KERNEL_BODY in kernel.last_source
@@ -209,5 +221,10 @@ def test_a_signature_that_drifts_from_mlx_is_refused(monkeypatch):
     monkeypatch.setattr(signature, "MAX_CONSTANT_ARRAY_SIZE", 2)  # MLX says 8
     kernel = EmulatedKernel("drift", ["a"], ["b"], "b[0] = a[0];")
     with pytest.raises(SignatureMismatch, match="const constant float"):
-        kernel(inputs=[mx.zeros((4,))], grid=(1, 1, 1), threadgroup=(1, 1, 1),
-               output_shapes=[(1,)], output_dtypes=[mx.float32])  # fmt: skip
+        kernel(
+            inputs=[mx.zeros((4,))],
+            grid=(1, 1, 1),
+            threadgroup=(1, 1, 1),
+            output_shapes=[(1,)],
+            output_dtypes=[mx.float32],
+        )

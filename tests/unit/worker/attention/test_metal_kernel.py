@@ -29,8 +29,9 @@ TOLERANCE = {mx.float32: 1e-5, mx.float16: 2e-3, mx.bfloat16: 1.6e-2}
 DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
 
 
-def make_batch(rng, *, lengths, block_size, num_kv_heads, group, head_dim, num_queries, dtype,
-               extra_columns):  # fmt: skip
+def make_batch(
+    rng, *, lengths, block_size, num_kv_heads, group, head_dim, num_queries, dtype, extra_columns
+):
     """Random pools, queries and shuffled block tables (padded with random valid ids)."""
     blocks_needed = [-(-n // block_size) for n in lengths]
     num_blocks = sum(blocks_needed) + 3  # spare blocks nobody owns: never read
@@ -102,9 +103,16 @@ def test_long_partial_context_every_dtype(dtype):
     dtype = DTYPES[dtype]
     rng = np.random.default_rng(7)
     batch = make_batch(
-        rng, lengths=[64 * 16 - 5, 17, 1], block_size=16, num_kv_heads=2, group=4,
-        head_dim=128, num_queries=1, dtype=dtype, extra_columns=2,
-    )  # fmt: skip
+        rng,
+        lengths=[64 * 16 - 5, 17, 1],
+        block_size=16,
+        num_kv_heads=2,
+        group=4,
+        head_dim=128,
+        num_queries=1,
+        dtype=dtype,
+        extra_columns=2,
+    )
     assert kernel_error(batch, block_size=16) <= TOLERANCE[dtype]
 
 
@@ -120,9 +128,16 @@ def test_a_wrong_kernel_is_caught():
 
     rng = np.random.default_rng(3)
     queries, k_pool, v_pool, tables, lengths = make_batch(
-        rng, lengths=[40], block_size=8, num_kv_heads=1, group=1, head_dim=64,
-        num_queries=1, dtype=mx.float32, extra_columns=0,
-    )  # fmt: skip
+        rng,
+        lengths=[40],
+        block_size=8,
+        num_kv_heads=1,
+        group=1,
+        head_dim=64,
+        num_queries=1,
+        dtype=mx.float32,
+        extra_columns=0,
+    )
     common = dict(scale=0.125, block_size=8, max_context=40)
     got = paged_attention_metal(
         queries, k_pool, v_pool, tables, lengths, kernel_factory=broken_factory, **common
@@ -137,9 +152,16 @@ def test_unsupported_shapes_say_why():
     tables, lengths = mx.zeros((1, 2), dtype=mx.int32), mx.array([3], dtype=mx.int32)
     with pytest.raises(NotImplementedError, match="head_dim 96"):
         paged_attention_metal(
-            queries, pool, pool, tables, lengths, scale=1.0, block_size=8, max_context=3,
+            queries,
+            pool,
+            pool,
+            tables,
+            lengths,
+            scale=1.0,
+            block_size=8,
+            max_context=3,
             kernel_factory=EmulatedKernel,
-        )  # fmt: skip
+        )
 
 
 def test_every_supported_shape_fits_apple_limits():

@@ -31,8 +31,9 @@ pytestmark = pytest.mark.timeout(300, method="thread")
 def quantize(pool: mx.array, bits: int, group_size: int) -> QuantizedKV:
     """The pool written through the worker's own quantized write."""
     slots, heads, head_dim = pool.shape
-    out = QuantizedKV.zeros(slots, heads, head_dim, bits=bits, group_size=group_size,
-                            dtype=pool.dtype)  # fmt: skip
+    out = QuantizedKV.zeros(
+        slots, heads, head_dim, bits=bits, group_size=group_size, dtype=pool.dtype
+    )
     out[mx.arange(slots)] = pool
     return out
 
@@ -53,8 +54,9 @@ def run_case(rng, *, bits, group_size, dtype, block_size, **shape):
     )
     assert got.shape == queries.shape and got.dtype == queries.dtype
     q32 = queries.astype(mx.float32)
-    exact = gather_attention(q32, dequantized_f32(k_q), dequantized_f32(v_q), tables, lengths,
-                             **common)  # fmt: skip
+    exact = gather_attention(
+        q32, dequantized_f32(k_q), dequantized_f32(v_q), tables, lengths, **common
+    )
     error = mx.abs(got.astype(mx.float32) - exact).max().item()
     assert error <= TOLERANCE[dtype], (bits, group_size, dtype, error)
     return got, (queries, k_q, v_q, tables, lengths, common)
@@ -67,10 +69,18 @@ def test_every_layout_matches_the_mlx_ops_quantized_path(bits, group_size):
     prefill rows (Lq 2): the kernel against the worker's MLX-ops backend on the same pools."""
     rng = np.random.default_rng(bits * 1000 + group_size)
     got, (queries, k_q, v_q, tables, lengths, common) = run_case(
-        rng, bits=bits, group_size=group_size, dtype=mx.float32, block_size=16,
-        lengths=[16 * 9 - 5, 17, 2], num_kv_heads=2, group=4, head_dim=128, num_queries=2,
+        rng,
+        bits=bits,
+        group_size=group_size,
+        dtype=mx.float32,
+        block_size=16,
+        lengths=[16 * 9 - 5, 17, 2],
+        num_kv_heads=2,
+        group=4,
+        head_dim=128,
+        num_queries=2,
         extra_columns=1,
-    )  # fmt: skip
+    )
     for reference in (gather_attention, tiled_attention):
         want = reference(queries, k_q, v_q, tables, lengths, **common)
         assert mx.abs(got - want).max().item() <= 1e-4, reference.__name__
@@ -82,10 +92,18 @@ def test_half_dtypes_every_block_size(bits, dtype):
     for block_size, head_dim in ((8, 64), (16, 128), (32, 64)):
         rng = np.random.default_rng(block_size + bits)
         run_case(
-            rng, bits=bits, group_size=64, dtype=DTYPES[dtype], block_size=block_size,
-            lengths=[block_size * 5 - 3, 1], num_kv_heads=1, group=8, head_dim=head_dim,
-            num_queries=1, extra_columns=2,
-        )  # fmt: skip
+            rng,
+            bits=bits,
+            group_size=64,
+            dtype=DTYPES[dtype],
+            block_size=block_size,
+            lengths=[block_size * 5 - 3, 1],
+            num_kv_heads=1,
+            group=8,
+            head_dim=head_dim,
+            num_queries=1,
+            extra_columns=2,
+        )
 
 
 @settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -102,10 +120,18 @@ def test_random_batches(bits, group_size, block_size, group, dtype, blocks, seed
     rng = np.random.default_rng(seed)
     lengths = [max(1, n * block_size - int(rng.integers(0, block_size))) for n in blocks]
     run_case(
-        rng, bits=bits, group_size=group_size, dtype=DTYPES[dtype], block_size=block_size,
-        lengths=lengths, num_kv_heads=2, group=group, head_dim=64, num_queries=1,
+        rng,
+        bits=bits,
+        group_size=group_size,
+        dtype=DTYPES[dtype],
+        block_size=block_size,
+        lengths=lengths,
+        num_kv_heads=2,
+        group=group,
+        head_dim=64,
+        num_queries=1,
         extra_columns=1,
-    )  # fmt: skip
+    )
 
 
 def test_a_wrong_unpacking_is_caught():
@@ -118,9 +144,16 @@ def test_a_wrong_unpacking_is_caught():
 
     rng = np.random.default_rng(5)
     queries, k, v, tables, lengths = make_batch(
-        rng, lengths=[40], block_size=8, num_kv_heads=1, group=1, head_dim=64,
-        num_queries=1, dtype=mx.float32, extra_columns=0,
-    )  # fmt: skip
+        rng,
+        lengths=[40],
+        block_size=8,
+        num_kv_heads=1,
+        group=1,
+        head_dim=64,
+        num_queries=1,
+        dtype=mx.float32,
+        extra_columns=0,
+    )
     k_q, v_q = quantize(k, 4, 32), quantize(v, 4, 32)
     common = dict(scale=0.125, block_size=8, max_context=40)
     got = paged_attention_metal(
@@ -147,9 +180,16 @@ def test_unsupported_layouts_say_why():
     tables, lengths = mx.zeros((1, 2), dtype=mx.int32), mx.array([3], dtype=mx.int32)
     with pytest.raises(NotImplementedError, match="--kv-group-size 16"):
         paged_attention_metal(
-            queries, odd, odd, tables, lengths, scale=1.0, block_size=8, max_context=3,
+            queries,
+            odd,
+            odd,
+            tables,
+            lengths,
+            scale=1.0,
+            block_size=8,
+            max_context=3,
             kernel_factory=EmulatedKernel,
-        )  # fmt: skip
+        )
 
 
 def test_emulator_compiles_what_mlx_generates_for_the_variant():
@@ -167,9 +207,16 @@ def test_emulator_compiles_what_mlx_generates_for_the_variant():
     pool = quantize(mx.ones((32, 2, 64)), 4, 32)
     tables, lengths = mx.zeros((3, 4), dtype=mx.int32), mx.array([3, 8, 1], dtype=mx.int32)
     paged_attention_metal(
-        mx.ones((3, 6, 1, 64)), pool, pool, tables, lengths, scale=0.125, block_size=8,
-        max_context=8, kernel_factory=recording_factory,
-    )  # fmt: skip
+        mx.ones((3, 6, 1, 64)),
+        pool,
+        pool,
+        tables,
+        lengths,
+        scale=0.125,
+        block_size=8,
+        max_context=8,
+        kernel_factory=recording_factory,
+    )
     (kernel,) = kernels
     assert kernel.checked_against_mlx
     assert "const device uint32_t* k_packed [[buffer(2)]]" in kernel.last_source

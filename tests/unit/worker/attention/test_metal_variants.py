@@ -32,10 +32,12 @@ def reference(queries, k, v, tables, lengths, **common):
 
 
 def run(plan, queries, k, v, tables, lengths, *, block_size):
-    common = dict(scale=queries.shape[-1] ** -0.5, block_size=block_size,
-                  max_context=max(lengths.tolist()))  # fmt: skip
-    got = paged_attention_metal(queries, k, v, tables, lengths, kernel_factory=EmulatedKernel,
-                                metal_plan=plan, **common)  # fmt: skip
+    common = dict(
+        scale=queries.shape[-1] ** -0.5, block_size=block_size, max_context=max(lengths.tolist())
+    )
+    got = paged_attention_metal(
+        queries, k, v, tables, lengths, kernel_factory=EmulatedKernel, metal_plan=plan, **common
+    )
     assert got.shape == queries.shape and got.dtype == queries.dtype
     want = reference(queries, k, v, tables, lengths, **common)
     return mx.abs(got.astype(mx.float32) - want).max().item()
@@ -62,9 +64,16 @@ def test_split_k_matches_reference(case):
     block_size, head_dim, kv_heads, group, lq, lengths, parts, dtype, bits = case
     rng = np.random.default_rng(block_size + head_dim + group)
     queries, k, v, tables, lens = make_batch(
-        rng, lengths=lengths, block_size=block_size, num_kv_heads=kv_heads, group=group,
-        head_dim=head_dim, num_queries=lq, dtype=DTYPES[dtype], extra_columns=1,
-    )  # fmt: skip
+        rng,
+        lengths=lengths,
+        block_size=block_size,
+        num_kv_heads=kv_heads,
+        group=group,
+        head_dim=head_dim,
+        num_queries=lq,
+        dtype=DTYPES[dtype],
+        extra_columns=1,
+    )
     if bits is not None:
         k, v = quantize(k, bits, 64), quantize(v, bits, 64)
     plan = split_plan(lengths, block_size=block_size, parts=parts)
@@ -94,8 +103,11 @@ def shared_batch(rng, *, tenants, block_size, kv_heads, group, head_dim, dtype):
     shape = (next_block * block_size, kv_heads, head_dim)
     k, v = (mx.array(rng.normal(size=shape).astype(np.float32)).astype(dtype) for _ in "kv")
     q = rng.normal(size=(len(tables), kv_heads * group, 1, head_dim)).astype(np.float32)
-    return tables, lengths, (mx.array(q).astype(dtype), k, v, mx.array(padded),
-                             mx.array(lengths, dtype=mx.int32))  # fmt: skip
+    return (
+        tables,
+        lengths,
+        (mx.array(q).astype(dtype), k, v, mx.array(padded), mx.array(lengths, dtype=mx.int32)),
+    )
 
 
 GROUPED_CASES = [
@@ -113,15 +125,25 @@ def test_prefix_grouped_matches_reference(case):
     block_size, head_dim, kv_heads, group, tenants, dtype, bits = case
     rng = np.random.default_rng(block_size * head_dim + group)
     tables, lengths, (queries, k, v, tab, lens) = shared_batch(
-        rng, tenants=tenants, block_size=block_size, kv_heads=kv_heads, group=group,
-        head_dim=head_dim, dtype=DTYPES[dtype],
-    )  # fmt: skip
+        rng,
+        tenants=tenants,
+        block_size=block_size,
+        kv_heads=kv_heads,
+        group=group,
+        head_dim=head_dim,
+        dtype=DTYPES[dtype],
+    )
     if bits is not None:
         k, v = quantize(k, bits, 64), quantize(v, bits, 64)
     plan = metal_plan.plan_forward(
-        lengths=lengths, num_queries=1, num_heads=kv_heads * group, k_pool=k,
-        block_size=block_size, host_tables=tables, only="grouped",
-    )  # fmt: skip
+        lengths=lengths,
+        num_queries=1,
+        num_heads=kv_heads * group,
+        k_pool=k,
+        block_size=block_size,
+        host_tables=tables,
+        only="grouped",
+    )
     assert plan.variant == "grouped"
     grouped = plan.grouped
     assert bool(grouped.has_prefix[-1].item()) is False  # the lone row
@@ -135,8 +157,9 @@ def test_grouped_threadgroup_reads_each_shared_block_once_per_chunk():
     assert metal_plan.rows_per_chunk(group=8, head_dim=128, block_size=16) == 2
     assert metal_plan.rows_per_chunk(group=1, head_dim=64, block_size=8) == 16
     tables = [[7, 8, 9, r + 10] for r in range(5)]
-    plan = metal_plan.plan_grouped(tables, [16 * 3 + 5] * 5, block_size=16, num_kv_heads=2,
-                                   group=4, head_dim=128)  # fmt: skip
+    plan = metal_plan.plan_grouped(
+        tables, [16 * 3 + 5] * 5, block_size=16, num_kv_heads=2, group=4, head_dim=128
+    )
     assert plan.grouped.chunk_rows.shape == (2, 4)
     assert plan.grouped.prefix_lengths.tolist() == [48, 48]
     assert plan.grouped.suffix_lengths.tolist() == [5] * 5
@@ -144,25 +167,49 @@ def test_grouped_threadgroup_reads_each_shared_block_once_per_chunk():
 
 def test_planning_falls_back_where_a_variant_does_not_pay():
     # no sharing: grouping refused; a big batch: no split
-    assert metal_plan.plan_grouped([[1, 2], [3, 4]], [20, 20], block_size=16, num_kv_heads=1,
-                                   group=4, head_dim=64) is None  # fmt: skip
+    assert (
+        metal_plan.plan_grouped(
+            [[1, 2], [3, 4]], [20, 20], block_size=16, num_kv_heads=1, group=4, head_dim=64
+        )
+        is None
+    )
     assert metal_plan.choose_split(256, 512, 16) == (1, 512)
     assert metal_plan.choose_split(8, 512, 16) == (16, 32)  # 8 KV heads x batch 1, 8k tokens
     assert metal_plan.choose_split(8, 15, 16) == (1, 15)  # short rows are never split
     # variants are off until their self-test passed here
-    assert metal_plan.plan_forward(lengths=[8192], num_queries=1, num_heads=32,
-                                   k_pool=mx.zeros((16, 8, 128)), block_size=16).variant == "plain"  # fmt: skip
+    assert (
+        metal_plan.plan_forward(
+            lengths=[8192],
+            num_queries=1,
+            num_heads=32,
+            k_pool=mx.zeros((16, 8, 128)),
+            block_size=16,
+        ).variant
+        == "plain"
+    )
 
 
 def test_a_wrong_merge_is_caught(monkeypatch):
     """The comparison can fail: dropping the max rescale in the merge gives wrong outputs."""
     rng = np.random.default_rng(5)
-    batch = make_batch(rng, lengths=[20 * 16], block_size=16, num_kv_heads=1, group=1,
-                       head_dim=64, num_queries=1, dtype=mx.float32, extra_columns=0)  # fmt: skip
+    batch = make_batch(
+        rng,
+        lengths=[20 * 16],
+        block_size=16,
+        num_kv_heads=1,
+        group=1,
+        head_dim=64,
+        num_queries=1,
+        dtype=mx.float32,
+        extra_columns=0,
+    )
     plan = split_plan([20 * 16], block_size=16, parts=4)
     right = metal_variants.combine
-    monkeypatch.setattr(metal_variants, "combine",
-                        lambda p, dtype, sinks=None: right(p._replace(max=p.max * 0), dtype))  # fmt: skip
+    monkeypatch.setattr(
+        metal_variants,
+        "combine",
+        lambda p, dtype, sinks=None: right(p._replace(max=p.max * 0), dtype),
+    )
     assert run(plan, *batch, block_size=16) > 1e-3
 
 
@@ -178,12 +225,16 @@ def test_start_up_self_test_of_the_variants_records_verdicts(monkeypatch):
     monkeypatch.setattr(metal_kernel, "metal_reason", lambda: None)
     emulated = partial(metal_kernel.paged_attention_metal, kernel_factory=EmulatedKernel)
     monkeypatch.setattr(metal_kernel, "paged_attention_metal", emulated)
-    monkeypatch.setitem(selftest.VARIANT_BATCHES, "split",
-                        lambda **kw: selftest.random_decode_batch(batch=1, context=600, **kw))  # fmt: skip
     monkeypatch.setitem(
-        selftest.VARIANT_BATCHES, "grouped",
+        selftest.VARIANT_BATCHES,
+        "split",
+        lambda **kw: selftest.random_decode_batch(batch=1, context=600, **kw),
+    )
+    monkeypatch.setitem(
+        selftest.VARIANT_BATCHES,
+        "grouped",
         lambda **kw: selftest.shared_prefix_batch(rows=4, tenants=2, prefix=64, own=20, **kw),
-    )  # fmt: skip
+    )
     monkeypatch.setattr(metal_plan, "VERDICTS", metal_plan._VariantVerdicts())
     results = selftest.verify_metal_variants(
         block_size=8, dtype=mx.float16, num_heads=4, num_kv_heads=1, head_dim=64, repeats=1
@@ -215,8 +266,11 @@ def test_a_window_or_sinks_variant_that_fails_its_self_test_is_not_used(monkeypa
 
     calls = []
     monkeypatch.setattr(metal_kernel, "metal_reason", lambda: None)
-    monkeypatch.setattr(metal_kernel, "paged_attention_metal",
-                        lambda *a, **kw: calls.append(kw.get("window")) or broken(*a, **kw))  # fmt: skip
+    monkeypatch.setattr(
+        metal_kernel,
+        "paged_attention_metal",
+        lambda *a, **kw: calls.append(kw.get("window")) or broken(*a, **kw),
+    )
     monkeypatch.setattr(metal_plan, "VERDICTS", metal_plan._VariantVerdicts())
     monkeypatch.setattr(selftest, "VARIANT_BATCHES", {})
     results = selftest.verify_metal_variants(
@@ -225,8 +279,15 @@ def test_a_window_or_sinks_variant_that_fails_its_self_test_is_not_used(monkeypa
     assert not results["window"].ok and "max error" in results["window"].reason
     assert results["sinks"].ok and metal_plan.VERDICTS.enabled("sinks")
     assert not metal_plan.VERDICTS.enabled("window")
-    batch = selftest.random_decode_batch(batch=2, context=100, block_size=8, dtype=mx.float32,
-                                         num_heads=4, num_kv_heads=2, head_dim=64)  # fmt: skip
+    batch = selftest.random_decode_batch(
+        batch=2,
+        context=100,
+        block_size=8,
+        dtype=mx.float32,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=64,
+    )
     calls.clear()
     got = selftest.plan_call(BACKENDS["metal"], batch, 8, window=21)()
     want = selftest.plan_call(BACKENDS["mlx"], batch, 8, window=21)()

@@ -32,10 +32,16 @@ def sinks_for(num_heads: int) -> mx.array:
 
 
 def error(plan, queries, k, v, tables, lengths, *, block_size, window, sinks) -> float:
-    common = dict(scale=queries.shape[-1] ** -0.5, block_size=block_size,
-                  max_context=max(lengths.tolist()), window=window, sinks=sinks)  # fmt: skip
-    got = paged_attention_metal(queries, k, v, tables, lengths, kernel_factory=EmulatedKernel,
-                                metal_plan=plan, **common)  # fmt: skip
+    common = dict(
+        scale=queries.shape[-1] ** -0.5,
+        block_size=block_size,
+        max_context=max(lengths.tolist()),
+        window=window,
+        sinks=sinks,
+    )
+    got = paged_attention_metal(
+        queries, k, v, tables, lengths, kernel_factory=EmulatedKernel, metal_plan=plan, **common
+    )
     assert got.shape == queries.shape and got.dtype == queries.dtype
     if hasattr(k, "packed"):
         k, v = dequantized_f32(k), dequantized_f32(v)
@@ -66,9 +72,16 @@ def test_window_and_sink_variants_match_the_reference(case):
     block_size, head_dim, kv_heads, group, lq, lengths, window, use_sinks, dtype, bits, parts = case
     rng = np.random.default_rng(block_size + head_dim + group + lq)
     queries, k, v, tables, lens = make_batch(
-        rng, lengths=lengths, block_size=block_size, num_kv_heads=kv_heads, group=group,
-        head_dim=head_dim, num_queries=lq, dtype=DTYPES[dtype], extra_columns=1,
-    )  # fmt: skip
+        rng,
+        lengths=lengths,
+        block_size=block_size,
+        num_kv_heads=kv_heads,
+        group=group,
+        head_dim=head_dim,
+        num_queries=lq,
+        dtype=DTYPES[dtype],
+        extra_columns=1,
+    )
     if bits is not None:
         k, v = quantize(k, bits, 64), quantize(v, bits, 64)
     plan = None
@@ -77,21 +90,32 @@ def test_window_and_sink_variants_match_the_reference(case):
         plan = split_plan([span * block_size], block_size=block_size, parts=parts)
         assert plan.parts == parts
     sinks = sinks_for(kv_heads * group) if use_sinks else None
-    got = error(plan, queries, k, v, tables, lens, block_size=block_size, window=window,
-                sinks=sinks)  # fmt: skip
+    got = error(
+        plan, queries, k, v, tables, lens, block_size=block_size, window=window, sinks=sinks
+    )
     assert got <= TOLERANCE[DTYPES[dtype]]
 
 
 def test_prefix_grouped_with_sinks_matches_the_reference():
     rng = np.random.default_rng(11)
     tables, lengths, (queries, k, v, tab, lens) = shared_batch(
-        rng, tenants=[(3, 4, [5, 16, 9]), (2, 2, [20, 1])], block_size=16, kv_heads=2,
-        group=2, head_dim=64, dtype=mx.float32,
-    )  # fmt: skip
+        rng,
+        tenants=[(3, 4, [5, 16, 9]), (2, 2, [20, 1])],
+        block_size=16,
+        kv_heads=2,
+        group=2,
+        head_dim=64,
+        dtype=mx.float32,
+    )
     plan = metal_plan.plan_forward(
-        lengths=lengths, num_queries=1, num_heads=4, k_pool=k, block_size=16,
-        host_tables=tables, only="grouped",
-    )  # fmt: skip
+        lengths=lengths,
+        num_queries=1,
+        num_heads=4,
+        k_pool=k,
+        block_size=16,
+        host_tables=tables,
+        only="grouped",
+    )
     assert plan.variant == "grouped"
     got = error(plan, queries, k, v, tab, lens, block_size=16, window=None, sinks=sinks_for(4))
     assert got <= TOLERANCE[mx.float32]
@@ -100,14 +124,33 @@ def test_prefix_grouped_with_sinks_matches_the_reference():
 def test_a_windowed_forward_plans_split_k_over_its_window_and_never_groups():
     tables = [[7, 8, 9, 10 + r] for r in range(4)]
     grouped = metal_plan.plan_forward(
-        lengths=[16 * 3 + 5] * 4, num_queries=1, num_heads=4, k_pool=mx.zeros((16, 1, 64)),
-        block_size=16, host_tables=tables, only="grouped", window=32,
-    )  # fmt: skip
+        lengths=[16 * 3 + 5] * 4,
+        num_queries=1,
+        num_heads=4,
+        k_pool=mx.zeros((16, 1, 64)),
+        block_size=16,
+        host_tables=tables,
+        only="grouped",
+        window=32,
+    )
     assert grouped.variant == "plain"
-    split = metal_plan.plan_forward(lengths=[8192], num_queries=1, num_heads=8, only="split",
-                                    k_pool=mx.zeros((16, 1, 64)), block_size=16, window=1024)  # fmt: skip
-    full = metal_plan.plan_forward(lengths=[8192], num_queries=1, num_heads=8, only="split",
-                                   k_pool=mx.zeros((16, 1, 64)), block_size=16)  # fmt: skip
+    split = metal_plan.plan_forward(
+        lengths=[8192],
+        num_queries=1,
+        num_heads=8,
+        only="split",
+        k_pool=mx.zeros((16, 1, 64)),
+        block_size=16,
+        window=1024,
+    )
+    full = metal_plan.plan_forward(
+        lengths=[8192],
+        num_queries=1,
+        num_heads=8,
+        only="split",
+        k_pool=mx.zeros((16, 1, 64)),
+        block_size=16,
+    )
     assert split.parts * split.part_blocks >= 1024 // 16 + 1  # the window's blocks, covered
     assert split.parts * split.part_blocks < full.parts * full.part_blocks
 

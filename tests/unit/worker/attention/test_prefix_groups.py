@@ -59,9 +59,15 @@ def reference(queries, k_pool, v_pool, tables, lengths):
     width = max(len(t) for t in tables)
     padded = mx.array([t + [0] * (width - len(t)) for t in tables], dtype=mx.int32)
     return gather_attention(
-        queries, k_pool, v_pool, padded, mx.array(lengths, dtype=mx.int32),
-        scale=SCALE, block_size=BLOCK, max_context=max(lengths),
-    )  # fmt: skip
+        queries,
+        k_pool,
+        v_pool,
+        padded,
+        mx.array(lengths, dtype=mx.int32),
+        scale=SCALE,
+        block_size=BLOCK,
+        max_context=max(lengths),
+    )
 
 
 def test_rows_group_by_their_deepest_shared_run_where_that_reads_fewer_blocks():
@@ -133,8 +139,16 @@ def test_one_batched_op_per_layer_whatever_the_number_of_groups():
 
 
 def decode_pool(kv_bits=None, num_blocks=16):
-    pool = BlockPool(num_blocks, BLOCK, num_layers=1, num_kv_heads=KV_HEADS, head_dim=DIM,
-                     dtype=mx.float32, kv_bits=kv_bits, kv_group_size=32)  # fmt: skip
+    pool = BlockPool(
+        num_blocks,
+        BLOCK,
+        num_layers=1,
+        num_kv_heads=KV_HEADS,
+        head_dim=DIM,
+        dtype=mx.float32,
+        kv_bits=kv_bits,
+        kv_group_size=32,
+    )
     return pool
 
 
@@ -156,8 +170,9 @@ def dequantized(pool: BlockPool):
 
 def attend(pool: BlockPool, tables, lengths, rows_seen: int = 1):
     q = mx.random.normal((len(tables), HEADS, 1, DIM), key=mx.random.key(rows_seen))
-    tiles = prepare_tiles(lengths, 1, HEADS, pool.k[0], BLOCK, host_tables=tables,
-                          block_versions=pool.versions)  # fmt: skip
+    tiles = prepare_tiles(
+        lengths, 1, HEADS, pool.k[0], BLOCK, host_tables=tables, block_versions=pool.versions
+    )
     assert tiles.shared is not None
     got = shared_prefix_attention(q, pool.k[0], pool.v[0], tiles.shared, scale=SCALE)
     want = reference(q, *dequantized(pool), tables, lengths)

@@ -30,9 +30,15 @@ def batch(rng: random.Random, rows: list[tuple[list[int], int]]):
 
 def reference(queries, k_pool, v_pool, tables, lengths):
     return gather_attention(
-        queries, k_pool, v_pool, tables, mx.array(lengths, dtype=mx.int32),
-        scale=1 / math.sqrt(DIM), block_size=BLOCK, max_context=max(lengths),
-    )  # fmt: skip
+        queries,
+        k_pool,
+        v_pool,
+        tables,
+        mx.array(lengths, dtype=mx.int32),
+        scale=1 / math.sqrt(DIM),
+        block_size=BLOCK,
+        max_context=max(lengths),
+    )
 
 
 def tenants_batch(rng: random.Random):
@@ -83,11 +89,28 @@ def test_the_tiled_backend_takes_the_shared_prefix_plan_only_where_it_pays():
     queries, k_pool, v_pool, tables, lengths = batch(rng, rows)
     context = mx.array(lengths, dtype=mx.int32)
     host = [b for b, _ in rows]
-    tiles = prepare_tiles(lengths, 1, HEADS, k_pool, BLOCK, block_tables=tables,
-                          context_lengths=context, host_tables=host)  # fmt: skip
+    tiles = prepare_tiles(
+        lengths,
+        1,
+        HEADS,
+        k_pool,
+        BLOCK,
+        block_tables=tables,
+        context_lengths=context,
+        host_tables=host,
+    )
     assert tiles.shared is not None
-    got = tiled_attention(queries, k_pool, v_pool, tables, context, scale=1 / math.sqrt(DIM),
-                          block_size=BLOCK, max_context=max(lengths), tiles=tiles)  # fmt: skip
+    got = tiled_attention(
+        queries,
+        k_pool,
+        v_pool,
+        tables,
+        context,
+        scale=1 / math.sqrt(DIM),
+        block_size=BLOCK,
+        max_context=max(lengths),
+        tiles=tiles,
+    )
     assert mx.abs(got - reference(queries, k_pool, v_pool, tables, lengths)).max().item() < 1e-5
     # nothing shared: the plain tile plan
     alone = [([10 * i + j for j in range(1, 6)], 5 * BLOCK) for i in range(1, 5)]
@@ -107,8 +130,16 @@ def test_a_row_sharing_nothing_leaves_the_others_on_the_shared_plan():
     queries, k_pool, v_pool, tables, lengths = batch(rng, rows)
     host = [b for b, _ in rows]
     context = mx.array(lengths, dtype=mx.int32)
-    prepared = prepare_tiles(lengths, 1, HEADS, k_pool, BLOCK, block_tables=tables,
-                             context_lengths=context, host_tables=host)  # fmt: skip
+    prepared = prepare_tiles(
+        lengths,
+        1,
+        HEADS,
+        k_pool,
+        BLOCK,
+        block_tables=tables,
+        context_lengths=context,
+        host_tables=host,
+    )
     plan = prepared.shared
     assert plan is not None and plan.rows.tolist() == [r for r in range(13) if r != 5]
     assert plan.loose[0].tolist() == [5]
@@ -118,8 +149,17 @@ def test_a_row_sharing_nothing_leaves_the_others_on_the_shared_plan():
     assert shared_prefix.gathered_keys(host, lengths, BLOCK) == (
         4 * 12 * BLOCK + 12 * widest + 20 * BLOCK - 1
     )
-    got = tiled_attention(queries, k_pool, v_pool, tables, context, scale=1 / math.sqrt(DIM),
-                          block_size=BLOCK, max_context=max(lengths), tiles=prepared)  # fmt: skip
+    got = tiled_attention(
+        queries,
+        k_pool,
+        v_pool,
+        tables,
+        context,
+        scale=1 / math.sqrt(DIM),
+        block_size=BLOCK,
+        max_context=max(lengths),
+        tiles=prepared,
+    )
     assert mx.abs(got - reference(queries, k_pool, v_pool, tables, lengths)).max().item() < 1e-5
 
 

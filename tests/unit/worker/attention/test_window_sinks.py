@@ -31,8 +31,9 @@ OPTIONS = {"sinks": (False, True), "window": (True, False), "both": (True, True)
 SINKS = [0.5, -1.0, 3.0, 25.0, -40.0, 0.0, 1.5, -2.0, 8.0]  # 25 drowns a head, -40 is nothing
 
 
-def make_batch(rng, lengths, num_queries, *, block_size=4, num_heads=9, num_kv_heads=3,
-               head_dim=16):  # fmt: skip
+def make_batch(
+    rng, lengths, num_queries, *, block_size=4, num_heads=9, num_kv_heads=3, head_dim=16
+):
     """Pools, shuffled block tables padded with block 0, queries, and each row's block ids."""
     blocks_each = [-(-n // block_size) for n in lengths]
     ids = [int(i) for i in rng.permutation(sum(blocks_each) + 3)]
@@ -61,9 +62,16 @@ def dense(queries, k_pool, v_pool, tables, lengths, *, block_size, window, sinks
         mask = key_pos <= query_pos
         if window is not None:
             mask &= key_pos > query_pos - window
-        outs.append(mx.fast.scaled_dot_product_attention(
-            queries[b : b + 1], k, v, scale=scale, mask=mx.array(mask), sinks=sinks,
-        ))  # fmt: skip
+        outs.append(
+            mx.fast.scaled_dot_product_attention(
+                queries[b : b + 1],
+                k,
+                v,
+                scale=scale,
+                mask=mx.array(mask),
+                sinks=sinks,
+            )
+        )
     return mx.concatenate(outs)
 
 
@@ -89,16 +97,27 @@ def check(lengths, num_queries, option, *, window, seed=0, quantize_bits=None, *
         )
     else:
         k_ref, v_ref = k_pool, v_pool
-    want = dense(queries, k_ref, v_ref, tables, lengths, block_size=block_size, window=window,
-                 sinks=sinks, scale=scale)  # fmt: skip
-    common = dict(scale=scale, block_size=block_size, max_context=max(lengths), window=window,
-                  sinks=sinks)  # fmt: skip
+    want = dense(
+        queries,
+        k_ref,
+        v_ref,
+        tables,
+        lengths,
+        block_size=block_size,
+        window=window,
+        sinks=sinks,
+        scale=scale,
+    )
+    common = dict(
+        scale=scale, block_size=block_size, max_context=max(lengths), window=window, sinks=sinks
+    )
     tolerance = 1e-5 if quantize_bits is None else 1e-4
     for name, strategy in STRATEGIES.items():
         got = strategy(queries, k_pool, v_pool, padded, context, **common)
         assert mx.abs(got - want).max().item() < tolerance, name
-    plan = AttentionPlan(BACKENDS["mlx"], padded, lengths, block_size=block_size,
-                         host_tables=tables, window=window)  # fmt: skip
+    plan = AttentionPlan(
+        BACKENDS["mlx"], padded, lengths, block_size=block_size, host_tables=tables, window=window
+    )
     got = plan(queries, k_pool, v_pool, scale=scale, sinks=sinks)
     assert mx.abs(got - want).max().item() < tolerance, "plan"
     return plan
@@ -198,12 +217,22 @@ def test_decode_rows_sharing_prefixes(option, monkeypatch):
     k_pool, v_pool = (mx.array(nprng.standard_normal(shape, np.float32)) for _ in "kv")
     queries = mx.array(nprng.standard_normal((len(rows), 9, 1, 16), np.float32))
     window, sinks = options(option, 9, W)
-    want = dense(queries, k_pool, v_pool, tables, lengths, block_size=block_size, window=window,
-                 sinks=sinks, scale=0.25)  # fmt: skip
+    want = dense(
+        queries,
+        k_pool,
+        v_pool,
+        tables,
+        lengths,
+        block_size=block_size,
+        window=window,
+        sinks=sinks,
+        scale=0.25,
+    )
     width = max(map(len, tables))
     padded = mx.array([t + [0] * (width - len(t)) for t in tables], dtype=mx.int32)
-    plan = AttentionPlan(BACKENDS["mlx"], padded, lengths, block_size=block_size,
-                         host_tables=tables, window=window)  # fmt: skip
+    plan = AttentionPlan(
+        BACKENDS["mlx"], padded, lengths, block_size=block_size, host_tables=tables, window=window
+    )
     got = plan(queries, k_pool, v_pool, scale=0.25, sinks=sinks)
     assert mx.abs(got - want).max().item() < 1e-5
     assert (plan._prepared["tiles"].shared is None) == (window is not None)
@@ -217,8 +246,7 @@ def test_decode_rows_sharing_prefixes(option, monkeypatch):
 def test_a_sink_far_above_every_score_stays_finite():
     """exp(1e4) overflows float32: the combine shifts by max(row max, sink) first."""
     rng = np.random.default_rng(9)
-    queries, k, v, padded, context, _ = make_batch(rng, [4 * W, 9], 2, num_heads=3,
-                                                   num_kv_heads=3)  # fmt: skip
+    queries, k, v, padded, context, _ = make_batch(rng, [4 * W, 9], 2, num_heads=3, num_kv_heads=3)
     sinks = mx.array([1e4, -1e4, 0.0])
     common = dict(scale=0.25, block_size=4, max_context=4 * W, sinks=sinks)
     for name, strategy in STRATEGIES.items():
@@ -233,8 +261,7 @@ def test_wrong_sinks_or_window_say_why():
     rng = np.random.default_rng(3)
     queries, k, v, padded, context, _ = make_batch(rng, [9], 1)
     with pytest.raises(ValueError, match=r"sinks \(3,\).*\(9,\)"):
-        paged_attention(queries, k, v, padded, context, scale=0.25, block_size=4,
-                        sinks=mx.zeros(3))  # fmt: skip
+        paged_attention(queries, k, v, padded, context, scale=0.25, block_size=4, sinks=mx.zeros(3))
     with pytest.raises(ValueError, match="window 0"):
         AttentionPlan(BACKENDS["mlx"], padded, [9], block_size=4, window=0)
     assert math.isfinite(W)

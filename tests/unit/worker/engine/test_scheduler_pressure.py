@@ -52,9 +52,11 @@ def run_workload(seed: int) -> int:
     rng = random.Random(seed)
     pool = BlockPool(24, BLOCK, num_layers=1, num_kv_heads=1, head_dim=1)
     config = EngineConfig(
-        block_size=BLOCK, prefill_chunk=8, step_token_budget=rng.choice([9, 12, 20]),
+        block_size=BLOCK,
+        prefill_chunk=8,
+        step_token_budget=rng.choice([9, 12, 20]),
         max_running=6,
-    )  # fmt: skip
+    )
     scheduler = Scheduler(pool, RadixCache(pool), config, max_context=200)
     tenants = [[rng.randrange(1, 90) for _ in range(rng.randrange(8, 30))] for _ in range(3)]
     arrival, preemptions = 0, 0

@@ -95,8 +95,13 @@ def test_failed_decode_half_of_a_separate_step_skips_what_it_ended(model, monkey
     real, runs = engine.runner.run, []
 
     def run(plan, *args, **kwargs):
-        runs.append((plan.kind, [s.request_id for s in plan.decode],
-                     [c.seq.request_id for c in plan.prefill]))  # fmt: skip
+        runs.append(
+            (
+                plan.kind,
+                [s.request_id for s in plan.decode],
+                [c.seq.request_id for c in plan.prefill],
+            )
+        )
         if len(runs) == 1:
             assert plan.kind is StepKind.DECODE and not plan.prefill
             raise RuntimeError(METAL_OOM)

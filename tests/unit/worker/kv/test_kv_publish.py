@@ -89,12 +89,14 @@ def test_events_decode_as_vllm_decodes_them(ctx):
         sub = subscribe(ctx, pub.endpoint, pub)
         tokens = list(range(100, 132))
         h0, h1 = hash_blocks(tokens, 16)
-        pub.publish([
-            BlockStored(h0, ROOT_PARENT_HASH, tuple(tokens[:16]), 16),
-            BlockStored(h1, h0, tuple(tokens[16:]), 16),
-            BlockRemoved((h1, h0)),
-            AllBlocksCleared(),
-        ])  # fmt: skip
+        pub.publish(
+            [
+                BlockStored(h0, ROOT_PARENT_HASH, tuple(tokens[:16]), 16),
+                BlockStored(h1, h0, tuple(tokens[16:]), 16),
+                BlockRemoved((h1, h0)),
+                AllBlocksCleared(),
+            ]
+        )
         topic, seq, batch = recv_batch(sub)
         assert topic == b"kv@w0" and seq > 0 and batch.data_parallel_rank == 0
         first, second, removed, cleared = batch.events

@@ -25,9 +25,15 @@ from tests.unit.worker.models.test_every_architecture import MAX_TOKENS, _prompt
 HYBRIDS = sorted(a for a in RECURRENT if a in ARCHITECTURES and runs_here(a))
 # the list: each also runs preempted
 REQUIRED = [
-    "qwen3_5", "qwen3_next", "nemotron_h", "granitemoehybrid", "lfm2", "kimi_linear", "mamba2",
+    "qwen3_5",
+    "qwen3_next",
+    "nemotron_h",
+    "granitemoehybrid",
+    "lfm2",
+    "kimi_linear",
+    "mamba2",
     "falcon_h1",
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize("arch", HYBRIDS)

@@ -88,9 +88,14 @@ def _mlx_vlm_greedy(loaded, ids: list[int], image: bytes, logprobs: list | None 
     x = mx.array([ids])
     out = []
     steps = generate_step(
-        x, vlm, mx.array(pixels["pixel_values"]), mx.ones(x.shape), max_tokens=MAX_TOKENS,
-        temperature=0.0, **extras,
-    )  # fmt: skip
+        x,
+        vlm,
+        mx.array(pixels["pixel_values"]),
+        mx.ones(x.shape),
+        max_tokens=MAX_TOKENS,
+        temperature=0.0,
+        **extras,
+    )
     for token, scores in steps:
         out.append(int(token.item() if hasattr(token, "item") else token))
         if logprobs is not None:

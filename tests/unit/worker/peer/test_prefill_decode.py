@@ -36,7 +36,7 @@ def fleet(model):
             "tiny",
             role=role,
             peers=PeerChannel("tcp://127.0.0.1:0"),
-        )  # fmt: skip
+        )
         for wid, role in (("p", "prefill"), ("d", "decode"))
     }
     threads = [threading.Thread(target=w.serve_forever, daemon=True) for w in loops.values()]

@@ -75,8 +75,9 @@ def test_every_strategy_reads_a_quantized_pool_as_its_dequantized_values(bits):
     q = mx.random.normal((4, 4, 1, D), key=mx.random.key(9))
     plan = plan_shared_prefixes(host, lengths, BS, HKV)
     assert plan is not None and plan.depths == [4] and plan.prefix_rows.shape[2] == 4 * BS
-    tiles = prepare_tiles(lengths, 1, 4, k, BS, block_tables=tables, context_lengths=lens,
-                          host_tables=host)  # fmt: skip
+    tiles = prepare_tiles(
+        lengths, 1, 4, k, BS, block_tables=tables, context_lengths=lens, host_tables=host
+    )
     assert tiles.shared is not None
     want = gather_attention(q, k_plain, v_plain, tables, lens, **common)
     got = shared_prefix_attention(q, k, v, plan, scale=0.125)
@@ -86,8 +87,16 @@ def test_every_strategy_reads_a_quantized_pool_as_its_dequantized_values(bits):
 def test_pool_accounts_quantized_bytes_and_copies_all_three_arrays_on_write():
     plain = BlockPool(8, BS, num_layers=2, num_kv_heads=HKV, head_dim=D, dtype=mx.float32)
     q8 = BlockPool(8, BS, num_layers=2, num_kv_heads=HKV, head_dim=D, dtype=mx.float32, kv_bits=8)
-    q4 = BlockPool(8, BS, num_layers=2, num_kv_heads=HKV, head_dim=D, dtype=mx.float32,
-                   kv_bits=4, kv_group_size=32)  # fmt: skip
+    q4 = BlockPool(
+        8,
+        BS,
+        num_layers=2,
+        num_kv_heads=HKV,
+        head_dim=D,
+        dtype=mx.float32,
+        kv_bits=4,
+        kv_group_size=32,
+    )
     # 8 bits, groups of 64, float32 scale + bias: 64 + 8 bytes per head vector vs 256
     assert plain.bytes_per_block == 2 * 2 * BS * HKV * 256
     assert q8.bytes_per_block == 2 * 2 * BS * HKV * 72
@@ -154,8 +163,10 @@ def test_metrics_show_each_workers_kv_layout_and_bytes_per_token():
 
     q8 = AttentionReport("mlx", "auto", "not run", kv_layout="q8g64", kv_bytes_per_token=720)
     f32 = AttentionReport("mlx", "auto", "not run", kv_layout="float32", kv_bytes_per_token=2560)
-    workers = [WorkerState(Register(w, "m", BS, 10, "h", 1, attention=a), w.encode(), 0.0)
-               for w, a in (("w1", q8), ("w2", f32))]  # fmt: skip
+    workers = [
+        WorkerState(Register(w, "m", BS, 10, "h", 1, attention=a), w.encode(), 0.0)
+        for w, a in (("w1", q8), ("w2", f32))
+    ]
     workers.append(WorkerState(Register("w3", "m", BS, 10, "h", 1), b"w3", 0.0))  # older worker
     text = Metrics().render(workers, pending=0)
     assert 'mlx_fleet_worker_kv_layout_info{kv_layout="q8g64",worker="w1"} 1.0' in text

@@ -16,9 +16,15 @@ class QuantizedKVMachine(KVMachine):
     def __init__(self):
         super().__init__()
         self.pool = BlockPool(
-            NUM_BLOCKS, BS, num_layers=1, num_kv_heads=1, head_dim=HEAD_DIM, dtype=mx.float32,
-            kv_bits=4, kv_group_size=32,
-        )  # fmt: skip
+            NUM_BLOCKS,
+            BS,
+            num_layers=1,
+            num_kv_heads=1,
+            head_dim=HEAD_DIM,
+            dtype=mx.float32,
+            kv_bits=4,
+            kv_group_size=32,
+        )
         self.events.clear()
         self.cache = RadixCache(self.pool, BS, on_event=self.events.append)
 

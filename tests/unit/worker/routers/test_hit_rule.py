@@ -57,8 +57,12 @@ requests = st.lists(
 
 
 @pytest.mark.parametrize("kind", list(KINDS))
-@settings(max_examples=12, deadline=None, database=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])  # fmt: skip
+@settings(
+    max_examples=12,
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
 @given(drawn=requests)
 def test_the_router_predicts_the_hit_the_worker_takes(kind, drawn):
     engine, index = engine_and_index(kind)

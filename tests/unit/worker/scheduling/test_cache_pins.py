@@ -49,9 +49,15 @@ def pinned_engine(model, **overrides):
 def submit(engine, msg: Generate) -> None:
     """What the worker loop does with a Generate."""
     engine.add_request(
-        msg.request_id, list(msg.token_ids), msg.sampling, msg.n, msg.images, None,
-        msg.priority, msg.pins,
-    )  # fmt: skip
+        msg.request_id,
+        list(msg.token_ids),
+        msg.sampling,
+        msg.n,
+        msg.images,
+        None,
+        msg.priority,
+        msg.pins,
+    )
 
 
 def serve(engine, msg: Generate):
@@ -175,9 +181,13 @@ def test_pins_are_bounded_and_ignored_without_prefix_caching(model):
 
 @pytest.mark.parametrize(
     ("pin", "says"),
-    [(CachePin(71, 60.0), "num_tokens"), (CachePin(0, 60.0), "num_tokens"),
-     (CachePin(8, 0.0), "ttl_s"), (CachePin(8, float("inf")), "ttl_s")],
-)  # fmt: skip
+    [
+        (CachePin(71, 60.0), "num_tokens"),
+        (CachePin(0, 60.0), "num_tokens"),
+        (CachePin(8, 0.0), "ttl_s"),
+        (CachePin(8, float("inf")), "ttl_s"),
+    ],
+)
 def test_a_pin_that_cannot_be_the_prompts_is_refused(model, pin, says):
     engine, _ = pinned_engine(model)
     with pytest.raises(InvalidRequest, match=says):

@@ -26,7 +26,7 @@ from worker.engine.caches import CacheKind, StateKind, TailKind, WindowKind
         (lambda: build("qwen3_next"), [StateKind, TailKind], "recurrent states"),
         (lambda: build("baichuan_m1"), [WindowKind, StateKind, TailKind], "window pages"),
     ],
-)  # fmt: skip
+)
 def test_each_model_gets_the_kinds_its_layers_need(model, kinds, disk):
     kv = make_engine(model()).scheduler.kv
     assert [type(k) for k in kv.kinds] == kinds
