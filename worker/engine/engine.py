@@ -25,12 +25,12 @@ from worker.engine.scheduler import Scheduler
 from worker.engine.sequence import Sequence, Status
 from worker.engine.speculative import accepted_prefix
 from worker.engine.stats import EngineLoad, EngineStats, KVAudit, engine_stats
-from worker.engine.step_kind import still_running
+from worker.engine.step_kind import StepPlan, forward_input, still_running
 from worker.kv.radix_cache import RadixCache
 from worker.runner.grammar import GrammarCompiler
 from worker.runner.model_runner import LayerTimes, ModelRunner
 from worker.runner.model_support import ModelShape, probe_shape
-from worker.runner.plan import StepKind, StepPlan
+from worker.runner.plan import Forward, StepKind
 
 if TYPE_CHECKING:
     from shared.kv_events import KVEvent
@@ -231,7 +231,7 @@ class Engine:
         start = time.perf_counter()
         times = self._profile_sample()
         try:
-            out = self.runner.run(plan, device_tokens, times)
+            out = self.runner.run(self._input(plan), device_tokens, times)
             mx.async_eval(*out.outputs)
         except Exception as exc:  # building the graph failed: nothing is in flight
             self._pending_failures += self.outputs.fail_step(plan.decode, exc)
@@ -241,7 +241,13 @@ class Engine:
         self.stats_.record_decode_shape(plan.decode, self.pool, self.shape)
         if times is not None:
             self.stats_.record_layer_times(times)
-        self._inflight = _InFlight(out.seqs, out.tokens, out.logprobs, start)
+        seqs = plan.sequences()
+        self._inflight = _InFlight([seqs[k] for k in out.requests], out.tokens, out.logprobs, start)
+
+    def _input(self, plan: StepPlan) -> Forward:
+        """What the runner is handed for `plan` (one forward): plain data, and the requests
+        ended since its last forward (it drops their rng keys)."""
+        return forward_input(plan, self.scheduler.take_finished())
 
     def _resolve(self, inflight: _InFlight | None = None) -> list[TokenDelta]:
         """Read the tokens of the step in flight (or `inflight`) and advance its sequences."""
@@ -284,7 +290,7 @@ class Engine:
         start = time.perf_counter()
         times = self._profile_sample()
         try:
-            out = self.runner.run(plan, None, times)
+            out = self.runner.run(self._input(plan), None, times)
             mx.eval(*out.outputs)
             tokens = out.tokens.tolist() if out.tokens is not None else []
             logprobs = out.logprobs.tolist() if out.logprobs is not None else [None] * len(tokens)
@@ -300,13 +306,15 @@ class Engine:
         if times is not None:
             self.stats_.record_layer_times(times)
         if self.tracing is not None and plan.prefill:
-            self.tracing.prefill(plan.prefill, start, elapsed)
+            chunks = [(s.request_id, n, s.num_computed) for s, n in plan.prefill]
+            self.tracing.prefill(chunks, start, elapsed)
         for seq, n in plan.prefill:
             self.scheduler.computed(seq, n)
-        self.outputs.record_prompt(scored)
+        seqs = plan.sequences()
+        self.outputs.record_prompt([(seqs[key], *rest) for key, *rest in scored])
         decoding = {id(s) for s in plan.decode}
         deltas, at = [], 0
-        for seq, count in zip(out.seqs, out.counts, strict=True):
+        for seq, count in zip([seqs[k] for k in out.requests], out.counts, strict=True):
             toks, lps = tokens[at : at + count], logprobs[at : at + count]
             at += count
             if seq.draft:  # keep what the model agrees with, and its own next token

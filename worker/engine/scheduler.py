@@ -20,9 +20,15 @@ from worker.engine.caches import CacheCoordinator
 from worker.engine.sequence import Sequence, Status, enqueue, preemption_victim
 from worker.engine.speculative import plan_drafts, would_draft
 from worker.engine.states import NO_STATES, NoStates, SequenceStates
-from worker.engine.step_kind import REFERENCE_COSTS, ForwardCosts, plan_step
+from worker.engine.step_kind import (
+    REFERENCE_COSTS,
+    ForwardCosts,
+    PrefillChunk,
+    StepPlan,
+    plan_step,
+)
 from worker.kv.radix_cache import RadixCache
-from worker.runner.plan import PrefillChunk, StepKind, StepPlan
+from worker.runner.plan import RequestKey, StepKind
 
 if TYPE_CHECKING:
     from worker.config import EngineConfig
@@ -55,6 +61,8 @@ class Scheduler:
         self.block_size = pool.block_size
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
+        # sequences ended since the runner last heard (`take_finished`): it drops their state
+        self.finished: list[RequestKey] = []
         if disk is not None:  # a pin released for room is written to disk first
             self.kv.pins.spill = disk.save
 
@@ -71,6 +79,12 @@ class Scheduler:
         elif seq in self.waiting:
             self.waiting.remove(seq)
         seq.status = Status.FINISHED
+        self.finished.append(seq.key)
+
+    def take_finished(self) -> list[RequestKey]:
+        """Mutates: the sequences ended since the last call (for the runner's next forward)."""
+        finished, self.finished = self.finished, []
+        return finished
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
