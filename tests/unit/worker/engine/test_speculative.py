@@ -18,13 +18,13 @@ from tests.support.engine_fixtures import (
 )
 from worker.attention.shared_prefix import gathered_keys
 from worker.config import EngineConfig
+from worker.engine.scheduler import choose_drafts
 from worker.engine.sequence import Sequence, Status
 from worker.engine.speculative import (
     COOLDOWN_STEPS,
     DraftState,
     NgramIndex,
     accepted_prefix,
-    choose_drafts,
 )
 from worker.engine.step_kind import REFERENCE_COSTS
 
