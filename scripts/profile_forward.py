@@ -48,10 +48,11 @@ def main() -> None:
     from shared.sampling import SamplingParams
     from worker.attention import resolve_backend
     from worker.engine.sequence import Sequence
+    from worker.engine.step_kind import StepPlan, forward_input
     from worker.kv.block_pool import BlockPool
     from worker.runner.model_runner import ModelRunner
     from worker.runner.model_support import probe_shape
-    from worker.runner.plan import StepKind, StepPlan
+    from worker.runner.plan import StepKind
 
     model, _ = load_model(resolve_model(None))
     shape = probe_shape(model)
@@ -70,7 +71,7 @@ def main() -> None:
             seq = Sequence(str(i), args.context, [1] * (args.context + 1), SamplingParams(), i)
             seq.block_ids, seq.num_computed = pool.allocate(blocks), args.context
             seqs.append(seq)
-        plan = StepPlan(StepKind.DECODE, seqs, [], [])
+        plan = forward_input(StepPlan(StepKind.DECODE, seqs, [], []), [])
         paged = timed(lambda p=plan, m=runner: m.run(p).outputs, args.iters)
         print(json.dumps({"batch": batch, "context": args.context, "dense_mlx_lm_ms": round(dense, 1),
                           "paged_ms": round(paged, 1), "ratio": round(paged / dense, 2)}), flush=True)  # fmt: skip

@@ -25,7 +25,6 @@ if TYPE_CHECKING:
     from collections.abc import Iterable
 
     from shared.protocol import Generate, TokenDelta
-    from worker.runner.plan import PrefillChunk
 
 
 @dataclass
@@ -70,13 +69,16 @@ class WorkerTracing:
         parent = set_span_in_context(span)
         self._requests[msg.request_id] = _Request(span, parent, time.time_ns(), msg.n)
 
-    def prefill(self, chunks: Iterable[PrefillChunk], started: float, elapsed: float) -> None:
-        """A step that ran these prompt chunks began at perf_counter() `started`."""
+    def prefill(
+        self, chunks: Iterable[tuple[str, int, int]], started: float, elapsed: float
+    ) -> None:
+        """A step that ran these prompt chunks (request id, tokens, offset: the tokens
+        computed before) began at perf_counter() `started`."""
         end_ns = time.time_ns() - int((time.perf_counter() - started - elapsed) * 1e9)
         start_ns = end_ns - int(elapsed * 1e9)
         chunks = list(chunks)
-        for seq, num_tokens in chunks:
-            req = self._requests.get(seq.request_id)
+        for request_id, num_tokens, offset in chunks:
+            req = self._requests.get(request_id)
             if req is None:
                 continue
             if req.queued_ns >= 0:  # its first chunk: the queue wait is over
@@ -84,7 +86,7 @@ class WorkerTracing:
                 req.queued_ns = -1
             attributes = {
                 "mlx_fleet.prefill_tokens": num_tokens,
-                "mlx_fleet.prefill_offset": seq.num_computed,
+                "mlx_fleet.prefill_offset": offset,
                 "mlx_fleet.step_sequences": len(chunks),
             }
             self._span(req, "prefill", start_ns, end_ns, attributes)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -25,18 +25,18 @@ from worker.engine.scheduler import Scheduler
 from worker.engine.sequence import Sequence, Status
 from worker.engine.speculative import accepted_prefix
 from worker.engine.stats import EngineLoad, EngineStats, KVAudit, engine_stats
-from worker.engine.step_kind import still_running
+from worker.engine.step_kind import StepPlan, forward_input, still_running
 from worker.kv.radix_cache import RadixCache
 from worker.runner.grammar import GrammarCompiler
 from worker.runner.model_runner import LayerTimes, ModelRunner
-from worker.runner.model_support import ModelShape, probe_shape
-from worker.runner.plan import StepKind, StepPlan
+from worker.runner.model_support import ModelShape, UnsupportedModel, probe_shape
+from worker.runner.plan import Forward, StepKind
 
 if TYPE_CHECKING:
     from shared.kv_events import KVEvent
     from shared.protocol import CachePin, ImageInput, TokenDelta, WorkerPhases
     from shared.sampling import SamplingParams
-    from worker.runner.sampler import TokenLogprobs
+    from worker.runner.sampler import TokenLogprob, TokenLogprobs
     from worker.tracing import WorkerTracing
     from worker.vision.encoder import PreparedImages
 
@@ -97,8 +97,8 @@ class Engine:
         )
         self.runner = make_runner(model, self.pool, self.scratch_block, self.backend)
         startup.attach_shape(self.runner, shape)
-        states_mod.attach_states(self, shape)
-        self.outputs = OutputBuilder(self.scheduler)
+        self._attach_states()
+        self.outputs = OutputBuilder()
         self.intake = RequestIntake(self.config, shape.vocab_size, max_context, self.pool, grammars)
         self.stats_, self.kv_audit = EngineStats(), KVAudit(self.check_integrity)
         self._inflight: _InFlight | None = None  # a decode step queued, its tokens unread
@@ -129,7 +129,52 @@ class Engine:
         model, tokenizer = load_model(model_dir, config.compute_dtype)
         grammars = GrammarCompiler.from_hf_tokenizer(tokenizer, probe_shape(model).vocab_size)
         engine = cls.create(model, config, max_context=context_length(model_dir), grammars=grammars)
-        return startup.open_vision(engine, model_dir, tokenizer)
+        return engine.open_vision(model_dir, tokenizer)
+
+    def _attach_states(self) -> None:
+        """A hybrid model's runner reads its states from the pool, and its scheduler pads
+        prefill rows only where the model's recurrent layers honour right padding."""
+        if self.states is None:
+            return
+        inner = getattr(self.runner, "inner", self.runner)
+        if inner is not self.runner:
+            raise UnsupportedModel(
+                "tensor-parallel groups do not serve models with recurrent layers yet; serve "
+                "this one with one worker per model replica"
+            )
+        inner.states = self.states.pool
+        self.scheduler.pad_states = states_mod.honours_padding(self.model)
+        if self.config.speculative != "off":
+            log.info("speculative decoding off: recurrent states cannot take back rejected drafts")
+            self.config = replace(self.config, speculative="off")
+        log.info("KV disk tier and peer transfers off: they carry no recurrent states yet")
+
+    def open_vision(self, model_dir: Path, tokenizer) -> Engine:
+        """A vision model's image side (worker/vision), on the intake; or, on the intake, why
+        its images are refused (no `vision` extra, a family not served). Returns the engine."""
+        from shared.models.loading import resolve_compute_dtype
+        from shared.models.vision import has_vision, read_config
+        from worker.vision.encoder import open_vision as open_encoder
+
+        if not has_vision(read_config(model_dir)):  # a text model never touches the vision code
+            return self
+        name = resolve_compute_dtype(self.config.compute_dtype)
+        dtype = getattr(mx, name) if name != "quantized" else None
+        trunk = self.runner.trunk
+        encoder, note = open_encoder(
+            model_dir, trunk.embedding, dtype, tokenizer.convert_ids_to_tokens
+        )
+        if encoder is not None and encoder.mrope is not None:  # Qwen-VL: 3-D image positions
+            from worker.vision.mrope import install_mrope
+
+            install_mrope(trunk.module, *encoder.mrope)
+        if encoder is not None and encoder.deepstack_layers:  # Qwen3-VL
+            from worker.vision.deepstack import install_deepstack
+
+            install_deepstack(trunk.module, encoder.deepstack_layers)
+        self.intake.vision = encoder
+        self.intake.vision_note = note or self.intake.vision_note
+        return self
 
     # ---- what the worker loop reads ----------------------------------------------------
 
@@ -231,17 +276,23 @@ class Engine:
         start = time.perf_counter()
         times = self._profile_sample()
         try:
-            out = self.runner.run(plan, device_tokens, times)
+            out = self.runner.run(self._input(plan), device_tokens, times)
             mx.async_eval(*out.outputs)
         except Exception as exc:  # building the graph failed: nothing is in flight
-            self._pending_failures += self.outputs.fail_step(plan.decode, exc)
+            self._pending_failures += self.fail_step(plan.decode, exc)
             return
         for seq in plan.decode:
             self.scheduler.computed(seq, 1, in_flight=True)  # cached once read (`_resolve`)
         self.stats_.record_decode_shape(plan.decode, self.pool, self.shape)
         if times is not None:
             self.stats_.record_layer_times(times)
-        self._inflight = _InFlight(out.seqs, out.tokens, out.logprobs, start)
+        seqs = plan.sequences()
+        self._inflight = _InFlight([seqs[k] for k in out.requests], out.tokens, out.logprobs, start)
+
+    def _input(self, plan: StepPlan) -> Forward:
+        """What the runner is handed for `plan` (one forward): plain data, and the requests
+        ended since its last forward (it drops their rng keys)."""
+        return forward_input(plan, self.scheduler.take_finished())
 
     def _resolve(self, inflight: _InFlight | None = None) -> list[TokenDelta]:
         """Read the tokens of the step in flight (or `inflight`) and advance its sequences."""
@@ -256,7 +307,7 @@ class Engine:
             logprobs = inflight.logprobs.tolist() if inflight.logprobs is not None else None
         except Exception as exc:
             live = [s for s in inflight.seqs if s.status is Status.RUNNING]
-            return deltas + self.outputs.fail_step(live, exc)
+            return deltas + self.fail_step(live, exc)
         for seq in inflight.seqs:  # its writes are done: its blocks may enter the cache
             seq.num_in_flight -= 1
         # a pipelined step starts on the device when the previous one ends, not at its launch
@@ -268,12 +319,12 @@ class Engine:
         for i, seq in enumerate(inflight.seqs):
             if seq.status is Status.RUNNING:  # not aborted, nor ended by an earlier token
                 lp = logprobs[i] if logprobs else None
-                deltas.append(self.outputs.advance(seq, [tokens[i]], [lp]))
+                deltas.append(self._advance(seq, [tokens[i]], [lp]))
         return deltas
 
     def _execute(self, plan: StepPlan) -> list[TokenDelta]:
         """Run the MIXED, DECODE or PREFILL `plan` to completion; its deltas."""
-        failed = self.intake.encode_images(plan, self.outputs.fail_step)
+        failed = self.intake.encode_images(plan, self.fail_step)
         if failed:
             plan = still_running(plan)
             if plan.kind is StepKind.IDLE:
@@ -284,13 +335,13 @@ class Engine:
         start = time.perf_counter()
         times = self._profile_sample()
         try:
-            out = self.runner.run(plan, None, times)
+            out = self.runner.run(self._input(plan), None, times)
             mx.eval(*out.outputs)
             tokens = out.tokens.tolist() if out.tokens is not None else []
             logprobs = out.logprobs.tolist() if out.logprobs is not None else [None] * len(tokens)
             scored = out.prompt.tolist() if out.prompt is not None else []
         except Exception as exc:  # a failed forward must not take the other requests down
-            return self.outputs.fail_step(plan.decode + [c.seq for c in plan.prefill], exc)
+            return self.fail_step(plan.decode + [c.seq for c in plan.prefill], exc)
         elapsed = time.perf_counter() - start
         if plan.decode:
             self.stats_.record_decode(elapsed, len(plan.decode))
@@ -300,13 +351,15 @@ class Engine:
         if times is not None:
             self.stats_.record_layer_times(times)
         if self.tracing is not None and plan.prefill:
-            self.tracing.prefill(plan.prefill, start, elapsed)
+            chunks = [(s.request_id, n, s.num_computed) for s, n in plan.prefill]
+            self.tracing.prefill(chunks, start, elapsed)
         for seq, n in plan.prefill:
             self.scheduler.computed(seq, n)
-        self.outputs.record_prompt(scored)
+        seqs = plan.sequences()
+        self.outputs.record_prompt([(seqs[key], *rest) for key, *rest in scored])
         decoding = {id(s) for s in plan.decode}
         deltas, at = [], 0
-        for seq, count in zip(out.seqs, out.counts, strict=True):
+        for seq, count in zip([seqs[k] for k in out.requests], out.counts, strict=True):
             toks, lps = tokens[at : at + count], logprobs[at : at + count]
             at += count
             if seq.draft:  # keep what the model agrees with, and its own next token
@@ -317,8 +370,50 @@ class Engine:
                 seq.draft = []
             if id(seq) in decoding:  # its input token and the accepted drafts are computed
                 self.scheduler.computed(seq, len(toks))
-            deltas.append(self.outputs.advance(seq, toks, lps))
+            deltas.append(self._advance(seq, toks, lps))
         return deltas
+
+    def _advance(self, seq: Sequence, tokens: list[int], logprobs: list) -> TokenDelta:
+        """`seq` produced `tokens` (one, or several when drafts were accepted): the scheduler
+        appends them (and ends it on a stop or a limit); its delta. With max_tokens 0 it ends
+        here ("length"), its prompt scored, nothing generated."""
+        emitted: list[int] = []
+        entries: list[TokenLogprob | None] = []
+        reason = None
+        if seq.sampling.max_tokens == 0:
+            tokens, logprobs, reason = [], [], "length"
+            self.scheduler.remove(seq)
+        for token, logprob in zip(tokens, logprobs, strict=True):
+            reason = self.scheduler.append_token(seq, token, logprob and logprob.logprob)
+            # a stop token ends the text, unshown; a token that completed the grammar is shown
+            if token not in seq.sampling.stop_token_ids:
+                emitted.append(token)
+                entries.append(logprob)
+            if reason is not None:
+                break
+        return self.outputs.delta(seq, emitted, entries, reason, len(tokens))
+
+    def fail(self, seq: Sequence, message: str) -> TokenDelta:
+        """End `seq`'s whole request with an error (every choice of it: one failed)."""
+        self.outputs.forget(seq.request_id)
+        for other in [seq, *self.scheduler.sequences_of(seq.request_id)]:
+            if other.status is not Status.FINISHED:
+                self.scheduler.drop(other)
+        return self.outputs.error(seq, message)
+
+    def fail_step(
+        self, seqs: list[Sequence], exc: Exception, what: str = "the model step failed"
+    ) -> list[TokenDelta]:
+        """End the requests of a failed step (or of the part of it that failed: `what`) with
+        an error, their blocks freed; the others go on."""
+        return self.fail_all(seqs, self.outputs.failure(seqs, exc, what))
+
+    def fail_all(self, seqs: list[Sequence], message: str) -> list[TokenDelta]:
+        """End the requests of `seqs` with an error: one delta per request still open (n > 1:
+        its choices end together)."""
+        seen: set[str] = set()
+        live = [s for s in seqs if not (s.request_id in seen or seen.add(s.request_id))]
+        return [self.fail(s, message) for s in live if self.outputs.is_open(s.request_id)]
 
     def _profile_sample(self) -> LayerTimes | None:
         """Every `PROFILE_EVERY`-th step is profiled layer by layer (write and attention

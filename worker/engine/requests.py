@@ -9,8 +9,6 @@ import random
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-import mlx.core as mx
-
 from shared.models.vision import IMAGE_KEY_BASE, image_positions
 from shared.sampling import InvalidRequest, SamplingParams
 from worker.engine.sequence import Sequence
@@ -20,9 +18,9 @@ from worker.runner.logits_processors import LogitsState
 if TYPE_CHECKING:
     from shared.protocol import CachePin, ImageInput, TokenDelta
     from worker.config import EngineConfig
+    from worker.engine.step_kind import StepPlan
     from worker.kv.block_pool import BlockPool
     from worker.runner.grammar import GrammarCompiler
-    from worker.runner.plan import StepPlan
     from worker.vision.encoder import PreparedImages, VisionEncoder
 
 
@@ -152,7 +150,6 @@ class RequestIntake:
             tokens=list(token_ids),
             sampling=sampling,
             arrival=next(self._arrivals),
-            rng_key=None if sampling.greedy else mx.random.key(seed),
             seed=seed,
             forks=n - 1,
             logits_state=LogitsState.create(sampling, token_ids, self.vocab_size, self.grammars),

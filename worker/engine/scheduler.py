@@ -7,22 +7,35 @@ cached prefix (the hit every cache kind agrees on: `self.kv`, worker/engine/cach
 when its whole prompt fits beside what the running sequences still need (no overcommit). When
 blocks run out, the prefix cache gives back its least recently used unreferenced blocks, then
 its oldest pins (`self.kv.pins`: prefixes requests asked to keep, worker/kv/pins.py); then
-the newest running sequence is preempted and requeued (its computed blocks stay cached)."""
+the newest running sequence is preempted and requeued (its computed blocks stay cached).
+
+Speculative decoding (worker/engine/speculative.py proposes a sequence's drafts): which drafts
+a step verifies is chosen per row, where it pays (`choose_drafts`). A draft's rows gather keys
+(priced as the fold rule prices folded rows, `ForwardCosts` over `gathered_keys`, the shared
+prefix once per group) and go through the weights' matmuls; what it buys is its expected
+accepted tokens (the row's acceptance estimate, an EWMA of accepted/drafted, times the draft's
+length), each a decode tick's cost per row saved. So a small batch drafts freely, a large one
+only rows whose drafts are usually accepted, and a step where no row drafts stays pipelined."""
 
 from __future__ import annotations
 
 from collections import deque
 from typing import TYPE_CHECKING
 
-from worker.engine import admission
+from worker.attention.shared_prefix import gathered_keys
 from worker.engine.admission import fits_whole_prompt, shares_pending_prefill
 from worker.engine.caches import CacheCoordinator
 from worker.engine.sequence import Sequence, Status, enqueue, preemption_victim
-from worker.engine.speculative import plan_drafts, would_draft
 from worker.engine.states import NO_STATES, NoStates, SequenceStates
-from worker.engine.step_kind import REFERENCE_COSTS, ForwardCosts, plan_step
-from worker.kv.radix_cache import RadixCache
-from worker.runner.plan import PrefillChunk, StepKind, StepPlan
+from worker.engine.step_kind import (
+    REFERENCE_COSTS,
+    ForwardCosts,
+    PrefillChunk,
+    StepPlan,
+    plan_step,
+)
+from worker.kv.radix_cache import MatchResult, RadixCache
+from worker.runner.plan import RequestKey, StepKind
 
 if TYPE_CHECKING:
     from worker.config import EngineConfig
@@ -55,6 +68,8 @@ class Scheduler:
         self.block_size = pool.block_size
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
+        # sequences ended since the runner last heard (`take_finished`): it drops their state
+        self.finished: list[RequestKey] = []
         if disk is not None:  # a pin released for room is written to disk first
             self.kv.pins.spill = disk.save
 
@@ -71,6 +86,12 @@ class Scheduler:
         elif seq in self.waiting:
             self.waiting.remove(seq)
         seq.status = Status.FINISHED
+        self.finished.append(seq.key)
+
+    def take_finished(self) -> list[RequestKey]:
+        """Mutates: the sequences ended since the last call (for the runner's next forward)."""
+        finished, self.finished = self.finished, []
+        return finished
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
@@ -85,7 +106,7 @@ class Scheduler:
         preempted: list[Sequence] = []
         self._fork_ready()
         decode = self._schedule_decode(preempted)
-        plan_drafts(self, decode)
+        self._plan_drafts(decode)
         budget = self.config.step_token_budget - sum(1 + len(s.draft) for s in decode)
         prefill = self._continue_prefills(budget, preempted)
         budget -= sum(c.num_tokens for c in prefill)
@@ -120,7 +141,7 @@ class Scheduler:
                 or len(seq.tokens) + 2 >= self.max_context
             ):
                 return False
-        if would_draft(self, seqs):
+        if self._would_draft(seqs):
             return False  # verifying drafts needs the tokens on the host: a planned step
         need = sum(self.blocks_needed(s, s.num_computed + 1) for s in seqs)
         return need * self.pool.unit_cost <= self.pool.room(self.cache.evictable_blocks)
@@ -206,7 +227,7 @@ class Scheduler:
             # hold the match before making room, or the eviction could take it
             self.cache.lock(hit.match.node)
             self.pool.incref(hit.match.block_ids)
-            match = admission.from_disk(self, prompt, hit.match)
+            match = self._from_disk(prompt, hit.match)
             hit = self.kv.tail(prompt, hit, match)  # a partial tail after it, held if any
             done = match.num_tokens + hit.tail_tokens
             left = len(seq.tokens) - done - (1 if seq.forks else 0)
@@ -214,7 +235,7 @@ class Scheduler:
             self.kv.plan(seq, done, hit.kv_tokens)
             room = self.pool.room(self.cache.evictable_blocks)
             n = self.kv.chunk(seq, n, done)
-            n = admission.chunk_that_fits(self, room, len(match.block_ids), done, n)
+            n = self._chunk_that_fits(room, len(match.block_ids), done, n)
             need = self.pool.blocks_for_tokens(done + n) - len(match.block_ids)
             fits = fits_whole_prompt(seq, len(match.block_ids), self.running, self.pool, room)
             if not fits or not self.make_room(need):
@@ -229,6 +250,32 @@ class Scheduler:
             budget -= n
         self.waiting.extendleft(reversed(deferred))
         return chunks
+
+    def _from_disk(self, prompt: list[int], match: MatchResult) -> MatchResult:
+        """Mutates: the prompt's blocks after `match` that the disk tier holds, loaded into new
+        blocks (held, like the match's) and put back in the prefix cache; the longer match."""
+        bs, start = self.block_size, len(match.block_ids)
+        wanted = len(prompt) // bs - start
+        if self.disk is None or wanted <= 0 or not self.config.enable_prefix_cache:
+            return match
+        hits = self.disk.find(prompt, start, wanted)
+        if not hits or not self.make_room(len(hits)):
+            return match
+        loaded = self.pool.allocate(len(hits))
+        self.disk.load(loaded, hits)
+        block_ids = match.block_ids + loaded
+        self.cache.insert(prompt[: len(block_ids) * bs], block_ids)
+        return MatchResult(match.node, block_ids, len(block_ids) * bs)
+
+    def _chunk_that_fits(self, room: int, matched_blocks: int, done: int, n: int) -> int:
+        """`n`, cut so the chunk's new blocks fit in `room` units (free, spare, evictable), when
+        nothing runs: then nothing will free more, and a chunk that does not fit would leave the
+        request waiting for ever (a long prompt near the pool's size, beside a held partial
+        hit). At least one token: the intake already checked that the prompt fits."""
+        if self.running:
+            return n
+        fit = (matched_blocks + room // self.pool.unit_cost) * self.block_size - done
+        return min(n, max(1, fit))
 
     def _can_admit(self) -> bool:
         """Whether the first waiting request could be admitted now (top-up: it then joins
@@ -252,6 +299,28 @@ class Scheduler:
             seq.num_cached = seq.num_computed
         seq.status = Status.RUNNING
         self.running.append(seq)
+
+    # ---- speculative decoding: drafts verified in the decode forward ----------------------
+
+    def _would_draft(self, seqs: list[Sequence]) -> bool:
+        """Whether any of the decoding `seqs` would verify a draft next step."""
+        args = (self.config, self.max_context, self.costs, self.block_size)
+        return bool(choose_drafts(seqs, *args, first_only=True))
+
+    def _plan_drafts(self, decode: list[Sequence]) -> None:
+        """Mutates: this step's drafts of the decoding sequences, with blocks for them (only
+        from free or evictable blocks: a draft never preempts anyone)."""
+        for seq in decode:
+            seq.draft = []
+            if seq.drafting is not None:
+                seq.drafting.tick()
+        chosen = choose_drafts(decode, self.config, self.max_context, self.costs, self.block_size)
+        for seq in decode:
+            draft = chosen.get(id(seq))
+            end = seq.num_computed + 1 + len(draft or ())
+            if draft and self.make_room(self.blocks_needed(seq, end)):
+                self.grow(seq, end)
+                seq.draft = draft
 
     # ---- n > 1: choices forked after one prefill ------------------------------------------
 
@@ -342,3 +411,65 @@ class Scheduler:
         """Like remove, but nothing of `seq` enters the prefix cache (its KV is suspect)."""
         seq.inserted_tokens = max(seq.inserted_tokens, seq.num_computed)
         self.remove(seq)
+
+
+def draft_budget(seq: Sequence, config: EngineConfig, max_context: int) -> int:
+    """Most draft tokens `seq` may verify this step (its token and context limits)."""
+    left = min(
+        seq.sampling.max_tokens - seq.num_output - 1,
+        max_context - len(seq.tokens) - 2,
+    )
+    return max(0, min(config.spec_tokens, left))
+
+
+def choose_drafts(
+    seqs: list[Sequence],
+    config: EngineConfig,
+    max_context: int,
+    costs: ForwardCosts,
+    block_size: int,
+    first_only: bool = False,
+) -> dict[int, list[int]]:
+    """The drafts (by `id(seq)`) worth verifying next step among the decoding `seqs`: those
+    whose expected accepted tokens, each a decode tick's cost per row, outweigh the keys their
+    one-token rows add to the forward's gather and their token slots. The likeliest first
+    (`first_only`: stop at the first that pays). Does not mutate (but for the n-gram indexes
+    catching up with the tokens). Host ints only: ~12 ms at 64 rows that all draft."""
+    if config.speculative == "off" or not seqs:
+        return {}
+    proposals = []
+    for seq in seqs:
+        if seq.drafting is not None:
+            draft = seq.drafting.propose(seq.tokens, draft_budget(seq, config, max_context))
+            if draft:
+                proposals.append((seq, draft))
+    if not proposals:
+        return {}
+    tables = [_table(s, s.num_computed + 1, block_size) for s in seqs]
+    lengths = [s.num_computed + 1 for s in seqs]
+    keys = gathered_keys(tables, lengths, block_size)
+    tick = costs.weight_pass_s + keys * costs.key_s + len(seqs) * costs.token_s
+    per_row = tick / len(seqs)  # what a decode tick costs each of its rows
+    chosen: dict[int, list[int]] = {}
+    for seq, draft in sorted(proposals, key=lambda p: -p[0].drafting.acceptance):
+        start, k = seq.num_computed + 1, len(draft)
+        table = _table(seq, start + k, block_size)
+        with_draft = gathered_keys(
+            tables + [table] * k, lengths + list(range(start + 1, start + k + 1)), block_size
+        )
+        cost = (with_draft - keys) * costs.key_s + k * costs.token_s
+        if seq.drafting.acceptance * k * per_row > cost:
+            chosen[id(seq)] = draft
+            tables += [table] * k
+            lengths += range(start + 1, start + k + 1)
+            keys = with_draft
+            if first_only:
+                break
+    return chosen
+
+
+def _table(seq: Sequence, num_tokens: int, block_size: int) -> list[int]:
+    """`seq`'s block ids for `num_tokens` tokens: blocks it does not have yet stand in as ids
+    no other row has (a new block is never shared)."""
+    missing = -(-num_tokens // block_size) - len(seq.block_ids)
+    return seq.block_ids + [-1 - id(seq) * 64 - i for i in range(max(0, missing))]

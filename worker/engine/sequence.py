@@ -8,7 +8,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-import mlx.core as mx
+from worker.runner.plan import RequestKey
 
 if TYPE_CHECKING:
     from shared.protocol import CachePin
@@ -61,10 +61,9 @@ class Sequence:
     snapshot_at: dict[int, int] = field(default_factory=dict)
     # its states at the latest block boundary its decode crossed: (position, state slot)
     kept_state: tuple[int, int] | None = None
-    rng_key: mx.array | None = None
     logprobs: list[float] = field(default_factory=list)
     num_preemptions: int = 0
-    seed: int = 0  # of the rng key; choice i of a request samples with seed + i
+    seed: int = 0  # of its rng key (the runner's); choice i of a request samples with seed + i
     choice: int = 0  # which of its request's n choices this sequence is
     forks: int = 0  # choices still to fork off this one once its prompt is computed
     logits_state: LogitsState | None = None  # bias, penalties, grammar (when asked for)
@@ -92,7 +91,6 @@ class Sequence:
             num_cached=self.num_cached,
             lock_node=self.lock_node,
             inserted_tokens=self.inserted_tokens,
-            rng_key=None if self.rng_key is None else mx.random.key(self.seed + choice),
             seed=self.seed,
             choice=choice,
             logits_state=self.logits_state.fork() if self.logits_state is not None else None,
@@ -106,6 +104,11 @@ class Sequence:
         complete (nothing more may follow), which ends the sequence with "stop"."""
         state = self.logits_state
         return state is not None and state.grammar is not None and state.grammar.advance(token)
+
+    @property
+    def key(self) -> RequestKey:
+        """Which sequence it is, to the runner: its request's id and its choice."""
+        return RequestKey(self.request_id, self.choice)
 
     @property
     def scores_prompt(self) -> bool:

@@ -45,7 +45,6 @@ from shared.kv_events import (
     StateSnapshotsDropped,
     StateSnapshotsStored,
 )
-from worker.runner.model_support import UnsupportedModel
 from worker.state import StatePool
 from worker.state.pool import state_bytes
 
@@ -53,7 +52,6 @@ if TYPE_CHECKING:
     import mlx.nn as nn
 
     from worker.config import EngineConfig
-    from worker.engine.engine import Engine
     from worker.engine.sequence import Sequence
     from worker.runner.model_support import ModelShape
 
@@ -206,25 +204,6 @@ def make_states(config: EngineConfig, shape: ModelShape, emit) -> SequenceStates
              len(shape.states), state_bytes(shape.states) / 2**20, slots, config.state_snapshots or 0)  # fmt: skip
     return SequenceStates(StatePool(list(shape.states), slots, config.max_running),
                           config.block_size, emit)  # fmt: skip
-
-
-def attach_states(engine: Engine, shape: ModelShape) -> None:
-    """A hybrid model's runner reads its states from the pool, and its scheduler pads
-    prefill rows only where the model's recurrent layers honour right padding."""
-    if engine.states is None:
-        return
-    inner = getattr(engine.runner, "inner", engine.runner)
-    if inner is not engine.runner:
-        raise UnsupportedModel(
-            "tensor-parallel groups do not serve models with recurrent layers yet; serve "
-            "this one with one worker per model replica"
-        )
-    inner.states = engine.states.pool
-    engine.scheduler.pad_states = honours_padding(engine.model)
-    if engine.config.speculative != "off":
-        log.info("speculative decoding off: recurrent states cannot take back rejected drafts")
-        engine.config = replace(engine.config, speculative="off")
-    log.info("KV disk tier and peer transfers off: they carry no recurrent states yet")
 
 
 def honours_padding(model: nn.Module) -> bool:

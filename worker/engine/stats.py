@@ -21,10 +21,10 @@ from worker.runner.plan import StepKind
 
 if TYPE_CHECKING:
     from worker.engine.scheduler import Scheduler
+    from worker.engine.step_kind import StepPlan
     from worker.kv.block_pool import BlockPool
     from worker.kv.disk_tier import DiskTier
     from worker.kv.radix_cache import RadixCache
-    from worker.runner.plan import StepPlan
 
 log = logging.getLogger(__name__)
 

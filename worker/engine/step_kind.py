@@ -1,4 +1,7 @@
-"""Which forwards a step's rows go through: the fold rule, and the packing of prefill chunks.
+"""A step's plan (`StepPlan`: which sequences decode, which prefill chunks run, and how the
+step goes through the model), the plain data each of its forwards hands the runner
+(`forward_input`), and which forwards a step's rows go through: the fold rule, and the packing
+of prefill chunks.
 
 A step has decode rows (one token each) and prefill chunks. Every forward reads every weight
 once; what differs is where each chunk's tokens go:
@@ -25,14 +28,97 @@ from typing import TYPE_CHECKING, NamedTuple
 from mlx.utils import tree_flatten
 
 from worker.attention.shared_prefix import gathered_keys
-from worker.engine.sequence import Status
-from worker.runner.plan import PrefillChunk, StepKind, StepPlan
+from worker.engine.sequence import Sequence, Status
+from worker.runner.plan import Forward, ForwardRequest, RequestKey, StepKind
 
 if TYPE_CHECKING:
     import mlx.nn as nn
 
-    from worker.engine.sequence import Sequence
     from worker.kv.block_pool import BlockPool
+
+
+class PrefillChunk(NamedTuple):
+    seq: Sequence
+    num_tokens: int
+
+
+class StepPlan(NamedTuple):
+    """A step: `decode` rows and `prefill` chunks, the first `folded` of them one-token rows
+    of the decode forward (or of a flat forward of their own when nothing decodes); the rest
+    in padded prefill forwards of `groups` chunks each, in order (no groups: one forward)."""
+
+    kind: StepKind
+    decode: list[Sequence]
+    prefill: list[PrefillChunk]
+    preempted: list[Sequence]
+    folded: int = 0
+    groups: tuple[int, ...] = ()
+
+    def split(self) -> list[StepPlan]:
+        """The forwards this plan runs, in order: the decode forward (DECODE, or MIXED with
+        its folded chunks), then each PREFILL forward."""
+        if self.kind in (StepKind.DECODE, StepKind.MIXED, StepKind.IDLE):
+            return [self]
+        folded, rest = self.prefill[: self.folded], self.prefill[self.folded :]
+        parts = []
+        if self.decode or folded:
+            kind = StepKind.MIXED if folded else StepKind.DECODE
+            parts.append(StepPlan(kind, self.decode, folded, []))
+        at = 0
+        for size in self.groups or (len(rest),):
+            if size:
+                parts.append(StepPlan(StepKind.PREFILL, [], rest[at : at + size], []))
+            at += size
+        return [parts[0]._replace(preempted=self.preempted), *parts[1:]] if parts else []
+
+    def sequences(self) -> dict[RequestKey, Sequence]:
+        """Its sequences by request key: how the runner's answers find them."""
+        return {s.key: s for s in (*self.decode, *(c.seq for c in self.prefill))}
+
+
+def forward_input(plan: StepPlan, finished: list[RequestKey]) -> Forward:
+    """The plain data the runner is handed for one forward of `plan.split()` (the sequences'
+    current tokens, positions and blocks), and the requests `finished` since the last one."""
+    decode = [_decode_request(s) for s in plan.decode]
+    prefill = [_prefill_request(s, n) for s, n in plan.prefill]
+    return Forward(plan.kind, decode, prefill, finished)
+
+
+def _decode_request(seq: Sequence) -> ForwardRequest:
+    """Its last token (none yet when it is the in-flight step's sample) and its drafts."""
+    start = seq.num_computed
+    return ForwardRequest(
+        key=seq.key,
+        tokens=[*seq.tokens[start : start + 1], *seq.draft],
+        start=start,
+        block_ids=seq.block_ids,
+        sampling=seq.sampling,
+        seed=seq.seed,
+        state_slot=seq.state_slot,
+        logits_state=seq.logits_state,
+        images=seq.images,
+    )
+
+
+def _prefill_request(seq: Sequence, n: int) -> ForwardRequest:
+    """The chunk of `n` prompt tokens after its computed ones; whether it ends the prompt
+    (then it samples), and the prompt tokens its positions score (prompt logprobs)."""
+    start = seq.num_computed
+    scored_to = min(start + n, seq.prompt_len - 1) if seq.scores_prompt else start
+    return ForwardRequest(
+        key=seq.key,
+        tokens=seq.tokens[start : start + n],
+        start=start,
+        block_ids=seq.block_ids,
+        sampling=seq.sampling,
+        seed=seq.seed,
+        state_slot=seq.state_slot,
+        samples=start + n == len(seq.tokens),
+        prompt_targets=seq.tokens[start + 1 : scored_to + 1],
+        logits_state=seq.logits_state,
+        images=seq.images,
+    )
+
 
 # Rates measured on the reference machine (2-core x86-64, OpenBLAS). Not settings: they are
 # facts about the hardware, and only their ratios decide anything.

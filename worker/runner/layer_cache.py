@@ -17,7 +17,7 @@ the model builds its chunk mask itself from `cache[0].start_position` and `offse
 sequence's positions (`worker.runner.row_ranges` lets it build one from ours, to be replaced:
 `attention_mask`). `start_position` and `maybe_trim_front` are there for that code.
 
-It also keeps the counts the load-time probe reads (`worker.engine.startup.checks.check_model`).
+It also keeps the counts the load-time probe reads (the engine's `check_model`, at start-up).
 """
 
 from __future__ import annotations

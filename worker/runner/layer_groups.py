@@ -27,7 +27,7 @@ Two ways a layer reads its K/V (`LayerCache`, `worker.runner.layer_cache`):
   the layer's cache gathers each row's visible span of K/V from the pool and hands the model
   that dense K/V and a boolean mask of causality, window (or chunk) and lengths, so the
   model's own attention code runs unchanged (no forked model files).
-The load-time probe (`worker.engine.startup.checks.check_model`) decides per layer.
+The load-time probe (the engine's `check_model`, at start-up) decides per layer.
 """
 
 from __future__ import annotations

@@ -9,10 +9,12 @@ it runs the forward's `AttentionPlan` over the sequence's blocks instead of the 
 SwiGLU and RoPE get faster CPU paths inside our forwards (`worker.runner.model_hooks`); what
 those hooks need of a forward they read off its `ForwardContext` (`worker.attention.forward`).
 
-`ModelRunner.run(plan)` is the whole device side of a step: the batch layout built once from
-host ints, one attention plan per forward, the forward, and the only place tokens are sampled.
-Nothing in it reads device data on the host, so a step can be built while the previous one is
-still running (`tests/unit/worker/engine/test_no_host_sync.py`).
+`ModelRunner.run(forward)` is the whole device side of a step: the batch layout built once
+from host ints, one attention plan per forward, the forward, and the only place tokens are
+sampled. It is handed plain data (`worker.runner.plan.Forward`: request ids, tokens, block
+tables) and answers by request id; the rng keys are its own, kept by request. Nothing in it
+reads device data on the host, so a step can be built while the previous one is still running
+(`tests/unit/worker/engine/test_no_host_sync.py`).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from worker.attention import AttentionBackend, ForwardContext, building, install
 from worker.runner.layer_cache import CacheEntries, ForwardGroups, LayerCache, LayerTimes
 from worker.runner.layer_groups import LayerKind, grouped_scores
 from worker.runner.model_hooks import install_model_hooks
-from worker.runner.plan import StepKind, StepPlan
+from worker.runner.plan import Forward, ForwardRequest, RequestKey, StepKind
 from worker.runner.sampler import PromptLogprobs, TokenLogprobs, prompt_logprobs, sample
 from worker.runner.state_cache import StateCache
 from worker.runner.trunk import Trunk
@@ -38,7 +40,6 @@ from worker.vision.mrope import forward_positions
 if TYPE_CHECKING:
     import numpy as np
 
-    from worker.engine.sequence import Sequence
     from worker.kv.block_pool import BlockPool
     from worker.state import StatePool
 
@@ -102,7 +103,7 @@ def build_layout(rows: list[Row], block_size: int, scratch_block: int) -> BatchL
 class StepOutput(NamedTuple):
     """What one forward produced, still on the device until evaluated."""
 
-    seqs: list[Sequence]  # the sequences that sampled, in row order
+    requests: list[RequestKey]  # the requests that sampled, in row order
     counts: list[int]  # tokens each sampled: 1, or 1 + its drafts (verified together)
     tokens: mx.array | None  # (sum(counts),) int32; None when none sampled
     logprobs: TokenLogprobs | None
@@ -114,13 +115,14 @@ class StepOutput(NamedTuple):
 
 
 class Points(NamedTuple):
-    """Where a forward's logits are read: (row, column) pairs, and the sequence of each."""
+    """Where a forward's logits are read: (row, column) pairs, and the request of each."""
 
     rows: list[int]
     cols: list[int | None]  # None: the row's last real token
-    seqs: list[Sequence]
-    # prompt logprobs asked for: (row, column, sequence, the prompt position scored there)
-    prompt: list[tuple[int, int, Sequence, int]]
+    requests: list[ForwardRequest]
+    # prompt logprobs asked for: (row, column, request, the prompt position scored there,
+    # the prompt token at that position)
+    prompt: list[tuple[int, int, ForwardRequest, int, int]]
 
 
 class ModelRunner:
@@ -149,21 +151,26 @@ class ModelRunner:
         # what a forward wrote that its samples may not read (states, snapshots, an
         # indexer's keys): evaluated with them
         self._written: list[mx.array] = []
+        # each sampled (not greedy) request's rng key, split at every sample; dropped when the
+        # engine says the request is over (`Forward.finished`)
+        self._rng_keys: dict[RequestKey, mx.array] = {}
 
     def run(
-        self, plan: StepPlan, device_tokens: mx.array | None = None, times: LayerTimes | None = None
+        self, plan: Forward, device_tokens: mx.array | None = None, times: LayerTimes | None = None
     ) -> StepOutput:
         """Build and queue (lazily) the forward of `plan` and its sampling. Mutates only the
-        sampling state of the sequences that sample (their rng keys).
+        sampling state of the requests that sample (their rng keys, their logits states).
 
         `device_tokens` (B,), with a DECODE plan: the rows' input tokens, still on the device
-        (the previous step's samples); the rows then sit at `num_computed` and all sample.
+        (the previous step's samples); the rows then sit at their `start` and all sample.
         `times`: evaluate layer by layer and add up write and attention time (profiling).
         """
+        for key in plan.finished:
+            self._rng_keys.pop(key, None)
         rows, points = self.plan_rows(plan, device_tokens is not None)
         hidden, layout = self.forward(rows, device_tokens, times)
         prompt = self._score_prompts(hidden, points.prompt) if points.prompt else None
-        if not points.seqs:
+        if not points.requests:
             outputs = prompt.arrays() if prompt is not None else self.pool.k + self.pool.v
             outputs = outputs + self._written
             return StepOutput([], [], None, None, outputs, prompt)
@@ -172,29 +179,38 @@ class ModelRunner:
         row_idx = mx.array(points.rows, dtype=mx.int32)
         cols = [layout.last_index[r] if c is None else c for r, c in zip(*points[:2], strict=True)]
         logits = self._head(hidden[row_idx, mx.array(cols, dtype=mx.int32)])
-        seqs = points.seqs
-        # a sequence with logit processors samples at one point per step (it never drafts)
+        requests = points.requests
+        # a request with logit processors samples at one point per step (it never drafts)
         result, keys = sample(
             logits,
-            [s.sampling for s in seqs],
-            [s.rng_key for s in seqs],
-            [s.logits_state for s in seqs],
+            [r.sampling for r in requests],
+            [self._rng_key(r) for r in requests],
+            [r.logits_state for r in requests],
         )
-        for seq, key in zip(seqs, keys, strict=True):
-            seq.rng_key = key
-        unique, counts = _runs(seqs)
+        for request, key in zip(requests, keys, strict=True):
+            if key is not None:
+                self._rng_keys[request.key] = key
+        unique, counts = _runs([r.key for r in requests])
         outputs = [*result.arrays(), *(k for k in keys if k is not None), *self._written]
         if prompt is not None:
             outputs += prompt.arrays()
         return StepOutput(unique, counts, result.tokens, result.logprobs, outputs, prompt)
 
+    def _rng_key(self, request: ForwardRequest) -> mx.array | None:
+        """`request`'s rng key: made from its seed at its first sample (none when greedy)."""
+        key = self._rng_keys.get(request.key)
+        if key is None and not request.sampling.greedy:
+            key = mx.random.key(request.seed + request.key.choice)
+        return key
+
     def _score_prompts(self, hidden: mx.array, points: list) -> PromptLogprobs:
         """Every asked-for prompt position of this forward through the output projection: the
         logprob of the prompt token after it (only the rows of requests that asked)."""
-        rows, cols, seqs, positions = (list(x) for x in zip(*points, strict=True))
+        rows, cols, requests, positions, targets = (list(x) for x in zip(*points, strict=True))
         at = hidden[mx.array(rows, dtype=mx.int32), mx.array(cols, dtype=mx.int32)]
-        targets = [s.tokens[p] for s, p in zip(seqs, positions, strict=True)]
-        return prompt_logprobs(self._head(at), targets, seqs, positions)
+        counts = [r.sampling.prompt_logprobs for r in requests]
+        keys = [r.key for r in requests]
+        return prompt_logprobs(self._head(at), targets, keys, positions, counts)
 
     def forward(
         self,
@@ -268,7 +284,7 @@ class ModelRunner:
         padded = lengths if any(n != width for n in lengths) else None
         return [StateCache(self.states, s, slots, padded) for s in range(len(self.states.shapes))]
 
-    def plan_rows(self, plan: StepPlan, on_device: bool) -> tuple[list[Row], Points]:
+    def plan_rows(self, plan: Forward, on_device: bool) -> tuple[list[Row], Points]:
         """The rows of `plan` and where they sample. A decode row is its last token; its
         drafts are one-token rows after it (each samples: the drafts are verified), so the
         decode rows stay one-query rows (shared-prefix attention) and nothing is padded; in
@@ -276,63 +292,61 @@ class ModelRunner:
         rows: list[Row] = []
         points = Points([], [], [], [])
 
-        def add(row: Row, seq: Sequence, cols: list[int | None]) -> None:
+        def add(row: Row, request: ForwardRequest, cols: list[int | None]) -> None:
             rows.append(row)
             for col in cols:
                 points.rows.append(len(rows) - 1)
                 points.cols.append(col)
-                points.seqs.append(seq)
+                points.requests.append(request)
 
         flat = plan.kind is StepKind.MIXED
-        for s in plan.decode:
-            start = s.num_computed
-            toks = [0] if on_device else [s.tokens[start], *s.draft]
-            for i, tok in enumerate(toks):
-                at = s.images.rope_positions(start + i, 1) if s.images else None
-                add(Row([tok], start + i, s.block_ids, s.state_slot, positions=at), s, [0])
-        for s, n in plan.prefill:
-            start = s.num_computed
-            samples = start + n == len(s.tokens)  # the prompt's last token: sample the next
-            # positions whose next token is a prompt token whose logprob was asked for
-            scored = range(start, min(start + n, s.prompt_len - 1) if s.scores_prompt else start)
-            images = s.images
+        for r in plan.decode:
+            start, images = r.start, r.images
+            for i, tok in enumerate([0] if on_device else r.tokens):
+                at = images.rope_positions(start + i, 1) if images else None
+                add(Row([tok], start + i, r.block_ids, r.state_slot, positions=at), r, [0])
+        for r in plan.prefill:
+            start, n, images, targets = r.start, len(r.tokens), r.images, r.prompt_targets
             if flat:
-                for p in range(start, start + n):
-                    last = samples and p == start + n - 1
+                for i in range(n):
+                    p = start + i
+                    last = r.samples and i == n - 1
                     image = images.rows(p, 1) if images else None
                     at = images.rope_positions(p, 1) if images else None
                     add(
-                        Row(s.tokens[p : p + 1], p, s.block_ids, image=image, positions=at),
-                        s,
+                        Row(r.tokens[i : i + 1], p, r.block_ids, image=image, positions=at),
+                        r,
                         [0] if last else [],
                     )
-                    if p in scored:
-                        points.prompt.append((len(rows) - 1, 0, s, p + 1))
+                    if i < len(targets):
+                        points.prompt.append((len(rows) - 1, 0, r, p + 1, targets[i]))
             else:
                 add(
                     Row(
-                        s.tokens[start : start + n],
+                        r.tokens,
                         start,
-                        s.block_ids,
-                        s.state_slot,
+                        r.block_ids,
+                        r.state_slot,
                         images.rows(start, n) if images else None,
                         images.rope_positions(start, n) if images else None,
-                    ),  # fmt: skip
-                    s,
-                    [None] if samples else [],
+                    ),
+                    r,
+                    [None] if r.samples else [],
                 )
-                points.prompt.extend((len(rows) - 1, p - start, s, p + 1) for p in scored)
+                points.prompt.extend(
+                    (len(rows) - 1, i, r, start + i + 1, t) for i, t in enumerate(targets)
+                )
         return rows, points
 
 
-def _runs(seqs: list[Sequence]) -> tuple[list[Sequence], list[int]]:
-    """Consecutive repeats collapsed: the sequences in order, and how many points each."""
-    unique: list[Sequence] = []
+def _runs(keys: list[RequestKey]) -> tuple[list[RequestKey], list[int]]:
+    """Consecutive repeats collapsed: the requests in order, and how many points each."""
+    unique: list[RequestKey] = []
     counts: list[int] = []
-    for seq in seqs:
-        if unique and unique[-1] is seq:
+    for key in keys:
+        if unique and unique[-1] == key:
             counts[-1] += 1
         else:
-            unique.append(seq)
+            unique.append(key)
             counts.append(1)
     return unique, counts

@@ -1,6 +1,6 @@
 """Which mlx-lm models the paged engine serves, and how each layer reads its K/V.
 
-At load (`worker.engine.startup.checks.check_model`): `probe_shape` reads the model's cache kinds
+At load (the engine's `check_model`): `probe_shape` reads the model's cache kinds
 and K/V shapes off a one-token forward under mlx-lm (refusing, in one sentence, caches the
 paged KV cannot stand in for: `worker.runner.layer_groups`); then a one-token forward of ours
 with every layer in the gathered mode tells, per layer, whether it may take the paged fast

@@ -1,6 +1,8 @@
-"""A step's plan: which sequences decode, which prefill chunks run, and how the step goes
-through the model (its `StepKind`). The scheduler makes plans; the runner runs them, so the
-types live here, below both (the runner imports nothing of the engine)."""
+"""What the runner is handed for one forward: plain data, built by the engine from its step
+plan (`StepPlan`, which holds its sequences). Per request: its id and choice, the token ids to
+feed, where they go (first position, block table, state slot) and how it samples. The runner
+imports nothing of the engine; it keeps its own per-request state (rng keys) by `RequestKey`,
+and drops it for the requests a `Forward` says are over."""
 
 from __future__ import annotations
 
@@ -8,12 +10,9 @@ import enum
 from typing import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:
-    from worker.engine.sequence import Sequence
-
-
-class PrefillChunk(NamedTuple):
-    seq: Sequence
-    num_tokens: int
+    from shared.sampling import SamplingParams
+    from worker.runner.logits_processors import LogitsState
+    from worker.vision.prompt_images import PromptImages
 
 
 class StepKind(enum.Enum):
@@ -26,31 +25,40 @@ class StepKind(enum.Enum):
     IDLE = "idle"  # nothing to run
 
 
-class StepPlan(NamedTuple):
-    """A step: `decode` rows and `prefill` chunks, the first `folded` of them one-token rows
-    of the decode forward (or of a flat forward of their own when nothing decodes); the rest
-    in padded prefill forwards of `groups` chunks each, in order (no groups: one forward)."""
+class RequestKey(NamedTuple):
+    """Which sequence: a request's id and its choice (n > 1: choice i of the request)."""
+
+    request_id: str
+    choice: int
+
+
+class ForwardRequest(NamedTuple):
+    """One request's share of a forward."""
+
+    key: RequestKey
+    # fed: a decode's last token, then its drafts (each a one-token row that samples, so the
+    # drafts are verified); a prefill's chunk. Empty for a decode whose input is still on
+    # the device (a pipelined step: the runner is handed the tokens)
+    tokens: list[int]
+    start: int  # the position of tokens[0]: every token before it has its K/V in the pool
+    block_ids: list[int]
+    sampling: SamplingParams
+    seed: int  # of its rng key (choice i of a request samples with seed + i)
+    state_slot: int = -1  # its recurrent layers' state slot (hybrid models: `worker.state`)
+    samples: bool = True  # a prefill chunk that ends the prompt samples the next token
+    # prompt logprobs asked for: the prompt tokens after positions start, start + 1, ...,
+    # whose logprob the logits there score
+    prompt_targets: tuple[int, ...] | list[int] = ()
+    logits_state: LogitsState | None = None  # bias, penalties, grammar (mutated by sampling)
+    images: PromptImages | None = None  # its prompt's images (vision models)
+
+
+class Forward(NamedTuple):
+    """One forward: `decode` rows (MIXED: and `prefill` chunks as one-token rows) or padded
+    `prefill` rows (PREFILL). `finished`: requests over since the last forward; the runner
+    forgets their state before it runs this one."""
 
     kind: StepKind
-    decode: list[Sequence]
-    prefill: list[PrefillChunk]
-    preempted: list[Sequence]
-    folded: int = 0
-    groups: tuple[int, ...] = ()
-
-    def split(self) -> list[StepPlan]:
-        """The forwards this plan runs, in order: the decode forward (DECODE, or MIXED with
-        its folded chunks), then each PREFILL forward."""
-        if self.kind in (StepKind.DECODE, StepKind.MIXED, StepKind.IDLE):
-            return [self]
-        folded, rest = self.prefill[: self.folded], self.prefill[self.folded :]
-        parts = []
-        if self.decode or folded:
-            kind = StepKind.MIXED if folded else StepKind.DECODE
-            parts.append(StepPlan(kind, self.decode, folded, []))
-        at = 0
-        for size in self.groups or (len(rest),):
-            if size:
-                parts.append(StepPlan(StepKind.PREFILL, [], rest[at : at + size], []))
-            at += size
-        return [parts[0]._replace(preempted=self.preempted), *parts[1:]] if parts else []
+    decode: list[ForwardRequest]
+    prefill: list[ForwardRequest]
+    finished: tuple[RequestKey, ...] | list[RequestKey] = ()

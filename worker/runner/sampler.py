@@ -164,10 +164,10 @@ def _logprobs(
 
 
 class PromptLogprobs(NamedTuple):
-    """Device log-probabilities of prompt tokens (for the sequences that asked): point i
-    scores token `positions[i]` of `seqs[i]` from the logits of the position before it."""
+    """Device log-probabilities of prompt tokens (for the requests that asked): point i
+    scores token `positions[i]` of `requests[i]` from the logits of the position before it."""
 
-    seqs: list  # list[Sequence]
+    requests: list  # list[RequestKey]
     positions: list[int]
     top_counts: list[int]  # each point's sampling.prompt_logprobs
     chosen: mx.array  # (N,) float32
@@ -181,29 +181,28 @@ class PromptLogprobs(NamedTuple):
         ]
 
     def tolist(self) -> list[tuple]:
-        """(seq, position, logprob, rank, top pairs) per point (reads the device)."""
+        """(request, position, logprob, rank, top pairs) per point (reads the device)."""
         chosen, ranks = self.chosen.tolist(), self.ranks.tolist()
         ids = self.top_ids.tolist() if self.top_ids is not None else None
         values = self.top_values.tolist() if self.top_values is not None else None
         out = []
-        for i, (seq, pos, k) in enumerate(
-            zip(self.seqs, self.positions, self.top_counts, strict=True)
+        for i, (request, pos, k) in enumerate(
+            zip(self.requests, self.positions, self.top_counts, strict=True)
         ):
             top = tuple(zip(ids[i][:k], values[i][:k], strict=True)) if k and ids else ()
-            out.append((seq, pos, chosen[i], ranks[i], top))
+            out.append((request, pos, chosen[i], ranks[i], top))
         return out
 
 
 def prompt_logprobs(
-    logits: mx.array, targets: list[int], seqs: list, positions: list[int]
+    logits: mx.array, targets: list[int], requests: list, positions: list[int], counts: list[int]
 ) -> PromptLogprobs:
     """Log-probabilities of `targets` under the raw `logits` (N, V) (no processors: the
-    prompt was not sampled), their ranks and each sequence's top alternatives."""
+    prompt was not sampled), their ranks and each point's top `counts` alternatives."""
     logits = logits.astype(mx.float32)
     logp = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
     picked = mx.take_along_axis(logp, mx.array(targets, dtype=mx.int32)[:, None], axis=-1)
     ranks = (mx.sum(logp > picked, axis=-1) + 1).astype(mx.int32)
-    counts = [s.sampling.prompt_logprobs for s in seqs]
     k = min(max(counts), logp.shape[-1])
     top_ids = top_values = None
     if k:
@@ -212,7 +211,7 @@ def prompt_logprobs(
         order = mx.argsort(-values, axis=-1)
         top_ids = mx.take_along_axis(candidates, order, axis=-1).astype(mx.int32)
         top_values = mx.take_along_axis(values, order, axis=-1)
-    return PromptLogprobs(seqs, positions, counts, picked[:, 0], ranks, top_ids, top_values)
+    return PromptLogprobs(requests, positions, counts, picked[:, 0], ranks, top_ids, top_values)
 
 
 def delta_logprob_fields(params: SamplingParams, entries: list[TokenLogprob | None]) -> dict:

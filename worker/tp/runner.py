@@ -45,7 +45,7 @@ from worker.runner.model_support import COVERED_ARCHITECTURES, model_type
 from worker.tp.pool_plan import PoolPlan
 
 if TYPE_CHECKING:
-    from worker.runner.plan import StepPlan
+    from worker.runner.plan import Forward
 
 log = logging.getLogger(__name__)
 
@@ -255,10 +255,10 @@ class LeaderRunner:
         self.inner.last_caches = caches
 
     def run(
-        self, plan: StepPlan, device_tokens: mx.array | None = None, times: LayerTimes | None = None
+        self, plan: Forward, device_tokens: mx.array | None = None, times: LayerTimes | None = None
     ) -> StepOutput:
         rows, points = self.inner.plan_rows(plan, device_tokens is not None)
-        step = WireStep(rows, bool(points.seqs or points.prompt), self._copies)
+        step = WireStep(rows, bool(points.requests or points.prompt), self._copies)
         self._copies = []
         self.watchdog.check_in()
         try:

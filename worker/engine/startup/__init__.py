@@ -1,7 +1,8 @@
 """Before an Engine serves, by job: assembly with no forward pass (`sizing`: memory sized,
 pool made, disk tier opened; `Engine.__init__`), the forward passes that check and warm the
-model (`checks.prepare`; `Engine.create` runs it after assembly), and a vision model's image
-side (`vision.open_vision`; `Engine.from_path`). The names the engine uses are here."""
+model (`checks.prepare`; `Engine.create` runs it after assembly). A vision model's image side
+is the engine's own (`Engine.open_vision`, from `Engine.from_path`). The names the engine uses
+are here."""
 
 from worker.attention.prefix_kv import PREFIX_KV as PREFIX_KV
 from worker.engine.startup.checks import attach_shape as attach_shape
@@ -15,4 +16,3 @@ from worker.engine.startup.sizing import make_pool as make_pool
 from worker.engine.startup.sizing import open_disk_tier as open_disk_tier
 from worker.engine.startup.sizing import size_memory as size_memory
 from worker.engine.startup.sizing import window_layout as window_layout
-from worker.engine.startup.vision import open_vision as open_vision

@@ -15,7 +15,6 @@ import mlx.core as mx
 from shared.protocol import KVGroupReport
 from shared.sampling import SamplingParams
 from worker.attention.prefix_kv import PREFIX_KV
-from worker.engine.sequence import Sequence
 from worker.engine.stats import EngineStats
 from worker.engine.step_kind import forward_costs
 from worker.kv.memory import apply_limits, layers_bytes_per_block
@@ -30,7 +29,7 @@ from worker.runner.model_support import (
     reference_greedy,
     verification_prompt,
 )
-from worker.runner.plan import PrefillChunk, StepKind, StepPlan
+from worker.runner.plan import Forward, ForwardRequest, RequestKey, StepKind
 
 if TYPE_CHECKING:
     from worker.engine.engine import Engine
@@ -102,13 +101,12 @@ def check_model(engine: Engine) -> None:
     # two rows at different positions: a model that reads one position for the whole batch
     # (`cache.offset` as a number) fails here, not on its first batch
     probes = []
-    for length in (1, 2):
-        probe = Sequence("__probe__", 1, [0] * length, SamplingParams(max_tokens=1), arrival=-1)
-        probe.block_ids = [engine.scratch_block]
-        probe.state_slot = engine.states.pool.allocate() if engine.states else -1
-        probe.num_computed = length - 1
-        probes.append(PrefillChunk(probe, 1))
-    plan = StepPlan(StepKind.PREFILL, [], probes, [])
+    for position in (0, 1):  # the last token of a one- and of a two-token prompt
+        slot = engine.states.pool.allocate() if engine.states else -1
+        key = RequestKey("__probe__", position)
+        sampling = SamplingParams(max_tokens=1)
+        probes.append(ForwardRequest(key, [0], position, [engine.scratch_block], sampling, 0, slot))
+    plan = Forward(StepKind.PREFILL, [], probes)
     runner = engine.runner
     kinds = engine.shape.kinds()
     name = model_type(engine.model)
@@ -121,7 +119,7 @@ def check_model(engine: Engine) -> None:
             f"model type {name!r} failed a one-token forward over the paged KV "
             f"({type(exc).__name__}: {exc})"
         ) from exc
-    for probe in (c.seq for c in probes if c.seq.state_slot >= 0):
+    for probe in (p for p in probes if p.state_slot >= 0):
         engine.states.pool.free(probe.state_slot)
     gathered = decide_modes(engine.model, kinds, runner.last_caches, inner.uncached_attention)
     runner.last_caches = []

@@ -90,7 +90,7 @@ def test_prompt_logprobs_folded_into_a_decode_step(model):
     kinds, original = [], engine.runner.run
 
     def run_step(plan, *args):
-        kinds.extend(plan.kind for c in plan.prefill if c.seq.request_id == "a")
+        kinds.extend(plan.kind for r in plan.prefill if r.key.request_id == "a")
         return original(plan, *args)
 
     engine.runner.run = run_step

@@ -18,13 +18,13 @@ from tests.support.engine_fixtures import (
 )
 from worker.attention.shared_prefix import gathered_keys
 from worker.config import EngineConfig
+from worker.engine.scheduler import choose_drafts
 from worker.engine.sequence import Sequence, Status
 from worker.engine.speculative import (
     COOLDOWN_STEPS,
     DraftState,
     NgramIndex,
     accepted_prefix,
-    choose_drafts,
 )
 from worker.engine.step_kind import REFERENCE_COSTS
 
@@ -158,7 +158,7 @@ def test_mixed_batch_drafts_as_one_token_rows_with_shared_prefixes(model):
 
     def recording(plan, on_device):
         rows, points = plan_rows(plan, on_device)
-        drafting = sum(bool(s.draft) for s in plan.decode)
+        drafting = sum(len(r.tokens) > 1 for r in plan.decode)
         if 0 < drafting < len(plan.decode):
             tables = [r.block_ids for r in rows]
             lengths = [r.start + len(r.tokens) for r in rows]

@@ -17,7 +17,6 @@ from shared.sampling import SamplingParams  # noqa: E402
 from tests.support.arch_zoo.vision import build_vision_model, image_prompt, sample_image  # noqa: E402
 from tests.support.engine_fixtures import make_engine, reference_greedy  # noqa: E402
 from tests.support.kv_router import FakeRouter  # noqa: E402
-from worker.engine import startup  # noqa: E402
 from worker.loop import WorkerLoop  # noqa: E402
 
 MAX_TOKENS = 6
@@ -33,7 +32,7 @@ def qwen(tmp_path_factory):
 
 def _engine(qwen):
     directory, model, tokenizer, _ = qwen
-    return startup.open_vision(make_engine(model), directory, tokenizer)
+    return make_engine(model).open_vision(directory, tokenizer)
 
 
 class Recorder:

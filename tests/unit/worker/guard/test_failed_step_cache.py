@@ -15,7 +15,6 @@ from tests.support.engine_fixtures import (
     tiny_model,
 )
 from tests.support.engine_fixtures import random_prompt as prompt
-from worker.engine.sequence import Status
 from worker.runner.plan import StepKind
 
 GREEDY = SamplingParams(max_tokens=8)
@@ -56,9 +55,9 @@ def test_block_a_failed_pipelined_step_was_writing_is_not_cached(model, monkeypa
         if isinstance(device_tokens, FailingRead):
             device_tokens = device_tokens.tokens
         out = real(plan, device_tokens, *args)
-        seq = plan.decode[0] if plan.decode else None
-        if not fired and plan.kind is StepKind.DECODE and seq.num_computed == 15:
-            fired.append(seq.block_ids[1])  # this step writes the block's last row
+        row = plan.decode[0] if plan.decode else None
+        if not fired and plan.kind is StepKind.DECODE and row.start == 15:
+            fired.append(row.block_ids[1])  # this step writes the block's last row
             return out._replace(
                 tokens=FailingRead(out.tokens, lambda: spoil(engine.pool, fired[0]))
             )
@@ -98,14 +97,15 @@ def test_failed_decode_half_of_a_separate_step_skips_what_it_ended(model, monkey
         runs.append(
             (
                 plan.kind,
-                [s.request_id for s in plan.decode],
-                [c.seq.request_id for c in plan.prefill],
+                [r.key.request_id for r in plan.decode],
+                [r.key.request_id for r in plan.prefill],
             )
         )
         if len(runs) == 1:
             assert plan.kind is StepKind.DECODE and not plan.prefill
             raise RuntimeError(METAL_OOM)
-        assert all(c.seq.status is Status.RUNNING for c in plan.prefill)
+        running = {s.key for s in engine.scheduler.running}
+        assert all(r.key in running for r in plan.prefill)
         return real(plan, *args, **kwargs)
 
     monkeypatch.setattr(engine.runner, "run", run)

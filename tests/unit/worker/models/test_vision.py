@@ -32,7 +32,6 @@ from tests.support.arch_zoo.vision import (  # noqa: E402
     sample_image,
 )
 from tests.support.engine_fixtures import make_engine, reference_greedy  # noqa: E402
-from worker.engine import startup  # noqa: E402
 
 MAX_TOKENS = 8
 
@@ -53,7 +52,7 @@ def loaded(family_dir):
 def _engine(loaded, **overrides):
     _, directory, model, tokenizer, _ = loaded
     engine = make_engine(model, **overrides)
-    return startup.open_vision(engine, directory, tokenizer)
+    return engine.open_vision(directory, tokenizer)
 
 
 def _prompt(loaded, text_before: str, image: bytes | None, text_after: str):
@@ -295,7 +294,7 @@ def test_a_vision_tower_that_cannot_load_serves_text_and_says_why(loaded, tmp_pa
     broken = tmp_path / "broken"
     shutil.copytree(directory, broken)
     (broken / "model.safetensors").unlink()
-    engine = startup.open_vision(make_engine(model), broken, tokenizer)
+    engine = make_engine(model).open_vision(broken, tokenizer)
     assert engine.intake.vision is None
     assert "vision tower could not be loaded" in engine.intake.vision_note
     _, keyed, images = _prompt(loaded, "hello ", sample_image(seed=8), " world")

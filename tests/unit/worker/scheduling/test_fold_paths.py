@@ -31,7 +31,7 @@ def watch(engine) -> list:
     seen, original = [], engine.runner.run
 
     def run(plan, device_tokens=None, times=None):
-        chunks = [(c.seq.request_id, c.num_tokens) for c in plan.prefill]
+        chunks = [(r.key.request_id, len(r.tokens)) for r in plan.prefill]
         seen.append((plan.kind, chunks, len(plan.decode), device_tokens is not None))
         return original(plan, device_tokens, times)
 

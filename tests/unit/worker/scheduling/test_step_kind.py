@@ -9,8 +9,8 @@ import itertools
 
 from shared.sampling import SamplingParams
 from worker.engine.sequence import Sequence, Status
-from worker.engine.step_kind import REFERENCE_COSTS, pack, plan_step
-from worker.runner.plan import PrefillChunk, StepKind
+from worker.engine.step_kind import REFERENCE_COSTS, PrefillChunk, pack, plan_step
+from worker.runner.plan import StepKind
 
 BLOCK = 32
 SYSTEM = 1000  # the multi_tenant workload's system prompts (~1000 tokens)
