@@ -178,20 +178,31 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     log.info(
         "%s: %s (%s) loaded in %.1fs, %d KV blocks of %d tokens, BLAS %s",
-        worker_id, model.name, model_dir, time.perf_counter() - start, engine.pool.num_blocks - 1,
-        config.block_size, active_blas(),
-    )  # fmt: skip
+        worker_id,
+        model.name,
+        model_dir,
+        time.perf_counter() - start,
+        engine.pool.num_blocks - 1,
+        config.block_size,
+        active_blas(),
+    )
     try:
         publisher = kv_publisher(worker)
     except zmq.ZMQError as exc:
         print(f"cluster-worker: error: --kv-events-publish: {exc}", file=sys.stderr)
         return 2
     server = WorkerLoop(
-        engine, worker.router, worker_id, model.name, socket_setup(worker),
-        watchdog_s=worker.watchdog_s, otlp_endpoint=worker.otlp_endpoint,
+        engine,
+        worker.router,
+        worker_id,
+        model.name,
+        socket_setup(worker),
+        watchdog_s=worker.watchdog_s,
+        otlp_endpoint=worker.otlp_endpoint,
         kv_publisher=publisher,
-        peers=peer_channel(worker), role=worker.role,
-    )  # fmt: skip
+        peers=peer_channel(worker),
+        role=worker.role,
+    )
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: server.stop())
     watch_parent()  # started by launch-cluster: go when it goes (macOS has no PDEATHSIG)

@@ -53,8 +53,16 @@ def vllm_event(event: KVEvent) -> list:
     if isinstance(event, BlockStored):
         parent = None if event.parent_hash == ROOT_PARENT_HASH else event.parent_hash
         tokens = list(event.token_ids)
-        return ["BlockStored", [event.block_hash], parent, tokens, event.block_size, None,
-                MEDIUM, None]  # fmt: skip
+        return [
+            "BlockStored",
+            [event.block_hash],
+            parent,
+            tokens,
+            event.block_size,
+            None,
+            MEDIUM,
+            None,
+        ]
     if isinstance(event, BlockRemoved):
         return ["BlockRemoved", list(event.block_hashes), MEDIUM]
     if isinstance(event, AllBlocksCleared):
@@ -93,8 +101,11 @@ class VllmEventPublisher:
         self.sent = 0  # batches published
         self._thread = threading.Thread(target=self._run, name="kv-publish", daemon=True)
         self._thread.start()
-        log.info("KV events in vLLM's format on %s%s", self.endpoint,
-                 f" (replay on {self.replay_endpoint})" if replay_endpoint else "")  # fmt: skip
+        log.info(
+            "KV events in vLLM's format on %s%s",
+            self.endpoint,
+            f" (replay on {self.replay_endpoint})" if replay_endpoint else "",
+        )
 
     def publish(self, events: list[KVEvent]) -> None:
         """Queue one batch (never blocks the step loop: a full queue drops its oldest)."""

@@ -275,9 +275,13 @@ class WorkerLoop:
         parts = inventory(self.engine, self.worker_id)
         for part in parts:
             link.send(part)
-        log.info("inventory of %d blocks (%d parts) sent to %s in %.1f ms",
-                 sum(len(p.block_hashes) for p in parts), len(parts), link.endpoint,
-                 (time.perf_counter() - start) * 1e3)  # fmt: skip
+        log.info(
+            "inventory of %d blocks (%d parts) sent to %s in %.1f ms",
+            sum(len(p.block_hashes) for p in parts),
+            len(parts),
+            link.endpoint,
+            (time.perf_counter() - start) * 1e3,
+        )
 
     def _heartbeat(self) -> Heartbeat:
         now = time.monotonic()
@@ -286,8 +290,12 @@ class WorkerLoop:
         load, self.turns = self.engine.load(), self.turns + 1
         peer = self.peer
         return Heartbeat(
-            worker_id=self.worker_id, phases=self._phases, loop_turns=self.turns,
-            links=peer.links.snapshot() if peer else (), prefill_tokens_per_s=self.prefill_rate,
+            worker_id=self.worker_id,
+            phases=self._phases,
+            loop_turns=self.turns,
+            links=peer.links.snapshot() if peer else (),
+            prefill_tokens_per_s=self.prefill_rate,
             pulled_blocks=peer.pulled_blocks if peer else 0,
-            pull_failures=peer.pull_failures if peer else 0, **load._asdict(),
-        )  # fmt: skip
+            pull_failures=peer.pull_failures if peer else 0,
+            **load._asdict(),
+        )

@@ -58,9 +58,14 @@ class EmbedLoop:
     ):
         self.embedder, self.spec, self.worker_id = embedder, embedder.spec, worker_id
         register = Register(
-            worker_id=worker_id, model_id=model_id, block_size=DEFAULT_BLOCK_SIZE,
-            kv_capacity_blocks=0, host=socket.gethostname(), pid=os.getpid(), task="embed",
-        )  # fmt: skip
+            worker_id=worker_id,
+            model_id=model_id,
+            block_size=DEFAULT_BLOCK_SIZE,
+            kv_capacity_blocks=0,
+            host=socket.gethostname(),
+            pid=os.getpid(),
+            task="embed",
+        )
         self.pending: list[_Pending] = []
         self.turns = self.prompt_tokens = self.served = 0
         self.watchdog = LoopWatchdog(watchdog_s)
@@ -149,10 +154,16 @@ class EmbedLoop:
 
     def _heartbeat(self) -> Heartbeat:
         return Heartbeat(
-            worker_id=self.worker_id, running=0, waiting=len(self.pending), free_blocks=0,
-            total_blocks=0, cached_blocks=0, hit_tokens=0, prompt_tokens=self.prompt_tokens,
+            worker_id=self.worker_id,
+            running=0,
+            waiting=len(self.pending),
+            free_blocks=0,
+            total_blocks=0,
+            cached_blocks=0,
+            hit_tokens=0,
+            prompt_tokens=self.prompt_tokens,
             loop_turns=self.turns,
-        )  # fmt: skip
+        )
 
 
 def serve_embeddings(model_dir, spec: EmbeddingSpec, worker, model, config, worker_id, setup):
@@ -163,12 +174,22 @@ def serve_embeddings(model_dir, spec: EmbeddingSpec, worker, model, config, work
 
     trunk = load_trunk(model_dir, spec, config.compute_dtype)
     server = EmbedLoop(
-        Embedder(trunk, spec), worker.router, worker_id, model.name, setup,
+        Embedder(trunk, spec),
+        worker.router,
+        worker_id,
+        model.name,
+        setup,
         watchdog_s=worker.watchdog_s,
-    )  # fmt: skip
-    log.info("%s: embedding model %s (%s pooling, %d dimensions%s, %s)", worker_id, model.name,
-             spec.pooling, spec.dimensions, ", Matryoshka" if spec.matryoshka else "",
-             "encoder" if spec.encoder else "decoder")  # fmt: skip
+    )
+    log.info(
+        "%s: embedding model %s (%s pooling, %d dimensions%s, %s)",
+        worker_id,
+        model.name,
+        spec.pooling,
+        spec.dimensions,
+        ", Matryoshka" if spec.matryoshka else "",
+        "encoder" if spec.encoder else "decoder",
+    )
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: server.stop())
     return server.serve_forever()

@@ -98,8 +98,10 @@ class RequestIntake:
             if self.vision is None:
                 raise InvalidRequest(self.vision_note)
             if keys != sum(image.tokens for image in images):
-                raise InvalidRequest(f"the prompt holds {keys} image keys for its images' "
-                                     f"{sum(i.tokens for i in images)} tokens")  # fmt: skip
+                raise InvalidRequest(
+                    f"the prompt holds {keys} image keys for its images' "
+                    f"{sum(i.tokens for i in images)} tokens"
+                )
         if len(token_ids) >= self.max_context:
             raise InvalidRequest(
                 f"the prompt has {len(token_ids)} tokens; this model's context is {self.max_context} "

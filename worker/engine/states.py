@@ -187,8 +187,12 @@ def plan_states(
         per = state_bytes(shape.states)
         fit = max(1, kv_bytes // 2 // per)
         if fit < running:
-            log.warning("%d sequences' states fit in half the KV memory: max_running %d -> %d",
-                        fit, running, fit)  # fmt: skip
+            log.warning(
+                "%d sequences' states fit in half the KV memory: max_running %d -> %d",
+                fit,
+                running,
+                fit,
+            )
         running = min(running, fit)
         snapshots = min(snapshots, fit - running)
         kv_bytes -= (running + snapshots) * per
@@ -200,10 +204,16 @@ def make_states(config: EngineConfig, shape: ModelShape, emit) -> SequenceStates
     if not shape.recurrent:
         return None
     slots = config.max_running + (config.state_snapshots or 0)
-    log.info("recurrent states: %d layers, %.1f MiB per sequence, %d slots (%d for snapshots)",
-             len(shape.states), state_bytes(shape.states) / 2**20, slots, config.state_snapshots or 0)  # fmt: skip
-    return SequenceStates(StatePool(list(shape.states), slots, config.max_running),
-                          config.block_size, emit)  # fmt: skip
+    log.info(
+        "recurrent states: %d layers, %.1f MiB per sequence, %d slots (%d for snapshots)",
+        len(shape.states),
+        state_bytes(shape.states) / 2**20,
+        slots,
+        config.state_snapshots or 0,
+    )
+    return SequenceStates(
+        StatePool(list(shape.states), slots, config.max_running), config.block_size, emit
+    )
 
 
 def honours_padding(model: nn.Module) -> bool:

@@ -258,9 +258,11 @@ def _snapshots(scheduler: Scheduler) -> dict:
     if pool is None:
         return {}
     return {
-        "state_snapshots": len(pool.snapshots), "state_snapshot_bytes": pool.snapshot_bytes,
-        "state_slots": pool.num_slots, "state_kept": pool.kept,
-    }  # fmt: skip
+        "state_snapshots": len(pool.snapshots),
+        "state_snapshot_bytes": pool.snapshot_bytes,
+        "state_slots": pool.num_slots,
+        "state_kept": pool.kept,
+    }
 
 
 def engine_stats(

@@ -74,9 +74,13 @@ class PeerBlocks:
         blocks = tuple(memoryview(np.ascontiguousarray(p)).cast("B") for p in payloads)
         self.served_blocks += len(blocks)
         return FetchReply(
-            req.request_id, self.fingerprint, self.layout_text, tuple(hashes), blocks,
+            req.request_id,
+            self.fingerprint,
+            self.layout_text,
+            tuple(hashes),
+            blocks,
             blocks_checksum(blocks),
-        )  # fmt: skip
+        )
 
     # ---- importing a fetch ------------------------------------------------------------
 

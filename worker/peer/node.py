@@ -111,8 +111,12 @@ class PeerNode:
             self.links.observe(msg.pull.worker_id, sum(map(len, reply.blocks)) / seconds)
         except (PullRejected, PeerUnreachable, ProtocolError, zmq.ZMQError) as exc:
             self.pull_failures += 1
-            log.warning("pull of %s from %s failed, computing it: %s",
-                        msg.request_id, msg.pull.worker_id, exc)  # fmt: skip
+            log.warning(
+                "pull of %s from %s failed, computing it: %s",
+                msg.request_id,
+                msg.pull.worker_id,
+                exc,
+            )
         except Exception:  # a bug: still compute the request
             self.pull_failures += 1
             log.exception("importing the blocks of %s failed, computing it", msg.request_id)
@@ -132,8 +136,13 @@ class PeerNode:
     def _fetch(self, msg: Generate, req: FetchBlocks) -> None:
         start = time.perf_counter()
         try:
-            reply = ask(self._ctx, msg.pull.kv_endpoint, req, self.pull_timeout_s,
-                        self.channel.configure_client)  # fmt: skip
+            reply = ask(
+                self._ctx,
+                msg.pull.kv_endpoint,
+                req,
+                self.pull_timeout_s,
+                self.channel.configure_client,
+            )
         except Exception as exc:  # reported on the engine thread, as a failed pull
             reply = exc if isinstance(exc, PeerUnreachable | ProtocolError) else PullRejected(exc)
         self._done.put((msg, reply, max(time.perf_counter() - start, 1e-6)))

@@ -39,8 +39,9 @@ class PrefillOnly:
             return None
         self._ids.discard(delta.request_id)
         if delta.finish_reason not in ("length", "stop"):  # an error or an abort, as it is
-            return TokenDelta(delta.request_id, (), delta.finish_reason, delta.usage,
-                              error=delta.error)  # fmt: skip
+            return TokenDelta(
+                delta.request_id, (), delta.finish_reason, delta.usage, error=delta.error
+            )
         u = delta.usage
         usage = Usage(u.prompt_tokens, 0, u.cached_tokens) if u is not None else None
         return TokenDelta(delta.request_id, (), PREFILLED, usage)

@@ -213,9 +213,15 @@ class ForwardGroups:
     forward's layout over their sub-group's pages."""
 
     def __init__(
-        self, pool: BlockPool, backend: AttentionBackend, layout, host_tables, paged,
-        num_queries: int, grouped: bool,
-    ):  # fmt: skip
+        self,
+        pool: BlockPool,
+        backend: AttentionBackend,
+        layout,
+        host_tables,
+        paged,
+        num_queries: int,
+        grouped: bool,
+    ):
         self.pool, self.backend, self.layout, self.paged = pool, backend, layout, paged
         self.host_tables, self.num_queries, self.grouped = host_tables, num_queries, grouped
         self._plans: dict[tuple, AttentionPlan] = {}
@@ -230,20 +236,28 @@ class ForwardGroups:
             if key not in self._spans:
                 same_kind = next((s for (k, _), s in self._spans.items() if k == kind), None)
                 self._spans[key] = GroupSpan(
-                    layout.block_tables, layout.context_lengths, self.num_queries,
-                    self.pool.block_size, kind.window, self.grouped, masks_of=same_kind,
+                    layout.block_tables,
+                    layout.context_lengths,
+                    self.num_queries,
+                    self.pool.block_size,
+                    kind.window,
+                    self.grouped,
+                    masks_of=same_kind,
                     chunk=kind.kind == CHUNK,
-                )  # fmt: skip
+                )
             span = self._spans[key]
         else:
             if key not in self._plans:
                 full = kind.kind == FULL and sub is None
                 self._plans[key] = AttentionPlan(
-                    self.backend, layout.block_tables, layout.context_lengths,
-                    block_size=self.pool.block_size, window=kind.window,
+                    self.backend,
+                    layout.block_tables,
+                    layout.context_lengths,
+                    block_size=self.pool.block_size,
+                    window=kind.window,
                     host_tables=self.host_tables if full else None,
                     block_versions=self.pool.versions if full else None,
-                )  # fmt: skip
+                )
             plan = self._plans[key]
         return LayerCache(self.pool, layer, layout.offsets, layout.write_slots, plan, span, times)
 

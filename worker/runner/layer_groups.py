@@ -149,9 +149,7 @@ def _members(name: str, c) -> list:
         return [c]
     states = sum(isinstance(m, mlx_cache.ArraysCache) for m in c.caches)
     if states > 1 or any(isinstance(m, mlx_cache.CacheList) for m in c.caches):
-        raise _refusal(
-            name, "a CacheList of two recurrent states or of CacheLists", _INSTEAD
-        )  # fmt: skip
+        raise _refusal(name, "a CacheList of two recurrent states or of CacheLists", _INSTEAD)
     if name in INDEXER_ONE_POSITION and len(c.caches) - states > 1:
         raise _refusal(name, INDEXER_ONE_POSITION[name], _INSTEAD)
     return list(c.caches)

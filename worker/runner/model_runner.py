@@ -229,15 +229,23 @@ class ModelRunner:
             for g, page_of in enumerate(self.pool.pages.page_of):
                 scratch = page_of[self.scratch_block]
                 paged_rows = [
-                    Row(r.tokens, r.start, [page_of[b] if page_of[b] >= 0 else scratch
-                                            for b in r.block_ids])
+                    Row(
+                        r.tokens,
+                        r.start,
+                        [page_of[b] if page_of[b] >= 0 else scratch for b in r.block_ids],
+                    )
                     for r in rows
-                ]  # fmt: skip
+                ]
                 paged[g] = build_layout(paged_rows, self.pool.block_size, scratch)
         groups = ForwardGroups(
-            self.pool, self.backend, layout, [r.block_ids for r in rows], paged, tokens.shape[1],
+            self.pool,
+            self.backend,
+            layout,
+            [r.block_ids for r in rows],
+            paged,
+            tokens.shape[1],
             self.grouped_scores,
-        )  # fmt: skip
+        )
         caches = [
             groups.cache(i, kind, gathered, times)
             for i, (kind, gathered) in enumerate(zip(self.kinds, self.gathered, strict=True))

@@ -150,11 +150,20 @@ def probe_shape(model: nn.Module) -> ModelShape:
     if not isinstance(heads, int):
         heads = first[0]
     return ModelShape(
-        len(kv), first[0], first[1], dtype, logits.shape[-1], int(heads), kinds, shapes,
-        states, tuple(slot_map) if states else (),
-        tuple(entry_sizes(cache)) if any(lists) else (), lists if any(lists) else (),
+        len(kv),
+        first[0],
+        first[1],
+        dtype,
+        logits.shape[-1],
+        int(heads),
+        kinds,
+        shapes,
+        states,
+        tuple(slot_map) if states else (),
+        tuple(entry_sizes(cache)) if any(lists) else (),
+        lists if any(lists) else (),
         keys_only,
-    )  # fmt: skip
+    )
 
 
 def _watch_aliasing(cache: list, kinds: list[LayerKind]) -> set[int]:

@@ -29,8 +29,12 @@ class PoolPlan(NamedTuple):
     def pool(self, shape) -> BlockPool:
         """This rank's pool: its own KV heads (`shape`, probed on its shard), this layout."""
         return BlockPool(
-            self.num_blocks, self.block_size,
-            num_layers=shape.num_layers, num_kv_heads=shape.num_kv_heads,
-            head_dim=shape.head_dim, dtype=shape.kv_dtype,
-            kv_bits=self.kv_bits or None, kv_group_size=self.kv_group_size or None,
-        )  # fmt: skip
+            self.num_blocks,
+            self.block_size,
+            num_layers=shape.num_layers,
+            num_kv_heads=shape.num_kv_heads,
+            head_dim=shape.head_dim,
+            dtype=shape.kv_dtype,
+            kv_bits=self.kv_bits or None,
+            kv_group_size=self.kv_group_size or None,
+        )

@@ -63,9 +63,12 @@ def leader_engine(
     """Rank 0's Engine (its probe and warm-up forwards run on every rank) and its runner."""
     watchdog = Watchdog(timeout_s, "rank 0")
     engine = Engine.create(
-        model, config, max_context, grammars=grammars,
+        model,
+        config,
+        max_context,
+        grammars=grammars,
         make_runner=LeaderRunner.factory(group, watchdog),
-    )  # fmt: skip
+    )
     return engine, engine.runner
 
 
@@ -100,8 +103,9 @@ def ring_env_from_hosts(hosts: tuple[str, ...], rank: int, default_port: int) ->
     os.environ.update(MLX_RANK=str(rank), MLX_HOSTFILE=str(hostfile))
 
 
-def serve_group_rank(worker, model_id: str, model_dir: Path, config: EngineConfig, worker_id: str,
-                     configure_socket) -> int:  # fmt: skip
+def serve_group_rank(
+    worker, model_id: str, model_dir: Path, config: EngineConfig, worker_id: str, configure_socket
+) -> int:
     """`cluster-worker` as one rank of a group: rank 0 serves the router, the others follow."""
     from shared.models.store import context_length
     from worker.loop import WorkerLoop

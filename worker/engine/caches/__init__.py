@@ -30,6 +30,12 @@ from worker.engine.caches.kinds import CacheKind, Hit, StateKind, WindowKind
 from worker.engine.caches.tails import TailKind
 
 __all__ = [
-    "CacheCoordinator", "CacheKind", "ChunkKind", "Hit", "StateKind", "TailKind", "WindowKind",
+    "CacheCoordinator",
+    "CacheKind",
+    "ChunkKind",
+    "Hit",
+    "StateKind",
+    "TailKind",
+    "WindowKind",
     "kinds_of",
-]  # fmt: skip
+]

@@ -51,9 +51,10 @@ class CacheCoordinator:
         self.kinds.append(kind)
         rules = [k.rule() for k in self.kinds]
         self.rule = HitRule(
-            max(r.window_blocks for r in rules), any(r.snapshots for r in rules),
+            max(r.window_blocks for r in rules),
+            any(r.snapshots for r in rules),
             max(r.chunk_blocks for r in rules),
-        )  # fmt: skip
+        )
         self._hashes = self._hashes or type(kind).kept is not CacheKind.kept
 
     def cannot(self, feature: str) -> str | None:
