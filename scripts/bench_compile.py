@@ -7,7 +7,7 @@ One process, one run, same inputs (default model's shapes: hidden 576, ffn 1536,
     ops left per layer once the gather rows and masks are made per forward;
   - one layer's norm + MLP + residual (the MLP's swiglu is already compiled inside mlx-lm).
 Prints one JSON line per (piece, batch): eager and compiled ms per call and their ratio.
-The engine compiles neither: see docs/architecture.md for the numbers and the decision.
+The engine compiles neither: see docs/internals.md for the numbers and the decision.
 Usage: scripts/bench_compile.py [--batch-sizes 1,8,32] [--context 100] [--iters 200]
 """
 

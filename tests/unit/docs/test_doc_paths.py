@@ -45,6 +45,8 @@ def _found(name: str) -> bool:
 def named_paths(text: str) -> set[str]:
     names = set()
     for quoted in re.findall(r"`([^`\n]+)`", text):
+        if "*" in quoted or "<" in quoted:  # a pattern (`scripts/bench_*.py`), not a path
+            continue
         for word in re.findall(r"[\w./-]+", quoted):
             if word.startswith(("http", "/", "~", ".", "-")) or "*" in word:
                 continue
