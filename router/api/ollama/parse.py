@@ -288,7 +288,7 @@ def openai_messages(messages, key: str = "messages") -> list[dict]:
 
 
 def _message(message: dict, param: str, key: str) -> dict:
-    known = {"role", "content", "images", "tool_calls", "thinking", "tool_name"}
+    known = {"role", "content", "images", "tool_calls", "thinking", "tool_name", "tool_call_id"}
     extra = sorted(message.keys() - known)
     if extra:
         raise bad_request(f"{param}.{extra[0]} is not a message field", f"{param}.{extra[0]}")
@@ -330,8 +330,10 @@ def _history_calls(calls, param: str) -> list[dict]:
 
 
 def _call_id(message: dict, calls: list[tuple[str, str]], param: str) -> str:
-    """The id of the call a tool message answers: by its `tool_name`, else the first not yet
-    answered."""
+    """The id of the call a tool message answers: its `tool_call_id`, else by its
+    `tool_name`, else the first not yet answered."""
+    if isinstance(message.get("tool_call_id"), str):  # LangChain's ChatOllama sends it
+        return message["tool_call_id"]
     name = message.get("tool_name")
     for k, (call_id, fn) in enumerate(calls):
         if name is None or fn == name:
