@@ -15,6 +15,7 @@ from router.http.endpoints import (
     files,
     generation,
     info,
+    ollama,
     stored_responses,
     tokenize,
 )
@@ -82,6 +83,16 @@ def create_app(config: RouterConfig) -> web.Application:
     app.router.add_post("/v1/admin/models/{model}/load", admin.load)
     app.router.add_post("/v1/admin/models/{model}/unload", admin.unload)
     app.router.add_post("/v1/admin/models/{model}/pin", admin.pin)
+    app.router.add_post("/api/chat", ollama.chat)  # Ollama's API (docs/api.md)
+    app.router.add_post("/api/generate", ollama.generate_text)
+    app.router.add_post("/api/embed", ollama.embed)
+    app.router.add_post("/api/embeddings", ollama.embeddings)
+    app.router.add_get("/api/tags", ollama.tags)
+    app.router.add_get("/api/ps", ollama.ps)
+    app.router.add_post("/api/show", ollama.show_model)
+    app.router.add_get("/api/version", ollama.version)
+    app.router.add_post("/api/pull", ollama.pull)
+    app.router.add_delete("/api/delete", ollama.delete)
     app.router.add_get("/health", info.health)
     app.router.add_get("/metrics", info.metrics)
     for path in PAGE_PATHS:  # the fleet page (its data calls need the key)

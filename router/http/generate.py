@@ -319,7 +319,7 @@ async def wait_for_model(
     async def note() -> None:
         if not opened:
             opened.append(await sse.open_stream(request))
-        await opened[0].write(f": loading {model}\n\n".encode())
+        await sse.comment(opened[0], f"loading {model}")
 
     streamed = request is not None and api is not None and body.get("stream") is True
     try:
