@@ -25,7 +25,7 @@ from worker.engine.scheduler import Scheduler
 from worker.engine.sequence import Sequence, Status
 from worker.engine.speculative import accepted_prefix
 from worker.engine.stats import EngineLoad, EngineStats, KVAudit, engine_stats
-from worker.engine.step_kind import StepPlan, forward_input, still_running
+from worker.engine.step_kind import StepPlan, forward_costs, forward_input, still_running
 from worker.kv.radix_cache import RadixCache
 from worker.runner.grammar import GrammarCompiler
 from worker.runner.model_runner import LayerTimes, ModelRunner
@@ -117,7 +117,7 @@ class Engine:
     ) -> Engine:
         """An engine ready to serve: probed, assembled, checked and warmed up (unless not)."""
         engine = cls(model, probe_shape(model), config, max_context, grammars, make_runner)
-        startup.prepare(engine)
+        engine._check_and_warm_up()
         return engine
 
     @classmethod
@@ -130,6 +130,26 @@ class Engine:
         grammars = GrammarCompiler.from_hf_tokenizer(tokenizer, probe_shape(model).vocab_size)
         engine = cls.create(model, config, max_context=context_length(model_dir), grammars=grammars)
         return engine.open_vision(model_dir, tokenizer)
+
+    def _check_and_warm_up(self) -> None:
+        """The forwards after assembly (`worker.engine.startup.checks`): MLX's memory limits
+        set to the budget first (when the engine sized itself from one), the model checked and
+        each layer's mode decided, an untested architecture compared with mlx-lm, a warm-up
+        (unless `config.warmup` is off); then the disk tier's blocks announced."""
+        if self.memory is not None:
+            startup.apply_memory_plan(self.memory)
+        self.scheduler.costs = forward_costs(self.model, self.pool)  # the fold rule's prices
+        states = self.states.pool if self.states is not None else None
+        gathered = startup.check_model(
+            self.runner, self.model, self.shape, self.scratch_block, states
+        )
+        kv_groups = startup.kv_groups(self.pool, self.shape.kinds(), gathered)
+        self.attention_report = replace(self.attention_report, kv_groups=kv_groups)
+        startup.verify_greedy(self, self.model, self.shape.vocab_size, self.config.block_size)
+        if self.config.warmup:
+            startup.warm_up(self, self.config.block_size)
+            self.stats_ = EngineStats()  # the warm-up's steps are not the worker's
+        self.kv_events.announce_disk_blocks()
 
     def _attach_states(self) -> None:
         """A hybrid model's runner reads its states from the pool, and its scheduler pads
@@ -201,10 +221,17 @@ class Engine:
 
     # ---- requests ----------------------------------------------------------------------
 
-    def add_request(self, request_id: str, token_ids: list[int], sampling: SamplingParams,
-                    n: int = 1, images: tuple[ImageInput, ...] = (),
-                    prepared: PreparedImages | None = None, priority: int = 0,
-                    pins: tuple[CachePin, ...] = ()) -> None:  # fmt: skip
+    def add_request(
+        self,
+        request_id: str,
+        token_ids: list[int],
+        sampling: SamplingParams,
+        n: int = 1,
+        images: tuple[ImageInput, ...] = (),
+        prepared: PreparedImages | None = None,
+        priority: int = 0,
+        pins: tuple[CachePin, ...] = (),
+    ) -> None:
         """Queue a request for `n` choices (choice i's deltas carry index i), its cache `pins`,
         its `images` (`prepared` by `intake.prepare` on any thread, else here); InvalidRequest."""
         self.intake.check(request_id, token_ids, sampling, n, self.outputs.is_open, images, pins)

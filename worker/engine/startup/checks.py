@@ -1,23 +1,22 @@
-"""The forward passes before an Engine serves (`Engine.create` runs `prepare` after
-assembly): the model checked over the paged KV (each layer's mode decided, an architecture the
-tests do not cover compared with mlx-lm), then warmed up. A tensor-parallel follower mirrors
-exactly these forwards, in this order: the shape probe, the model check, the warm-up."""
+"""The forward passes before an Engine serves (`Engine.create` runs them after assembly): the
+model checked over the paged KV (`check_model`: each layer's mode decided; `verify_greedy`: an
+architecture the tests do not cover compared with mlx-lm), then warmed up (`warm_up`). A
+tensor-parallel follower mirrors exactly these forwards, in this order: the shape probe, the model
+check, the warm-up. They take the parts they need and return what they decide; the requests they
+run go through a `Serving` (an engine's request side), never the engine's own fields."""
 
 from __future__ import annotations
 
 import logging
 import time
-from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import mlx.core as mx
+import mlx.nn as nn
 
 from shared.protocol import KVGroupReport
 from shared.sampling import SamplingParams
-from worker.attention.prefix_kv import PREFIX_KV
-from worker.engine.stats import EngineStats
-from worker.engine.step_kind import forward_costs
-from worker.kv.memory import apply_limits, layers_bytes_per_block
+from worker.kv.memory import layers_bytes_per_block
 from worker.runner.layer_cache import CacheEntries
 from worker.runner.layer_groups import LayerKind, group_layers
 from worker.runner.model_support import (
@@ -32,24 +31,27 @@ from worker.runner.model_support import (
 from worker.runner.plan import Forward, ForwardRequest, RequestKey, StepKind
 
 if TYPE_CHECKING:
-    from worker.engine.engine import Engine
+    from shared.protocol import TokenDelta
     from worker.kv.block_pool import BlockPool
+    from worker.state.pool import StatePool
 
 log = logging.getLogger(__name__)
 
 
-def prepare(engine: Engine) -> None:
-    """Check the model, warm up (unless `config.warmup` is off), then announce the disk
-    tier's blocks: what `Engine.create` runs after assembly. MLX's memory limits are set
-    to the budget first (when the engine sized itself from one)."""
-    if engine.memory is not None:
-        apply_limits(engine.memory.budget)
-        PREFIX_KV.budget = engine.memory.kept_prefixes  # (within the budget, or none)
-    engine.scheduler.costs = forward_costs(engine.model, engine.pool)  # the fold rule's prices
-    check_model(engine)
-    if engine.config.warmup:
-        warm_up(engine)
-    engine.kv_events.announce_disk_blocks()
+class Serving(Protocol):
+    """What the checks drive to run their internal requests: an engine's request side
+    (`Engine` is one). Their cache entries and KV events are forgotten afterwards."""
+
+    def add_request(
+        self, request_id: str, token_ids: list[int], sampling: SamplingParams
+    ) -> None: ...
+
+    def has_work(self) -> bool: ...
+
+    def step(self) -> list[TokenDelta]: ...
+
+    def forget_cache(self) -> None:
+        """Drop the prefix cache and the KV events not sent yet."""
 
 
 def set_layer_modes(runner, kinds: list[LayerKind], gathered: list[bool]) -> None:
@@ -94,22 +96,24 @@ def kv_groups(pool: BlockPool, kinds: list[LayerKind], gathered: list[bool]):
     )
 
 
-def check_model(engine: Engine) -> None:
-    """Refuse a model the paged KV would serve wrongly, and set each layer's mode (see
+def check_model(
+    runner, model: nn.Module, shape: ModelShape, scratch_block: int, states: StatePool | None
+) -> list[bool]:
+    """Refuse a model the paged KV would serve wrongly, and decide each layer's mode (see
     `worker.runner.model_support`): a one-token forward with every layer gathered shows
-    which layers the paged attention plan can serve."""
+    which layers the paged attention plan can serve. Sets the modes on `runner` and returns
+    them (True: gathered). `states`: a hybrid model's state pool, for the probes' slots."""
     # two rows at different positions: a model that reads one position for the whole batch
     # (`cache.offset` as a number) fails here, not on its first batch
     probes = []
     for position in (0, 1):  # the last token of a one- and of a two-token prompt
-        slot = engine.states.pool.allocate() if engine.states else -1
+        slot = states.allocate() if states is not None else -1
         key = RequestKey("__probe__", position)
         sampling = SamplingParams(max_tokens=1)
-        probes.append(ForwardRequest(key, [0], position, [engine.scratch_block], sampling, 0, slot))
+        probes.append(ForwardRequest(key, [0], position, [scratch_block], sampling, 0, slot))
     plan = Forward(StepKind.PREFILL, [], probes)
-    runner = engine.runner
-    kinds = engine.shape.kinds()
-    name = model_type(engine.model)
+    kinds = shape.kinds()
+    name = model_type(model)
     inner = getattr(runner, "inner", runner)
     inner.kinds, inner.gathered = kinds, [True] * len(kinds)
     try:
@@ -120,13 +124,10 @@ def check_model(engine: Engine) -> None:
             f"({type(exc).__name__}: {exc})"
         ) from exc
     for probe in (p for p in probes if p.state_slot >= 0):
-        engine.states.pool.free(probe.state_slot)
-    gathered = decide_modes(engine.model, kinds, runner.last_caches, inner.uncached_attention)
+        states.free(probe.state_slot)
+    gathered = decide_modes(model, kinds, runner.last_caches, inner.uncached_attention)
     runner.last_caches = []
     set_layer_modes(runner, kinds, gathered)
-    engine.attention_report = replace(
-        engine.attention_report, kv_groups=kv_groups(engine.pool, kinds, gathered)
-    )
     log.info(
         "model type %r: %s; %d of %d layers paged, %d gathered",
         name,
@@ -135,20 +136,22 @@ def check_model(engine: Engine) -> None:
         len(gathered),
         gathered.count(True),
     )
-    if name not in COVERED_ARCHITECTURES:
-        verify_greedy(engine, name)
+    return gathered
 
 
-def verify_greedy(engine: Engine, name: str) -> None:
-    """For an architecture the tests do not cover: two prompts of different lengths decoded
-    together, greedy, against plain mlx-lm alone; refuse the model unless the tokens match
-    (a model that derives positions from the batch's K/V length passes alone, not batched)."""
-    vocab = engine.shape.vocab_size
+def verify_greedy(engine: Serving, model: nn.Module, vocab_size: int, block_size: int) -> None:
+    """For an architecture the tests do not cover (else nothing): two prompts of different
+    lengths decoded together, greedy, against plain mlx-lm alone; refuse the model unless the
+    tokens match (a model that derives positions from the batch's K/V length passes alone,
+    not batched)."""
+    name = model_type(model)
+    if name in COVERED_ARCHITECTURES:
+        return
     prompts = [
-        verification_prompt(vocab, engine.config.block_size + 5),
-        verification_prompt(vocab, 3, salt=11),
+        verification_prompt(vocab_size, block_size + 5),
+        verification_prompt(vocab_size, 3, salt=11),
     ]
-    expected = [reference_greedy(engine.model, p, 6) for p in prompts]
+    expected = [reference_greedy(model, p, 6) for p in prompts]
     got = run_together(engine, prompts, 6)
     if got != expected:
         raise UnsupportedModel(
@@ -159,21 +162,21 @@ def verify_greedy(engine: Engine, name: str) -> None:
     log.info("model type %r: paged greedy output matches mlx-lm; serving it", name)
 
 
-def warm_up(engine: Engine) -> None:
+def warm_up(engine: Serving, block_size: int) -> None:
     """Run a short request through prefill and decode, then forget it, so the first real
-    request pays no one-time costs (allocations, graph construction)."""
+    request pays no one-time costs (allocations, graph construction). The caller resets its
+    step statistics afterwards."""
     start = time.perf_counter()
-    run_alone(engine, [0] * (engine.config.block_size + 3), 3)
-    engine.stats_ = EngineStats()
+    run_alone(engine, [0] * (block_size + 3), 3)
     log.info("warm-up took %.2fs", time.perf_counter() - start)
 
 
-def run_alone(engine: Engine, prompt: list[int], max_tokens: int) -> list[int]:
+def run_alone(engine: Serving, prompt: list[int], max_tokens: int) -> list[int]:
     """Greedy tokens of one internal request, run to the end; forgets its cache entries."""
     return run_together(engine, [prompt], max_tokens)[0]
 
 
-def run_together(engine: Engine, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
+def run_together(engine: Serving, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
     """Greedy tokens of internal requests decoded together, run to the end; forgets their
     cache entries."""
     ids = [f"__check{i}__" for i in range(len(prompts))]

@@ -1,5 +1,6 @@
 """Assembly before an Engine serves, with no forward pass (`Engine.__init__`): its memory
-sized (weights, a step's activations, the KV pool), the pool made, the disk tier opened."""
+sized (weights, a step's activations, the KV pool), the pool made, the disk tier opened; and,
+before the first forward (`Engine.create`), MLX's limits set to that sizing."""
 
 from __future__ import annotations
 
@@ -12,15 +13,17 @@ import mlx.nn as nn
 from mlx.utils import tree_flatten
 
 from shared.config.choices import DEFAULT_KV_DISK_DIR
-from worker.attention.prefix_kv import PREFIX_KV_BYTES
+from worker.attention.prefix_kv import PREFIX_KV, PREFIX_KV_BYTES
 from worker.engine.states import plan_states
 from worker.kv.block_io import block_layout, model_fingerprint
+from worker.kv.block_pool import BlockPool
 from worker.kv.disk_store import DiskKVStore
 from worker.kv.disk_tier import DiskTier
 from worker.kv.memory import (
     MemoryBudgetTooSmall,
     MemoryPlan,
     activation_bytes_per_token,
+    apply_limits,
     default_budget_bytes,
     layers_bytes_per_block,
     memory_budget_bytes,
@@ -30,7 +33,6 @@ from worker.runner.model_support import ModelShape
 
 if TYPE_CHECKING:
     from worker.config import EngineConfig
-    from worker.kv.block_pool import BlockPool
     from worker.kv.radix_cache import RadixCache
 
 log = logging.getLogger(__name__)
@@ -52,9 +54,14 @@ def size_memory(
         shape.vocab_size, shape.num_heads or shape.num_kv_heads, shape.head_dim
     )
     plan = plan_memory(
-        budget, weights, kv_wanted, per_token, config.step_token_budget, config.block_size,
+        budget,
+        weights,
+        kv_wanted,
+        per_token,
+        config.step_token_budget,
+        config.block_size,
         kept_max=PREFIX_KV_BYTES,
-    )  # fmt: skip
+    )
     step = plan.step_tokens
     config = replace(config, step_token_budget=step, prefill_chunk=min(config.prefill_chunk, step))
     quant = kv_quantization(config)
@@ -72,16 +79,27 @@ def size_memory(
     return config, blocks, plan
 
 
+def apply_memory_plan(plan: MemoryPlan) -> None:
+    """MLX's memory limits set to the plan's budget, and the kept gathered prefixes held
+    within their share of it: before the first forward (`Engine.create`)."""
+    apply_limits(plan.budget)
+    PREFIX_KV.budget = plan.kept_prefixes
+
+
 def make_pool(config: EngineConfig, shape: ModelShape, num_blocks: int) -> BlockPool:
     """The paged K/V pool `size_memory` sized, with its window pages and quantization."""
-    from worker.kv.block_pool import BlockPool
-
     quant = kv_quantization(config)
     return BlockPool(
-        num_blocks, config.block_size, num_layers=shape.num_layers,
-        num_kv_heads=shape.num_kv_heads, head_dim=shape.head_dim, dtype=shape.kv_dtype,
-        layer_shapes=shape.pool_shapes(bool(quant)), **window_layout(config, shape), **quant,
-    )  # fmt: skip
+        num_blocks,
+        config.block_size,
+        num_layers=shape.num_layers,
+        num_kv_heads=shape.num_kv_heads,
+        head_dim=shape.head_dim,
+        dtype=shape.kv_dtype,
+        layer_shapes=shape.pool_shapes(bool(quant)),
+        **window_layout(config, shape),
+        **quant,
+    )
 
 
 def _window_layers(config: EngineConfig, shape: ModelShape) -> list[int]:
@@ -105,9 +123,11 @@ def window_layout(config: EngineConfig, shape: ModelShape) -> dict:
     # Llama 4's chunks in whole blocks, no sliding window beside them: the exact chunk rule
     chunked = all(k.chunk == window for k in kinds) and window % config.block_size == 0
     return {
-        "window_layers": windowed, "window": window, "window_chunk": config.prefill_chunk,
+        "window_layers": windowed,
+        "window": window,
+        "window_chunk": config.prefill_chunk,
         "chunked": chunked,
-    }  # fmt: skip
+    }
 
 
 def kv_quantization(config: EngineConfig) -> dict:
@@ -118,9 +138,12 @@ def kv_quantization(config: EngineConfig) -> dict:
 
 
 def open_disk_tier(
-    config: EngineConfig, model: nn.Module, pool: BlockPool, cache: RadixCache,
+    config: EngineConfig,
+    model: nn.Module,
+    pool: BlockPool,
+    cache: RadixCache,
     refused: str | None = None,
-) -> DiskTier | None:  # fmt: skip
+) -> DiskTier | None:
     """The KV tier on disk, when configured: its files from an earlier run indexed, and the
     cache's evictions copied to it. `refused`: why the model's cache kinds rule it out."""
     if config.kv_disk_bytes is None:

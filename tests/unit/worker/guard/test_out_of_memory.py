@@ -138,10 +138,10 @@ def test_engine_sizes_itself_from_the_budget(model, monkeypatch):
     from worker.config import EngineConfig
     from worker.engine import startup
     from worker.engine.engine import Engine
-    from worker.engine.startup import checks
+    from worker.engine.startup import sizing
 
     limits = []  # not MLX's own: a 64 MiB limit would stall the rest of this process
-    monkeypatch.setattr(checks, "apply_limits", limits.append)
+    monkeypatch.setattr(sizing, "apply_limits", limits.append)
     monkeypatch.setattr(startup.PREFIX_KV, "budget", startup.PREFIX_KV.budget)  # restored
 
     config = EngineConfig(block_size=8, memory_budget_bytes=64 << 20, warmup=False)
