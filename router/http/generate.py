@@ -135,6 +135,7 @@ async def serve(
     finally:
         for job in jobs:
             job.cancel()  # no-op when finished; aborts on disconnect/error
+        app[app_keys.DEMAND].replied(served.id)  # keep_alive counts from here
         await caller.ended(jobs)
 
 

@@ -87,6 +87,14 @@ class Demand:
             entry.waiting -= 1
             entry.last_used = self.clock()
 
+    def replied(self, model: str) -> None:
+        """Mutates: a reply of `model` ended; its keep-alive counts from now (a reply shorter
+        than a tick is never seen busy, so its worker's idle time alone would count from
+        before the request)."""
+        entry = self.entries.get(model)
+        if entry is not None:
+            entry.last_used = self.clock()
+
     def check(self, entry: Entry) -> None:
         """503 now when `entry` cannot load: it failed lately, no host reads its files, or it
         is larger than every host's budget."""

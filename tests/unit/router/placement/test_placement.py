@@ -260,3 +260,18 @@ def test_a_restarted_router_never_reuses_a_running_worker_id():
     fleet.placer.entries["a"].next_worker = 0  # as a new router process counts
     start = fleet.placer.place(fleet.placer.entries["a"])
     assert start is not None and start.worker_id not in fleet.registry.healthy("a")[0].worker_id
+
+
+async def test_keep_alive_counts_from_the_end_of_the_last_reply():
+    fleet = Fleet({"h0": 8 * GIB}, {"a": GIB}, a={"keep_alive_s": 30})
+    fleet.load("a")
+    fleet.tick()  # idle since 0
+    await fleet.demand.ready("a")  # a request at 0, whose reply ends at 50 between ticks
+    fleet.now = 50
+    fleet.demand.replied("a")
+    fleet.now = 79
+    fleet.tick()
+    assert fleet.where("a") == ["h0"]  # 29 s after the reply, though 79 s after the request
+    fleet.now = 80
+    fleet.tick()
+    assert fleet.where("a") == []
