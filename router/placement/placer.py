@@ -145,16 +145,27 @@ class Placer:
         return [h for h in self.hosts.values() if h.alive]
 
     def starting_on(self, host: HostState) -> int:
-        """Bytes of starts asked of `host` that it does not report yet."""
+        """Bytes of starts sent to `host` that it does not report yet: what it holds, or is
+        about to, beside its workers (stopping ones included until they are gone)."""
+        return self._starts_on(host, sent=True)
+
+    def reserved_on(self, host: HostState) -> int:
+        """Bytes of starts asked of `host` that wait for their victims to go: the room those
+        free is promised to them, though the victims still hold it."""
+        return self._starts_on(host, sent=False)
+
+    def _starts_on(self, host: HostState, sent: bool) -> int:
         return sum(
             entry.estimate_bytes
             for entry in self.entries.values()
             for s in entry.starts.values()
-            if s.host_id == host.id and s.worker_id not in host.workers
+            if s.host_id == host.id and s.sent == sent and s.worker_id not in host.workers
         )
 
     def free(self, host: HostState) -> int:
-        return host.budget_bytes - host.used(self.starting_on(host))
+        """Room for a new start: the budget less the workers, the starts sent, and those
+        that wait for their victims (so no two starts are promised the same room)."""
+        return host.budget_bytes - host.used(self.starting_on(host) + self.reserved_on(host))
 
     def place(self, entry: Entry, evict: bool = True) -> Start | None:
         """Mutates: ask a host for one more worker of `entry` (stopping idle workers first
