@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from router.placement.catalog import Entry, Start
 from router.placement.hosts import HostState
+from router.placement.load_failure import cause_of
 from shared.placement.footprint import gib
 from shared.placement.messages import (
     HOST_PROTOCOL_VERSION,
@@ -116,7 +117,8 @@ class Placer:
                 "host %s: worker %s (%s) ended: %s", host.id, msg.worker_id, msg.model, msg.reason
             )
             if entry is not None and start is not None:  # it never registered: the load failed
-                entry.fail(f"on host {host.id}: {msg.reason}", self._clock())
+                cause = f"on host {host.id}: {cause_of(msg.reason)}"
+                entry.fail(cause, self._clock(), detail=msg.reason)
         self._retire(msg.worker_id, msg.reason if not msg.asked else "stopped by its host")
         self._gone(host, msg.worker_id)
 
