@@ -12,6 +12,7 @@ evictions, then the least recently used victims, then the most room, is chosen.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -52,6 +53,8 @@ class Placer:
         self._send, self._retire, self._clock = send, retire, clock
         self.report_interval_s = report_interval_s
         self.hosts: dict[str, HostState] = {}
+        self.served: set[str] = set()  # models some worker registered for, ever
+        self.joined = asyncio.Event()  # set, then replaced, when a worker registers
 
     # ------------------------------------------------------------ the hosts' messages
 
@@ -135,6 +138,9 @@ class Placer:
 
     def on_registered(self, worker: WorkerState) -> None:
         """A worker registered: the start that asked for it is done."""
+        self.served.add(worker.model)
+        self.joined.set()
+        self.joined = asyncio.Event()
         entry = self.entries.get(worker.model)
         if entry is not None:
             entry.starts.pop(worker.worker_id, None)
