@@ -218,8 +218,10 @@ class Run:
         await self._save(request_counts=self._counts())
 
     async def _reply(self, line: Line) -> tuple[int, dict]:
-        body = {**line.body, "stream": False}
-        body.pop("stream_options", None)
+        body = line.body
+        if self.batch["endpoint"] != "/v1/embeddings":  # (an embeddings body has no `stream`)
+            body = {**body, "stream": False}
+            body.pop("stream_options", None)
         attempt = 0
         while True:  # (the line counts as unplaced from its launch until a worker has it)
             placed = self._placer()

@@ -33,6 +33,7 @@ async def embed(app: web.Application, body: dict, request_id: str) -> tuple[dict
         answer = await job.future
     finally:
         job.cancel()  # the client left before the answer: abort it there
+        app[app_keys.DEMAND].replied(served.id)
     if answer.error is not None:
         raise embedding_failed(answer.error)
     served.metrics.usage(req.prompt_tokens, 0, 0)

@@ -69,6 +69,9 @@ class Caller(Protocol[T]):
     async def ended(self, jobs: list[Job]) -> None:
         """Called once the jobs are cancelled, however the request ended."""
 
+    async def until_started(self, app: web.Application, model: str) -> None:
+        """While `model`'s workers are still starting, until one registers (bounded)."""
+
 
 async def generate(
     request: web.Request, api: Api, before_end: Callable[[], Awaitable[None]] | None = None
@@ -81,18 +84,24 @@ async def generate(
     served = app[app_keys.MODELS].for_request(body)
     if served.embedding is not None:
         raise only_embeddings(served.id, request.path)
-    try:  # a catalog model no worker serves is loaded first (router/placement/)
-        opened = await wait_for_model(app, served.id, body, request, api)
-    except StreamEnded as ended:
-        return ended.response
-    caller = LiveCaller(request, trace, opened, before_end)
-    try:
-        return await serve(app, api, body, served, Lane(), caller)
-    except ApiError as error:
-        if opened is None:
-            raise
-        await sse.end_with(opened, api.stream_error(error))  # opened while the model loaded
-        return opened
+    opened, lost = None, 0
+    while True:
+        try:  # a catalog model no worker serves is loaded first (router/placement/)
+            opened = await wait_for_model(app, served.id, body, request, api, opened, lost > 0)
+        except StreamEnded as ended:
+            return ended.response
+        caller = LiveCaller(request, trace, opened, before_end)
+        try:
+            return await serve(app, api, body, served, Lane(), caller)
+        except ApiError as error:
+            opened = caller.opened
+            if isinstance(error, WorkerLost) and lost < app[app_keys.CONFIG].max_resubmits:
+                lost += 1  # the client saw none of it: placed again, as a new request is
+                continue
+            if opened is None:
+                raise
+            await sse.end_with(opened, api.stream_error(error))  # opened while it loaded
+            return opened
 
 
 async def answer(app: web.Application, api: Api, body: dict, lane: Lane) -> tuple[int, dict]:
@@ -101,8 +110,15 @@ async def answer(app: web.Application, api: Api, body: dict, lane: Lane) -> tupl
     error is its status and OpenAI error body. Nothing is charged to a key's budgets."""
     try:
         served = app[app_keys.MODELS].for_request(body)
-        await wait_for_model(app, served.id, body)
-        return 200, await serve(app, api, body, served, lane, LineCaller())
+        lost = 0
+        while True:
+            await wait_for_model(app, served.id, body, lost=lost > 0)
+            try:
+                return 200, await serve(app, api, body, served, lane, LineCaller())
+            except WorkerLost:
+                if lost >= app[app_keys.CONFIG].max_resubmits:
+                    raise
+                lost += 1
     except ApiError as e:
         return e.status, e.body()
 
@@ -117,6 +133,8 @@ async def serve(
     req = await parse_request(app, api, body, served, images)
     request_id = api.new_id()
     caller.started(request_id, served, req)
+    if not app[app_keys.CLUSTER].registry.healthy(served.id):  # (a checked body, then)
+        await caller.until_started(app, served.id)
     jobs: list[Job] = []
     try:
         # several prompts (completions): one job each, possibly on different workers
@@ -132,9 +150,14 @@ async def serve(
         items = items if caller.trace is None else caller.trace.watch(items)
         async with contextlib.aclosing(items):
             return await caller.deliver(served, jobs, reply, items)
+    except ApiError as error:  # before the client saw a token (after, it is in the stream)
+        if any(job.lost for job in jobs) and not isinstance(error, WorkerLost):
+            raise WorkerLost(error) from error
+        raise
     finally:
         for job in jobs:
             job.cancel()  # no-op when finished; aborts on disconnect/error
+        app[app_keys.DEMAND].replied(served.id)  # keep_alive counts from here
         await caller.ended(jobs)
 
 
@@ -145,6 +168,9 @@ class LineCaller:
 
     def started(self, request_id: str, served: ServedModel, req: GenerationRequest) -> None:
         pass
+
+    async def until_started(self, app: web.Application, model: str) -> None:
+        await app[app_keys.DEMAND].until_started(model, app[app_keys.CONFIG].worker_wait_s)
 
     async def deliver(
         self, served: ServedModel, jobs: list[Job], reply: Reply, items: Items
@@ -179,6 +205,21 @@ class LiveCaller:
         note(self.request, request_id=request_id, model=served.id, stream=req.stream)
         if self.trace is not None:
             self.trace.describe(request_id, served.id, req.stream)
+
+    @property
+    def opened(self) -> web.StreamResponse | None:
+        """The stream opened while the request waited (None: none was)."""
+        return self._opened
+
+    async def until_started(self, app: web.Application, model: str) -> None:
+        """A streamed request keeps its connection meanwhile with `: loading` comments."""
+
+        async def note() -> None:
+            self._opened = self._opened or await sse.open_stream(self.request)
+            await self._opened.write(f": loading {model}\n\n".encode())
+
+        wait_s = app[app_keys.CONFIG].worker_wait_s
+        await app[app_keys.DEMAND].until_started(model, wait_s, note if self._stream else None)
 
     async def deliver(
         self, served: ServedModel, jobs: list[Job], reply: Reply, items: Items
@@ -308,13 +349,17 @@ async def wait_for_model(
     body: dict,
     request: web.Request | None = None,
     api: Api | None = None,
+    stream: web.StreamResponse | None = None,
+    lost: bool = False,
 ) -> web.StreamResponse | None:
     """Until `model` has a worker; the stream opened meanwhile (None: none was), for a
-    streamed `request` of `api`. ApiError: a bad `keep_alive`, or the model cannot be loaded
-    (raised as is before the stream opened; after, sent in it as `api` shapes errors)."""
+    streamed `request` of `api` (`stream`: one opened by an earlier wait; `lost`: the request
+    lost its worker before its first token). ApiError: a bad `keep_alive`, or the model cannot
+    be loaded (raised as is before the stream opened; after, sent in it as `api` shapes
+    errors)."""
     keep_alive = keep_alive_of(body.get("keep_alive"))
     demand = app[app_keys.DEMAND]
-    opened: list[web.StreamResponse] = []
+    opened: list[web.StreamResponse] = [] if stream is None else [stream]
 
     async def note() -> None:
         if not opened:
@@ -323,13 +368,22 @@ async def wait_for_model(
 
     streamed = request is not None and api is not None and body.get("stream") is True
     try:
-        await demand.ready(model, keep_alive, note if streamed else None)
+        wait_s = app[app_keys.CONFIG].worker_wait_s
+        await demand.ready(model, keep_alive, note if streamed else None, wait_s, lost)
     except ApiError as error:
         if not opened:
             raise
         await sse.end_with(opened[0], api.stream_error(error))
         raise StreamEnded(opened[0]) from None
     return opened[0] if opened else None
+
+
+class WorkerLost(ApiError):
+    """`error` ended a request whose worker was lost, with no other to take it, before the
+    client saw a token: it may be placed again."""
+
+    def __init__(self, error: ApiError):
+        super().__init__(error.status, error.message, error.param, error.code, error.type)
 
 
 class StreamEnded(Exception):

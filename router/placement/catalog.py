@@ -36,7 +36,8 @@ class Entry:
     pinned: bool = False
     last_used: float = 0.0
     starts: dict[str, Start] = field(default_factory=dict)  # by worker id
-    failure: str = ""  # why its last load failed ("" none)
+    failure: str = ""  # why its last load failed, in one line ("" none)
+    failure_detail: str = ""  # the host's whole report of it (the worker's last log lines)
     failed_at: float = float("-inf")
     changed: asyncio.Event = field(default_factory=asyncio.Event)  # set, then replaced
     next_worker: int = 0
@@ -48,8 +49,8 @@ class Entry:
         self.changed.set()
         self.changed = asyncio.Event()
 
-    def fail(self, reason: str, now: float) -> None:
-        self.failure, self.failed_at = reason, now
+    def fail(self, reason: str, now: float, detail: str = "") -> None:
+        self.failure, self.failure_detail, self.failed_at = reason, detail or reason, now
         self.wake()
 
     def failing(self, now: float) -> str:

@@ -42,6 +42,7 @@ class Demand:
         self.entries = placer.entries
         self.load_timeout_s, self.host_timeout_s = load_timeout_s, host_timeout_s
         self.clock = clock
+        self.started_at = clock()
         self._idle_since: dict[str, float] = {}  # worker id -> when it last had no work
 
     @property
@@ -56,17 +57,24 @@ class Demand:
         model: str,
         keep_alive_s: float | None = None,
         note: Callable[[], Awaitable[None]] | None = None,
+        worker_wait_s: float = 0.0,
+        lost: bool = False,
     ) -> None:
-        """Until `model` has a healthy worker (at once when it has one, or nothing places
-        models); 503 naming the cause when its load fails, cannot be placed, or takes longer
-        than load_timeout_s. `note` is awaited every NOTE_EVERY_S while waiting."""
+        """Until `model` has a healthy worker (at once when it has one); 503 naming the cause
+        when its load fails, cannot be placed, or takes longer than load_timeout_s. A model
+        nothing places (no catalog entry, or no host agent) is waited for only when the
+        request `lost` its worker: `worker_wait_s` at most (`until_started` waits for the
+        first workers). `note` is awaited every NOTE_EVERY_S while waiting."""
         entry = self.entries.get(model)
-        if entry is None:
+        if entry is not None:
+            entry.last_used = self.clock()
+            if keep_alive_s is not None:
+                entry.keep_alive_s = keep_alive_s
+        if self.registry.healthy(model):
             return
-        entry.last_used = self.clock()
-        if keep_alive_s is not None:
-            entry.keep_alive_s = keep_alive_s
-        if self.registry.healthy(model) or not self.active:
+        if entry is None or not self.active:
+            if lost:  # its worker was lost: one may come back, or another start
+                await self.wait_for_worker(model, self.clock() + worker_wait_s, note)
             return
         deadline, noted = self.clock() + self.load_timeout_s, self.clock()
         entry.waiting += 1
@@ -85,6 +93,45 @@ class Demand:
                     await note()
         finally:
             entry.waiting -= 1
+            entry.last_used = self.clock()
+
+    async def wait_for_worker(
+        self,
+        model: str,
+        deadline: float,
+        note: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
+        """Until `model` has a healthy worker or `deadline` passes (then the caller finds
+        none: its 503)."""
+        noted = self.clock()
+        while not self.registry.healthy(model):
+            left = deadline - self.clock()
+            if left <= 0:
+                return
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.placer.joined.wait(), min(left, 1.0))
+            if note is not None and self.clock() - noted >= NOTE_EVERY_S:
+                noted = self.clock()
+                await note()
+
+    async def until_started(
+        self, model: str, wait_s: float, note: Callable[[], Awaitable[None]] | None = None
+    ) -> None:
+        """While `model`'s workers are still starting (none has registered since the router
+        started, `wait_s` ago at most): until one registers."""
+        if model not in self.placer.served:
+            await self.wait_for_worker(model, self.started_at + wait_s, note)
+
+    def starting(self, wait_s: float) -> bool:
+        """No worker has registered yet, and the router started less than `wait_s` ago."""
+        return not self.placer.served and self.clock() - self.started_at < wait_s
+
+    def replied(self, model: str) -> None:
+        """Mutates: a reply of `model` ended; its keep-alive counts from now (a reply shorter
+        than a tick is never seen busy, so its worker's idle time alone would count from
+        before the request)."""
+        entry = self.entries.get(model)
+        if entry is not None:
             entry.last_used = self.clock()
 
     def check(self, entry: Entry) -> None:

@@ -31,7 +31,9 @@ class HostState:
         return max(worker.estimate_bytes, worker.rss_bytes)
 
     def used(self, starting: int = 0) -> int:
-        """Bytes its workers take, plus `starting` (estimates of starts not reported yet)."""
+        """Bytes its workers take (a stopping one until its process is gone), plus `starting`
+        (estimates of starts sent and not reported yet; a start that waits for its victims
+        to go is not counted here: their room is still theirs)."""
         return sum(self.cost(w) for w in self.workers.values()) + starting
 
     def over_estimate(self) -> list[HostWorker]:

@@ -12,12 +12,14 @@ evictions, then the least recently used victims, then the most room, is chosen.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from router.placement.catalog import Entry, Start
 from router.placement.hosts import HostState
+from router.placement.load_failure import cause_of
 from shared.placement.footprint import gib
 from shared.placement.messages import (
     HOST_PROTOCOL_VERSION,
@@ -51,6 +53,8 @@ class Placer:
         self._send, self._retire, self._clock = send, retire, clock
         self.report_interval_s = report_interval_s
         self.hosts: dict[str, HostState] = {}
+        self.served: set[str] = set()  # models some worker registered for, ever
+        self.joined = asyncio.Event()  # set, then replaced, when a worker registers
 
     # ------------------------------------------------------------ the hosts' messages
 
@@ -116,7 +120,8 @@ class Placer:
                 "host %s: worker %s (%s) ended: %s", host.id, msg.worker_id, msg.model, msg.reason
             )
             if entry is not None and start is not None:  # it never registered: the load failed
-                entry.fail(f"on host {host.id}: {msg.reason}", self._clock())
+                cause = f"on host {host.id}: {cause_of(msg.reason)}"
+                entry.fail(cause, self._clock(), detail=msg.reason)
         self._retire(msg.worker_id, msg.reason if not msg.asked else "stopped by its host")
         self._gone(host, msg.worker_id)
 
@@ -133,6 +138,9 @@ class Placer:
 
     def on_registered(self, worker: WorkerState) -> None:
         """A worker registered: the start that asked for it is done."""
+        self.served.add(worker.model)
+        self.joined.set()
+        self.joined = asyncio.Event()
         entry = self.entries.get(worker.model)
         if entry is not None:
             entry.starts.pop(worker.worker_id, None)
@@ -145,16 +153,27 @@ class Placer:
         return [h for h in self.hosts.values() if h.alive]
 
     def starting_on(self, host: HostState) -> int:
-        """Bytes of starts asked of `host` that it does not report yet."""
+        """Bytes of starts sent to `host` that it does not report yet: what it holds, or is
+        about to, beside its workers (stopping ones included until they are gone)."""
+        return self._starts_on(host, sent=True)
+
+    def reserved_on(self, host: HostState) -> int:
+        """Bytes of starts asked of `host` that wait for their victims to go: the room those
+        free is promised to them, though the victims still hold it."""
+        return self._starts_on(host, sent=False)
+
+    def _starts_on(self, host: HostState, sent: bool) -> int:
         return sum(
             entry.estimate_bytes
             for entry in self.entries.values()
             for s in entry.starts.values()
-            if s.host_id == host.id and s.worker_id not in host.workers
+            if s.host_id == host.id and s.sent == sent and s.worker_id not in host.workers
         )
 
     def free(self, host: HostState) -> int:
-        return host.budget_bytes - host.used(self.starting_on(host))
+        """Room for a new start: the budget less the workers, the starts sent, and those
+        that wait for their victims (so no two starts are promised the same room)."""
+        return host.budget_bytes - host.used(self.starting_on(host) + self.reserved_on(host))
 
     def place(self, entry: Entry, evict: bool = True) -> Start | None:
         """Mutates: ask a host for one more worker of `entry` (stopping idle workers first

@@ -358,6 +358,7 @@ class Dispatcher:
         try:
             self._route(job)
         except NoWorkerAvailable:
+            job.lost = True
             self._fail(job, "no worker is available to decode this request")
 
     def _resubmit(self, job: Job) -> None:
@@ -375,7 +376,8 @@ class Dispatcher:
         job.attempt += 1
         try:
             self._route(job)
-        except NoWorkerAvailable:
+        except NoWorkerAvailable:  # (the handler places it again if its client saw nothing)
+            job.lost = True
             self._fail(job, "the worker serving this request was lost and no other is available")
             return
         self._metrics.resubmitted()

@@ -40,6 +40,7 @@ class Job:
     attempt: int = 0
     cached_tokens: int = 0  # prompt tokens the serving worker found in its cache
     finished: bool = False
+    lost: bool = False  # ended because its worker was lost and no other could take it
     n: int = 1  # choices, forked by the worker after one prefill
     choices: list[Job] = field(default_factory=list)  # with n > 1: one sub-job per choice
     parent: Job | None = None  # of a choice

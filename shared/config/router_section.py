@@ -92,6 +92,13 @@ class RouterSection:
         "service (its requests move to other workers) until it does",
         flag="--wedged-after",
     )
+    worker_wait_s: float = spec(
+        30.0,
+        number(0.0),
+        "a request for a model whose workers are still starting (none has registered since "
+        "the router started, this long ago at most), or whose worker was lost before its "
+        "first token with no other up, waits this long for one (0: a 503 at once)",
+    )
     # models placed by demand on host agents (router/placement/)
     load_timeout_s: float = spec(
         300.0,

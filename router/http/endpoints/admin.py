@@ -51,8 +51,17 @@ async def catalog(request: web.Request) -> web.Response:
     """GET /v1/admin/models: every catalog model's state, and every host's budget."""
     _require_admin(request)
     demand = request.app[app_keys.DEMAND]
-    models = [{"id": m} | operator.model_json(demand, m) for m in demand.entries]
+    models = [
+        {"id": m} | operator.model_json(demand, m) | _failure_detail(demand.entries[m])
+        for m in demand.entries
+    ]
     return web.json_response({"models": models, "hosts": operator.hosts_json(demand)})
+
+
+def _failure_detail(entry) -> dict:
+    """The host's whole report of the model's last failed load (its worker's log tail, the
+    traceback): for the operator, not in the one-line `failure` clients read."""
+    return {"failure_detail": entry.failure_detail or None}
 
 
 async def load(request: web.Request) -> web.Response:

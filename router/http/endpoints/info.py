@@ -67,17 +67,25 @@ def _dialect(served: ServedModel) -> dict | None:
 
 async def health(request: web.Request) -> web.Response:
     """200 while some model has a worker (or a host agent can load one); each model's
-    healthy workers."""
+    healthy workers. Before any worker registered (within worker_wait_s of the start) its
+    status is "starting": requests then wait for their workers."""
     app = request.app
     per_model = {
         m.id: len(app[app_keys.CLUSTER].registry.healthy(m.id)) for m in app[app_keys.MODELS]
     }
     healthy = sum(per_model.values())
-    loads = app[app_keys.DEMAND].active  # host agents load models on demand: ready to serve
+    demand = app[app_keys.DEMAND]
+    loads = demand.active  # host agents load models on demand: ready to serve
     status = 200 if healthy or loads else 503
+    if healthy or loads:
+        state = "ok"
+    elif demand.starting(app[app_keys.CONFIG].worker_wait_s):
+        state = "starting"
+    else:
+        state = "no_workers"
     return web.json_response(
         {
-            "status": "ok" if healthy or loads else "no_workers",
+            "status": state,
             "healthy_workers": healthy,
             "models": per_model,
         },

@@ -147,7 +147,7 @@ async def test_unknown_route_is_a_json_404(cluster):
 
 
 async def test_no_worker_is_503_and_unhealthy(make_cluster):
-    cluster = await make_cluster()
+    cluster = await make_cluster(worker_wait_s=0)  # past the start: no worker is a 503 at once
     assert (await cluster.client.get("/health")).status == 503
     error = await post_error(cluster, "/v1/chat/completions", 503, json=CHAT)
     assert error["code"] == "no_workers_available"

@@ -5,11 +5,16 @@ cancel stops it; a restarted router resumes it without repeating a line."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
+import numpy as np
 import openai
 import pytest
 
-from shared.protocol import BATCH
+from router.config import ModelSpec
+from shared.protocol import BATCH, Embed, Embeddings, Register
+from tests.support.fake_worker import FakeWorker, FakeWorkerConfig
+from tests.support.tp_group import save_tiny_model
 from tests.unit.router.batch.conftest import MODEL, chat_line, finished, jsonl, lines_of
 
 WINDOW = {"endpoint": "/v1/chat/completions", "completion_window": "24h"}
@@ -130,6 +135,36 @@ async def test_embeddings_lines_get_what_a_live_request_gets(make_cluster):
     [error] = await lines_of(api, done.error_file_id)
     assert error["response"]["status_code"] == live.status
     assert error["response"]["body"] == await live.json()
+
+
+class EmbedWorker(FakeWorker):
+    """A stand-in embed worker: every input answered with the vector [0, 1, 2, 3]."""
+
+    def _register_msg(self) -> Register:
+        return dataclasses.replace(super()._register_msg(), task="embed")
+
+    def _handle(self, msg) -> None:
+        if isinstance(msg, Embed):
+            vectors = tuple(np.arange(4, dtype="<f4").tobytes() for _ in msg.inputs)
+            asyncio.ensure_future(self._send(Embeddings(msg.request_id, vectors, 2)))
+
+
+async def test_an_embeddings_batch_returns_the_vectors_a_live_request_gets(make_cluster, tmp_path):
+    directory = save_tiny_model(tmp_path / "tiny-emb")
+    cluster = await make_cluster(models=(ModelSpec(directory, id="emb", task="embed"),))
+    worker = EmbedWorker(FakeWorkerConfig(cluster.zmq_endpoint, "w-e", model_id="emb"))
+    cluster.workers["w-e"] = (worker, asyncio.create_task(worker.run()))
+    await asyncio.wait_for(worker.registered.wait(), 5)
+    api = cluster.openai()
+    body = {"model": "emb", "input": ["hello", "world"]}
+    line = {"custom_id": "e", "method": "POST", "url": "/v1/embeddings", "body": body}
+    done = await finished(api, (await start(api, [line], endpoint="/v1/embeddings")).id)
+    live = await (await cluster.client.post("/v1/embeddings", json=body)).json()
+    assert done.request_counts.model_dump() == {"total": 1, "completed": 1, "failed": 0}
+    [entry] = await lines_of(api, done.output_file_id)
+    assert entry["response"]["status_code"] == 200
+    assert entry["response"]["body"]["data"] == live["data"]
+    assert [d["embedding"] for d in live["data"]] == [[0.0, 1.0, 2.0, 3.0]] * 2
 
 
 async def test_a_cancelled_batch_keeps_its_answered_lines(make_cluster):

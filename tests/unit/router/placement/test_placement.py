@@ -12,6 +12,7 @@ from router.cluster.registry import WorkerRegistry, WorkerState
 from router.errors import ApiError
 from router.placement.catalog import FOREVER, Entry, keep_alive_of
 from router.placement.demand import Demand
+from router.placement.operator import hosts_json
 from router.placement.placer import Placer
 from shared.placement.messages import (
     HostHello,
@@ -32,6 +33,7 @@ class Fleet:
     def __init__(self, budgets: dict[str, int], models: dict[str, int], **settings):
         self.now = 0.0
         self.starts_finish = True  # False: the hosts take starts and never start anything
+        self.stops_finish = True  # False: a stopped worker's process stays until `exit`
         self.sent: list[tuple[bytes, object]] = []
         self.registry = WorkerRegistry()
         entries = {m: Entry(m, size, GIB // 4, **settings.get(m, {})) for m, size in models.items()}
@@ -53,9 +55,12 @@ class Fleet:
             self.procs[host][msg.worker_id] = HostWorker(
                 msg.worker_id, msg.model, 7, msg.estimate_bytes
             )
-        elif isinstance(msg, StopWorker):
-            worker = self.procs[host].pop(msg.worker_id)
-            self.placer.handle(identity, WorkerExited(host, msg.worker_id, worker.model, True, ""))
+        elif isinstance(msg, StopWorker) and self.stops_finish:
+            self.exit(host, msg.worker_id)
+
+    def exit(self, host: str, worker_id: str) -> None:
+        worker = self.procs[host].pop(worker_id)
+        self.placer.handle(host.encode(), WorkerExited(host, worker_id, worker.model, True, ""))
 
     def retire(self, worker_id: str, why: str) -> None:
         self.registry.remove(worker_id)
@@ -260,3 +265,45 @@ def test_a_restarted_router_never_reuses_a_running_worker_id():
     fleet.placer.entries["a"].next_worker = 0  # as a new router process counts
     start = fleet.placer.place(fleet.placer.entries["a"])
     assert start is not None and start.worker_id not in fleet.registry.healthy("a")[0].worker_id
+
+
+async def test_keep_alive_counts_from_the_end_of_the_last_reply():
+    fleet = Fleet({"h0": 8 * GIB}, {"a": GIB}, a={"keep_alive_s": 30})
+    fleet.load("a")
+    fleet.tick()  # idle since 0
+    await fleet.demand.ready("a")  # a request at 0, whose reply ends at 50 between ticks
+    fleet.now = 50
+    fleet.demand.replied("a")
+    fleet.now = 79
+    fleet.tick()
+    assert fleet.where("a") == ["h0"]  # 29 s after the reply, though 79 s after the request
+    fleet.now = 80
+    fleet.tick()
+    assert fleet.where("a") == []
+
+
+def test_cluster_hosts_never_show_more_than_their_budget_through_an_eviction():
+    fleet = Fleet({"h0": 3 * GIB}, {"a": 2 * GIB, "b": 2 * GIB})
+    fleet.stops_finish = False
+    samples = []
+
+    def sample():
+        fleet.report()
+        samples.extend(hosts_json(fleet.demand))
+
+    fleet.load("a")
+    sample()
+    fleet.now = 1
+    start = fleet.placer.place(fleet.placer.entries["b"])  # evicts a: stopping, b waits
+    assert start is not None and not start.sent
+    sample()
+    assert samples[-1]["used_bytes"] == 2 * GIB  # a, stopping, still holds its room
+    assert fleet.placer.place(fleet.placer.entries["a"], evict=False) is None  # promised to b
+    [victim] = fleet.procs["h0"]
+    fleet.exit("h0", victim)  # a's process is gone: b is sent
+    assert start.sent
+    samples.extend(hosts_json(fleet.demand))  # sent, not reported yet
+    assert samples[-1]["used_bytes"] == 2 * GIB
+    fleet.register_started()
+    sample()
+    assert all(s["used_bytes"] <= s["budget_bytes"] and s["free_bytes"] >= 0 for s in samples)

@@ -141,3 +141,28 @@ async def test_a_failed_load_ends_each_apis_stream_in_its_own_shape(hosted, path
     await host.exited(start.worker_id, MODEL_ID, "exit code 1: bad weights")
     text = (await asyncio.wait_for(response.read(), 10)).decode()
     assert text.lstrip().startswith(expect) and "bad weights" in text
+
+
+TRACEBACK = """exit code 1: Traceback (most recent call last):
+  File "/home/op/.venv/lib/python3.12/site-packages/mlx_lm/utils.py", line 160, in load_model
+    weights.update(mx.load(wf))
+                   ^^^^^^^^^^^
+ValueError: [load_safetensors] Invalid json header length /srv/models/tiny/model.safetensors"""
+
+
+async def test_a_failed_load_is_said_in_one_line_and_its_traceback_goes_to_the_admin_api(hosted):
+    cluster, host = await hosted()
+    response = await cluster.client.post("/v1/chat/completions", json=CHAT | {"stream": True})
+    start = await first_start(cluster, host)
+    assert (await asyncio.wait_for(response.content.readline(), 5)).startswith(b": loading")
+    await host.exited(start.worker_id, MODEL_ID, TRACEBACK)
+    await asyncio.wait_for(response.read(), 10)
+    again = await cluster.client.post("/v1/chat/completions", json=CHAT)
+    message = (await again.json())["error"]["message"]
+    assert again.status == 503 and "\n" not in message and "/" not in message.split("'")[-1]
+    assert message.endswith(
+        "exit code 1: ValueError: [load_safetensors] Invalid json header length model.safetensors"
+    )
+    catalog = await (await cluster.client.get("/v1/admin/models")).json()
+    assert catalog["models"][0]["failure_detail"] == TRACEBACK
+    assert "\n" not in catalog["models"][0]["failure"]

@@ -32,7 +32,7 @@ async def two_models(make_cluster, tiny_model_dir, other_model_dir):
         ModelSpec(tiny_model_dir, "tiny", ("t", "small")),
         ModelSpec(other_model_dir, "other", ("o",)),
     )
-    return await make_cluster(models=models)
+    return await make_cluster(models=models, worker_wait_s=0)  # a model without workers: 503
 
 
 async def complete(api, model: str, token_ids, **kw):
