@@ -216,7 +216,7 @@ class LiveCaller:
 
         async def note() -> None:
             self._opened = self._opened or await sse.open_stream(self.request)
-            await self._opened.write(f": loading {model}\n\n".encode())
+            await sse.comment(self._opened, f"loading {model}")  # none on JSON lines
 
         wait_s = app[app_keys.CONFIG].worker_wait_s
         await app[app_keys.DEMAND].until_started(model, wait_s, note if self._stream else None)
