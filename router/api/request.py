@@ -5,8 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from router.chat.tool_grammar import required_call_schema
+
 if TYPE_CHECKING:
     from router.chat.dialects import Dialect
+    from router.chat.prompt import ChatPrompt
     from router.chat.tools import ToolSet
     from shared.protocol import CachePin, ImageInput
     from shared.sampling import SamplingParams
@@ -55,3 +58,18 @@ class GenerationRequest:
         """A chat reply of one choice is read for reasoning and calls (router/chat/output.py):
         it is decoded with its special tokens, which the reader consumes or cuts."""
         return self.kind == "chat" and self.n == 1 and self.dialect is not None
+
+
+def chat_prompt_fields(prompt: ChatPrompt) -> dict:
+    """The fields every chat API (chat, messages, responses, Ollama's) takes from its templated
+    prompt: how the reply is read, the call a required tool_choice demands, the images, and
+    the volatile metadata the prompt lost. One place, so a new prompt field reaches them all."""
+    return {
+        "tool_family": prompt.tool_family,
+        "dialect": prompt.dialect,
+        "tools": prompt.tools,
+        "tool_grammar": required_call_schema(prompt.tools),
+        "starts_in_reasoning": prompt.starts_in_reasoning,
+        "images": prompt.images,
+        "volatile_removed": prompt.volatile_removed,
+    }

@@ -11,11 +11,11 @@ from typing import TYPE_CHECKING
 
 from router.api.anthropic.cache_control import Breakpoints
 from router.api.checks import completion_budget, refuse_unknown_fields, typed_field
-from router.api.request import GenerationRequest
+from router.api.request import GenerationRequest, chat_prompt_fields
 from router.chat.images.parts import image_mark, is_image_part
 from router.chat.images.placement import NO_IMAGES, PromptImages
 from router.chat.prompt import build_chat_prompt, template_kwargs
-from router.chat.tool_grammar import enforce_tool_choice, required_call_schema
+from router.chat.tool_grammar import enforce_tool_choice
 from router.chat.tools import ToolSet, parse_tools
 from router.errors import bad_request
 from shared.protocol import CachePin
@@ -64,13 +64,7 @@ def parse_messages_request(
         _stop_sequences(body),
         stream,
         False,
-        tool_family=prompt.tool_family,
-        dialect=prompt.dialect,
-        tools=tools,
-        tool_grammar=required_call_schema(tools),
-        starts_in_reasoning=prompt.starts_in_reasoning,
-        images=prompt.images,
-        volatile_removed=prompt.volatile_removed,
+        **chat_prompt_fields(prompt),
         pins=tuple(
             CachePin(tokens, ttl)
             for tokens, ttl in zip(prompt.cut_tokens, ttls, strict=True)

@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING
 
 from router.api.checks import completion_budget, refuse_unknown_fields, typed_field
 from router.api.openai.sampling import ANY_JSON_OBJECT, schema_grammar
-from router.api.request import GenerationRequest
+from router.api.request import GenerationRequest, chat_prompt_fields
 from router.chat.images.placement import NO_IMAGES, PromptImages
 from router.chat.prompt import build_chat_prompt
-from router.chat.tool_grammar import enforce_tool_choice, required_call_schema
+from router.chat.tool_grammar import enforce_tool_choice
 from router.chat.tools import chat_messages, parse_tools
 from router.errors import bad_request
 from shared.sampling import InvalidRequest, SamplingParams
@@ -114,13 +114,7 @@ def _chat_request(body, messages, tokenizer, model_id, cap, images) -> Generatio
         stop,
         True,  # always streamed inside: the reply measures its own timings (adapter.py)
         False,
-        tool_family=prompt.tool_family,
-        dialect=prompt.dialect,
-        tools=tools,
-        tool_grammar=required_call_schema(tools),
-        starts_in_reasoning=prompt.starts_in_reasoning,
-        images=prompt.images,
-        volatile_removed=prompt.volatile_removed,
+        **chat_prompt_fields(prompt),
     )
 
 

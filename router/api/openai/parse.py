@@ -19,10 +19,10 @@ from router.api.openai.fields import (
     check_honoured_values,
 )
 from router.api.openai.sampling import echo_of, sampling_fields
-from router.api.request import GenerationRequest
+from router.api.request import GenerationRequest, chat_prompt_fields
 from router.chat.images.placement import NO_IMAGES, PromptImages
 from router.chat.prompt import build_chat_prompt, template_kwargs
-from router.chat.tool_grammar import enforce_tool_choice, required_call_schema
+from router.chat.tool_grammar import enforce_tool_choice
 from router.chat.tools import chat_messages, parse_tools
 from router.errors import bad_request
 from shared.sampling import InvalidRequest, SamplingParams
@@ -65,14 +65,8 @@ def parse_chat(
     return replace(
         req,
         sampling=enforce_tool_choice(req.sampling, tools, prompt, tokenizer),
-        tool_family=prompt.tool_family,
-        dialect=prompt.dialect,
-        tools=tools,
-        tool_grammar=required_call_schema(tools),
-        starts_in_reasoning=prompt.starts_in_reasoning,
-        images=prompt.images,
+        **chat_prompt_fields(prompt),
         pins=retention_pins(body, len(prompt.wire_ids)),
-        volatile_removed=prompt.volatile_removed,
     )
 
 

@@ -15,14 +15,14 @@ from router.api.checks import (
     typed_field,
 )
 from router.api.openai.sampling import ANY_JSON_OBJECT, schema_grammar
-from router.api.request import GenerationRequest
+from router.api.request import GenerationRequest, chat_prompt_fields
 from router.api.responses.fields import RESPONSES_FIELDS, check_responses_fields
 from router.api.responses.items import chat_messages, input_items
 from router.api.responses.store import previous_not_found
 from router.api.responses.tools import responses_tools
 from router.chat.images.placement import NO_IMAGES, PromptImages
 from router.chat.prompt import build_chat_prompt
-from router.chat.tool_grammar import enforce_tool_choice, required_call_schema
+from router.chat.tool_grammar import enforce_tool_choice
 from router.errors import bad_request
 from shared.sampling import InvalidRequest, SamplingParams
 
@@ -86,15 +86,9 @@ def parse_responses(
         (),
         typed_field(body, "stream", bool, False),
         True,
-        tool_family=prompt.tool_family,
-        dialect=prompt.dialect,
-        tools=tools,
-        tool_grammar=required_call_schema(tools),
-        starts_in_reasoning=prompt.starts_in_reasoning,
+        **chat_prompt_fields(prompt),
         cache_key=_cache_key(body, previous_key, keep),
-        images=prompt.images,
         pins=retention_pins(body, len(prompt.wire_ids)),
-        volatile_removed=prompt.volatile_removed,
         context=ResponseContext(
             _echo(body, max_output, sampling) | {"parallel_tool_calls": parallel},
             items,
