@@ -104,15 +104,26 @@ def build_chat_prompt(
     family = dialect.tools if tools is not None else None
     opener = dialect.reasoning.open
     thinks = bool(opener) and text.rstrip().endswith(opener)
-    text, placed = place_images(text, count_marks(messages), images, tokenizer.vision)
-    ids = tokenizer.encode_prompt(text) if add_special_tokens else tokenizer.encode_text(text)
+    marks = count_marks(messages)
+    text, placed = place_images(text, marks, images, tokenizer.vision)
+    # cuts (cache breakpoints) are found by text offsets; placed image marks move the text
+    ends = (
+        []
+        if marks or add_special_tokens
+        else [
+            _cut_end(tokenizer, text, cut, tools, has_tool_turns, schemas, kwargs) for cut in cuts
+        ]
+    )
+    within: list[int] = []
+    if ends:  # one tokenization gives the ids and where each cut ends
+        ids, within = tokenizer.encode_text_within(text, ends)
+    else:
+        ids = tokenizer.encode_prompt(text) if add_special_tokens else tokenizer.encode_text(text)
     keyed = key_image_tokens(ids, placed, tokenizer.vision)
-    if keyed.images:  # marks became image tokens: the cuts' text offsets no longer hold
+    if keyed.images:
         return ChatPrompt(
             ids, tools, family, thinks, keyed.keyed_ids, keyed.images, dialect, removed
         )
-    ends = [_cut_end(tokenizer, text, cut, tools, has_tool_turns, schemas, kwargs) for cut in cuts]
-    within = tokenizer.tokens_within(text, ends)
     return ChatPrompt(ids, tools, family, thinks, None, (), dialect, removed, tuple(within))
 
 

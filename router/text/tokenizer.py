@@ -161,20 +161,16 @@ class ModelTokenizer:
         """Text that already holds its special tokens (a rendered template)."""
         return self._tok.encode(text, add_special_tokens=False)
 
-    def tokens_within(self, text: str, ends: Sequence[int]) -> list[int]:
-        """For each character offset in `ends`: how many leading tokens of `encode_text(text)`
-        lie wholly within text[:end] (one tokenization, by the fast tokenizer's offsets)."""
-        if not ends:
-            return []
-        if not getattr(self._tok, "is_fast", False):  # no offsets: tokenize each prefix
-            return [
-                _common_prefix(self.encode_text(text[:end]), self.encode_text(text)) for end in ends
-            ]
-        offsets = self._tok(text, add_special_tokens=False, return_offsets_mapping=True)[
-            "offset_mapping"
-        ]
-        token_ends = [stop for _, stop in offsets]
-        return [bisect.bisect_right(token_ends, end) for end in ends]
+    def encode_text_within(self, text: str, ends: Sequence[int]) -> tuple[list[int], list[int]]:
+        """`encode_text(text)`, and for each character offset in `ends` how many of its leading
+        tokens lie wholly within text[:end]: one tokenization, by the fast tokenizer's
+        offsets (a slow tokenizer has none: each prefix is tokenized and compared)."""
+        if not getattr(self._tok, "is_fast", False):
+            ids = self.encode_text(text)
+            return ids, [_common_prefix(self.encode_text(text[:end]), ids) for end in ends]
+        encoded = self._tok(text, add_special_tokens=False, return_offsets_mapping=True)
+        token_ends = [stop for _, stop in encoded["offset_mapping"]]
+        return list(encoded["input_ids"]), [bisect.bisect_right(token_ends, end) for end in ends]
 
     def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return self._tok.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
