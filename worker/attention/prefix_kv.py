@@ -42,11 +42,20 @@ def group_rows(
     gathered prefix; rows in no group read their whole context on their own. A row's prefix
     stops before the block of its last key (every row keeps its own key after its prefix)."""
     root = _Node()
+    # rows over one table (a folded prefill chunk: hundreds of rows, one sequence's blocks)
+    # walk its path once, each ending at its depth: rows x blocks would cost seconds at 20k
+    by_table: dict[int, list[int]] = {}
     for row, blocks in enumerate(tables):
-        node = root
-        for block in blocks[: (lengths[row] - 1) // block_size]:
-            node = node.children.setdefault(block, _Node())
-        node.ends.append(row)
+        by_table.setdefault(id(blocks), []).append(row)
+    for rows in by_table.values():
+        blocks = tables[rows[0]]
+        node, at = root, 0
+        for row in sorted(rows, key=lambda r: lengths[r]):
+            depth = min((lengths[row] - 1) // block_size, len(blocks))
+            for block in blocks[at:depth]:
+                node = node.children.setdefault(block, _Node())
+            at = max(at, depth)
+            node.ends.append(row)
     groups: list[tuple[list[int], int]] = []
     # iterative post-order: (node, depth, loose rows passed up, candidate groups passed up)
     stack: list[tuple[_Node, int, bool]] = [(root, 0, False)]

@@ -85,6 +85,22 @@ def test_rows_group_by_their_deepest_shared_run_where_that_reads_fewer_blocks():
     assert group_rows([[1, 2], [1, 2]], [2 * BLOCK, 2 * BLOCK], BLOCK) == [([0, 1], 1)]
 
 
+@pytest.mark.parametrize("seed", range(20))
+def test_rows_sharing_one_table_group_as_rows_over_copies_of_it(seed):
+    # a folded prefill chunk hands hundreds of rows the same table object: its path is walked
+    # once; the groups must be those of the same rows over tables of their own
+    rng = random.Random(seed)
+    shared = [rng.randrange(100) for _ in range(rng.randrange(1, 6))]
+    tables = [shared + [rng.randrange(100, 200) for _ in range(rng.randrange(4))] for _ in range(3)]
+    rows, lengths = [], []
+    for _ in range(rng.randrange(2, 30)):
+        table = rng.choice(tables)
+        rows.append(table)
+        lengths.append(rng.randrange(1, len(table) * BLOCK + 1))
+    copies = [list(t) for t in rows]
+    assert sorted(group_rows(rows, lengths, BLOCK)) == sorted(group_rows(copies, lengths, BLOCK))
+
+
 @pytest.mark.parametrize("seed", range(3))
 def test_nested_groups_attend_as_the_plain_gather(seed, monkeypatch):
     monkeypatch.setattr(shared_prefix, "SHARED_PREFIX_MIN_SAVING", 0.0)
