@@ -114,10 +114,11 @@ class Scheduler:
             # (after a preemption the pool is full anyway; and admitting now could take back
             # a sequence preempted above, already in this plan: planned twice, its rows would
             # run past its new blocks)
-            prefill += self._admit(budget)
+            prefill += self._admit(budget, interactive=any(not c.seq.yields for c in prefill))
         # a later reservation may have preempted a sequence planned earlier in this step
         decode = [s for s in decode if s.status is Status.RUNNING]
         prefill = [c for c in prefill if c.seq.status is Status.RUNNING]
+        decode, prefill = yield_to_interactive(decode, prefill)
         rows = self.pad_states if self.states.active else None  # (no folding: step_kind)
         return plan_step(decode, prefill, preempted, self.costs, self.block_size, rows)
 
@@ -209,9 +210,14 @@ class Scheduler:
                 budget -= n
         return chunks
 
-    def _admit(self, budget: int) -> list[PrefillChunk]:
+    def _admit(self, budget: int, interactive: bool = False) -> list[PrefillChunk]:
+        """Mutates: admit waiting sequences, in queue order, while the step has budget and
+        the pool room; no batch line once an interactive prompt prefills in this step
+        (`interactive`: one already does), as it would pause at once (yield_to_interactive)."""
         chunks, deferred = [], []
         while self.waiting and budget > 0 and len(self.running) < self.config.max_running:
+            if self.waiting[0].yields and interactive:
+                break
             if not self.kv.room(self.waiting[0], self.running):
                 break
             seq = self.waiting.popleft()
@@ -247,6 +253,7 @@ class Scheduler:
             self.cache.admitted(hit.match, len(prompt))  # counted once in, not per attempt
             if n > 0:  # 0: all but the last token cached, and forks pending
                 chunks.append(PrefillChunk(seq, n))
+                interactive = interactive or not seq.yields
             budget -= n
         self.waiting.extendleft(reversed(deferred))
         return chunks
@@ -411,6 +418,19 @@ class Scheduler:
         """Like remove, but nothing of `seq` enters the prefix cache (its KV is suspect)."""
         seq.inserted_tokens = max(seq.inserted_tokens, seq.num_computed)
         self.remove(seq)
+
+
+def yield_to_interactive(
+    decode: list[Sequence], prefill: list[PrefillChunk]
+) -> tuple[list[Sequence], list[PrefillChunk]]:
+    """A step's rows less its batch lines' when an interactive prompt prefills in it: that
+    prompt's first token is not slowed by batch rows (issue 50). The paused lines keep their
+    blocks and computed tokens and resume, without recomputing anything, in the first step
+    where no interactive prompt prefills. A prompt that only prefills never pauses them for
+    ever: the pause needs an interactive chunk in the step, so each paused step moves one on."""
+    if all(c.seq.yields for c in prefill):
+        return decode, prefill
+    return [s for s in decode if not s.yields], [c for c in prefill if not c.seq.yields]
 
 
 def draft_budget(seq: Sequence, config: EngineConfig, max_context: int) -> int:

@@ -124,6 +124,11 @@ class Sequence:
         return len(self.tokens) - self.num_computed
 
     @property
+    def yields(self) -> bool:
+        """A batch line's: it pauses while an interactive prompt prefills (Scheduler)."""
+        return self.priority > 0
+
+    @property
     def is_prefilling(self) -> bool:
         return self.num_uncomputed > 1
 

@@ -94,3 +94,71 @@ def test_the_engine_queues_a_request_in_its_class():
     engine.add_request("live", [6, 7, 8, 9], SamplingParams(max_tokens=2))
     assert names(engine.scheduler.waiting) == ["live", "batch"]
     assert [s.priority for s in engine.scheduler.waiting] == [INTERACTIVE, BATCH]
+
+
+def test_batch_lines_pause_while_an_interactive_prompt_prefills_and_resume_intact():
+    """Issue 50: two batch lines decode; an interactive prompt of several chunks arrives. Each
+    step while it prefills is its own (no batch row, no batch admission); the batch lines keep
+    their blocks and computed tokens (never preempted, nothing recomputed) and decode again
+    once it has its first token. A batch line waiting then is admitted only after."""
+    pool = BlockPool(64, BLOCK, num_layers=1, num_kv_heads=1, head_dim=1)
+    config = EngineConfig(block_size=BLOCK, prefill_chunk=8, step_token_budget=32)
+    scheduler = Scheduler(pool, RadixCache(pool), config, max_context=200)
+    batch = [seq(f"b{i}", i, BATCH, length=6, max_tokens=40) for i in range(2)]
+    for s in batch:
+        scheduler.add(s)
+    rng = random.Random(0)
+    for _ in range(3):  # both batch lines prefilled, decoding
+        run_plan(scheduler, scheduler.schedule(), rng)
+    assert all(not s.is_prefilling and s.status is Status.RUNNING for s in batch)
+    live = seq("i0", 10, INTERACTIVE, length=30, max_tokens=3)
+    late = seq("b2", 11, BATCH, length=6, max_tokens=2)
+    scheduler.add(live)
+    scheduler.add(late)
+    paused_steps = 0
+    while live.is_prefilling or live.status is Status.WAITING:
+        before = {s.request_id: (s.num_computed, list(s.block_ids)) for s in batch}
+        plan = scheduler.schedule()
+        planned = plan.decode + [c.seq for c in plan.prefill]
+        assert planned == [live], [s.request_id for s in planned]
+        assert late.status is Status.WAITING  # not admitted beside the interactive prefill
+        run_plan(scheduler, plan, rng)
+        for s in batch:  # kept (the block reserved for its next token, too)
+            computed, blocks = before[s.request_id]
+            assert s.num_computed == computed and s.block_ids[: len(blocks)] == blocks
+        paused_steps += 1
+    assert paused_steps == 4  # 30 tokens in chunks of 8
+    plan = scheduler.schedule()  # the interactive decodes; the batch lines resume beside it
+    assert {s.request_id for s in plan.decode} >= {"i0", "b0", "b1"}
+    assert all(s.num_preemptions == 0 for s in batch)
+
+
+def test_paused_batch_lines_answer_as_if_never_paused():
+    """Through the engine and the tiny model: batch lines paused for an interactive prompt's
+    prefill answer exactly the greedy tokens they would alone, and so does the prompt."""
+    from tests.support.engine_fixtures import make_engine, reference_greedy, tiny_model
+
+    model = tiny_model()
+    engine = make_engine(model)
+    greedy = SamplingParams(max_tokens=12, temperature=0.0)
+    prompts = {"b0": list(range(1, 20)), "b1": list(range(30, 45))}
+    for name, prompt in prompts.items():
+        engine.add_request(name, prompt, greedy, priority=BATCH)
+    outputs: dict[str, list[int]] = {}
+    paused = 0
+    for step in range(200):
+        if step == 3:
+            prompts["live"] = [(7 * i) % 90 + 1 for i in range(150)]  # several chunks
+            engine.add_request("live", prompts["live"], greedy)
+        running = {s.request_id: s.num_computed for s in engine.scheduler.running}
+        for delta in engine.step():
+            assert delta.error is None
+            outputs.setdefault(delta.request_id, []).extend(delta.token_ids)
+        after = {s.request_id: s.num_computed for s in engine.scheduler.running}
+        if "live" in running and any(after.get(b) == running.get(b) for b in ("b0", "b1")):
+            paused += 1
+        if not engine.has_work():
+            break
+    assert paused >= 2
+    for name, prompt in prompts.items():
+        assert outputs[name] == reference_greedy(model, prompt, 12), name
