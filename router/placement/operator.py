@@ -51,12 +51,26 @@ def _entry(demand: Demand, model: str) -> Entry:
     return entry
 
 
+def _leading(demand: Demand) -> None:
+    """409 on a follower: the leading router alone starts and stops workers."""
+    lead = demand.lead
+    if not lead.leading:
+        raise ApiError(
+            409,
+            f"this router ({lead.router_id}) follows: placement is led by the router "
+            f"{lead.leader or '(none now: retry in a few seconds)'}; send load, unload and pin "
+            "to it",
+            "model",
+            "not_placement_leader",
+        )
+
+
 def load(demand: Demand, model: str) -> dict:
     """Start one more worker of `model` (up to its max_workers); 503 when no host has room."""
     entry = _entry(demand, model)
+    _leading(demand)
     demand.check(entry)
-    live = len(demand.registry.healthy(entry.id)) + len(entry.starts)
-    if live >= entry.max_workers:
+    if demand.placer.live(entry) >= entry.max_workers:
         raise ApiError(
             409,
             f"the model '{model}' has its max_workers ({entry.max_workers}) loaded or loading",
@@ -77,6 +91,7 @@ def unload(demand: Demand, model: str) -> dict:
     """Stop every host-placed worker of `model` (its min_workers becomes 0); 409 while one
     has requests in flight."""
     entry = _entry(demand, model)
+    _leading(demand)
     workers = [
         (h, w.worker_id)
         for h in demand.placer.alive()
@@ -99,5 +114,7 @@ def unload(demand: Demand, model: str) -> dict:
 
 
 def pin(demand: Demand, model: str, pinned: bool) -> dict:
-    _entry(demand, model).pinned = pinned
+    entry = _entry(demand, model)
+    _leading(demand)
+    entry.pinned = pinned
     return model_json(demand, model)
