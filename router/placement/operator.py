@@ -42,6 +42,12 @@ def hosts_json(demand: Demand) -> list[dict]:
     return [h.to_json(placer.starting_on(h)) for h in placer.hosts.values()]
 
 
+def leadership_json(demand: Demand) -> dict:
+    """This router's id, the leading router's, and whether this one leads."""
+    lead = demand.lead
+    return {"router": lead.router_id, "leader": lead.leader, "leading": lead.leading}
+
+
 def _entry(demand: Demand, model: str) -> Entry:
     entry = demand.entries.get(model)
     if entry is None:

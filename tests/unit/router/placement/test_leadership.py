@@ -149,7 +149,12 @@ async def test_a_follower_never_starts_workers_and_its_request_is_answered(clien
     await leader.turn()
     await follower.turn()
     assert leader.lead.leading and not follower.lead.leading
-    waiting = asyncio.create_task(follower.demand.ready("m"))
+    notes: list[float] = []
+
+    async def note() -> None:  # a streamed request's `: loading` comment
+        notes.append(clock.now)
+
+    waiting = asyncio.create_task(follower.demand.ready("m", note=note))
     await asyncio.sleep(0.05)
     assert follower.starts() == [] and not waiting.done()
     with pytest.raises(ApiError) as refused:  # the operator's load goes to the leader
@@ -157,8 +162,12 @@ async def test_a_follower_never_starts_workers_and_its_request_is_answered(clien
     assert refused.value.status == 409 and "r1" in refused.value.message
     await leader.turn()  # reads the follower's demand: places the model
     assert len(leader.starts()) == 1
+    clock.now += 6.0
+    await leader.turn()
     await follower.turn()  # mirrors the start: the model is loading
     assert operator.state(follower.demand, follower.entry) == "loading"
+    await asyncio.sleep(0.05)
+    assert notes == [clock.now]  # the wait on the follower is told so, as on the leader
     worker_id = leader.starts()[0].worker_id
     for router in (leader, follower):  # the worker registers with every router
         router.register(worker_id)
