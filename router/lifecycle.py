@@ -22,6 +22,7 @@ from router.cluster.worker_socket import WorkerSocket
 from router.http import app_keys
 from router.http.batch_runner import BatchRunner
 from router.http.budgets import budgets_of
+from router.placement import operator
 from router.placement.catalog import entry_of
 from router.placement.demand import Demand
 from router.placement.placer import Placer
@@ -157,6 +158,7 @@ async def cluster_ctx(app: web.Application) -> AsyncIterator[None]:
         placer, registry, config.load_timeout_s, config.heartbeat_timeout_s, time.monotonic, lead
     )
     cluster.on_host, cluster.on_register = placer.handle, placer.on_registered
+    demand.on_orders = lambda orders: operator.apply(demand, orders)
     for served in models:
         served.dispatcher.listen(cluster)
     app[app_keys.LINK] = link

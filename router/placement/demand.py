@@ -55,6 +55,9 @@ class Demand:
         self.clock, self.wall = clock, wall
         self.lead: Leadership = lead or SoleLeader()
         self._share_failing = False
+        self.outbox: list[dict] = []  # the operator's orders for the leader (a follower's)
+        # the leader does the forwarded orders (router/placement/operator.py `apply`)
+        self.on_orders: Callable[[list[dict]], None] = lambda orders: None
         self.started_at = clock()
         self._idle_since: dict[str, float] = {}  # worker id -> when it last had no work
 
@@ -229,17 +232,30 @@ class Demand:
             shared.adopt(self.placer, pulled.state, self._offset(), self.clock())
         if self.lead.leading:
             shared.merge(self.entries, pulled.demands, self._offset())
+            self.on_orders(pulled.orders)
             if not was_leading:
                 log.info("this router leads placement now (%s)", self.lead.router_id)
         elif was_leading:
             log.warning("this router no longer leads placement (leader: %s)", self.lead.leader)
 
     async def push(self) -> None:
-        """The leader publishes its state; a follower its demand."""
+        """The leader publishes its state; a follower its demand and the operator's orders."""
+        orders, self.outbox = self.outbox, []
         if self.lead.leading:
+            self.on_orders(orders)  # (asked while it followed)
             await self.lead.publish_state(shared.state_of(self.placer, self._offset()))
-        else:
-            await self.lead.publish_demand(self._demand())
+            return
+        await self.lead.publish_demand(self._demand())
+        if orders:
+            try:
+                await self.lead.send_orders(orders)
+            except Exception:
+                self.outbox[:0] = orders  # the next turn tries again
+                raise
+
+    def forward(self, order: dict) -> None:
+        """Mutates (a follower): `order` goes to the leader at this router's next turn."""
+        self.outbox.append(order)
 
     def tick(self) -> None:
         """Mutates: hosts silent too long are lost; then, when this router leads, idle workers

@@ -3,7 +3,8 @@ placement, and it alone asks host agents to start and stop workers; the others f
 follower tells the leader what its requests need (the models they wait for, when each was
 last used, a keep-alive a request set) and mirrors what the leader decided (its starts, its
 stops, the failures, the catalog's settings), so `max_workers`, keep-alive and the LRU order
-are counted once for the fleet. Every router still hears every host agent and every worker
+are counted once for the fleet. The operator's load, unload and pin asked of a follower are
+forwarded to the leader. Every router still hears every host agent and every worker
 itself: a follower's waiting request is answered when the worker registers with it.
 
 A router alone leads itself (`SoleLeader`); routers sharing a Redis server (`state_url`) hold
@@ -24,6 +25,7 @@ class Pulled:
 
     state: dict | None = None  # the leader's last state (read while following, or taking over)
     demands: list[dict] = field(default_factory=list)  # the other routers' (read while leading)
+    orders: list[dict] = field(default_factory=list)  # the operator's, forwarded (the leader's)
 
 
 class Leadership(Protocol):
@@ -52,6 +54,10 @@ class Leadership(Protocol):
         """A follower's: what its requests need, for the leader."""
         ...
 
+    async def send_orders(self, orders: list[dict]) -> None:
+        """A follower's: the operator's load, unload and pin, for the leader to do."""
+        ...
+
     async def release(self) -> None:
         """Give the lease up (a router stopping): another takes over at its next turn."""
         ...
@@ -78,6 +84,9 @@ class SoleLeader:
         pass
 
     async def publish_demand(self, demand: dict) -> None:
+        pass
+
+    async def send_orders(self, orders: list[dict]) -> None:
         pass
 
     async def release(self) -> None:

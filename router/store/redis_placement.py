@@ -8,6 +8,8 @@
   leases unwritten, so a fleet started again later begins from its config.
 - `placement:demand`: a hash, router id -> that follower's demand (JSON, with the wall time
   it was written); the leader reads them all and deletes those older than a lease.
+- `placement:orders`: a list of the operator's load, unload and pin asked of followers (JSON);
+  the leader takes them all each turn (read and deleted in one script).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from router.store.redis_client import PREFIX, reachable
 LEADER = f"{PREFIX}placement:leader"
 STATE = f"{PREFIX}placement:state"
 DEMAND = f"{PREFIX}placement:demand"
+ORDERS = f"{PREFIX}placement:orders"
 STATE_LEASES = 3  # the leader's state outlives its last write by this many leases
 # KEYS[1]: the lease. ARGV: this router's id, the lease in ms. Returns the holder after it.
 CLAIM = """
@@ -31,6 +34,11 @@ local holder = redis.call('GET', KEYS[1])
 if holder and holder ~= ARGV[1] then return holder end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 return ARGV[1]
+"""
+TAKE_ALL = """
+local all = redis.call('LRANGE', KEYS[1], 0, -1)
+redis.call('DEL', KEYS[1])
+return all
 """
 RELEASE = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
@@ -51,6 +59,7 @@ class RedisLeadership:
         self._client, self._clock, self._wall = client, clock, wall
         self._claim = client.register_script(CLAIM)
         self._release = client.register_script(RELEASE)
+        self._take_all = client.register_script(TAKE_ALL)
         self._until = float("-inf")  # this router leads until then (monotonic), by its lease
         self._leader: str | None = None
 
@@ -74,7 +83,12 @@ class RedisLeadership:
         if not self.leading:
             return Pulled(state=await self._state())
         state = None if was_leading else await self._state()  # taking over: start from it
-        return Pulled(state, await self._demands())
+        return Pulled(state, await self._demands(), await self._orders())
+
+    async def _orders(self) -> list[dict]:
+        with reachable("taking the operator's orders"):
+            found = await self._take_all(keys=[ORDERS])
+        return [json.loads(raw) for raw in found]
 
     async def _state(self) -> dict | None:
         with reachable("reading the placement state"):
@@ -108,6 +122,14 @@ class RedisLeadership:
             async with self._client.pipeline(transaction=False) as pipe:
                 pipe.hset(DEMAND, self.router_id, json.dumps(demand))
                 pipe.pexpire(DEMAND, ttl_ms)
+                await pipe.execute()
+
+    async def send_orders(self, orders: list[dict]) -> None:
+        ttl_ms = int(self.lease_s * STATE_LEASES * 1000)  # a fleet with no leader that long
+        with reachable("forwarding the operator's orders"):
+            async with self._client.pipeline(transaction=False) as pipe:
+                pipe.rpush(ORDERS, *(json.dumps(order) for order in orders))
+                pipe.pexpire(ORDERS, ttl_ms)
                 await pipe.execute()
 
     async def release(self) -> None:

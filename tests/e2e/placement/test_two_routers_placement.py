@@ -3,7 +3,7 @@ redis-server (tests/support/redis_server.py), two host agents serving both, a ca
 tiny random models. Requests for a model through both routers at once start one worker of it
 (its max_workers), never two; the leading router SIGKILLed while that worker loads, the other
 answers its waiting requests once the worker registers, takes placement over, and loads the
-next model asked of it."""
+next model asked of it. The operator's pin asked of the follower is done by the leader."""
 
 from __future__ import annotations
 
@@ -141,6 +141,11 @@ def test_two_routers_place_as_one_and_survive_the_leader(tmp_path, redis_url):
         leading = next(i for i, u in enumerate(urls) if cluster_or_none(u)["placement"]["leading"])
         leader, survivor = urls[leading], urls[1 - leading]
         assert leader_id.endswith(f"/{procs[f'router-{leading}'].pid}")
+        # the operator's pin, asked of the follower, is done by the leader
+        pin = urllib.request.Request(f"{survivor}/v1/admin/models/two/pin", b"{}", method="POST")
+        with urllib.request.urlopen(pin, timeout=10) as reply:
+            assert reply.status == 200
+        wait_for(lambda: _model(leader, "two")["pinned"], 10, "two pinned by the leader")
         watch = WorkerCount(urls, "one")
         with ThreadPoolExecutor(8) as pool:
             through_survivor = [pool.submit(ask, survivor, "one") for _ in range(3)]
@@ -180,3 +185,7 @@ def _agreed_leader(views: list[dict | None]) -> str | None:
     """The leader both routers name, once they agree on one."""
     leaders = {(v or {}).get("placement", {}).get("leader") for v in views}
     return leaders.pop() if len(leaders) == 1 and None not in leaders else None
+
+
+def _model(url: str, model: str) -> dict:
+    return next(m for m in get_json(f"{url}/v1/admin/models")["models"] if m["id"] == model)

@@ -59,6 +59,7 @@ class Router:
             self.registry, entries, self.send, self.retire, clock, leading=lambda: self.lead.leading
         )
         self.demand = Demand(self.placer, self.registry, 60.0, 5.0, clock, self.lead, wall)
+        self.demand.on_orders = lambda orders: operator.apply(self.demand, orders)
         self.entry = entries["m"]
         for host in hosts.procs:
             hello = HostHello(host, host, 1, 8 * GIB, ("m",))
@@ -157,9 +158,6 @@ async def test_a_follower_never_starts_workers_and_its_request_is_answered(clien
     waiting = asyncio.create_task(follower.demand.ready("m", note=note))
     await asyncio.sleep(0.05)
     assert follower.starts() == [] and not waiting.done()
-    with pytest.raises(ApiError) as refused:  # the operator's load goes to the leader
-        operator.load(follower.demand, "m")
-    assert refused.value.status == 409 and "r1" in refused.value.message
     await leader.turn()  # reads the follower's demand: places the model
     assert len(leader.starts()) == 1
     clock.now += 6.0
@@ -261,3 +259,31 @@ async def test_a_keep_alive_set_through_a_follower_holds_for_the_leader(client):
     await leader.turn()
     assert hosts.workers() == [] and follower.starts() == []
     assert not any(isinstance(m, StopWorker) for _, m in follower.sent)
+
+
+async def test_the_operators_orders_on_a_follower_are_done_by_the_leader(client):
+    clock, hosts = Clock(), FakeHosts("h0")
+    leader = Router("r1", client, hosts, clock, max_workers=2)
+    follower = Router("r2", client, hosts, clock, max_workers=2)
+    await leader.turn()
+    await follower.turn()
+    operator.load(follower.demand, "m")
+    operator.pin(follower.demand, "m", True)
+    await follower.turn()  # forwards them
+    await leader.turn()  # does them
+    assert len(leader.starts()) == 1 and leader.entry.pinned
+    await follower.turn()
+    assert follower.entry.pinned and follower.starts() == []
+    for router in (leader, follower):
+        router.register(hosts.workers()[0])
+    busy = follower.registry.get(hosts.workers()[0])
+    busy.inflight.add("req-1#0")
+    with pytest.raises(ApiError) as refused:  # checked on the follower first, as on the leader
+        operator.unload(follower.demand, "m")
+    assert refused.value.status == 409
+    busy.inflight.clear()
+    operator.unload(follower.demand, "m")
+    await follower.turn()
+    await leader.turn()
+    assert hosts.workers() == [] and leader.entry.min_workers == 0
+    assert not any(isinstance(m, StartWorker | StopWorker) for _, m in follower.sent)
