@@ -46,6 +46,10 @@ class Entry:
     waiting: int = 0  # requests held for it now
     waiting_elsewhere: int = 0  # held by the other routers, as they last said
     pressure_since: float | None = None  # its workers have had requests waiting since
+    configured: list = field(init=False)  # its settings as the config file gave them
+
+    def __post_init__(self) -> None:
+        self.configured = [self.min_workers, self.max_workers, self.keep_alive_s, self.pinned]
 
     def wake(self) -> None:
         """Mutates: every waiter looks again."""

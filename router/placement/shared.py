@@ -4,7 +4,9 @@
 - the leader's **state**: each catalog model's starts in flight, its last load failure, its
   settings (`pinned`, `min_workers`, the keep-alive a request set), when it was last used,
   and every host's workers asked to stop. Followers mirror it; a router taking over starts
-  from it, so a load the old leader began is counted (and finished), not begun again.
+  from it, so a load the old leader began is counted (and finished), not begun again. The
+  operator's `pinned` and `min_workers` are taken only from a leader whose config file gave
+  the model the same settings as ours: a router restarted with a new config keeps its own.
 - a follower's **demand**: for each model its requests wait for or used, how many wait, when
   it was last used and any keep-alive a request set. The leader folds every follower's in:
   last use and keep-alive are the newest of all, waiting requests add up.
@@ -48,6 +50,7 @@ def state_of(placer: Placer, offset: float) -> dict:
             "failed_at": _wall(entry.failed_at, offset),
             "pinned": entry.pinned,
             "min_workers": entry.min_workers,
+            "configured": entry.configured,
             "keep_alive_s": entry.keep_alive_s,
             "keep_alive_at": _wall(entry.keep_alive_at, offset),
             "last_used": _wall(entry.last_used, offset),
@@ -72,7 +75,8 @@ def adopt(placer: Placer, state: dict, offset: float, now: float) -> None:
 
 
 def _adopt_entry(placer: Placer, entry: Entry, told: dict, offset: float, now: float) -> None:
-    entry.pinned, entry.min_workers = bool(told["pinned"]), int(told["min_workers"])
+    if told["configured"] == entry.configured:  # (else: one of us has a new config file)
+        entry.pinned, entry.min_workers = bool(told["pinned"]), int(told["min_workers"])
     _take_keep_alive(entry, told["keep_alive_s"], _local(told["keep_alive_at"], offset))
     entry.last_used = max(entry.last_used, _local(told["last_used"], offset))
     entry.next_worker = max(entry.next_worker, int(told["next_worker"]))

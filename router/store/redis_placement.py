@@ -15,10 +15,12 @@
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import Callable
 
 import redis.asyncio as redis
+from redis.exceptions import RedisError
 
 from router.placement.leadership import Pulled
 from router.store.redis_client import PREFIX, reachable
@@ -27,6 +29,7 @@ LEADER = f"{PREFIX}placement:leader"
 STATE = f"{PREFIX}placement:state"
 DEMAND = f"{PREFIX}placement:demand"
 ORDERS = f"{PREFIX}placement:orders"
+log = logging.getLogger(__name__)
 STATE_LEASES = 3  # the leader's state outlives its last write by this many leases
 # KEYS[1]: the lease. ARGV: this router's id, the lease in ms. Returns the holder after it.
 CLAIM = """
@@ -133,7 +136,10 @@ class RedisLeadership:
                 await pipe.execute()
 
     async def release(self) -> None:
-        if self.leading:
-            with reachable("releasing the placement lease"):
-                await self._release(keys=[LEADER], args=[self.router_id])
-            self._until = float("-inf")
+        if not self.leading:
+            return
+        self._until = float("-inf")
+        try:
+            await self._release(keys=[LEADER], args=[self.router_id])
+        except RedisError as e:  # stopping anyway: the lease runs out by itself
+            log.warning("could not hand the placement lease over: %s", e)

@@ -287,3 +287,19 @@ async def test_the_operators_orders_on_a_follower_are_done_by_the_leader(client)
     await leader.turn()
     assert hosts.workers() == [] and leader.entry.min_workers == 0
     assert not any(isinstance(m, StartWorker | StopWorker) for _, m in follower.sent)
+
+
+async def test_the_operators_settings_follow_a_leader_of_the_same_config_only(client):
+    """A pin survives a change of leader; a router restarted with a new config file for the
+    model (here min_workers 1) keeps its own settings instead."""
+    clock, hosts = Clock(), FakeHosts("h0")
+    leader = Router("r1", client, hosts, clock)
+    same = Router("r2", client, hosts, clock)
+    changed = Router("r3", client, hosts, clock, min_workers=1)
+    await leader.turn()
+    operator.pin(leader.demand, "m", True)
+    await leader.turn()
+    await same.turn()
+    await changed.turn()
+    assert same.entry.pinned and not changed.entry.pinned
+    assert changed.entry.min_workers == 1
