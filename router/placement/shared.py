@@ -23,6 +23,9 @@ from router.placement.catalog import Entry, Start
 from router.placement.placer import Placer
 
 NEVER = float("-inf")
+# Of both shapes, and in the store's key names: routers of two versions (a fleet mid-upgrade)
+# each follow a leader of their own, as routers without a shared store do.
+VERSION = 1
 
 
 def _wall(local: float, offset: float) -> float | None:
@@ -57,12 +60,14 @@ def state_of(placer: Placer, offset: float) -> dict:
             "next_worker": entry.next_worker,
         }
     stopping = {h.id: sorted(h.stopping) for h in placer.hosts.values() if h.stopping}
-    return {"models": models, "stopping": stopping}
+    return {"version": VERSION, "models": models, "stopping": stopping}
 
 
 def adopt(placer: Placer, state: dict, offset: float, now: float) -> None:
     """Mutates: mirror the leader's `state` (a model this router's catalog lacks is skipped;
     a start whose worker registered here already is done)."""
+    if state.get("version") != VERSION:
+        return
     for model, told in state.get("models", {}).items():
         entry = placer.entries.get(model)
         if entry is not None:
@@ -117,7 +122,7 @@ def demand_of(entries: dict[str, Entry], offset: float, now: float) -> dict:
             "keep_alive_s": entry.keep_alive_s,
             "keep_alive_at": _wall(entry.keep_alive_at, offset),
         }
-    return {"at": now + offset, "models": models}
+    return {"version": VERSION, "at": now + offset, "models": models}
 
 
 def merge(entries: dict[str, Entry], demands: list[dict], offset: float) -> None:
@@ -125,6 +130,8 @@ def merge(entries: dict[str, Entry], demands: list[dict], offset: float) -> None
     for entry in entries.values():
         entry.waiting_elsewhere = 0
     for demand in demands:
+        if demand.get("version") != VERSION:
+            continue
         for model, told in demand.get("models", {}).items():
             entry = entries.get(model)
             if entry is None:

@@ -1,6 +1,8 @@
 """The placement lease and what the routers say about placement, in the fleet's shared Redis
 (`state_url`; router/placement/leadership.py says what each router does with it).
 
+Every key is under `placement:vN:` (router/placement/shared.py `VERSION`).
+
 - `placement:leader`: the leading router's id, with a time to live (`placement_lease_s`).
   Each turn (a second) every router runs one script: the holder renews it; when no router
   holds it (its holder stopped, or died and the lease ran out), the caller takes it.
@@ -23,12 +25,14 @@ import redis.asyncio as redis
 from redis.exceptions import RedisError
 
 from router.placement.leadership import Pulled
+from router.placement.shared import VERSION
 from router.store.redis_client import PREFIX, reachable
 
-LEADER = f"{PREFIX}placement:leader"
-STATE = f"{PREFIX}placement:state"
-DEMAND = f"{PREFIX}placement:demand"
-ORDERS = f"{PREFIX}placement:orders"
+PLACEMENT = f"{PREFIX}placement:v{VERSION}:"  # routers of another version: keys of their own
+LEADER = f"{PLACEMENT}leader"
+STATE = f"{PLACEMENT}state"
+DEMAND = f"{PLACEMENT}demand"
+ORDERS = f"{PLACEMENT}orders"
 log = logging.getLogger(__name__)
 STATE_LEASES = 3  # the leader's state outlives its last write by this many leases
 # KEYS[1]: the lease. ARGV: this router's id, the lease in ms. Returns the holder after it.
