@@ -55,6 +55,7 @@ ROUTER_FLAGS = (
     "chat_template",
     "volatile_prompt_patterns",
     "state_url",
+    "placement_lease_s",
     "responses_store",
     "responses_store_path",
     "responses_store_size",

@@ -22,6 +22,7 @@ from router.cluster.worker_socket import WorkerSocket
 from router.http import app_keys
 from router.http.batch_runner import BatchRunner
 from router.http.budgets import budgets_of
+from router.placement import operator
 from router.placement.catalog import entry_of
 from router.placement.demand import Demand
 from router.placement.placer import Placer
@@ -48,6 +49,7 @@ async def state_ctx(app: web.Application) -> AsyncIterator[None]:
     app[app_keys.RESPONSES] = state.responses
     app[app_keys.RECORDS] = state.records
     app[app_keys.BUDGETS] = budgets_of(config, state.ledger)
+    app[app_keys.LEADERSHIP] = state.leadership
     budgets = "shared (state_url)" if config.state_url else "memory"  # the URL may hold a password
     log.info("stored responses: %s; key budgets: %s", state.where, budgets)
     yield
@@ -142,13 +144,21 @@ async def cluster_ctx(app: web.Application) -> AsyncIterator[None]:
         wedged_after_s=config.wedged_after_s,
     )
     entries = {spec.served_id: entry_of(spec) for spec in config.models}
+    lead = app[app_keys.LEADERSHIP]
     placer = Placer(
-        registry, entries, link.send, cluster.retire, time.monotonic, config.heartbeat_interval_s
+        registry,
+        entries,
+        link.send,
+        cluster.retire,
+        time.monotonic,
+        config.heartbeat_interval_s,
+        leading=lambda: lead.leading,
     )
     demand = Demand(
-        placer, registry, config.load_timeout_s, config.heartbeat_timeout_s, time.monotonic
+        placer, registry, config.load_timeout_s, config.heartbeat_timeout_s, time.monotonic, lead
     )
     cluster.on_host, cluster.on_register = placer.handle, placer.on_registered
+    demand.on_orders = lambda orders: operator.apply(demand, orders)
     for served in models:
         served.dispatcher.listen(cluster)
     app[app_keys.LINK] = link

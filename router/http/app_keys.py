@@ -16,6 +16,7 @@ from router.http.api_keys import ApiKeys
 from router.http.budgets import KeyBudgets
 from router.metrics.router_metrics import Metrics
 from router.placement.demand import Demand
+from router.placement.leadership import Leadership
 from router.routing.models import ServedModel
 from router.text.tokenizer import ModelTokenizer
 
@@ -36,3 +37,4 @@ TRACER = web.AppKey("tracer", object)  # an OpenTelemetry Tracer; None: tracing 
 RECORDS = web.AppKey("records", Records)  # files, batches, their progress (router/store/)
 BATCH_RUNNER = web.AppKey("batch_runner", object)  # router/http/batch_runner.BatchRunner
 DEMAND = web.AppKey("demand", Demand)  # catalog models placed on host agents by demand
+LEADERSHIP = web.AppKey("leadership", Leadership)  # who places: this router, or the lease's

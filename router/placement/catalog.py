@@ -21,6 +21,7 @@ class Start:
     host_id: str
     after: set[str] = field(default_factory=set)  # workers stopped to make room, first
     sent: bool = False  # StartWorker went out (after `after` all exited)
+    adopted_at: float | None = None  # when this router learnt of it from another leader
 
 
 @dataclass(eq=False)
@@ -35,6 +36,7 @@ class Entry:
     keep_alive_s: float = 300.0
     pinned: bool = False
     last_used: float = 0.0
+    keep_alive_at: float = float("-inf")  # when a request last set keep_alive_s
     starts: dict[str, Start] = field(default_factory=dict)  # by worker id
     failure: str = ""  # why its last load failed, in one line ("" none)
     failure_detail: str = ""  # the host's whole report of it (the worker's last log lines)
@@ -42,7 +44,12 @@ class Entry:
     changed: asyncio.Event = field(default_factory=asyncio.Event)  # set, then replaced
     next_worker: int = 0
     waiting: int = 0  # requests held for it now
+    waiting_elsewhere: int = 0  # held by the other routers, as they last said
     pressure_since: float | None = None  # its workers have had requests waiting since
+    configured: list = field(init=False)  # its settings as the config file gave them
+
+    def __post_init__(self) -> None:
+        self.configured = [self.min_workers, self.max_workers, self.keep_alive_s, self.pinned]
 
     def wake(self) -> None:
         """Mutates: every waiter looks again."""

@@ -5,6 +5,11 @@ unload and pin (router/http/endpoints/admin.py) act through the same rules.
 
 Only with host agents: a fleet of hand-started workers (no host ever said hello) behaves as
 before, a request for a model with no worker being a 503 at once.
+
+Several routers (issue 50): only the leader (router/placement/leadership.py) starts and stops
+workers; a follower's waiting request asks the leader through the shared store, and is
+answered when the worker registers with it. Each turn, a router reads what the others said
+(`pull`), ticks, and says its part (`push`).
 """
 
 from __future__ import annotations
@@ -12,11 +17,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from router.errors import ApiError, model_unavailable
+from router.placement import shared
 from router.placement.catalog import FAILURE_HOLD_S, Entry
+from router.placement.leadership import Leadership, SoleLeader
 from router.placement.placer import Placer
 from shared.placement.footprint import gib
 
@@ -27,6 +35,7 @@ log = logging.getLogger(__name__)
 
 NOTE_EVERY_S = 5.0  # a waiting stream is told so this often (an SSE comment)
 SCALE_UP_AFTER_S = 2.0  # requests waiting on every worker of a model this long: one more
+LOST_START_S = 5.0  # a start learnt from another leader, unreported by its host this long: lost
 
 
 class Demand:
@@ -37,11 +46,18 @@ class Demand:
         load_timeout_s: float,
         host_timeout_s: float,
         clock: Callable[[], float],
+        lead: Leadership | None = None,
+        wall: Callable[[], float] = time.time,
     ):
         self.placer, self.registry = placer, registry
         self.entries = placer.entries
         self.load_timeout_s, self.host_timeout_s = load_timeout_s, host_timeout_s
-        self.clock = clock
+        self.clock, self.wall = clock, wall
+        self.lead: Leadership = lead or SoleLeader()
+        self._share_failing = False
+        self.outbox: list[dict] = []  # the operator's orders for the leader (a follower's)
+        # the leader does the forwarded orders (router/placement/operator.py `apply`)
+        self.on_orders: Callable[[list[dict]], None] = lambda orders: None
         self.started_at = clock()
         self._idle_since: dict[str, float] = {}  # worker id -> when it last had no work
 
@@ -69,7 +85,7 @@ class Demand:
         if entry is not None:
             entry.last_used = self.clock()
             if keep_alive_s is not None:
-                entry.keep_alive_s = keep_alive_s
+                entry.keep_alive_s, entry.keep_alive_at = keep_alive_s, self.clock()
         if self.registry.healthy(model):
             return
         if entry is None or not self.active:
@@ -81,8 +97,8 @@ class Demand:
         try:
             while not self.registry.healthy(model):
                 self.check(entry)
-                if not entry.starts:
-                    self.placer.place(entry)
+                if not self.placer.loading(entry):
+                    await self._ask(entry)
                 left = deadline - self.clock()
                 if left <= 0:
                     raise self._timed_out(entry)
@@ -134,6 +150,14 @@ class Demand:
         if entry is not None:
             entry.last_used = self.clock()
 
+    async def _ask(self, entry: Entry) -> None:
+        """One worker of `entry`, nothing loading it: the leader places it; a follower tells
+        the leader at once (it would hear at the follower's next turn anyway)."""
+        if self.lead.leading:
+            self.placer.place(entry)
+        else:
+            await self.lead.publish_demand(self._demand())
+
     def check(self, entry: Entry) -> None:
         """503 now when `entry` cannot load: it failed lately, no host reads its files, or it
         is larger than every host's budget."""
@@ -174,26 +198,85 @@ class Demand:
     async def watch(self, period_s: float = 1.0) -> None:
         while True:
             await asyncio.sleep(period_s)
+            await self._share(self.pull)
             try:
                 self.tick()
             except Exception:  # one bad turn must not stop placement for good
                 log.exception("placement tick failed")
+            await self._share(self.push)
+
+    async def _share(self, step: Callable[[], Awaitable[None]]) -> None:
+        """`step`, a failure logged once until one succeeds again (a store that does not
+        answer: the leader's lease runs out, and placement waits for it to come back)."""
+        try:
+            await step()
+            self._share_failing = False
+        except Exception as e:
+            if not self._share_failing:
+                log.warning("placement: sharing with the other routers failed: %s", e)
+            self._share_failing = True
+
+    def _offset(self) -> float:
+        """This router's wall clock less its monotonic one: what the routers' times cross in."""
+        return self.wall() - self.clock()
+
+    def _demand(self) -> dict:
+        return shared.demand_of(self.entries, self._offset(), self.clock())
+
+    async def pull(self) -> None:
+        """Mutates: renew or take the lease; mirror the leader's state (a follower, or a router
+        that just took over), or fold the followers' demand in (the leader)."""
+        was_leading = self.lead.leading
+        pulled = await self.lead.pull()
+        if pulled.state is not None:
+            shared.adopt(self.placer, pulled.state, self._offset(), self.clock())
+        if self.lead.leading:
+            shared.merge(self.entries, pulled.demands, self._offset())
+            self.on_orders(pulled.orders)
+            if not was_leading:
+                log.info("this router leads placement now (%s)", self.lead.router_id)
+        elif was_leading:
+            log.warning("this router no longer leads placement (leader: %s)", self.lead.leader)
+
+    async def push(self) -> None:
+        """The leader publishes its state; a follower its demand and the operator's orders."""
+        orders, self.outbox = self.outbox, []
+        if self.lead.leading:
+            self.on_orders(orders)  # (asked while it followed)
+            await self.lead.publish_state(shared.state_of(self.placer, self._offset()))
+            return
+        await self.lead.publish_demand(self._demand())
+        if orders:
+            try:
+                await self.lead.send_orders(orders)
+            except Exception:
+                self.outbox[:0] = orders  # the next turn tries again
+                raise
+
+    def forward(self, order: dict) -> None:
+        """Mutates (a follower): `order` goes to the leader at this router's next turn."""
+        self.outbox.append(order)
 
     def tick(self) -> None:
-        """Mutates: hosts silent too long are lost; idle workers past their keep-alive are
-        stopped; min_workers are kept; a model whose requests queue gets another worker;
-        requests waiting for a model whose start was lost get a new one."""
+        """Mutates: hosts silent too long are lost; then, when this router leads, idle workers
+        past their keep-alive are stopped; min_workers are kept; a model whose requests queue
+        gets another worker; requests waiting (here or on another router) for a model whose
+        start was lost get a new one."""
         now = self.clock()
         for host in self.placer.alive():
             if now - host.last_seen > self.host_timeout_s:
                 self.placer.lose_host(host, f"silent for {self.host_timeout_s:g}s")
+        if not self.lead.leading:  # a follower: the leader decides
+            return
+        self.placer.forget_lost_starts(now, LOST_START_S)
+        self.placer.send_waiting()
         for host in self.placer.alive():
             for worker in list(host.workers.values()):
                 self._keep_alive(host, worker.worker_id, worker.model, now)
         for entry in self.entries.values():
-            healthy = len(self.registry.healthy(entry.id))
-            live, failing = healthy + len(entry.starts), entry.failing(now)
-            lost = entry.waiting and not live  # requests wait, and nothing serves or loads it
+            live, failing = self.placer.live(entry), entry.failing(now)
+            waiting = entry.waiting + entry.waiting_elsewhere
+            lost = waiting and not live  # requests wait, and nothing serves or loads it
             if (lost or live < entry.min_workers) and not failing:
                 self.placer.place(entry)  # a start lost with its host, or min_workers short
             elif self._pressed(entry, now) and live < entry.max_workers and not failing:

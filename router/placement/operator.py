@@ -3,6 +3,7 @@ fills it; load, unload and pin (router/http/endpoints/admin.py serves them)."""
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING
 
 from router.errors import ApiError, model_unavailable
@@ -10,6 +11,8 @@ from router.errors import ApiError, model_unavailable
 if TYPE_CHECKING:
     from router.placement.catalog import Entry
     from router.placement.demand import Demand
+
+log = logging.getLogger(__name__)
 
 
 def state(demand: Demand, entry: Entry) -> str:
@@ -42,6 +45,12 @@ def hosts_json(demand: Demand) -> list[dict]:
     return [h.to_json(placer.starting_on(h)) for h in placer.hosts.values()]
 
 
+def leadership_json(demand: Demand) -> dict:
+    """This router's id, the leading router's, and whether this one leads."""
+    lead = demand.lead
+    return {"router": lead.router_id, "leader": lead.leader, "leading": lead.leading}
+
+
 def _entry(demand: Demand, model: str) -> Entry:
     entry = demand.entries.get(model)
     if entry is None:
@@ -51,12 +60,21 @@ def _entry(demand: Demand, model: str) -> Entry:
     return entry
 
 
+def _forwarded(demand: Demand, order: dict) -> bool:
+    """On a follower, `order` goes to the leader (within a second or two), which acts on it
+    as if asked itself: True. On the leader: False (act now)."""
+    if demand.lead.leading:
+        return False
+    demand.forward(order)
+    return True
+
+
 def load(demand: Demand, model: str) -> dict:
-    """Start one more worker of `model` (up to its max_workers); 503 when no host has room."""
+    """Start one more worker of `model` (up to its max_workers); 503 when no host has room
+    (on a follower: asked of the leader, which logs a start it cannot place)."""
     entry = _entry(demand, model)
     demand.check(entry)
-    live = len(demand.registry.healthy(entry.id)) + len(entry.starts)
-    if live >= entry.max_workers:
+    if demand.placer.live(entry) >= entry.max_workers:
         raise ApiError(
             409,
             f"the model '{model}' has its max_workers ({entry.max_workers}) loaded or loading",
@@ -64,6 +82,8 @@ def load(demand: Demand, model: str) -> dict:
             "max_workers",
         )
     entry.last_used = demand.clock()
+    if _forwarded(demand, {"op": "load", "model": model}):
+        return model_json(demand, model)
     if demand.placer.place(entry) is None:
         raise model_unavailable(
             f"no host has room for the model '{model}' now (the models loaded are pinned or busy)",
@@ -92,6 +112,8 @@ def unload(demand: Demand, model: str) -> dict:
             "model",
             "model_busy",
         )
+    if _forwarded(demand, {"op": "unload", "model": model}):
+        return model_json(demand, model)
     entry.min_workers = 0
     for host, worker_id in workers:
         demand.placer.stop(host, worker_id, "unloaded by the operator")
@@ -100,4 +122,23 @@ def unload(demand: Demand, model: str) -> dict:
 
 def pin(demand: Demand, model: str, pinned: bool) -> dict:
     _entry(demand, model).pinned = pinned
+    _forwarded(demand, {"op": "pin", "model": model, "pinned": pinned})
     return model_json(demand, model)
+
+
+def apply(demand: Demand, orders: list[dict]) -> None:
+    """Mutates (the leader): the operator's orders the followers forwarded, each done as if
+    asked here; one that cannot be done now (no room, busy) is logged."""
+    for order in orders:
+        op, model = order.get("op"), str(order.get("model"))
+        try:
+            if op == "load":
+                load(demand, model)
+            elif op == "unload":
+                unload(demand, model)
+            elif op == "pin":
+                pin(demand, model, bool(order.get("pinned")))
+            else:
+                log.warning("ignored an operator order of another router: %r", order)
+        except ApiError as e:
+            log.warning("the operator's %s of %s, from another router: %s", op, model, e.message)

@@ -48,10 +48,12 @@ class Placer:
         retire: Callable[[str, str], None],
         clock: Callable[[], float],
         report_interval_s: float = 1.0,
+        leading: Callable[[], bool] = lambda: True,
     ):
         self.registry, self.entries = registry, entries
         self._send, self._retire, self._clock = send, retire, clock
         self.report_interval_s = report_interval_s
+        self.leading = leading  # this router leads placement (router/placement/leadership.py)
         self.hosts: dict[str, HostState] = {}
         self.served: set[str] = set()  # models some worker registered for, ever
         self.joined = asyncio.Event()  # set, then replaced, when a worker registers
@@ -132,7 +134,8 @@ class Placer:
         for entry in self.entries.values():
             for start in list(entry.starts.values()):
                 start.after.discard(worker_id)
-                if not start.after and not start.sent and start.host_id == host.id:
+                ready = not start.after and not start.sent and start.host_id == host.id
+                if ready and self.leading():  # (a follower's mirror waits for the leader)
                     self._send_start(entry, start, host)
             entry.wake()
 
@@ -237,6 +240,22 @@ class Placer:
         state = self.registry.get(worker_id)
         return state is None or (state.load == 0 and not state.inflight)
 
+    def loading(self, entry: Entry) -> set[str]:
+        """Its workers on the way: the starts asked, and the processes hosts report that have
+        not registered (a start another router asked for, the instant before it died)."""
+        reported = {
+            w.worker_id
+            for h in self.alive()
+            for w in h.workers.values()
+            if w.model == entry.id and w.worker_id not in h.stopping
+        }
+        unregistered = {wid for wid in reported if self.registry.get(wid) is None}
+        return set(entry.starts) | unregistered
+
+    def live(self, entry: Entry) -> int:
+        """Its workers serving or on the way: what `max_workers` bounds."""
+        return len({w.worker_id for w in self.registry.healthy(entry.id)} | self.loading(entry))
+
     def loaded(self, entry: Entry) -> int:
         """Its workers running on hosts and not asked to stop."""
         return sum(
@@ -278,3 +297,38 @@ class Placer:
             for start in [s for s in entry.starts.values() if s.host_id == host.id]:
                 del entry.starts[start.worker_id]
             entry.wake()
+
+    # ------------------------------------------------------------ several routers
+
+    def stopped_by_leader(self, host: HostState, worker_id: str) -> None:
+        """Mutates (a follower): the leader asked `host` to stop the worker; it takes no new
+        request of ours either."""
+        if worker_id not in host.stopping:
+            host.stopping.add(worker_id)
+            self._retire(worker_id, "stopped by the placement leader")
+
+    def send_waiting(self) -> None:
+        """Mutates (the leader): send the starts whose victims are gone (those a router that
+        took over found waiting: their victims went while it followed)."""
+        for entry in self.entries.values():
+            for start in list(entry.starts.values()):
+                host = self.hosts.get(start.host_id)
+                if not start.sent and not start.after and host is not None and host.alive:
+                    self._send_start(entry, start, host)
+
+    def forget_lost_starts(self, now: float, grace_s: float) -> None:
+        """Mutates (the leader): a start learnt from another leader that its host has not
+        reported `grace_s` after, and that never registered, was lost with that leader (it
+        died before sending it, or the host refused it to that leader alone)."""
+        for entry in self.entries.values():
+            for start in list(entry.starts.values()):
+                host = self.hosts.get(start.host_id)
+                reported = host is not None and start.worker_id in host.workers
+                young = start.adopted_at is None or now - start.adopted_at < grace_s
+                if young or not start.sent or reported:
+                    continue
+                log.warning(
+                    "start %s (%s) was lost with the last leader", start.worker_id, entry.id
+                )
+                del entry.starts[start.worker_id]
+                entry.wake()

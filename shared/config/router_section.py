@@ -228,6 +228,14 @@ class RouterSection:
         "budgets, shared by every router of the fleet (unset: each router keeps its own)",
         metavar="redis://HOST:PORT/DB",
     )
+    placement_lease_s: float = spec(
+        5.0,
+        number(2.0),
+        "with state_url: seconds the placement leader's lease lasts unrenewed (it renews it "
+        "every second); when the leader dies, another router takes placement over this long "
+        "after",
+        flag="--placement-lease",
+    )
     responses_store: str | None = spec(
         None,
         string(RESPONSE_STORES, optional=True),

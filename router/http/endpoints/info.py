@@ -6,7 +6,7 @@ from aiohttp import web
 
 from router.cluster.models import unknown_model
 from router.http import app_keys
-from router.placement.operator import hosts_json, model_json
+from router.placement.operator import hosts_json, leadership_json, model_json
 from router.routing.models import ServedModel
 
 
@@ -116,6 +116,7 @@ async def cluster(request: web.Request) -> web.Response:
             "workers": workers,
             "cache": cl.registry.cache_summary(),
             "hosts": hosts_json(app[app_keys.DEMAND]),  # host agents (router/placement/)
+            "placement": leadership_json(app[app_keys.DEMAND]),  # who places, of the routers
         }
     )
 
