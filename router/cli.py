@@ -64,6 +64,7 @@ ROUTER_FLAGS = (
     "batch_file_max_bytes",
     "batch_file_max_lines",
     "batch_lines_per_worker",
+    "batch_yield_s",
     "load_timeout_s",
     "worker_wait_s",
 )

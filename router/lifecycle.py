@@ -125,6 +125,7 @@ async def cluster_ctx(app: web.Application) -> AsyncIterator[None]:
             pulls=config.kv_pulls,
             prefill_timeout_s=config.prefill_timeout_s,
             prefill_min_tokens=config.prefill_min_tokens,
+            batch_yield_s=config.batch_yield_s,
         )
         tokenizer = app[app_keys.TOKENIZERS][spec.served_id]
         served = ServedModel(spec, tokenizer, index, dispatcher, model_metrics)

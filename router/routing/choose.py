@@ -9,7 +9,7 @@ so a worker of another K/V layout never counts as holding a prompt for another).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -62,9 +62,11 @@ def choose(
     workers: Sequence[WorkerState],
     cache_key: str | None = None,
     pulls: bool = True,
+    batch_rows: Mapping[str, int] | None = None,
 ) -> Choice:
     """Route a prompt among `workers` (the model's healthy ones, every role): the policy
-    picks among the decoders, each priced with the best pull open to it (`pulls`)."""
+    picks among the decoders, each priced with the best pull open to it (`pulls`), each
+    with its `batch_rows` (a batch's lines in flight there, by worker id; none if absent)."""
     candidates_of = decoders(workers)
     sizes = {w.block_size for w in workers}
     hashes = {size: hash_blocks(token_ids, size) for size in sizes}
@@ -93,6 +95,7 @@ def choose(
             keyed=w.worker_id == keyed,
             pull_blocks=plan.gained if (plan := plans[w.worker_id]) else 0,
             pull_ratio=plan.ratio if plan else 1.0,
+            batch_rows=batch_rows.get(w.worker_id, 0) if batch_rows else 0,
         )
         for w in candidates_of
     ]

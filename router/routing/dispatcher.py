@@ -27,8 +27,9 @@ from typing import TYPE_CHECKING
 from router.routing import disagg
 from router.routing.affinity import PrefixAffinity
 from router.routing.choose import PULL, choose
-from router.routing.job import EmbedJob, batch_room
+from router.routing.job import EmbedJob, batch_room, batch_rows
 from router.routing.job import Job as Job  # the handlers import it from here
+from shared.config.sections import RouterSection
 from shared.protocol import (
     INTERACTIVE,
     Abort,
@@ -78,6 +79,8 @@ class Dispatcher:
         pulls: bool = True,
         prefill_timeout_s: float = 60.0,
         prefill_min_tokens: int = 0,
+        batch_yield_s: float = RouterSection.batch_yield_s,
+        clock: Callable[[], float] = time.monotonic,
     ):
         self.model = model
         self._pulls = pulls  # the fleet cache: workers may pull prefixes from peers
@@ -92,6 +95,11 @@ class Dispatcher:
         self._max_resubmits = max_resubmits
         self._jobs: dict[str, Job | EmbedJob] = {}  # by wire id: the one registry in flight
         self._affinity = PrefixAffinity()
+        # batch lines yield to live traffic: a worker whose last interactive job ended less
+        # than batch_yield_s ago (by `clock`) keeps the small batch bound (job.batch_room)
+        self._batch_yield_s = batch_yield_s
+        self._clock = clock
+        self._interactive_ended: dict[str, float] = {}  # by worker id
 
     @property
     def num_pending(self) -> int:
@@ -288,7 +296,7 @@ class Dispatcher:
             raise NoWorkerAvailable
         if job.per_worker and job.worker_id is None:  # a batch line: to a worker with room
             per = job.per_worker
-            workers = [w for w in workers if batch_room(self._jobs, w.inflight, per) > 0]
+            workers = [w for w in workers if self._batch_room(w, per) > 0]
             if not workers:
                 raise Overloaded
         target = disagg.prefill_target(workers, job, self._index, self._prefill_min_tokens)
@@ -304,6 +312,7 @@ class Dispatcher:
             workers,
             job.cache_key,
             self._pulls,
+            self._batch_rows(workers) if job.priority == INTERACTIVE else None,
         )
         worker, hashes, matched = choice.worker, choice.hashes, choice.matched
         prefill = self._registry.get(job.handover.worker_id) if job.handover else None
@@ -325,7 +334,19 @@ class Dispatcher:
     def batch_room(self, per_worker: int) -> int:
         """Low-priority jobs the healthy workers may take now (job.batch_room, summed)."""
         healthy = self._registry.healthy(self.model)
-        return sum(max(0, batch_room(self._jobs, w.inflight, per_worker)) for w in healthy)
+        return sum(max(0, self._batch_room(w, per_worker)) for w in healthy)
+
+    def _batch_rows(self, workers: Sequence[WorkerState]) -> dict[str, int]:
+        """Each worker's batch lines in flight, by worker id: an interactive request's policy
+        weighs them (policy.Candidate.batch_rows; a batch line's does not)."""
+        return {w.worker_id: batch_rows(map(self._jobs.get, w.inflight)) for w in workers}
+
+    def _batch_room(self, worker: WorkerState, per_worker: int) -> int:
+        """job.batch_room of one worker, counting an interactive job that ended there within
+        batch_yield_s as running still."""
+        ended = self._interactive_ended.get(worker.worker_id)
+        lately = ended is not None and self._clock() - ended < self._batch_yield_s
+        return batch_room(self._jobs, worker.inflight, per_worker, lately)
 
     def _start_prefill(self, job: Job, worker: WorkerState) -> None:
         job.prefilling = job.prefill_tried = True
@@ -430,6 +451,8 @@ class Dispatcher:
         worker = self._registry.get(job.worker_id) if job.worker_id else None
         if worker is not None:
             worker.untrack(job.wire_id)
+            if isinstance(job, Job) and job.priority == INTERACTIVE:
+                self._interactive_ended[worker.worker_id] = self._clock()
         return worker
 
 

@@ -125,12 +125,28 @@ class EmbedJob:
             self.on_cancel(self)
 
 
-def batch_room(jobs: dict[str, Job | EmbedJob], wire_ids: Iterable[str], per_worker: int) -> int:
+def batch_room(
+    jobs: dict[str, Job | EmbedJob],
+    wire_ids: Iterable[str],
+    per_worker: int,
+    interactive_lately: bool = False,
+) -> int:
     """Low-priority jobs a worker running `wire_ids` (of `jobs`) may still take: up to
-    `per_worker` while it runs no interactive job, a quarter of that (at least 1) while it
-    does (a batch fills idle workers and trickles beside live traffic); negative when over."""
+    `per_worker` while it runs no interactive job and ran none lately (`interactive_lately`),
+    a quarter of that (at least 1) while it does (a batch fills idle workers and trickles
+    beside live traffic); negative when over.
+
+    "Lately" matters: a client sending requests one after another leaves its worker without
+    an interactive job for a few milliseconds between them, and a full `per_worker` of batch
+    lines rushing in then would put the next request behind their prefill step."""
     # (ours: one model's; an embedding model's workers run no generation)
     running = [job for job in map(jobs.get, wire_ids) if isinstance(job, Job)]
-    low = sum(1 for job in running if job.priority != INTERACTIVE)
-    bound = max(1, per_worker // 4) if len(running) > low else per_worker
+    low = batch_rows(running)
+    live = interactive_lately or len(running) > low
+    bound = max(1, per_worker // 4) if live else per_worker
     return bound - low
+
+
+def batch_rows(jobs: Iterable[Job | EmbedJob | None]) -> int:
+    """How many of `jobs` are low-priority generations (a batch's lines)."""
+    return sum(1 for job in jobs if isinstance(job, Job) and job.priority != INTERACTIVE)

@@ -41,6 +41,11 @@ class Candidate(NamedTuple):
     # from their holder, each costing `pull_ratio` of recomputing it
     pull_blocks: int = 0
     pull_ratio: float = 1.0
+    # a batch's lines in flight there (part of `load`): between workers equal in cost and
+    # load, the one with fewer is serving more live requests already, so its batch is held to
+    # the small bound (router.routing.job.batch_room); sending live traffic there leaves the
+    # other workers to the batch, and the request meets fewer batch rows in its worker's steps
+    batch_rows: int = 0
 
     @property
     def uncached(self) -> float:
@@ -96,9 +101,10 @@ class CacheAwarePolicy:
         keyed = self.keyed_within_guard(candidates)
         if keyed is not None:
             return keyed
-        best = min((self.cost(c), c.load) for c in candidates)
+        best = min((self.cost(c), c.load, c.batch_rows) for c in candidates)
         ties = sorted(
-            (c for c in candidates if (self.cost(c), c.load) == best), key=lambda c: c.worker_id
+            (c for c in candidates if (self.cost(c), c.load, c.batch_rows) == best),
+            key=lambda c: c.worker_id,
         )
         self._turn += 1
         return ties[(self._turn - 1) % len(ties)]

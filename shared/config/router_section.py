@@ -283,6 +283,13 @@ class RouterSection:
         integer(1),
         "a batch's lines in flight per healthy worker (they fill free slots at low priority)",
     )
+    batch_yield_s: float = spec(
+        2.0,
+        number(0.0),
+        "a worker that ran an interactive request this recently takes a quarter of "
+        "batch_lines_per_worker batch lines, as while one runs (0: only while one runs)",
+        flag="--batch-yield",
+    )
     per_key_concurrency: int | None = spec(
         None, integer(1, optional=True), "requests in flight per API key; more get 429"
     )

@@ -239,8 +239,9 @@ async def test_every_router_sharing_redis_sees_files_and_batches(make_cluster, r
 
 async def test_a_busy_worker_takes_a_quarter_of_the_batch_lines(make_cluster):
     """While an interactive request runs on the only worker, at most a quarter of
-    batch_lines_per_worker batch lines are in flight beside it; idle, all of them."""
-    cluster = await make_cluster(batch_lines_per_worker=8)
+    batch_lines_per_worker batch lines are in flight beside it; idle, all of them (with
+    batch_yield_s 0: the yield after a live request is timed in routing/test_batch_yield)."""
+    cluster = await make_cluster(batch_lines_per_worker=8, batch_yield_s=0.0)
     await cluster.add_worker("w0", token_delay_s=0.01)
     api = cluster.openai()
     live = asyncio.create_task(
