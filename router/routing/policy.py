@@ -7,7 +7,8 @@ prefix was last sent to (`router.routing.affinity`) gets `affinity_share` of the
 its cost, which keeps tenants partitioned when the fleet's KV cannot hold them all; but when
 load is badly unbalanced (max - min > balance_abs_threshold and max > balance_rel_threshold x min,
 as SGLang's router does) it falls back to the least-loaded worker, so a hot prefix cannot pile
-every request on one worker.
+every request on one worker. Between workers equal in cost and load, an interactive request
+goes to the one running fewer of a batch's lines (`Candidate.batch_rows`), then in turn.
 
 Under KV pressure (some worker's prefix cache has been evicting blocks lately) the fleet
 cannot hold every tenant, and trading a few uncached blocks for load lets each LRU see every
