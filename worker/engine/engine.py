@@ -17,7 +17,7 @@ from worker.attention import select_backend
 from worker.config import EngineConfig
 from worker.engine import startup
 from worker.engine import states as states_mod  # hybrid models' recurrent states
-from worker.engine.caches import CacheCoordinator
+from worker.engine.caches import KVManager
 from worker.engine.kv_event_log import KVEventLog
 from worker.engine.outputs import OutputBuilder
 from worker.engine.requests import RequestIntake
@@ -84,14 +84,15 @@ class Engine:
         self.model, self.max_context, self.shape = model, max_context, shape
         self.config, num_blocks, self.memory = startup.size_memory(self.config, shape, model)
         self.pool = startup.make_pool(self.config, shape, num_blocks)
-        self.scratch_block = self.pool.allocate(1)[0]  # padding rows write here
         self.kv_events = KVEventLog(self.config.block_size)
         self.states = states_mod.make_states(self.config, shape, self.kv_events.record)
         self.cache = RadixCache(self.pool, self.config.block_size, on_event=self._kv_event)
-        kv = CacheCoordinator(self.pool, self.cache, self.states, self.config.pin_share)
-        disk = startup.open_disk_tier(self.config, model, self.pool, self.cache, kv.cannot("disk"))
+        self.kv = KVManager(self.pool, self.cache, self.config, self.states)
+        self.scratch_block = self.kv.take_scratch_block()  # padding rows write here
+        disk = startup.open_disk_tier(self.config, model, self.pool, self.kv.cannot("disk"))
+        self.kv.attach_disk(disk)
         self.disk = self.kv_events.disk = disk
-        self.scheduler = Scheduler(self.pool, self.cache, self.config, max_context, disk, kv=kv)
+        self.scheduler = Scheduler(self.kv, self.config, max_context)
         self.backend, self.attention_report = select_backend(
             self.config.attention_backend, shape, self.config.block_size, self.pool
         )
@@ -210,7 +211,7 @@ class Engine:
 
     def load(self) -> EngineLoad:
         """Queue and KV figures for the heartbeat (counters; now and then, idle, the KV audit)."""
-        self.scheduler.kv.pins.expire()  # every loop turn, idle ones too: due pins released
+        self.kv.pins.expire()  # every loop turn, idle ones too: due pins released
         self.kv_audit.maybe(busy=self.has_work())
         load = EngineLoad.of(self.scheduler, self.pool, self.cache, self.kv_audit)
         return load._replace(total_blocks=self.kv_capacity_blocks)
@@ -458,7 +459,7 @@ class Engine:
     def forget_cache(self) -> None:
         """Drop the prefix cache and the KV events not sent yet: after the start-up checks'
         internal requests, which the router must never hear of."""
-        self.cache.reset()
+        self.kv.reset()
         self.kv_events.clear()
 
     def stats(self) -> dict:
@@ -466,6 +467,4 @@ class Engine:
 
     def check_integrity(self) -> None:
         """Raise unless the pool and the prefix cache are consistent (cheap enough when idle)."""
-        self.pool.check_integrity()
-        self.cache.check_integrity()
-        self.scheduler.kv.check_integrity()  # the pins, and a hybrid model's state pool
+        self.kv.check_integrity()  # the pins, and a hybrid model's state pool too

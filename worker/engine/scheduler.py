@@ -23,10 +23,8 @@ from collections import deque
 from typing import TYPE_CHECKING
 
 from worker.attention.shared_prefix import gathered_keys
-from worker.engine.admission import fits_whole_prompt, shares_pending_prefill
-from worker.engine.caches import CacheCoordinator
+from worker.engine.admission import shares_pending_prefill
 from worker.engine.sequence import Sequence, Status, enqueue, preemption_victim
-from worker.engine.states import NO_STATES, NoStates, SequenceStates
 from worker.engine.step_kind import (
     REFERENCE_COSTS,
     ForwardCosts,
@@ -34,14 +32,11 @@ from worker.engine.step_kind import (
     StepPlan,
     plan_step,
 )
-from worker.kv.radix_cache import MatchResult, RadixCache
 from worker.runner.plan import RequestKey, StepKind
 
 if TYPE_CHECKING:
     from worker.config import EngineConfig
-    from worker.engine.caches import Hit
-    from worker.kv.block_pool import BlockPool
-    from worker.kv.disk_tier import DiskTier
+    from worker.engine.caches import KVManager
 
 
 class Scheduler:
@@ -50,28 +45,22 @@ class Scheduler:
 
     def __init__(
         self,
-        pool: BlockPool,
-        cache: RadixCache,
+        kv: KVManager,
         config: EngineConfig,
         max_context: int,
-        disk: DiskTier | None = None,
         costs: ForwardCosts = REFERENCE_COSTS,
-        states: SequenceStates | NoStates = NO_STATES,
-        kv: CacheCoordinator | None = None,
     ):
-        self.pool, self.cache, self.config, self.costs = pool, cache, config, costs
-        # every cache kind (window pages, recurrent states...), asked as one
-        self.kv = kv if kv is not None else CacheCoordinator(pool, cache, states, config.pin_share)
-        self.states = self.kv.states  # hybrid models' recurrent state slots (their pool)
+        """`kv`: the KV manager (worker/engine/caches/manager.py), the only one touching the
+        block pool, the prefix cache and every cache kind."""
+        self.kv, self.config, self.costs = kv, config, costs
+        self.states = kv.states  # hybrid models' recurrent state slots (whether any)
         self.pad_states = True  # whether their prefill rows may be right-padded
-        self.max_context, self.disk = max_context, disk
-        self.block_size = pool.block_size
+        self.max_context = max_context
+        self.block_size = kv.block_size
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         # sequences ended since the runner last heard (`take_finished`): it drops their state
         self.finished: list[RequestKey] = []
-        if disk is not None:  # a pin released for room is written to disk first
-            self.kv.pins.spill = disk.save
 
     # ---- queue -------------------------------------------------------------------------
 
@@ -82,7 +71,7 @@ class Scheduler:
         """Take `seq` out of the queues and give back its blocks (abort or finish)."""
         if seq.status is Status.RUNNING:
             self.running.remove(seq)
-            self._release(seq)
+            self.kv.free(seq)
         elif seq in self.waiting:
             self.waiting.remove(seq)
         seq.status = Status.FINISHED
@@ -144,15 +133,14 @@ class Scheduler:
                 return False
         if self._would_draft(seqs):
             return False  # verifying drafts needs the tokens on the host: a planned step
-        need = sum(self.blocks_needed(s, s.num_computed + 1) for s in seqs)
-        return need * self.pool.unit_cost <= self.pool.room(self.cache.evictable_blocks)
+        return self.kv.fits(sum(self.kv.blocks_needed(s, s.num_computed + 1) for s in seqs))
 
     def continue_decode(self, seqs: list[Sequence]) -> StepPlan:
         """Mutates: the DECODE plan `can_continue_decode(seqs)` allowed, blocks grown."""
-        if not self.make_room(sum(self.blocks_needed(s, s.num_computed + 1) for s in seqs)):
+        if not self.kv.make_room(sum(self.kv.blocks_needed(s, s.num_computed + 1) for s in seqs)):
             raise RuntimeError("continue_decode without can_continue_decode")
         for seq in seqs:
-            self.grow(seq, seq.num_computed + 1)
+            self.kv.grow(seq, seq.num_computed + 1)
             seq.draft = []
             if seq.drafting is not None:
                 seq.drafting.tick()
@@ -166,9 +154,7 @@ class Scheduler:
         seq.num_computed += num_tokens
         seq.num_in_flight += num_tokens if in_flight else 0
         self.kv.computed(seq)
-        if seq.num_computed >= seq.prompt_len and seq.inserted_tokens < seq.prompt_len:
-            # let waiting requests share this prompt (its partial last block too, copied)
-            self.kv.cached(seq, self.cache_computed(seq), running=True)
+        self.kv.cache_prompt(seq)  # a finished prompt: waiting requests may share it
 
     def append_token(self, seq: Sequence, token: int, logprob: float | None) -> str | None:
         """Mutates: `seq` sampled `token`; its finish reason ("stop", "length") if that ends
@@ -222,35 +208,23 @@ class Scheduler:
                 break
             seq = self.waiting.popleft()
             # the last token is always computed, for its logits; a prompt to score is all
-            use_cache = self.config.enable_prefix_cache and not seq.scores_prompt
+            use_cache = self.kv.uses_cache(seq)
             prompt = seq.tokens[:-1] if use_cache else []
-            cached = self.cache.peek_prefix_length(prompt)
+            cached = self.kv.prefix_length(prompt)
             if use_cache and shares_pending_prefill(seq, cached + self.block_size, self.running):
                 deferred.append(seq)  # wait for that prefill, then hit its blocks
                 continue
-            # one hit every cache kind agrees on (the router's index predicts the same)
-            hit = self.kv.hit(prompt)
-            # hold the match before making room, or the eviction could take it
-            self.cache.lock(hit.match.node)
-            self.pool.incref(hit.match.block_ids)
-            match = self._from_disk(prompt, hit.match)
-            hit = self.kv.tail(prompt, hit, match)  # a partial tail after it, held if any
-            done = match.num_tokens + hit.tail_tokens
+            prefix = self.kv.hold(prompt)
+            done = prefix.num_tokens
             left = len(seq.tokens) - done - (1 if seq.forks else 0)
             n = min(self.config.prefill_chunk, left, budget)
-            self.kv.plan(seq, done, hit.kv_tokens)
-            room = self.pool.room(self.cache.evictable_blocks)
+            self.kv.plan(seq, prefix)
             n = self.kv.chunk(seq, n, done)
-            n = self._chunk_that_fits(room, len(match.block_ids), done, n)
-            need = self.pool.blocks_for_tokens(done + n) - len(match.block_ids)
-            fits = fits_whole_prompt(seq, len(match.block_ids), self.running, self.pool, room)
-            if not fits or not self.make_room(need):
-                self.cache.unlock(match.node)
-                self.kv.give_up(match.block_ids, hit)
+            n = n if self.running else self.kv.chunk_that_fits(prefix, n)
+            if not self.kv.admit(seq, prefix, done + n, self.running):
                 self.waiting.appendleft(seq)
                 break
-            self._start(seq, match, hit, done + n)
-            self.cache.admitted(hit.match, len(prompt))  # counted once in, not per attempt
+            self._start(seq)
             if n > 0:  # 0: all but the last token cached, and forks pending
                 chunks.append(PrefillChunk(seq, n))
                 interactive = interactive or not seq.yields
@@ -258,50 +232,17 @@ class Scheduler:
         self.waiting.extendleft(reversed(deferred))
         return chunks
 
-    def _from_disk(self, prompt: list[int], match: MatchResult) -> MatchResult:
-        """Mutates: the prompt's blocks after `match` that the disk tier holds, loaded into new
-        blocks (held, like the match's) and put back in the prefix cache; the longer match."""
-        bs, start = self.block_size, len(match.block_ids)
-        wanted = len(prompt) // bs - start
-        if self.disk is None or wanted <= 0 or not self.config.enable_prefix_cache:
-            return match
-        hits = self.disk.find(prompt, start, wanted)
-        if not hits or not self.make_room(len(hits)):
-            return match
-        loaded = self.pool.allocate(len(hits))
-        self.disk.load(loaded, hits)
-        block_ids = match.block_ids + loaded
-        self.cache.insert(prompt[: len(block_ids) * bs], block_ids)
-        return MatchResult(match.node, block_ids, len(block_ids) * bs)
-
-    def _chunk_that_fits(self, room: int, matched_blocks: int, done: int, n: int) -> int:
-        """`n`, cut so the chunk's new blocks fit in `room` units (free, spare, evictable), when
-        nothing runs: then nothing will free more, and a chunk that does not fit would leave the
-        request waiting for ever (a long prompt near the pool's size, beside a held partial
-        hit). At least one token: the intake already checked that the prompt fits."""
-        if self.running:
-            return n
-        fit = (matched_blocks + room // self.pool.unit_cost) * self.block_size - done
-        return min(n, max(1, fit))
-
     def _can_admit(self) -> bool:
         """Whether the first waiting request could be admitted now (top-up: it then joins
         the next step, folded into the decode forward where that pays). Does not mutate."""
         if not self.waiting or len(self.running) >= self.config.max_running:
             return False
         seq = self.waiting[0]
-        cached = self.cache.peek_prefix_length(seq.tokens[:-1]) // self.block_size
-        room = self.pool.room(self.cache.evictable_blocks)
-        return fits_whole_prompt(seq, cached, self.running, self.pool, room)
+        cached = self.kv.prefix_length(seq.tokens[:-1]) // self.block_size
+        return self.kv.prompt_fits(seq, cached, self.running)
 
-    def _start(self, seq: Sequence, match, hit: Hit, num_tokens: int) -> None:
-        """Admit `seq` on its (already locked and held) prefix match, what each kind gives
-        it at start (a copy of the hit's partial tail), and new blocks for `num_tokens`."""
-        seq.lock_node = match.node
-        seq.block_ids, seq.num_computed = list(match.block_ids), match.num_tokens
-        seq.inserted_tokens, seq.window_released = match.num_tokens, 0
-        self.kv.start(seq, hit)
-        self.grow(seq, num_tokens)
+    def _start(self, seq: Sequence) -> None:
+        """`seq`, admitted on its prefix (`KVManager.admit`), runs."""
         if seq.num_preemptions == 0:
             seq.num_cached = seq.num_computed
         seq.status = Status.RUNNING
@@ -325,8 +266,7 @@ class Scheduler:
         for seq in decode:
             draft = chosen.get(id(seq))
             end = seq.num_computed + 1 + len(draft or ())
-            if draft and self.make_room(self.blocks_needed(seq, end)):
-                self.grow(seq, end)
+            if draft and self.kv.allocate_slots(seq, end):
                 seq.draft = draft
 
     # ---- n > 1: choices forked after one prefill ------------------------------------------
@@ -341,13 +281,11 @@ class Scheduler:
         reference count, and each kind gives them what a fork needs (a partial last block,
         which each choice writes its next token into, is copied). Waits (no fork, no decode)
         while there is no room."""
-        if not self.make_room(self.kv.fork_blocks(parent)):
+        if not self.kv.make_room(self.kv.fork_blocks(parent)):
             return
         for choice in range(1, parent.forks + 1):
             child = parent.fork(choice)
             self.kv.fork(parent, child)
-            if child.lock_node is not None:
-                self.cache.lock(child.lock_node)
             self.running.append(child)
         parent.forks = 0
 
@@ -355,64 +293,22 @@ class Scheduler:
 
     def _reserve(self, seq: Sequence, num_tokens: int, preempted: list[Sequence]) -> bool:
         """Give `seq` blocks for `num_tokens`, evicting, then preempting as needed."""
-        need = self.blocks_needed(seq, num_tokens)
-        while need > 0 and not self.make_room(need):
+        while not self.kv.allocate_slots(seq, num_tokens):
             victim = preemption_victim(self.running)
             self.preempt(victim)
             preempted.append(victim)
             if victim is seq:
                 return False
-        self.grow(seq, num_tokens)
         return True
-
-    def blocks_needed(self, seq: Sequence, num_tokens: int) -> int:
-        """New blocks `seq` needs to hold `num_tokens` tokens (0 when it has them)."""
-        return max(0, self.pool.blocks_for_tokens(num_tokens) - len(seq.block_ids))
-
-    def grow(self, seq: Sequence, num_tokens: int) -> None:
-        """Mutates: give `seq` blocks for `num_tokens`; the caller made room (`make_room`)."""
-        if need := self.blocks_needed(seq, num_tokens):
-            seq.block_ids += self.pool.allocate(need)
-
-    def make_room(self, need: int) -> bool:
-        """Mutates: evict cached blocks, then pins, till `need` can be allocated; whether it can."""
-        if need <= 0 or self.pool.can_allocate(need):
-            return True
-        self.kv.pins.expire()  # (due pins are evicted by LRU like the rest)
-        self.cache.evict(self.pool.shortfall(need))
-        while not self.pool.can_allocate(need) and self.kv.pins.release_oldest():
-            self.cache.evict(self.pool.shortfall(need))
-        return self.pool.can_allocate(need)
 
     def preempt(self, seq: Sequence) -> None:
         """Free `seq`'s blocks (computed ones stay in the prefix cache) and requeue it first."""
         self.running.remove(seq)
-        self._release(seq)
+        self.kv.free(seq)
         seq.status = Status.WAITING
         seq.num_computed = 0
         seq.num_preemptions += 1
         enqueue(self.waiting, seq, first=True)
-
-    def cache_computed(self, seq: Sequence) -> int:
-        """Hand `seq`'s computed full blocks to the prefix cache (they stay held by `seq`).
-        Only known tokens written for sure: not those of a step still in flight (its input
-        token may be unread, and it may fail, leaving garbage); a block short waits. Returns
-        the known tokens when all their full blocks are in the cache (else 0)."""
-        known = min(seq.num_computed - seq.num_in_flight, len(seq.tokens))
-        full = known // self.block_size * self.block_size
-        if full > seq.inserted_tokens and self.config.enable_prefix_cache:
-            self.cache.insert(seq.tokens[:full], seq.block_ids)
-            seq.inserted_tokens = full
-        return known if self.config.enable_prefix_cache and seq.inserted_tokens == full else 0
-
-    def _release(self, seq: Sequence) -> None:
-        self.kv.cached(seq, self.cache_computed(seq), running=False)  # (a tail kept, maybe)
-        self.kv.release(seq)  # (after its blocks: a state kept at the last one is kept)
-        if seq.lock_node is not None:
-            self.cache.unlock(seq.lock_node)
-            seq.lock_node = None
-        self.kv.free(seq)
-        seq.block_ids = []
 
     def drop(self, seq: Sequence) -> None:
         """Like remove, but nothing of `seq` enters the prefix cache (its KV is suspect)."""

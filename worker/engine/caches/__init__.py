@@ -1,11 +1,16 @@
-"""The cache coordinator: the scheduler's one view of a model's cache kinds.
+"""The KV manager's package: the only owner of KV memory, and the scheduler's one view of it.
+
+`KVManager` (manager.py) holds the block pool, the radix tree, the disk tier, the cache pins
+and, through the coordinator, the cache kinds; the scheduler asks it a few verbs (the computed
+prefix a request starts from, slots for more tokens, what enters the prefix cache, a fork, a
+sequence's end) and never calls the pool or the tree itself.
 
 A model's layers keep their context in one or more *kinds* of cache beside the full-attention
 blocks the radix tree indexes: sliding-window pages (worker/kv/window_pages.py), the same pages
 under chunked attention's own rule (chunks.py), recurrent-state slots and snapshots
 (worker/engine/states.py), partial tails (worker/kv/radix_partial.py, as a kind in tails.py:
-every model has it). Each kind answers the same questions, as a `CacheKind`; the scheduler asks
-the coordinator, which asks every kind the model has, and never names a kind itself (vLLM v1's
+every model has it). Each kind answers the same questions, as a `CacheKind`; the manager asks
+the coordinator, which asks every kind the model has, and nobody names a kind itself (vLLM v1's
 KVCacheCoordinator over its SingleTypeKVCacheManagers is the model):
 
 - `hit`: how much of a prefix match every kind can serve (shared/prefix/hit_rule.py, the rule
@@ -27,6 +32,7 @@ A new kind is one class (kinds.py, or beside its data structure) plus its line i
 from worker.engine.caches.chunks import ChunkKind
 from worker.engine.caches.coordinator import CacheCoordinator, kinds_of
 from worker.engine.caches.kinds import CacheKind, Hit, StateKind, WindowKind
+from worker.engine.caches.manager import KVManager, Prefix
 from worker.engine.caches.tails import TailKind
 
 __all__ = [
@@ -34,6 +40,8 @@ __all__ = [
     "CacheKind",
     "ChunkKind",
     "Hit",
+    "KVManager",
+    "Prefix",
     "StateKind",
     "TailKind",
     "WindowKind",

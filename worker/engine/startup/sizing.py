@@ -33,7 +33,6 @@ from worker.runner.model_support import ModelShape
 
 if TYPE_CHECKING:
     from worker.config import EngineConfig
-    from worker.kv.radix_cache import RadixCache
 
 log = logging.getLogger(__name__)
 
@@ -141,11 +140,11 @@ def open_disk_tier(
     config: EngineConfig,
     model: nn.Module,
     pool: BlockPool,
-    cache: RadixCache,
     refused: str | None = None,
 ) -> DiskTier | None:
-    """The KV tier on disk, when configured: its files from an earlier run indexed, and the
-    cache's evictions copied to it. `refused`: why the model's cache kinds rule it out."""
+    """The KV tier on disk, when configured: its files from an earlier run indexed (the KV
+    manager copies the cache's evictions to it). `refused`: why the model's cache kinds rule
+    it out."""
     if config.kv_disk_bytes is None:
         return None
     if refused is not None:
@@ -163,6 +162,4 @@ def open_disk_tier(
     store = DiskKVStore(root, model_fingerprint(model, layout), layout, config.kv_disk_bytes)
     kept = store.scan()
     log.info("KV disk tier at %s: %d blocks from earlier runs", store.dir, kept)
-    tier = DiskTier(pool, store)
-    cache.set_evict_listener(tier.save)
-    return tier
+    return DiskTier(pool, store)

@@ -9,6 +9,7 @@ import random
 
 from shared.sampling import SamplingParams
 from worker.config import EngineConfig
+from worker.engine.caches import KVManager
 from worker.engine.scheduler import Scheduler
 from worker.engine.sequence import Sequence, Status
 from worker.kv.block_pool import BlockPool
@@ -57,7 +58,7 @@ def run_workload(seed: int) -> int:
         step_token_budget=rng.choice([9, 12, 20]),
         max_running=6,
     )
-    scheduler = Scheduler(pool, RadixCache(pool), config, max_context=200)
+    scheduler = Scheduler(KVManager(pool, RadixCache(pool), config), config, max_context=200)
     tenants = [[rng.randrange(1, 90) for _ in range(rng.randrange(8, 30))] for _ in range(3)]
     arrival, preemptions = 0, 0
     for _ in range(400):
@@ -78,7 +79,9 @@ def run_workload(seed: int) -> int:
 def test_a_prompt_that_would_overcommit_the_pool_waits_instead_of_preempting():
     pool = BlockPool(21, BLOCK, num_layers=1, num_kv_heads=1, head_dim=1)  # 20 usable
     config = EngineConfig(block_size=BLOCK, prefill_chunk=8, step_token_budget=16)
-    scheduler = Scheduler(pool, cache := RadixCache(pool), config, max_context=200)
+    scheduler = Scheduler(
+        KVManager(pool, cache := RadixCache(pool), config), config, max_context=200
+    )
     first = Sequence("a", 48, list(range(1, 49)), SamplingParams(max_tokens=4), 0)  # 13 blocks
     second = Sequence("b", 40, list(range(100, 140)), SamplingParams(max_tokens=4), 1)  # 11
     scheduler.add(first)

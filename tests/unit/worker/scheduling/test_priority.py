@@ -10,6 +10,7 @@ from shared.protocol import BATCH, INTERACTIVE
 from shared.sampling import SamplingParams
 from tests.unit.worker.engine.test_scheduler_pressure import BLOCK, run_plan
 from worker.config import EngineConfig
+from worker.engine.caches import KVManager
 from worker.engine.scheduler import Scheduler
 from worker.engine.sequence import Sequence, Status, enqueue, preemption_victim
 from worker.kv.block_pool import BlockPool
@@ -58,7 +59,7 @@ def test_under_pressure_batch_sequences_are_preempted_and_interactive_ones_finis
     preemption takes a batch sequence while one runs, and the interactive ones finish first."""
     pool = BlockPool(17, BLOCK, num_layers=1, num_kv_heads=1, head_dim=1)
     config = EngineConfig(block_size=BLOCK, prefill_chunk=8, step_token_budget=16)
-    scheduler = Scheduler(pool, RadixCache(pool), config, max_context=200)
+    scheduler = Scheduler(KVManager(pool, RadixCache(pool), config), config, max_context=200)
     batch = [seq(f"b{i}", i, BATCH, length=12, max_tokens=20) for i in range(2)]
     interactive = [seq(f"i{i}", 10 + i, INTERACTIVE, length=12, max_tokens=12) for i in range(2)]
     rng, finished, victims = random.Random(0), [], []

@@ -1,0 +1,307 @@
+"""The KV manager: the only owner of KV memory (see the package docstring).
+
+It holds the block pool, the radix tree, the disk tier, the cache pins and the cache kinds
+(through the coordinator), and answers the scheduler in a few verbs, each with its
+predicate (check, then change): the computed prefix a waiting sequence starts from (`hold`,
+then `admit` or `give_up`), slots for more tokens (`allocate_slots`, room made by evicting
+cached blocks, then pins; `fits` to ask first), what is computed enters the prefix cache
+(`cache_prompt`), a fork (`fork`), and a sequence's end (`free`). The scheduler keeps the
+queues, whom to preempt and how to chunk; it never touches the pool or the tree. vLLM v1's
+KVCacheManager is the model.
+
+Blocks are still listed on the `Sequence` (`block_ids`: the runner's block table), as are
+the kinds' per-sequence fields (`window_released`, `state_slot`...); only this package
+writes them.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, NamedTuple
+
+from worker.engine.caches.coordinator import CacheCoordinator
+from worker.kv.radix_cache import MatchResult
+
+if TYPE_CHECKING:
+    from shared.prefix.hit_rule import HitRule
+    from worker.config import EngineConfig
+    from worker.engine.caches.kinds import CacheKind, Hit
+    from worker.engine.sequence import Sequence
+    from worker.engine.states import States
+    from worker.kv.block_pool import BlockPool
+    from worker.kv.disk_tier import DiskTier
+    from worker.kv.pins import PrefixPins
+    from worker.kv.radix_cache import RadixCache
+
+
+class Prefix(NamedTuple):
+    """A waiting sequence's computed prefix, held (from eviction, its tail from reuse) until
+    it is admitted on it (`KVManager.admit`) or gives it up (`KVManager.give_up`)."""
+
+    hit: Hit  # what every kind agreed on (its match is the tree's own, for the hit counts)
+    match: MatchResult  # the full blocks held: the hit's, then those loaded from disk
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self.match.block_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        """The prompt tokens it serves: its full blocks' and its partial tail's."""
+        return self.match.num_tokens + self.hit.tail_tokens
+
+
+class KVManager:
+    """The pool, the radix tree, the disk tier, the pins and the cache kinds, asked as one
+    (see the module docstring). What the model's caches cannot do is decided here, once."""
+
+    def __init__(
+        self,
+        pool: BlockPool,
+        cache: RadixCache,
+        config: EngineConfig,
+        states: States | None = None,
+    ) -> None:
+        """`config`: whether prefix caching is on, the pins' share of the pool; `states`: a
+        hybrid model's (None: none)."""
+        self.pool, self.cache = pool, cache
+        self.coordinator = CacheCoordinator(pool, cache, states, config.pin_share)
+        self.block_size, self.prefix_caching = pool.block_size, config.enable_prefix_cache
+        self.disk: DiskTier | None = None
+
+    def attach_disk(self, disk: DiskTier | None) -> None:
+        """Mutates: blocks evicted (and pins released for room) go to `disk`, and prompts'
+        blocks it holds come back from it."""
+        self.disk = disk
+        if disk is not None:
+            self.cache.set_evict_listener(disk.save)
+            self.pins.spill = disk.save
+
+    # ---- what the model's caches are -------------------------------------------------
+
+    @property
+    def kinds(self) -> list[CacheKind]:
+        """The cache kinds the model has beside its full-attention blocks."""
+        return self.coordinator.kinds
+
+    @property
+    def pins(self) -> PrefixPins:
+        return self.coordinator.pins
+
+    @property
+    def states(self) -> States:
+        return self.coordinator.states
+
+    @property
+    def rule(self) -> HitRule:
+        """The hit rule every kind agrees on (the router's index applies it too)."""
+        return self.coordinator.rule
+
+    def register(self, kind: CacheKind) -> None:
+        """Mutates: one more cache kind asked (a test's made-up kind)."""
+        self.coordinator.register(kind)
+
+    def cannot(self, feature: str) -> str | None:
+        """Why the model's caches rule `feature` out ("disk", "peer", "drafts", "tails")."""
+        return self.coordinator.cannot(feature)
+
+    # ---- questions (none of these mutate) ---------------------------------------------
+
+    def prefix_length(self, prompt: list[int]) -> int:
+        """Tokens of `prompt`'s longest cached block-aligned prefix (the tree's alone)."""
+        return self.cache.peek_prefix_length(prompt)
+
+    def blocks_needed(self, seq: Sequence, num_tokens: int) -> int:
+        """New blocks `seq` needs to hold `num_tokens` tokens (0 when it has them)."""
+        return max(0, self.pool.blocks_for_tokens(num_tokens) - len(seq.block_ids))
+
+    def fits(self, num_blocks: int) -> bool:
+        """Whether `num_blocks` new blocks fit in the free, spare and evictable units (no pin
+        released)."""
+        return num_blocks * self.pool.unit_cost <= self._room()
+
+    def prompt_fits(self, seq: Sequence, matched_blocks: int, running: list[Sequence]) -> bool:
+        """Whether `seq`'s whole prompt (and its first output token) fits beside what the
+        running sequences still need for theirs, in the free, spare and evictable units, its
+        `matched_blocks` cached already. Admitting on the first chunk alone overcommits the
+        pool under KV pressure: the later chunks then preempt newer sequences, whose
+        recomputation evicts the cached prefixes that waiting requests would have hit. With
+        nothing running, a prompt is admitted anyway (alone)."""
+        if not running:
+            return True
+        pool = self.pool
+        need = pool.units_for(pool.blocks_for_tokens(len(seq.tokens) + 1) - matched_blocks)
+        pending = sum(
+            pool.units_for(max(0, pool.blocks_for_tokens(len(s.tokens) + 1) - len(s.block_ids)))
+            for s in running
+        )
+        return need + pending <= self._room()
+
+    def chunk_that_fits(self, prefix: Prefix, n: int) -> int:
+        """`n` prefill tokens after `prefix`, cut so the chunk's new blocks fit in the free,
+        spare and evictable units: for a sequence admitted when nothing runs, as nothing will
+        free more, and a chunk that does not fit would leave it waiting for ever (a long
+        prompt near the pool's size, beside a held partial hit). At least one token: the
+        intake already checked that the prompt fits."""
+        fit = (prefix.num_blocks + self._room() // self.pool.unit_cost) * self.block_size
+        return min(n, max(1, fit - prefix.num_tokens))
+
+    def room(self, seq: Sequence, running: list[Sequence]) -> bool:
+        """Whether every kind has room for `seq` now (recurrent-state slots)."""
+        return self.coordinator.room(seq, running)
+
+    def fork_blocks(self, parent: Sequence) -> int:
+        """New blocks forking `parent`'s pending choices takes (see `fork`)."""
+        return self.coordinator.fork_blocks(parent)
+
+    def _room(self) -> int:
+        return self.pool.room(self.cache.evictable_blocks)
+
+    # ---- admission --------------------------------------------------------------------
+
+    def hold(self, prompt: list[int]) -> Prefix:
+        """Mutates: `prompt`'s computed prefix, held: the hit every kind agrees on (the
+        router's index predicts the same), the blocks after it the disk tier holds (loaded),
+        or else a partial tail past it. Touches the tree's LRU (and may split a node)."""
+        hit = self.coordinator.hit(prompt)
+        # hold the match before making room, or the eviction could take it
+        self.cache.lock(hit.match.node)
+        self.pool.incref(hit.match.block_ids)
+        match = self._from_disk(prompt, hit.match)
+        return Prefix(self.coordinator.tail(prompt, hit, match), match)
+
+    def plan(self, seq: Sequence, prefix: Prefix) -> None:
+        """Mutates: where `seq`, to start on `prefix`, stops its prefill chunks (snapshots)."""
+        self.coordinator.plan(seq, prefix.num_tokens, prefix.hit.kv_tokens)
+
+    def chunk(self, seq: Sequence, n: int, start: int | None = None) -> int:
+        """`n` prefill tokens from `start` (`seq.num_computed`), cut where a kind must stop."""
+        return self.coordinator.chunk(seq, n, start)
+
+    def admit(
+        self, seq: Sequence, prefix: Prefix, num_tokens: int, running: list[Sequence]
+    ) -> bool:
+        """Mutates: `seq` starts on `prefix` with blocks for `num_tokens`, if its whole
+        prompt fits beside the `running` ones (`prompt_fits`) and room is made; else the
+        prefix is given up (False)."""
+        need = self.pool.blocks_for_tokens(num_tokens) - prefix.num_blocks
+        if not self.prompt_fits(seq, prefix.num_blocks, running) or not self.make_room(need):
+            self.give_up(prefix)
+            return False
+        match = prefix.match
+        seq.lock_node = match.node
+        seq.block_ids, seq.num_computed = list(match.block_ids), match.num_tokens
+        seq.inserted_tokens, seq.window_released = match.num_tokens, 0
+        self.coordinator.start(seq, prefix.hit)
+        self.grow(seq, num_tokens)
+        prompt_tokens = len(seq.tokens) - 1 if self.uses_cache(seq) else 0
+        self.cache.admitted(prefix.hit.match, prompt_tokens)  # once in, not per attempt
+        return True
+
+    def give_up(self, prefix: Prefix) -> None:
+        """Mutates: a prefix not admitted on gives its blocks (and what each kind held) back."""
+        self.cache.unlock(prefix.match.node)
+        self.coordinator.give_up(prefix.match.block_ids, prefix.hit)
+
+    def uses_cache(self, seq: Sequence) -> bool:
+        """Whether `seq` starts from the prefix cache (a prompt to score is computed whole)."""
+        return self.prefix_caching and not seq.scores_prompt
+
+    def _from_disk(self, prompt: list[int], match: MatchResult) -> MatchResult:
+        """Mutates: the prompt's blocks after `match` that the disk tier holds, loaded into new
+        blocks (held, like the match's) and put back in the prefix cache; the longer match."""
+        bs, start = self.block_size, len(match.block_ids)
+        wanted = len(prompt) // bs - start
+        if self.disk is None or wanted <= 0 or not self.prefix_caching:
+            return match
+        hits = self.disk.find(prompt, start, wanted)
+        if not hits or not self.make_room(len(hits)):
+            return match
+        loaded = self.pool.allocate(len(hits))
+        self.disk.load(loaded, hits)
+        block_ids = match.block_ids + loaded
+        self.cache.insert(prompt[: len(block_ids) * bs], block_ids)
+        return MatchResult(match.node, block_ids, len(block_ids) * bs)
+
+    # ---- running sequences ------------------------------------------------------------
+
+    def make_room(self, need: int) -> bool:
+        """Mutates: evict cached blocks, then pins, till `need` can be allocated; whether it can."""
+        pool = self.pool
+        if need <= 0 or pool.can_allocate(need):
+            return True
+        self.pins.expire()  # (due pins are evicted by LRU like the rest)
+        self.cache.evict(pool.shortfall(need))
+        while not pool.can_allocate(need) and self.pins.release_oldest():
+            self.cache.evict(pool.shortfall(need))
+        return pool.can_allocate(need)
+
+    def allocate_slots(self, seq: Sequence, num_tokens: int) -> bool:
+        """Mutates: blocks for `seq` to hold `num_tokens`, room made for them (`make_room`);
+        False, changing nothing of `seq`, when there is none."""
+        if not self.make_room(self.blocks_needed(seq, num_tokens)):
+            return False
+        self.grow(seq, num_tokens)
+        return True
+
+    def grow(self, seq: Sequence, num_tokens: int) -> None:
+        """Mutates: give `seq` blocks for `num_tokens`; the caller made room (`make_room`)."""
+        if need := self.blocks_needed(seq, num_tokens):
+            seq.block_ids += self.pool.allocate(need)
+
+    def computed(self, seq: Sequence) -> None:
+        """Mutates: `seq`'s computed tokens moved on; each kind lets go of what it is past."""
+        self.coordinator.computed(seq)
+
+    def cache_prompt(self, seq: Sequence) -> None:
+        """Mutates: `seq`'s computed prompt enters the prefix cache as it runs on, once (its
+        partial last block lent, copied), so waiting requests can share it; its pins taken."""
+        if seq.num_computed >= seq.prompt_len and seq.inserted_tokens < seq.prompt_len:
+            self.coordinator.cached(seq, self._cache_blocks(seq), running=True)
+
+    def fork(self, parent: Sequence, child: Sequence) -> None:
+        """Mutates: `child` holds `parent`'s blocks and prefix lock, and whatever each kind
+        gives a fork (a copy of a partial last block); the caller made room (`fork_blocks`)."""
+        self.coordinator.fork(parent, child)
+        if child.lock_node is not None:
+            self.cache.lock(child.lock_node)
+
+    def free(self, seq: Sequence) -> None:
+        """Mutates: `seq` stops (finished, aborted or preempted): its computed blocks enter
+        the prefix cache (a partial tail kept, its pins taken), each kind takes back what it
+        lent, its lock goes and its blocks are given back."""
+        self.coordinator.cached(seq, self._cache_blocks(seq), running=False)
+        self.coordinator.release(seq)  # (after its blocks: a state kept at the last one is kept)
+        if seq.lock_node is not None:
+            self.cache.unlock(seq.lock_node)
+            seq.lock_node = None
+        self.coordinator.free(seq)
+        seq.block_ids = []
+
+    def _cache_blocks(self, seq: Sequence) -> int:
+        """Mutates: hand `seq`'s computed full blocks to the prefix cache (they stay held by
+        `seq`). Only known tokens written for sure: not those of a step still in flight (its
+        input token may be unread, and it may fail, leaving garbage); a block short waits.
+        Returns the known tokens when all their full blocks are in the cache (else 0)."""
+        known = min(seq.num_computed - seq.num_in_flight, len(seq.tokens))
+        full = known // self.block_size * self.block_size
+        if full > seq.inserted_tokens and self.prefix_caching:
+            self.cache.insert(seq.tokens[:full], seq.block_ids)
+            seq.inserted_tokens = full
+        return known if self.prefix_caching and seq.inserted_tokens == full else 0
+
+    # ---- upkeep -----------------------------------------------------------------------
+
+    def take_scratch_block(self) -> int:
+        """Mutates: a block of its own for the runner's padding rows to write (held for ever)."""
+        return self.pool.allocate(1)[0]
+
+    def reset(self) -> None:
+        """Mutates: the prefix cache dropped (after the start-up checks' own requests)."""
+        self.cache.reset()
+
+    def check_integrity(self) -> None:
+        """Raise IntegrityError unless the pool, the tree, the pins and the recurrent-state
+        pool (hybrid models) keep their books; no mutation."""
+        self.pool.check_integrity()
+        self.cache.check_integrity()
+        self.coordinator.check_integrity()
