@@ -182,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
         model.name,
         model_dir,
         time.perf_counter() - start,
-        engine.pool.num_blocks - 1,
+        engine.kv.figures().total_blocks - 1,
         config.block_size,
         active_blas(),
     )

@@ -29,17 +29,8 @@ class Held(NamedTuple):
 
 
 def held_blocks(engine: Engine) -> Held:
-    """What the worker holds, by block hash. Reads only."""
-    pages = engine.pool.pages
-    blocks, windowless = [], set()
-    for node in engine.cache.root.walk():
-        for block_id, block_hash in zip(node.block_ids, node.block_hashes, strict=True):
-            blocks.append(block_hash)
-            if pages is not None and not pages.has_page(block_id):
-                windowless.add(block_hash)
-    if engine.disk is not None:  # evicted to disk: still this worker's (kv_event_log.py)
-        in_tree = set(blocks)
-        blocks += sorted(engine.disk.store.hashes() - in_tree)
+    """What the worker holds, by block hash (the KV manager's hashes). Reads only."""
+    blocks, windowless = engine.kv.cached_hashes()
     snapshots = list(engine.states.pool.snapshots) if engine.states is not None else []
     return Held(blocks, windowless, snapshots)
 

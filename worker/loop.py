@@ -79,10 +79,7 @@ class WorkerLoop:
         what it announces it does (shared/config/choices.py WORKER_ROLES)."""
         self.engine, self.worker_id, self.on_idle = engine, worker_id, on_idle
         self.kv_publisher = kv_publisher  # KV events in vLLM's format too (worker/kv_publish.py)
-        refused = engine.scheduler.kv.cannot("peer")
-        if peers is not None and refused is None and not engine.pool.uniform:
-            refused = "this model's layers keep K/V in more than one shape, which block "
-            refused += "transfers do not carry yet"
+        refused = engine.kv.cannot("peer")
         if peers is not None and refused is not None:
             log.warning("peer KV transfer off: %s", refused)
             peers = None
@@ -104,9 +101,9 @@ class WorkerLoop:
             group=group,
             kv_endpoint=self.peer.endpoint if self.peer is not None else "",
             role=role,
-            window_blocks=engine.scheduler.kv.rule.window_blocks,  # the hit rule, for the router
+            window_blocks=engine.kv.rule.window_blocks,  # the hit rule, for the router
             state_snapshots=engine.states is not None,
-            chunk_blocks=engine.scheduler.kv.rule.chunk_blocks,
+            chunk_blocks=engine.kv.rule.chunk_blocks,
             vision=engine.intake.vision is not None,
             vision_note="" if engine.intake.vision is not None else engine.intake.vision_note,
         )

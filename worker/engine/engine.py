@@ -100,7 +100,7 @@ class Engine:
         startup.attach_shape(self.runner, shape)
         self._attach_states()
         self.outputs = OutputBuilder()
-        self.intake = RequestIntake(self.config, shape.vocab_size, max_context, self.pool, grammars)
+        self.intake = RequestIntake(self.config, shape.vocab_size, max_context, self.kv, grammars)
         self.stats_, self.kv_audit = EngineStats(), KVAudit(self.check_integrity)
         self._inflight: _InFlight | None = None  # a decode step queued, its tokens unread
         self._pending_failures: list[TokenDelta] = []
@@ -201,19 +201,18 @@ class Engine:
 
     @property
     def block_size(self) -> int:
-        return self.pool.block_size
+        return self.kv.block_size
 
     @property
     def kv_capacity_blocks(self) -> int:
         """The units requests can use: the pool less the scratch block's (and its pages)."""
-        pages = self.pool.pages
-        return self.pool.num_blocks - 1 - (pages.kept_units([self.scratch_block]) if pages else 0)
+        return self.kv.usable_units(self.scratch_block)
 
     def load(self) -> EngineLoad:
         """Queue and KV figures for the heartbeat (counters; now and then, idle, the KV audit)."""
         self.kv.pins.expire()  # every loop turn, idle ones too: due pins released
         self.kv_audit.maybe(busy=self.has_work())
-        load = EngineLoad.of(self.scheduler, self.pool, self.cache, self.kv_audit)
+        load = EngineLoad.of(self.scheduler, self.kv.figures(), self.kv_audit)
         return load._replace(total_blocks=self.kv_capacity_blocks)
 
     def phases(self) -> WorkerPhases:
@@ -311,7 +310,7 @@ class Engine:
             return
         for seq in plan.decode:
             self.scheduler.computed(seq, 1, in_flight=True)  # cached once read (`_resolve`)
-        self.stats_.record_decode_shape(plan.decode, self.pool, self.shape)
+        self.stats_.record_decode_shape(plan.decode, self.block_size, self.pool.bytes_per_block)
         if times is not None:
             self.stats_.record_layer_times(times)
         seqs = plan.sequences()
@@ -373,7 +372,7 @@ class Engine:
         elapsed = time.perf_counter() - start
         if plan.decode:
             self.stats_.record_decode(elapsed, len(plan.decode))
-            self.stats_.record_decode_shape(plan.decode, self.pool, self.shape)
+            self.stats_.record_decode_shape(plan.decode, self.block_size, self.pool.bytes_per_block)
         if plan.prefill:
             self.stats_.record_prefill(elapsed, plan)
         if times is not None:
@@ -463,7 +462,10 @@ class Engine:
         self.kv_events.clear()
 
     def stats(self) -> dict:
-        return engine_stats(self.load(), self.pool, self.cache, self.disk, self.stats_)
+        kv = self.kv
+        return engine_stats(
+            self.load(), kv.figures(), kv.held_blocks(), kv.disk_blocks(), self.stats_
+        )
 
     def check_integrity(self) -> None:
         """Raise unless the pool and the prefix cache are consistent (cheap enough when idle)."""

@@ -18,8 +18,8 @@ from worker.runner.logits_processors import LogitsState
 if TYPE_CHECKING:
     from shared.protocol import CachePin, ImageInput, TokenDelta
     from worker.config import EngineConfig
+    from worker.engine.caches import KVManager
     from worker.engine.step_kind import StepPlan
-    from worker.kv.block_pool import BlockPool
     from worker.runner.grammar import GrammarCompiler
     from worker.vision.encoder import PreparedImages, VisionEncoder
 
@@ -37,11 +37,11 @@ class RequestIntake:
         config: EngineConfig,
         vocab_size: int,
         max_context: int,
-        pool: BlockPool,
+        kv: KVManager,
         grammars: GrammarCompiler | None,
     ) -> None:
         self.config, self.vocab_size, self.max_context = config, vocab_size, max_context
-        self.pool, self.grammars = pool, grammars
+        self.kv, self.grammars = kv, grammars  # the KV manager: how much a prompt may take
         self._arrivals = itertools.count()
         # vision models with the extra: the image side (None: images are refused, saying why)
         self.vision: VisionEncoder | None = None
@@ -107,9 +107,8 @@ class RequestIntake:
                 f"the prompt has {len(token_ids)} tokens; this model's context is {self.max_context} "
                 "tokens, and at least one must be left to generate"
             )
-        usable = self.pool.num_blocks - self.pool.unit_cost  # less the scratch block
-        # units: its blocks, and window pages for those a window or a chunk sees at once
-        need = self.pool.units_for(self.pool.blocks_for_tokens(len(token_ids) + 1))
+        usable = self.kv.max_prompt_units
+        need = self.kv.prompt_units(len(token_ids) + 1)
         if need > usable:
             raise InvalidRequest(
                 f"the prompt needs more KV memory than this worker has ({usable} blocks)"

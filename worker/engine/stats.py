@@ -20,11 +20,9 @@ from worker.engine.step_kind import padding_tokens
 from worker.runner.plan import StepKind
 
 if TYPE_CHECKING:
+    from worker.engine.caches import KVFigures
     from worker.engine.scheduler import Scheduler
     from worker.engine.step_kind import StepPlan
-    from worker.kv.block_pool import BlockPool
-    from worker.kv.disk_tier import DiskTier
-    from worker.kv.radix_cache import RadixCache
 
 log = logging.getLogger(__name__)
 
@@ -77,18 +75,19 @@ class EngineStats:
         self.draft_accepted += accepted
         self.decode_tokens += accepted  # tokens the step produced beyond one per sequence
 
-    def record_decode_shape(self, seqs, pool, shape) -> None:
+    def record_decode_shape(self, seqs, block_size: int, bytes_per_block: int) -> None:
         """Blocks and K/V bytes a decode tick over `seqs` reads (from host counters): the bytes
-        the pool holds per token, so with `--kv-bits` the packed values, scales and biases.
+        the pool holds per token (`bytes_per_block` / `block_size`), so with `--kv-bits` the
+        packed values, scales and biases.
         Every `SHARED_KV_EVERY`th tick also the bytes with each shared prefix read once (the
         shared-prefix plan's keys, `gathered_keys`: the roofline's floor with sharing)."""
         lengths = [s.num_computed + 1 for s in seqs]
-        per_token = pool.bytes_per_block / pool.block_size
-        self.decode_blocks.append(sum(pool.blocks_for_tokens(n) for n in lengths))
+        per_token = bytes_per_block / block_size
+        self.decode_blocks.append(sum(-(-n // block_size) for n in lengths))
         self.decode_kv_bytes.append(sum(lengths) * per_token)
         self.decode_shapes += 1
         if self.decode_shapes % SHARED_KV_EVERY == 1:
-            keys = gathered_keys([s.block_ids for s in seqs], lengths, pool.block_size)
+            keys = gathered_keys([s.block_ids for s in seqs], lengths, block_size)
             self.decode_kv_shared_bytes.append(keys * per_token)
 
     def record_layer_times(self, times) -> None:
@@ -230,25 +229,23 @@ class EngineLoad(NamedTuple):
     pins: int = 0
 
     @classmethod
-    def of(
-        cls, scheduler: Scheduler, pool: BlockPool, cache: RadixCache, audit: KVAudit | None = None
-    ) -> EngineLoad:
+    def of(cls, scheduler: Scheduler, kv: KVFigures, audit: KVAudit | None = None) -> EngineLoad:
+        """`kv`: the KV manager's figures."""
         return cls(
             running=len(scheduler.running),
             waiting=len(scheduler.waiting),
-            free_blocks=pool.room(0),  # units free or spare, as `total_blocks` counts units
-            total_blocks=pool.num_blocks - 1,  # less the scratch block
-            cached_blocks=cache.cached_blocks,
-            hit_tokens=cache.hit_tokens,
-            prompt_tokens=cache.hit_tokens + cache.miss_tokens,
-            evictable_blocks=cache.evictable_blocks,
-            evicted_blocks=cache.evicted_blocks,
+            free_blocks=kv.free_units,  # units free or spare, as `total_blocks` counts units
+            total_blocks=kv.total_blocks - 1,  # less the scratch block
+            cached_blocks=kv.cached_blocks,
+            hit_tokens=kv.hit_tokens,
+            prompt_tokens=kv.hit_tokens + kv.miss_tokens,
+            evictable_blocks=kv.evictable_blocks,
+            evicted_blocks=kv.evicted_blocks,
             kv_checks=audit.checks if audit else 0,
             kv_check_failures=audit.failures if audit else 0,
-            cached_partial_blocks=len(cache.partials)
-            + (pool.pages.kept_units(cache.partials.block_ids) if pool.pages else 0),
-            pinned_blocks=scheduler.kv.pins.pinned_blocks,
-            pins=len(scheduler.kv.pins),
+            cached_partial_blocks=kv.cached_partial_units,
+            pinned_blocks=kv.pinned_blocks,
+            pins=kv.pins,
             **_snapshots(scheduler),
         )
 
@@ -267,26 +264,27 @@ def _snapshots(scheduler: Scheduler) -> dict:
 
 def engine_stats(
     load: EngineLoad,
-    pool: BlockPool,
-    cache: RadixCache,
-    disk: DiskTier | None,
+    kv: KVFigures,
+    held_blocks: int,
+    disk_blocks: int,
     steps: EngineStats,
 ) -> dict:
-    """`Engine.stats()`: the load, the KV tiers' figures and the step summary in one dict."""
+    """`Engine.stats()`: the load, the KV tiers' figures (the KV manager's, and its counts of
+    held and disk blocks) and the step summary in one dict."""
     return {
         "running": load.running,
         "waiting": load.waiting,
-        "total_blocks": pool.num_blocks,
+        "total_blocks": kv.total_blocks,
         "free_blocks": load.free_blocks,
         "cached_blocks": load.cached_blocks,
         "cached_partial_blocks": load.cached_partial_blocks,
         "evictable_blocks": load.evictable_blocks,
-        "held_blocks": pool.usage().held,
-        "cache_hit_tokens": cache.hit_tokens,
-        "disk_hit_tokens": disk.hit_tokens if disk else 0,
-        "disk_blocks": len(disk.store.blocks()) if disk else 0,
-        "cache_miss_tokens": cache.miss_tokens,
-        "partial_hit_tokens": cache.partials.hit_tokens,  # copied partial blocks (CoW)
+        "held_blocks": held_blocks,
+        "cache_hit_tokens": kv.hit_tokens,
+        "disk_hit_tokens": kv.disk_hit_tokens,
+        "disk_blocks": disk_blocks,
+        "cache_miss_tokens": kv.miss_tokens,
+        "partial_hit_tokens": kv.partial_hit_tokens,  # copied partial blocks (CoW)
         "pinned_blocks": load.pinned_blocks,
         "pins": load.pins,
         **steps.summary(),

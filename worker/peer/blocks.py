@@ -16,7 +16,9 @@ import numpy as np
 
 from shared.hashing import hash_blocks
 from shared.kv_transfer import FetchBlocks, FetchReply, blocks_checksum
-from worker.kv.block_io import block_layout, model_fingerprint, read_blocks, write_blocks
+from worker.engine.caches import PrefixEvicted
+from worker.kv.block_io import model_fingerprint
+from worker.kv.errors import OutOfBlocksError
 
 if TYPE_CHECKING:
     from worker.engine.engine import Engine
@@ -32,9 +34,9 @@ class PeerBlocks:
     """Reads and writes the blocks of one engine for its peers (engine thread only)."""
 
     def __init__(self, engine: Engine):
-        self.engine, self.pool, self.cache = engine, engine.pool, engine.cache
-        self.block_size = self.pool.block_size
-        self.layout = block_layout(self.pool)
+        self.engine, self.kv = engine, engine.kv  # the KV manager: blocks read and stored
+        self.block_size = self.kv.block_size
+        self.layout = self.kv.block_layout()
         self.layout_text = f"{self.layout!r} {self.layout.quant} {self.layout.row_bytes}"
         self.fingerprint = model_fingerprint(engine.model, self.layout)
         self.served_blocks = 0  # cumulative, to peers
@@ -44,7 +46,7 @@ class PeerBlocks:
         (None: all are)."""
         bs = self.block_size
         end = min(num_blocks, len(prompt) // bs)
-        start = self.cache.peek_prefix_length(prompt[: end * bs]) // bs
+        start = self.kv.prefix_length(prompt[: end * bs]) // bs
         if start >= end or not self.engine.config.enable_prefix_cache:
             return None
         tokens = tuple(prompt[: end * bs])
@@ -62,14 +64,13 @@ class PeerBlocks:
         end = start + len(req.block_hashes)
         if start < 0 or not req.block_hashes or len(req.token_ids) != end * bs:
             return _error(reply, "malformed FetchBlocks (token ids and block hashes disagree)")
-        held = self.cache.peek_prefix_length(req.token_ids) // bs
+        held = self.kv.prefix_length(req.token_ids) // bs
         if held <= start:
             return reply
-        match = self.cache.match_prefix(req.token_ids[: held * bs])
         hashes = hash_blocks(req.token_ids[: held * bs], bs)[start:]
         if tuple(hashes) != req.block_hashes[: len(hashes)]:
             return _error(reply, "block hashes differ from this worker's")
-        payloads = read_blocks(self.pool, match.block_ids[start:held])
+        payloads = self.kv.read_cached(req.token_ids[: held * bs], start)
         # byte views of the host copy: they go out as frames of their own, zero-copy
         blocks = tuple(memoryview(np.ascontiguousarray(p)).cast("B") for p in payloads)
         self.served_blocks += len(blocks)
@@ -108,30 +109,16 @@ class PeerBlocks:
         self.check(req, reply)
         bs, n = self.block_size, len(reply.blocks)
         tokens = req.token_ids[: (req.start_block + n) * bs]
-        # the cache may have changed while the fetch was under way: lock what it holds now
-        match = self.cache.match_prefix(tokens)
-        have = len(match.block_ids)
-        if have >= len(tokens) // bs:
-            return 0
-        if have < req.start_block:
-            raise PullRejected("the prefix before the fetched blocks was evicted meanwhile")
-        need = len(tokens) // bs - have
-        self.cache.lock(match.node)
+        dtype, shape = self.layout.dtype, self.layout.shape
+        payloads = [np.frombuffer(b, dtype).reshape(shape) for b in reply.blocks]
         try:
-            if not self.engine.scheduler.make_room(need):
-                raise PullRejected(f"no room for {need} blocks")
-            new = self.pool.allocate(need)
-            skip = have - req.start_block
-            dtype, shape = self.layout.dtype, self.layout.shape
-            payloads = [np.frombuffer(b, dtype).reshape(shape) for b in reply.blocks[skip:]]
-            try:
-                write_blocks(self.pool, new, payloads)
-                self.cache.insert(tokens, match.block_ids + new)
-            finally:
-                self.pool.decref(new)  # the prefix cache holds them now (or they are free)
-        finally:
-            self.cache.unlock(match.node)
-        return need
+            return self.kv.import_blocks(tokens, req.start_block, payloads)
+        except OutOfBlocksError as exc:
+            raise PullRejected(str(exc)) from exc
+        except PrefixEvicted as exc:
+            raise PullRejected(
+                "the prefix before the fetched blocks was evicted meanwhile"
+            ) from exc
 
 
 def _error(reply: FetchReply, why: str) -> FetchReply:

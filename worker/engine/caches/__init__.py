@@ -32,16 +32,27 @@ A new kind is one class (kinds.py, or beside its data structure) plus its line i
 from worker.engine.caches.chunks import ChunkKind
 from worker.engine.caches.coordinator import CacheCoordinator, kinds_of
 from worker.engine.caches.kinds import CacheKind, Hit, StateKind, WindowKind
-from worker.engine.caches.manager import KVManager, Prefix
+from worker.engine.caches.manager import (
+    FEATURES,
+    CachedHashes,
+    KVFigures,
+    KVManager,
+    Prefix,
+    PrefixEvicted,
+)
 from worker.engine.caches.tails import TailKind
 
 __all__ = [
+    "FEATURES",
+    "CachedHashes",
+    "KVFigures",
     "CacheCoordinator",
     "CacheKind",
     "ChunkKind",
     "Hit",
     "KVManager",
     "Prefix",
+    "PrefixEvicted",
     "StateKind",
     "TailKind",
     "WindowKind",

@@ -19,9 +19,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, NamedTuple
 
 from worker.engine.caches.coordinator import CacheCoordinator
+from worker.kv.block_io import BlockLayout, block_layout, read_blocks, write_blocks
+from worker.kv.errors import KVCacheError, OutOfBlocksError
 from worker.kv.radix_cache import MatchResult
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from shared.prefix.hit_rule import HitRule
     from worker.config import EngineConfig
     from worker.engine.caches.kinds import CacheKind, Hit
@@ -31,6 +35,39 @@ if TYPE_CHECKING:
     from worker.kv.disk_tier import DiskTier
     from worker.kv.pins import PrefixPins
     from worker.kv.radix_cache import RadixCache
+
+
+# What the fleet may do with a model's KV, each refused where its caches cannot (`cannot`)
+FEATURES = ("disk", "peer", "drafts", "tails")
+
+
+class KVFigures(NamedTuple):
+    """The KV memory's counters, as plain data (the heartbeat's and the stats' figures); a
+    few reads, no walk."""
+
+    free_units: int  # free or spare (a new block takes `unit_cost` of them)
+    total_blocks: int  # the pool's, the scratch block included
+    cached_blocks: int  # full blocks in the tree
+    cached_partial_units: int  # partial tails beside it, and their window pages
+    evictable_blocks: int
+    evicted_blocks: int  # cumulative
+    hit_tokens: int  # admitted prompts' tokens served from the tree...
+    miss_tokens: int  # ...and computed
+    partial_hit_tokens: int  # served by copied partial tails
+    disk_hit_tokens: int
+    pinned_blocks: int  # blocks cache pins keep from LRU, and the pins
+    pins: int
+
+
+class CachedHashes(NamedTuple):
+    """The blocks a worker holds, by hash: what the router's index is told (the inventory)."""
+
+    blocks: list[int]  # the prefix cache's full blocks, then the disk tier's
+    windowless: set[int]  # those whose window pages were taken back
+
+
+class PrefixEvicted(KVCacheError):
+    """Blocks to store follow a prefix the cache no longer holds (evicted meanwhile)."""
 
 
 class Prefix(NamedTuple):
@@ -67,6 +104,7 @@ class KVManager:
         self.coordinator = CacheCoordinator(pool, cache, states, config.pin_share)
         self.block_size, self.prefix_caching = pool.block_size, config.enable_prefix_cache
         self.disk: DiskTier | None = None
+        self._refused = self._refusals()
 
     def attach_disk(self, disk: DiskTier | None) -> None:
         """Mutates: blocks evicted (and pins released for room) go to `disk`, and prompts'
@@ -99,10 +137,29 @@ class KVManager:
     def register(self, kind: CacheKind) -> None:
         """Mutates: one more cache kind asked (a test's made-up kind)."""
         self.coordinator.register(kind)
+        self._refused = self._refusals()
 
     def cannot(self, feature: str) -> str | None:
-        """Why the model's caches rule `feature` out ("disk", "peer", "drafts", "tails")."""
-        return self.coordinator.cannot(feature)
+        """Why the model's caches rule `feature` (one of `FEATURES`) out, or None."""
+        return self._refused.get(feature)
+
+    def _refusals(self) -> dict[str, str]:
+        """Every refused feature with its reason: a kind's, else the pool's layer shapes
+        (blocks of one shape in every layer are what the disk tier and transfers carry)."""
+        refused = {f: why for f in FEATURES if (why := self.coordinator.cannot(f)) is not None}
+        if not self.pool.uniform:
+            shapes = sorted(set(self.pool.layer_shapes))
+            refused.setdefault(
+                "disk",
+                f"this model's layers keep K/V of different shapes ({shapes}), which the disk "
+                "tier's block format does not carry yet",
+            )
+            refused.setdefault(
+                "peer",
+                "this model's layers keep K/V in more than one shape, which block transfers "
+                "do not carry yet",
+            )
+        return refused
 
     # ---- questions (none of these mutate) ---------------------------------------------
 
@@ -113,6 +170,16 @@ class KVManager:
     def blocks_needed(self, seq: Sequence, num_tokens: int) -> int:
         """New blocks `seq` needs to hold `num_tokens` tokens (0 when it has them)."""
         return max(0, self.pool.blocks_for_tokens(num_tokens) - len(seq.block_ids))
+
+    @property
+    def max_prompt_units(self) -> int:
+        """The units one prompt may take: the pool's, less the scratch block's."""
+        return self.pool.num_blocks - self.pool.unit_cost
+
+    def prompt_units(self, num_tokens: int) -> int:
+        """The units `num_tokens` take: their blocks, and window pages for those a window or
+        a chunk sees at once."""
+        return self.pool.units_for(self.pool.blocks_for_tokens(num_tokens))
 
     def fits(self, num_blocks: int) -> bool:
         """Whether `num_blocks` new blocks fit in the free, spare and evictable units (no pin
@@ -288,6 +355,92 @@ class KVManager:
             self.cache.insert(seq.tokens[:full], seq.block_ids)
             seq.inserted_tokens = full
         return known if self.prefix_caching and seq.inserted_tokens == full else 0
+
+    # ---- blocks from and for peers -------------------------------------------------------
+
+    def block_layout(self) -> BlockLayout:
+        """How one block travels (worker/kv/block_io.py): its shape, dtype, quantization."""
+        return block_layout(self.pool)
+
+    def read_cached(self, tokens: list[int], start: int) -> list[np.ndarray]:
+        """Host copies of the cached blocks of `tokens` (whole blocks, all cached: see
+        `prefix_length`) from block `start` on. Touches the tree's LRU (and may split)."""
+        return read_blocks(self.pool, self.cache.match_prefix(tokens).block_ids[start:])
+
+    def import_blocks(self, tokens: list[int], start: int, payloads: list[np.ndarray]) -> int:
+        """Mutates: the blocks of `tokens` (whole blocks) from block `start` on, whose K/V
+        are `payloads`, stored and cached, those the cache does not hold already (it may have
+        changed since they were asked for); the number stored. The cache holds them, not the
+        caller: they are evictable. Raises PrefixEvicted when the cache lost a block before
+        `start`, OutOfBlocksError when there is no room."""
+        bs = self.block_size
+        match = self.cache.match_prefix(tokens)  # what the cache holds now, locked below
+        have = len(match.block_ids)
+        if have >= len(tokens) // bs:
+            return 0
+        if have < start:
+            raise PrefixEvicted("the prefix before the blocks was evicted meanwhile")
+        need = len(tokens) // bs - have
+        self.cache.lock(match.node)
+        try:
+            if not self.make_room(need):
+                raise OutOfBlocksError(f"no room for {need} blocks")
+            new = self.pool.allocate(need)
+            try:
+                write_blocks(self.pool, new, payloads[have - start :])
+                self.cache.insert(tokens, match.block_ids + new)
+            finally:
+                self.pool.decref(new)  # the prefix cache holds them now (or they are free)
+        finally:
+            self.cache.unlock(match.node)
+        return need
+
+    # ---- figures (none of these mutate) -------------------------------------------------
+
+    def figures(self) -> KVFigures:
+        pool, cache, partials = self.pool, self.cache, self.cache.partials
+        tails = pool.pages.kept_units(partials.block_ids) if pool.pages else 0
+        return KVFigures(
+            free_units=pool.room(0),
+            total_blocks=pool.num_blocks,
+            cached_blocks=cache.cached_blocks,
+            cached_partial_units=len(partials) + tails,
+            evictable_blocks=cache.evictable_blocks,
+            evicted_blocks=cache.evicted_blocks,
+            hit_tokens=cache.hit_tokens,
+            miss_tokens=cache.miss_tokens,
+            partial_hit_tokens=partials.hit_tokens,
+            disk_hit_tokens=self.disk.hit_tokens if self.disk else 0,
+            pinned_blocks=self.pins.pinned_blocks,
+            pins=len(self.pins),
+        )
+
+    def cached_hashes(self) -> CachedHashes:
+        """Every block the tree and the disk tier hold, by hash (a walk of the tree)."""
+        pages = self.pool.pages
+        blocks, windowless = [], set()
+        for node in self.cache.root.walk():
+            for block_id, block_hash in zip(node.block_ids, node.block_hashes, strict=True):
+                blocks.append(block_hash)
+                if pages is not None and not pages.has_page(block_id):
+                    windowless.add(block_hash)
+        if self.disk is not None:  # evicted to disk: still this worker's (kv_event_log.py)
+            in_tree = set(blocks)
+            blocks += sorted(self.disk.store.hashes() - in_tree)
+        return CachedHashes(blocks, windowless)
+
+    def held_blocks(self) -> int:
+        """Blocks some sequence holds (and window pages held): counted, O(pool)."""
+        return self.pool.usage().held
+
+    def disk_blocks(self) -> int:
+        """Blocks the disk tier holds (0 without one): its index listed."""
+        return len(self.disk.store.blocks()) if self.disk else 0
+
+    def usable_units(self, scratch_block: int) -> int:
+        """The units requests can use: the pool's less the scratch block's (and its pages)."""
+        pages = self.pool.pages
+        return self.pool.num_blocks - 1 - (pages.kept_units([scratch_block]) if pages else 0)
 
     # ---- upkeep -----------------------------------------------------------------------
 

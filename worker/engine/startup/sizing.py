@@ -144,18 +144,11 @@ def open_disk_tier(
 ) -> DiskTier | None:
     """The KV tier on disk, when configured: its files from an earlier run indexed (the KV
     manager copies the cache's evictions to it). `refused`: why the model's cache kinds rule
-    it out."""
+    it out, or the pool's layer shapes."""
     if config.kv_disk_bytes is None:
         return None
     if refused is not None:
         log.warning("KV disk tier off: %s", refused)
-        return None
-    if not pool.uniform:
-        log.warning(
-            "KV disk tier off: this model's layers keep K/V of different shapes (%s), which "
-            "the disk tier's block format does not carry yet",
-            sorted(set(pool.layer_shapes)),
-        )
         return None
     layout = block_layout(pool)
     root = Path(config.kv_disk_dir or DEFAULT_KV_DISK_DIR).expanduser()
