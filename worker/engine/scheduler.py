@@ -3,11 +3,12 @@
 Every step: each decoding sequence gets a slot for its next token (a new block when it
 crosses a boundary); what is left of the step's token budget goes to prefill chunks: first
 sequences already mid-prompt, then newly admitted ones (FIFO), each admitted with its longest
-cached prefix (the hit every cache kind agrees on: `self.kv`, worker/engine/caches/), and only
-when its whole prompt fits beside what the running sequences still need (no overcommit). When
-blocks run out, the prefix cache gives back its least recently used unreferenced blocks, then
-its oldest pins (`self.kv.pins`: prefixes requests asked to keep, worker/kv/pins.py); then
-the newest running sequence is preempted and requeued (its computed blocks stay cached).
+cached prefix (the hit every cache kind agrees on), and only when its whole prompt fits beside
+what the running sequences still need (no overcommit). When blocks run out, the prefix cache
+gives back its least recently used unreferenced blocks, then its oldest pins (prefixes requests
+asked to keep, worker/kv/pins.py); then the newest running sequence is preempted and requeued
+(its computed blocks stay cached). Every block comes from, and goes back to, the KV manager
+(`self.kv`, worker/engine/caches/manager.py): the scheduler never touches the pool or the tree.
 
 Speculative decoding (worker/engine/speculative.py proposes a sequence's drafts): which drafts
 a step verifies is chosen per row, where it pays (`choose_drafts`). A draft's rows gather keys

@@ -3,7 +3,7 @@
 Full blocks only; a sequence's partial last block may be kept as a tail beside the tree
 (`insert_tail`, worker/kv/radix_partial.py), which later prompts copy, never share.
 
-How the engine is meant to use it:
+How the KV manager (worker/engine/caches/manager.py) uses it:
 - admission: `peek_prefix_length` to plan (no mutation), then `match_prefix` (splits,
   touches LRU), `lock(result.node)`, `pool.incref(result.block_ids)`, allocate the rest
   (a partial block: `partials.match`, its block held with `pool.incref` while room is made,
