@@ -313,7 +313,7 @@ class Scheduler:
 
     def drop(self, seq: Sequence) -> None:
         """Like remove, but nothing of `seq` enters the prefix cache (its KV is suspect)."""
-        seq.inserted_tokens = max(seq.inserted_tokens, seq.num_computed)
+        self.kv.distrust(seq)
         self.remove(seq)
 
 

@@ -53,9 +53,7 @@ class Sequence:
     num_computed: int = 0  # tokens whose K/V are in the pool
     num_in_flight: int = 0  # of those, tokens a launched step still writes (unread, may fail)
     num_cached: int = 0  # prompt tokens served from the prefix cache (first admission)
-    lock_node: object | None = None  # radix node locked for this sequence
     inserted_tokens: int = 0  # tokens already handed to the radix cache
-    window_released: int = 0  # leading blocks whose window pages it gave up (window_pages)
     state_slot: int = -1  # its recurrent layers' state slot (hybrid models: worker.state)
     # where a snapshot of its states is taken (block-aligned positions -> the block's hash)
     snapshot_at: dict[int, int] = field(default_factory=dict)
@@ -89,7 +87,6 @@ class Sequence:
             block_ids=list(self.block_ids),
             num_computed=self.num_computed,
             num_cached=self.num_cached,
-            lock_node=self.lock_node,
             inserted_tokens=self.inserted_tokens,
             seed=self.seed,
             choice=choice,

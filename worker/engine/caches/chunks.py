@@ -40,6 +40,4 @@ class ChunkKind(WindowKind):
         if seq.block_ids:
             first_query = max(0, seq.num_computed - seq.num_in_flight - 1)
             end = min(self.pages.out_of_chunk(first_query), len(seq.block_ids))
-            seq.window_released = self.pages.release(
-                seq.block_ids, seq.window_released, end, self.pool.ref_count
-            )
+            self._release_before(seq, end)

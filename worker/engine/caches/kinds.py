@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from worker.kv.radix_cache import MatchResult
     from worker.kv.radix_partial import PartialHit
     from worker.kv.window_pages import WindowPages
+    from worker.runner.plan import RequestKey
 
 
 class Hit(NamedTuple):
@@ -104,6 +105,8 @@ class WindowKind(CacheKind):
 
     def __init__(self, pool: BlockPool, pages: WindowPages):
         self.pool, self.pages = pool, pages
+        # per running sequence: its leading blocks whose pages it gave up
+        self.released: dict[RequestKey, int] = {}
 
     def rule(self) -> HitRule:
         return HitRule(window_blocks=self.pages.blocks_before_match)
@@ -128,19 +131,26 @@ class WindowKind(CacheKind):
         past, give their pages up as spare."""
         if seq.block_ids:
             end = min(self.pages.out_of_window(seq.num_computed), len(seq.block_ids))
-            seq.window_released = self.pages.release(
-                seq.block_ids, seq.window_released, end, self.pool.ref_count
-            )
+            self._release_before(seq, end)
+
+    def _release_before(self, seq: Sequence, end: int) -> None:
+        """Mutates: `seq` gives up the pages of its blocks before `end` (every holder past)."""
+        released = self.released.get(seq.key, 0)
+        self.released[seq.key] = self.pages.release(
+            seq.block_ids, released, end, self.pool.ref_count
+        )
+
+    def start(self, seq: Sequence, hit: Hit) -> None:
+        self.released[seq.key] = 0
 
     def fork(self, parent: Sequence, child: Sequence) -> None:
         """`child` is past what its parent is past (its queries come after the parent's)."""
-        child.window_released = parent.window_released
-        self.pages.join(child.block_ids[: child.window_released])
+        released = self.released[child.key] = self.released.get(parent.key, 0)
+        self.pages.join(child.block_ids[:released])
 
     def free(self, seq: Sequence) -> None:
         """After `seq`'s blocks were given back: those every holder left is past release."""
-        self.pages.leave(seq.block_ids, seq.window_released, self.pool.ref_count)
-        seq.window_released = 0
+        self.pages.leave(seq.block_ids, self.released.pop(seq.key, 0), self.pool.ref_count)
 
     def give_up(self, block_ids: list[int], hit: Hit) -> None:
         self.pages.settle(block_ids, self.pool.ref_count)

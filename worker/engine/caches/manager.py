@@ -9,9 +9,10 @@ cached blocks, then pins; `fits` to ask first), what is computed enters the pref
 queues, whom to preempt and how to chunk; it never touches the pool or the tree. vLLM v1's
 KVCacheManager is the model.
 
-Blocks are still listed on the `Sequence` (`block_ids`: the runner's block table), as are
-the kinds' per-sequence fields (`window_released`, `state_slot`...); only this package
-writes them.
+Per running sequence (by its `RequestKey`), the manager keeps the tree node its hit locked,
+and each kind what it lent (`WindowKind.released`). Blocks are still listed on the `Sequence`
+(`block_ids`: the runner's block table), as are the recurrent states' slot and snapshot points
+and the tokens handed to the tree; only this package writes them.
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ if TYPE_CHECKING:
     from worker.kv.disk_tier import DiskTier
     from worker.kv.pins import PrefixPins
     from worker.kv.radix_cache import RadixCache
+    from worker.kv.radix_node import RadixNode
+    from worker.runner.plan import RequestKey
 
 
 # What the fleet may do with a model's KV, each refused where its caches cannot (`cannot`)
@@ -105,6 +108,8 @@ class KVManager:
         self.block_size, self.prefix_caching = pool.block_size, config.enable_prefix_cache
         self.disk: DiskTier | None = None
         self._refused = self._refusals()
+        # per running sequence: the tree node its prefix hit ended at, locked while it runs
+        self._locks: dict[RequestKey, RadixNode] = {}
 
     def attach_disk(self, disk: DiskTier | None) -> None:
         """Mutates: blocks evicted (and pins released for room) go to `disk`, and prompts'
@@ -255,9 +260,9 @@ class KVManager:
             self.give_up(prefix)
             return False
         match = prefix.match
-        seq.lock_node = match.node
+        self._locks[seq.key] = match.node
         seq.block_ids, seq.num_computed = list(match.block_ids), match.num_tokens
-        seq.inserted_tokens, seq.window_released = match.num_tokens, 0
+        seq.inserted_tokens = match.num_tokens
         self.coordinator.start(seq, prefix.hit)
         self.grow(seq, num_tokens)
         prompt_tokens = len(seq.tokens) - 1 if self.uses_cache(seq) else 0
@@ -329,8 +334,10 @@ class KVManager:
         """Mutates: `child` holds `parent`'s blocks and prefix lock, and whatever each kind
         gives a fork (a copy of a partial last block); the caller made room (`fork_blocks`)."""
         self.coordinator.fork(parent, child)
-        if child.lock_node is not None:
-            self.cache.lock(child.lock_node)
+        node = self._locks.get(parent.key)
+        if node is not None:
+            self.cache.lock(node)
+            self._locks[child.key] = node
 
     def free(self, seq: Sequence) -> None:
         """Mutates: `seq` stops (finished, aborted or preempted): its computed blocks enter
@@ -338,11 +345,16 @@ class KVManager:
         lent, its lock goes and its blocks are given back."""
         self.coordinator.cached(seq, self._cache_blocks(seq), running=False)
         self.coordinator.release(seq)  # (after its blocks: a state kept at the last one is kept)
-        if seq.lock_node is not None:
-            self.cache.unlock(seq.lock_node)
-            seq.lock_node = None
+        node = self._locks.pop(seq.key, None)
+        if node is not None:
+            self.cache.unlock(node)
         self.coordinator.free(seq)
         seq.block_ids = []
+
+    def distrust(self, seq: Sequence) -> None:
+        """Mutates: nothing more of `seq`'s computed K/V enters the prefix cache (a failed
+        step may have left garbage in it); `free` it next."""
+        seq.inserted_tokens = max(seq.inserted_tokens, seq.num_computed)
 
     def _cache_blocks(self, seq: Sequence) -> int:
         """Mutates: hand `seq`'s computed full blocks to the prefix cache (they stay held by
