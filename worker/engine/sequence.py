@@ -55,10 +55,6 @@ class Sequence:
     num_cached: int = 0  # prompt tokens served from the prefix cache (first admission)
     inserted_tokens: int = 0  # tokens already handed to the radix cache
     state_slot: int = -1  # its recurrent layers' state slot (hybrid models: worker.state)
-    # where a snapshot of its states is taken (block-aligned positions -> the block's hash)
-    snapshot_at: dict[int, int] = field(default_factory=dict)
-    # its states at the latest block boundary its decode crossed: (position, state slot)
-    kept_state: tuple[int, int] | None = None
     logprobs: list[float] = field(default_factory=list)
     num_preemptions: int = 0
     seed: int = 0  # of its rng key (the runner's); choice i of a request samples with seed + i

@@ -54,6 +54,7 @@ if TYPE_CHECKING:
     from worker.config import EngineConfig
     from worker.engine.sequence import Sequence
     from worker.runner.model_support import ModelShape
+    from worker.runner.plan import RequestKey
 
 
 log = logging.getLogger(__name__)
@@ -71,6 +72,8 @@ class NoStates:
         return False
 
     def plan(self, seq: Sequence, start: int, kv_tokens: int) -> None: ...
+
+    def unplan(self, seq: Sequence) -> None: ...
 
     def start(self, seq: Sequence, snapshot: int | None) -> None: ...
 
@@ -91,6 +94,11 @@ class SequenceStates:
 
     def __init__(self, pool: StatePool, block_size: int, emit: Callable[[KVEvent], None]):
         self.pool, self.block_size, self._emit = pool, block_size, emit
+        # per sequence: where a snapshot of its states is taken (block-aligned positions ->
+        # the block's hash), and its states at the latest block boundary its decode crossed
+        # (position, state slot)
+        self.snapshot_at: dict[RequestKey, dict[int, int]] = {}
+        self.kept: dict[RequestKey, tuple[int, int]] = {}
         pool.on_drop = lambda hashes: emit(StateSnapshotsDropped(tuple(hashes)))
 
     def room(self, seq: Sequence, running: list[Sequence]) -> bool:
@@ -111,7 +119,11 @@ class SequenceStates:
         full = end if end % bs == 0 else last
         points = {p for p in (kv_tokens, last, full) if start < p}
         hashes = hash_blocks(seq.tokens[: max(points)], bs) if points else []
-        seq.snapshot_at = {p: hashes[p // bs - 1] for p in sorted(points)}
+        self.snapshot_at[seq.key] = {p: hashes[p // bs - 1] for p in sorted(points)}
+
+    def unplan(self, seq: Sequence) -> None:
+        """Mutates: `seq` was not admitted after all: its snapshot points are dropped."""
+        self.snapshot_at.pop(seq.key, None)
 
     def start(self, seq: Sequence, snapshot: int | None) -> None:
         """Mutates: admitted `seq` gets its slot, from `snapshot` or zeros."""
@@ -121,42 +133,45 @@ class SequenceStates:
         """`n` prefill tokens from `start` (`seq.num_computed`) cut to end at its next
         snapshot point."""
         start = seq.num_computed if start is None else start
-        return min([n, *(p - start for p in seq.snapshot_at if p > start)])
+        return min([n, *(p - start for p in self.snapshot_at.get(seq.key, ()) if p > start)])
 
     def computed(self, seq: Sequence) -> None:
         """Mutates: after a forward (lazily, before the next is built); the snapshot where
         `seq`'s computed tokens now end, or past its prompt, at a block boundary, its states
         kept there in place of the ones kept at the previous boundary."""
-        at = seq.num_computed
-        block_hash = seq.snapshot_at.pop(at, None)
+        at, key = seq.num_computed, seq.key
+        block_hash = self.snapshot_at.get(key, {}).pop(at, None)
         if block_hash is not None:
             if self.pool.snapshot(seq.state_slot, block_hash):
                 self._emit(StateSnapshotsStored((block_hash,)))
         elif at % self.block_size == 0 and at >= seq.prompt_len:
-            kept = self.pool.keep(seq.state_slot, seq.kept_state[1] if seq.kept_state else None)
-            seq.kept_state = None if kept is None else (at, kept)
+            before = self.kept.pop(key, None)
+            kept = self.pool.keep(seq.state_slot, before[1] if before else None)
+            if kept is not None:
+                self.kept[key] = (at, kept)
 
     def fork(self, parent: Sequence, child: Sequence) -> None:
         child.state_slot = self.pool.fork(parent.state_slot)
-        child.snapshot_at = {}
+        self.snapshot_at.pop(child.key, None)
 
     def release(self, seq: Sequence) -> None:
         """Mutates: `seq` stops running (finished, aborted or preempted), after its computed
         blocks entered the cache: the states it kept become the snapshot after its last
         block there (the end of its reply), if that block did and no step still in flight
         (or failed: `Scheduler.drop`) wrote them."""
-        if seq.kept_state is not None:
-            at, kept = seq.kept_state
+        kept_state = self.kept.pop(seq.key, None)
+        if kept_state is not None:
+            at, kept = kept_state
             if at <= min(seq.inserted_tokens, seq.num_computed - seq.num_in_flight):
                 block_hash = hash_blocks(seq.tokens[:at], self.block_size)[-1]
                 if self.pool.publish(kept, block_hash):
                     self._emit(StateSnapshotsStored((block_hash,)))
             else:
                 self.pool.discard(kept)
-            seq.kept_state = None
         if seq.state_slot >= 0:
             self.pool.free(seq.state_slot)
-        seq.state_slot, seq.snapshot_at = -1, {}
+        seq.state_slot = -1
+        self.snapshot_at.pop(seq.key, None)
 
     def on_event(self, event: KVEvent) -> None:
         """The radix cache's news: blocks that left it take their snapshots along."""

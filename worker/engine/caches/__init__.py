@@ -16,7 +16,8 @@ KVCacheCoordinator over its SingleTypeKVCacheManagers is the model):
 - `hit`: how much of a prefix match every kind can serve (shared/prefix/hit_rule.py, the rule
   the router's index applies too), and what the hit holds until it is admitted or given up;
   `tail`: the partial tail a kind keeps past it (`find_tail`), if every kind can copy it;
-- `room`, `plan`, `chunk`: whether a sequence can start now, where its prefill must stop;
+- `room`, `plan`, `unplan`, `chunk`: whether a sequence can start now, where its prefill
+  must stop (a plan dropped when it is not admitted after all);
 - `start`, `computed`, `cached`, `fork_blocks`, `fork`, `release`, `free`, `give_up`: what
   each kind takes, gives back or keeps as a sequence is admitted, advances, enters the prefix
   cache, forks, finishes or is preempted;

@@ -100,6 +100,10 @@ class CacheCoordinator:
         for kind in self.kinds:
             kind.plan(seq, start, kv_tokens)
 
+    def unplan(self, seq: Sequence) -> None:
+        for kind in self.kinds:
+            kind.unplan(seq)
+
     def chunk(self, seq: Sequence, n: int, start: int | None = None) -> int:
         for kind in self.kinds:
             n = kind.chunk(seq, n, start)

@@ -67,6 +67,9 @@ class CacheKind:
 
     def plan(self, seq: Sequence, start: int, kv_tokens: int) -> None: ...
 
+    def unplan(self, seq: Sequence) -> None:
+        """Mutates: `seq`, planned, was not admitted after all (what `plan` kept goes)."""
+
     def chunk(self, seq: Sequence, n: int, start: int | None) -> int:
         return n
 
@@ -182,6 +185,9 @@ class StateKind(CacheKind):
 
     def plan(self, seq: Sequence, start: int, kv_tokens: int) -> None:
         self.states.plan(seq, start, kv_tokens)
+
+    def unplan(self, seq: Sequence) -> None:
+        self.states.unplan(seq)
 
     def chunk(self, seq: Sequence, n: int, start: int | None) -> int:
         return self.states.chunk(seq, n, start)

@@ -258,6 +258,7 @@ class KVManager:
         need = self.pool.blocks_for_tokens(num_tokens) - prefix.num_blocks
         if not self.prompt_fits(seq, prefix.num_blocks, running) or not self.make_room(need):
             self.give_up(prefix)
+            self.coordinator.unplan(seq)
             return False
         match = prefix.match
         self._locks[seq.key] = match.node
