@@ -317,9 +317,9 @@ class Engine:
         self._inflight = _InFlight([seqs[k] for k in out.requests], out.tokens, out.logprobs, start)
 
     def _input(self, plan: StepPlan) -> Forward:
-        """What the runner is handed for `plan` (one forward): plain data, and the requests
-        ended since its last forward (it drops their rng keys)."""
-        return forward_input(plan, self.scheduler.take_finished())
+        """What the runner is handed for `plan` (one forward): plain data, the requests ended
+        since its last forward (it drops their rng keys) and the blocks copied on write."""
+        return forward_input(plan, self.scheduler.take_finished(), self.kv.take_copies())
 
     def _resolve(self, inflight: _InFlight | None = None) -> list[TokenDelta]:
         """Read the tokens of the step in flight (or `inflight`) and advance its sequences."""

@@ -76,12 +76,15 @@ class StepPlan(NamedTuple):
         return {s.key: s for s in (*self.decode, *(c.seq for c in self.prefill))}
 
 
-def forward_input(plan: StepPlan, finished: list[RequestKey]) -> Forward:
+def forward_input(
+    plan: StepPlan, finished: list[RequestKey], copies: list[tuple[int, int]] = ()
+) -> Forward:
     """The plain data the runner is handed for one forward of `plan.split()` (the sequences'
-    current tokens, positions and blocks), and the requests `finished` since the last one."""
+    current tokens, positions and blocks), the requests `finished` and the blocks copied on
+    write (`copies`) since the last one."""
     decode = [_decode_request(s) for s in plan.decode]
     prefill = [_prefill_request(s, n) for s, n in plan.prefill]
-    return Forward(plan.kind, decode, prefill, finished)
+    return Forward(plan.kind, decode, prefill, finished, copies)
 
 
 def _decode_request(seq: Sequence) -> ForwardRequest:

@@ -117,6 +117,9 @@ class BlockPool:
         # block once it is full (a held block's whole blocks never change; a freed one is
         # allocated anew before anything writes it), so attention may keep what it gathered.
         self.versions = [0] * num_blocks
+        # copies on write made since `take_copies`, (source, copy): a tensor-parallel
+        # follower makes them on its own shard of the pool before the next forward
+        self._copies: list[tuple[int, int]] = []
         # bytes of one block in every layer (a token in every window; `nbytes`: the pool's)
         self.bytes_per_block = layers_bytes_per_block(
             block_size, self.layer_shapes, dtype, self.kv_bits, self.kv_group_size
@@ -294,7 +297,13 @@ class BlockPool:
         (new_id,) = self.allocate(1)
         self.copy_block(block_id, new_id)
         self.decref([block_id])
+        self._copies.append((block_id, new_id))
         return new_id
+
+    def take_copies(self) -> list[tuple[int, int]]:
+        """Mutates: the copies on write made since the last call, (source, copy)."""
+        copies, self._copies = self._copies, []
+        return copies
 
     def copy_block(self, src_id: int, dst_id: int) -> None:
         """Mutates the storage only (no books): block `src_id`'s K/V into `dst_id`, every

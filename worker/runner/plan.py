@@ -62,3 +62,6 @@ class Forward(NamedTuple):
     decode: list[ForwardRequest]
     prefill: list[ForwardRequest]
     finished: tuple[RequestKey, ...] | list[RequestKey] = ()
+    # blocks copied on write since the last forward, (source, copy): made on the pool the
+    # engine's KV manager keeps; a tensor-parallel follower makes them on its shard first
+    copies: tuple[tuple[int, int], ...] | list[tuple[int, int]] = ()

@@ -228,9 +228,8 @@ class LeaderRunner:
 
     def __init__(self, inner: ModelRunner, wire: StepWire, watchdog: Watchdog):
         self.inner, self.wire, self.watchdog = inner, wire, watchdog
-        self._copies: list[tuple[int, int]] = []
+        self._copies: list[tuple[int, int]] = []  # not sent yet (a forward may fail first)
         self._last_keepalive = time.monotonic()
-        self._record_copies(inner.pool)
 
     @classmethod
     def factory(cls, group: mx.distributed.Group, watchdog: Watchdog):
@@ -257,6 +256,7 @@ class LeaderRunner:
     def run(
         self, plan: Forward, device_tokens: mx.array | None = None, times: LayerTimes | None = None
     ) -> StepOutput:
+        self._copies += plan.copies  # made on the leader's pool by its KV manager
         rows, points = self.inner.plan_rows(plan, device_tokens is not None)
         step = WireStep(rows, bool(points.requests or points.prompt), self._copies)
         self._copies = []
@@ -284,19 +284,6 @@ class LeaderRunner:
             self.wire.send(Op.STOP)
         except RuntimeError as exc:
             log.warning("could not tell the other ranks to stop: %s", exc)
-
-    def _record_copies(self, pool: BlockPool) -> None:
-        """The scheduler copies blocks on write (forked choices) on the leader's pool only;
-        note each copy so the followers make it on theirs before the next forward."""
-        copy_on_write = pool.copy_on_write
-
-        def recorded(block_id: int) -> int:
-            new_id = copy_on_write(block_id)
-            if new_id != block_id:
-                self._copies.append((block_id, new_id))
-            return new_id
-
-        pool.copy_on_write = recorded  # this instance only: the leader's pool
 
 
 # ---- the followers (ranks > 0) ----------------------------------------------------------

@@ -457,6 +457,11 @@ class KVManager:
 
     # ---- upkeep -----------------------------------------------------------------------
 
+    def take_copies(self) -> list[tuple[int, int]]:
+        """Mutates: the blocks copied on write since the last call, (source, copy), for the
+        next forward (a tensor-parallel follower makes them on its shard first)."""
+        return self.pool.take_copies()
+
     def take_scratch_block(self) -> int:
         """Mutates: a block of its own for the runner's padding rows to write (held for ever)."""
         return self.pool.allocate(1)[0]
