@@ -98,6 +98,7 @@ class Engine:
         )
         self.runner = make_runner(model, self.pool, self.scratch_block, self.backend)
         startup.attach_shape(self.runner, shape)
+        self._refuse_what_the_caches_cannot()
         self._attach_states()
         self.outputs = OutputBuilder()
         self.intake = RequestIntake(self.config, shape.vocab_size, max_context, self.kv, grammars)
@@ -152,22 +153,26 @@ class Engine:
             self.stats_ = EngineStats()  # the warm-up's steps are not the worker's
         self.kv_events.announce_disk_blocks()
 
+    def _refuse_what_the_caches_cannot(self) -> None:
+        """What the KV manager decided the model's caches cannot do, applied: a tensor-parallel
+        group refused, speculative decoding turned off."""
+        grouped = getattr(self.runner, "inner", self.runner) is not self.runner
+        if grouped and (why := self.kv.cannot("tp")) is not None:
+            raise UnsupportedModel(
+                f"tensor-parallel groups do not serve this model: {why}; serve this one with "
+                "one worker per model replica"
+            )
+        if self.config.speculative != "off" and (why := self.kv.cannot("drafts")) is not None:
+            log.info("speculative decoding off: %s", why)
+            self.config = replace(self.config, speculative="off")
+
     def _attach_states(self) -> None:
         """A hybrid model's runner reads its states from the pool, and its scheduler pads
         prefill rows only where the model's recurrent layers honour right padding."""
         if self.states is None:
             return
-        inner = getattr(self.runner, "inner", self.runner)
-        if inner is not self.runner:
-            raise UnsupportedModel(
-                "tensor-parallel groups do not serve models with recurrent layers yet; serve "
-                "this one with one worker per model replica"
-            )
-        inner.states = self.states.pool
+        self.runner.states = self.states.pool
         self.scheduler.pad_states = states_mod.honours_padding(self.model)
-        if self.config.speculative != "off":
-            log.info("speculative decoding off: recurrent states cannot take back rejected drafts")
-            self.config = replace(self.config, speculative="off")
         log.info("KV disk tier and peer transfers off: they carry no recurrent states yet")
 
     def open_vision(self, model_dir: Path, tokenizer) -> Engine:

@@ -21,8 +21,8 @@ KVCacheCoordinator over its SingleTypeKVCacheManagers is the model):
 - `start`, `computed`, `cached`, `fork_blocks`, `fork`, `release`, `free`, `give_up`: what
   each kind takes, gives back or keeps as a sequence is admitted, advances, enters the prefix
   cache, forks, finishes or is preempted;
-- `cannot`: what the fleet must not do with the model (the disk tier, peer transfers, drafts),
-  each refusal with its reason.
+- `cannot`: what the fleet must not do with the model (the disk tier, peer transfers, drafts,
+  tensor parallelism), each refusal with its reason.
 
 A new kind is one class (kinds.py, or beside its data structure) plus its line in
 `coordinator.kinds_of`. Beside the kinds, the coordinator owns the cache pins

@@ -168,6 +168,7 @@ class StateKind(CacheKind):
         "disk": "the disk tier carries no recurrent states yet",
         "peer": "peer transfers carry no recurrent states yet",
         "drafts": "recurrent states cannot take back rejected drafts",
+        "tp": "its recurrent layers' states are not sharded yet",
         "tails": "a partial tail's states are not kept",
     }
 

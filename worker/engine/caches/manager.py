@@ -40,8 +40,9 @@ if TYPE_CHECKING:
     from worker.runner.plan import RequestKey
 
 
-# What the fleet may do with a model's KV, each refused where its caches cannot (`cannot`)
-FEATURES = ("disk", "peer", "drafts", "tails")
+# What the fleet may do with a model's KV, each refused where its caches cannot (`cannot`):
+# the disk tier, peer transfers, speculative drafts, partial tails, tensor parallelism
+FEATURES = ("disk", "peer", "drafts", "tails", "tp")
 
 
 class KVFigures(NamedTuple):
@@ -145,7 +146,8 @@ class KVManager:
         self._refused = self._refusals()
 
     def cannot(self, feature: str) -> str | None:
-        """Why the model's caches rule `feature` (one of `FEATURES`) out, or None."""
+        """Why the model's caches rule `feature` (one of `FEATURES`) out, or None: decided
+        at construction (and as a kind registers), asked wherever the feature is set up."""
         return self._refused.get(feature)
 
     def _refusals(self) -> dict[str, str]:
