@@ -7,7 +7,7 @@ state pool of 8 slots and of 64 (`state_snapshots` 0 and 56), in this checkout a
 baseline revision (`--baseline`, unpacked with `git archive` into a temporary folder), each
 measurement in its own process, the trees alternating, `--repeats` times. Per decode step:
 wall time (median, and mean: the steps where a sequence crosses a block boundary copy its
-states, `worker.engine.states`), and how far MLX's peak memory rose over what was live before
+states, `worker.engine.caches.states`), and how far MLX's peak memory rose over what was live before
 it (median and most: a whole-pool copy shows as a state array's size, 8 MiB at 64 slots).
 Prints one JSON line per tree and pool size (medians over the repeats), then the ratios.
 

@@ -16,8 +16,8 @@ import mlx.nn as nn
 from worker.attention import select_backend
 from worker.config import EngineConfig
 from worker.engine import startup
-from worker.engine import states as states_mod  # hybrid models' recurrent states
 from worker.engine.caches import KVManager
+from worker.engine.caches import states as states_mod  # hybrid models' recurrent states
 from worker.engine.kv_event_log import KVEventLog
 from worker.engine.outputs import OutputBuilder
 from worker.engine.requests import RequestIntake

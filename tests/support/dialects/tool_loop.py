@@ -227,7 +227,7 @@ def run_loop(
 
 def snapshot_points(prompt_len: int, stream_len: int, bs: int) -> list[int]:
     """Where a hybrid worker keeps recurrent-state snapshots of a turn with a `prompt_len`
-    prompt whose whole run (prompt + reply) is `stream_len` tokens (worker/engine/states.py):
+    prompt whose whole run (prompt + reply) is `stream_len` tokens (worker/engine/caches/states.py):
     its prompt's last whole block short of its last token, its prompt's end when that is a
     block boundary, and its reply's last whole block (its last token never runs). The branch
     point where a prompt left the cached tree is left out: in this loop it is never deeper."""

@@ -29,8 +29,8 @@ TREE = _tree()
 
 
 def _found(name: str) -> bool:
-    """A path is found when some file or folder ends with it (`engine/states.py` is
-    worker/engine/states.py); a dotted module when its file, or the file of its parent (an
+    """A path is found when some file or folder ends with it (`engine/scheduler.py` is
+    worker/engine/scheduler.py); a dotted module when its file, or the file of its parent (an
     attribute), is."""
     name = name.rstrip("/.,:;")
     if re.fullmatch(r"(router|worker|shared|fleet)(\.\w+)+", name):

@@ -8,7 +8,7 @@ sequence's end) and never calls the pool or the tree itself.
 A model's layers keep their context in one or more *kinds* of cache beside the full-attention
 blocks the radix tree indexes: sliding-window pages (worker/kv/window_pages.py), the same pages
 under chunked attention's own rule (chunks.py), recurrent-state slots and snapshots
-(worker/engine/states.py), partial tails (worker/kv/radix_partial.py, as a kind in tails.py:
+(states.py), partial tails (worker/kv/radix_partial.py, as a kind in tails.py:
 every model has it). Each kind answers the same questions, as a `CacheKind`; the manager asks
 the coordinator, which asks every kind the model has, and nobody names a kind itself (vLLM v1's
 KVCacheCoordinator over its SingleTypeKVCacheManagers is the model):

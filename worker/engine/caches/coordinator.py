@@ -8,13 +8,13 @@ from shared.hashing import hash_blocks
 from shared.prefix.hit_rule import HitRule
 from worker.engine.caches.chunks import ChunkKind
 from worker.engine.caches.kinds import CacheKind, Hit, StateKind, WindowKind
+from worker.engine.caches.states import NO_STATES
 from worker.engine.caches.tails import TailKind
-from worker.engine.states import NO_STATES
 from worker.kv.pins import PrefixPins
 
 if TYPE_CHECKING:
+    from worker.engine.caches.states import States
     from worker.engine.sequence import Sequence
-    from worker.engine.states import States
     from worker.kv.block_pool import BlockPool
     from worker.kv.radix_cache import MatchResult, RadixCache
 

@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING, NamedTuple
 from shared.prefix.hit_rule import HitRule
 
 if TYPE_CHECKING:
+    from worker.engine.caches.states import States
     from worker.engine.sequence import Sequence
-    from worker.engine.states import States
     from worker.kv.block_pool import BlockPool
     from worker.kv.radix_cache import MatchResult
     from worker.kv.radix_partial import PartialHit
@@ -160,7 +160,7 @@ class WindowKind(CacheKind):
 
 
 class StateKind(CacheKind):
-    """Recurrent states (worker/engine/states.py): a slot per running sequence, snapshots at
+    """Recurrent states (caches/states.py): a slot per running sequence, snapshots at
     block boundaries where the tree can use them."""
 
     name = "recurrent state"

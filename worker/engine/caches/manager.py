@@ -30,8 +30,8 @@ if TYPE_CHECKING:
     from shared.prefix.hit_rule import HitRule
     from worker.config import EngineConfig
     from worker.engine.caches.kinds import CacheKind, Hit
+    from worker.engine.caches.states import States
     from worker.engine.sequence import Sequence
-    from worker.engine.states import States
     from worker.kv.block_pool import BlockPool
     from worker.kv.disk_tier import DiskTier
     from worker.kv.pins import PrefixPins

@@ -14,7 +14,7 @@ from mlx.utils import tree_flatten
 
 from shared.config.choices import DEFAULT_KV_DISK_DIR
 from worker.attention.prefix_kv import PREFIX_KV, PREFIX_KV_BYTES
-from worker.engine.states import plan_states
+from worker.engine.caches.states import plan_states
 from worker.kv.block_io import block_layout, model_fingerprint
 from worker.kv.block_pool import BlockPool
 from worker.kv.disk_store import DiskKVStore

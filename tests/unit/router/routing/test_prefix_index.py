@@ -308,7 +308,7 @@ def test_an_inventory_raced_by_events_converges(ops, data, per_part):
 
 
 def test_a_hybrid_model_hit_ends_only_at_a_snapshot_of_its_states():
-    """As the worker's scheduler cuts a hit (worker/engine/states.py `cut`): the deepest
+    """As the worker's scheduler cuts a hit (worker/engine/caches/states.py `cut`): the deepest
     matched block with a snapshot; a worker without the rule counts every block."""
     from shared.kv_events import StateSnapshotsDropped, StateSnapshotsStored
 

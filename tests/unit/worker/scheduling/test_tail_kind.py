@@ -10,8 +10,8 @@ import pytest
 
 from shared.sampling import SamplingParams
 from worker.engine.caches import CacheCoordinator, CacheKind, TailKind
+from worker.engine.caches.states import NO_STATES
 from worker.engine.sequence import Sequence
-from worker.engine.states import NO_STATES
 from worker.kv.block_pool import BlockPool
 from worker.kv.radix_cache import RadixCache
 

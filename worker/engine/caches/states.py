@@ -1,4 +1,4 @@
-"""The scheduler's side of a hybrid model's recurrent state (`worker.state.StatePool`).
+"""The KV manager's side of a hybrid model's recurrent state (`worker.state.StatePool`).
 
 A running sequence owns a state slot from admission to its end (a preempted one gives it
 back and starts again from a snapshot or from nothing). A prefix hit needs the states as they
