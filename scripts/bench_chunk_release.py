@@ -53,7 +53,7 @@ def measure(model, expected: dict, block_size: int, window_rule: bool) -> dict:
     engine = make_engine(model, block_size=block_size, prefill_chunk=PREFILL_CHUNK)
     kv = engine.scheduler.kv
     if window_rule:  # the rule before ChunkKind: the same pages, kept as a window of a chunk
-        kv.kinds = []
+        kv.coordinator.kinds = []
         kv.register(WindowKind(kv.pool, kv.pool.pages))
     tokens, peak, mean = run(engine, prompts())
     engine.check_integrity()

@@ -10,9 +10,10 @@ queues, whom to preempt and how to chunk; it never touches the pool or the tree.
 KVCacheManager is the model.
 
 Per running sequence (by its `RequestKey`), the manager keeps the tree node its hit locked,
-and each kind what it lent (`WindowKind.released`). Blocks are still listed on the `Sequence`
-(`block_ids`: the runner's block table), as are the recurrent states' slot and snapshot points
-and the tokens handed to the tree; only this package writes them.
+and each kind what it lent (`WindowKind.released`; `SequenceStates`: snapshot points, kept
+states). The `Sequence` still lists its blocks and its recurrent-state slot (the runner's block
+table and state row, handed on as plain data) and the tokens handed to the tree; only this
+package writes them.
 """
 
 from __future__ import annotations
