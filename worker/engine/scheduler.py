@@ -41,8 +41,9 @@ if TYPE_CHECKING:
 
 
 class Scheduler:
-    """The only owner of sequence lifecycle: admission, block growth, preemption, advancing
-    and finishing. The engine asks it for plans and reports what the model produced."""
+    """The only owner of sequence lifecycle: admission, preemption, advancing and finishing
+    (the blocks, and the prefix a sequence starts from, are the KV manager's). The engine
+    asks it for plans and reports what the model produced."""
 
     def __init__(
         self,
