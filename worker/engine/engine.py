@@ -474,4 +474,5 @@ class Engine:
 
     def check_integrity(self) -> None:
         """Raise unless the pool and the prefix cache are consistent (cheap enough when idle)."""
-        self.kv.check_integrity()  # the pins, and a hybrid model's state pool too
+        running = [s.key for s in self.scheduler.running]
+        self.kv.check_integrity(running)  # the pins, a hybrid's state pool, per-sequence records

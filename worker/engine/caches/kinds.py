@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING, NamedTuple
 from shared.prefix.hit_rule import HitRule
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable
+
     from worker.engine.caches.states import States
     from worker.engine.sequence import Sequence
     from worker.kv.block_pool import BlockPool
@@ -93,6 +95,10 @@ class CacheKind:
 
     def give_up(self, block_ids: list[int], hit: Hit) -> None: ...
 
+    def records(self) -> Iterable[RequestKey]:
+        """The sequences this kind keeps something for (each must be running)."""
+        return ()
+
 
 class WindowKind(CacheKind):
     """Sliding-window layers' pages (and chunked layers' beside them, as a window of a chunk;
@@ -145,6 +151,9 @@ class WindowKind(CacheKind):
 
     def start(self, seq: Sequence, hit: Hit) -> None:
         self.released[seq.key] = 0
+
+    def records(self) -> Iterable[RequestKey]:
+        return self.released
 
     def fork(self, parent: Sequence, child: Sequence) -> None:
         """`child` is past what its parent is past (its queries come after the parent's)."""
@@ -204,3 +213,6 @@ class StateKind(CacheKind):
 
     def release(self, seq: Sequence) -> None:
         self.states.release(seq)
+
+    def records(self) -> Iterable[RequestKey]:
+        return self.states.records()

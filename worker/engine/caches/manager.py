@@ -22,10 +22,12 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from worker.engine.caches.coordinator import CacheCoordinator
 from worker.kv.block_io import BlockLayout, block_layout, read_blocks, write_blocks
-from worker.kv.errors import KVCacheError, OutOfBlocksError
+from worker.kv.errors import IntegrityError, KVCacheError, OutOfBlocksError
 from worker.kv.radix_cache import MatchResult
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable
+
     import numpy as np
 
     from shared.prefix.hit_rule import HitRule
@@ -473,9 +475,14 @@ class KVManager:
         """Mutates: the prefix cache dropped (after the start-up checks' own requests)."""
         self.cache.reset()
 
-    def check_integrity(self) -> None:
+    def check_integrity(self, running: Iterable[RequestKey] = ()) -> None:
         """Raise IntegrityError unless the pool, the tree, the pins and the recurrent-state
-        pool (hybrid models) keep their books; no mutation."""
+        pool (hybrid models) keep their books, and nothing is kept for a sequence that is
+        not `running` (a lock, pages released, snapshot points); no mutation."""
         self.pool.check_integrity()
         self.cache.check_integrity()
         self.coordinator.check_integrity()
+        running = set(running)
+        for kept in (self._locks, *(k.records() for k in self.kinds)):
+            if stray := set(kept) - running:
+                raise IntegrityError(f"KV records kept for sequences not running: {stray}")

@@ -125,6 +125,10 @@ class SequenceStates:
         """Mutates: `seq` was not admitted after all: its snapshot points are dropped."""
         self.snapshot_at.pop(seq.key, None)
 
+    def records(self) -> set[RequestKey]:
+        """The sequences it keeps snapshot points or a kept state for."""
+        return set(self.snapshot_at) | set(self.kept)
+
     def start(self, seq: Sequence, snapshot: int | None) -> None:
         """Mutates: admitted `seq` gets its slot, from `snapshot` or zeros."""
         seq.state_slot = self.pool.allocate() if snapshot is None else self.pool.restore(snapshot)

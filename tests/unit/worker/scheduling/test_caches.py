@@ -16,6 +16,8 @@ from tests.support.engine_fixtures import (
     tiny_model,
 )
 from worker.engine.caches import CacheKind, StateKind, TailKind, WindowKind
+from worker.kv.errors import IntegrityError
+from worker.runner.plan import RequestKey
 
 
 @pytest.mark.parametrize(
@@ -96,3 +98,26 @@ def test_windows_and_states_at_once_under_pool_pressure_match_mlx_lm():
         finals |= {d.request_id: d for d in engine.step() if d.finish_reason}
     assert finals["again"].usage.cached_tokens > 0  # a hit both kinds agreed on
     engine.check_integrity()
+
+
+def test_what_the_kv_manager_keeps_per_sequence_goes_with_it():
+    """Window pages released, snapshot points, kept states and prefix locks are kept by the
+    KV manager and its kinds per running sequence: after forks, aborts and preemptions none
+    is left behind, and the integrity check says so when one is."""
+    model = build("baichuan_m1")
+    engine = make_engine(model, num_blocks=16, max_running=4, prefill_chunk=16)
+    system = [(3 * i + 1) % 90 + 2 for i in range(16)]
+    for i in range(4):
+        prompt = system + [(5 * j + i) % 90 + 2 for j in range(3 + 2 * i)]
+        engine.add_request(f"r{i}", prompt, SamplingParams(max_tokens=24), n=2 if i == 1 else 1)
+    for _ in range(4):
+        engine.step()
+    engine.check_integrity()  # mid-run: the running sequences' records only
+    engine.abort("r3")
+    run_to_completion(engine)
+    assert engine.stats_.preemptions > 0
+    engine.check_integrity()
+    assert not [k for k in engine.kv.kinds if list(k.records())]
+    engine.kv.kinds[0].released[RequestKey("gone", 0)] = 1  # as a leak would leave it
+    with pytest.raises(IntegrityError, match="not running"):
+        engine.check_integrity()
