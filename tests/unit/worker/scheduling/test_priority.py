@@ -104,7 +104,7 @@ def test_batch_lines_pause_while_an_interactive_prompt_prefills_and_resume_intac
     once it has its first token. A batch line waiting then is admitted only after."""
     pool = BlockPool(64, BLOCK, num_layers=1, num_kv_heads=1, head_dim=1)
     config = EngineConfig(block_size=BLOCK, prefill_chunk=8, step_token_budget=32)
-    scheduler = Scheduler(pool, RadixCache(pool), config, max_context=200)
+    scheduler = Scheduler(KVManager(pool, RadixCache(pool), config), config, max_context=200)
     batch = [seq(f"b{i}", i, BATCH, length=6, max_tokens=40) for i in range(2)]
     for s in batch:
         scheduler.add(s)
