@@ -94,7 +94,8 @@ def entry_of(spec) -> Entry:
     section = spec.section
     kv = section.kv_memory or DEFAULT_KV_BYTES
     float32 = computes_in_float32(section.compute_dtype)
-    memory = section.memory or estimate(spec.path, kv, float32=float32)
+    listed = spec.hub_weight_bytes
+    memory = section.memory or estimate(spec.path, kv, float32=float32, listed_bytes=listed)
     return Entry(
         spec.served_id,
         memory,

@@ -37,7 +37,18 @@ def model_json(demand: Demand, model: str) -> dict:
     loaded_on = sorted(
         {h.id for h in demand.placer.alive() for w in h.workers.values() if w.model == model}
     )
-    return {"state": state(demand, entry), "loaded_on": loaded_on} | entry.to_json()
+    fetching = {
+        h.id: {
+            "done_bytes": f.done_bytes,
+            "total_bytes": f.total_bytes,
+            "percent": 100 * f.done_bytes // f.total_bytes if f.total_bytes else 0,
+        }
+        for h in demand.placer.alive()
+        if (f := h.fetches.get(model)) is not None
+    }
+    held_on = sorted(h.id for h in demand.placer.alive() if h.holds(model))
+    extra = {"fetching": fetching, "held_on": held_on}
+    return {"state": state(demand, entry), "loaded_on": loaded_on} | entry.to_json() | extra
 
 
 def hosts_json(demand: Demand) -> list[dict]:

@@ -28,18 +28,19 @@ DEFAULT_PATTERNS = ("*.json", "*.safetensors", "*.py", "tokenizer.model", "*.tik
 WEIGHT_PATTERNS = ("*.safetensors", "*.gguf", "*.bin", "*.npz", "*.pt", "*.pth")
 CHUNK_BYTES = 1 << 20
 _HEX40, _HEX64 = re.compile(r"^[0-9a-f]{40}$"), re.compile(r"^[0-9a-f]{64}$")
-_REPO = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
 class DownloadError(Exception):
     """A model that could not be fetched or failed its check; the message names the cause."""
 
 
-def repo_id_problem(repo: str) -> str | None:
-    """Why `repo` is not a Hub repo id (`org/name`), or None."""
-    if _REPO.match(repo) and ".." not in repo:
+def source_of(model) -> HubSource | None:
+    """The Hub source of a [model] / [[models]] entry (shared/config/sections.py
+    ModelSection: `source`, `revision`, `allow_patterns`), or None when it has none."""
+    if model.source is None:
         return None
-    return f"{repo!r} is not a Hub repo id (expected org/name, like mlx-community/Qwen3-0.6B)"
+    patterns = model.allow_patterns if model.allow_patterns is not None else DEFAULT_PATTERNS
+    return HubSource(model.source, model.revision or "main", tuple(patterns))
 
 
 @dataclass(frozen=True)
@@ -153,18 +154,19 @@ class Downloader:
     offline: bool | None = None  # None: HF_HUB_OFFLINE
     chunk_bytes: int = CHUNK_BYTES
     timeout_s: float = 30.0
-    _hub: dict = field(default_factory=dict, repr=False)
+    hub_url: str = field(init=False)  # `endpoint`, or huggingface_hub's
+    cache: Path = field(init=False)  # `cache_dir`, or huggingface_hub's
 
     def __post_init__(self) -> None:
         from huggingface_hub import constants
 
-        self.endpoint = (self.endpoint or constants.ENDPOINT).rstrip("/")
-        self.cache_dir = Path(self.cache_dir or constants.HF_HUB_CACHE)
+        self.hub_url = (self.endpoint or constants.ENDPOINT).rstrip("/")
+        self.cache = Path(self.cache_dir or constants.HF_HUB_CACHE)
         if self.offline is None:
             self.offline = bool(constants.HF_HUB_OFFLINE)
 
     def repo_dir(self, source: HubSource) -> Path:
-        return self.cache_dir / ("models--" + source.repo.replace("/", "--"))
+        return self.cache / ("models--" + source.repo.replace("/", "--"))
 
     # ------------------------------------------------------------ without the network
 
@@ -200,18 +202,33 @@ class Downloader:
             return path
         return self.fetch(self.plan(source), progress)
 
+    def metadata(self, source: HubSource) -> tuple[Path, int | None]:
+        """What a router reads of `source` (config, tokenizer: fetched and checked, weights
+        left out) and its weights' bytes by the Hub's listing (None: offline, unknown)."""
+        if (whole := self.local(source)) is not None:
+            return whole, None  # the weights are here: the caller measures them
+        light = source.without_weights()
+        if self.offline:
+            return self.pull(light), None
+        plan = self.plan(source)
+        files = tuple(f for f in plan.files if light.wants(f.name))
+        path = self.local(light) or self.fetch(Plan(light, plan.commit, files, plan.repo_dir))
+        return path, plan.weight_bytes
+
     def plan(self, source: HubSource) -> Plan:
         """Ask the Hub for `source`'s commit and its wanted files' sizes and hashes."""
         if self.offline:
             raise DownloadError(
-                f"{source} is not in the cache at {self.cache_dir} and the Hub is off "
+                f"{source} is not in the cache at {self.cache} and the Hub is off "
                 "(HF_HUB_OFFLINE is set)"
             )
         from huggingface_hub import HfApi, get_hf_file_metadata, hf_hub_url
 
         with self._errors(source):
-            api = HfApi(endpoint=self.endpoint, token=self.token)
+            api = HfApi(endpoint=self.hub_url, token=self.token)
             info = api.model_info(source.repo, revision=source.revision, timeout=self.timeout_s)
+            if info.sha is None:
+                raise DownloadError(f"the Hub gave no commit for {source}")
             names = sorted(s.rfilename for s in info.siblings or () if source.wants(s.rfilename))
             if not names:
                 raise DownloadError(
@@ -219,7 +236,7 @@ class Downloader:
                 )
             files = []
             for name in names:
-                url = hf_hub_url(source.repo, name, revision=info.sha, endpoint=self.endpoint)
+                url = hf_hub_url(source.repo, name, revision=info.sha, endpoint=self.hub_url)
                 meta = get_hf_file_metadata(url, token=self.token, timeout=self.timeout_s)
                 if meta.etag is None or meta.size is None:
                     raise DownloadError(f"the Hub gave no ETag or size for {name} of {source}")
@@ -282,7 +299,7 @@ class Downloader:
         from huggingface_hub import hf_hub_url
         from huggingface_hub.utils import build_hf_headers, get_session
 
-        url = hf_hub_url(plan.source.repo, file.name, revision=plan.commit, endpoint=self.endpoint)
+        url = hf_hub_url(plan.source.repo, file.name, revision=plan.commit, endpoint=self.hub_url)
         headers = build_hf_headers(token=self.token) | {"Accept-Encoding": "identity"}
         if have:
             headers["Range"] = f"bytes={have}-"
@@ -299,7 +316,7 @@ class Downloader:
                     f"{file.name} of {plan.source}: the Hub did not resume the download "
                     f"(status {response.status_code} to a range request)"
                 )
-            for piece in response.iter_bytes(self.chunk_bytes):
+            for piece in response.iter_bytes():  # as they arrive (progress, a kill midway)
                 if have + len(piece) > file.size:
                     raise DownloadError(
                         f"{file.name} of {plan.source}: the Hub sent more than its "
@@ -326,7 +343,7 @@ class Downloader:
         link.symlink_to(target)
 
     def _errors(self, source: HubSource):
-        return _HubErrors(source, self.endpoint)
+        return _HubErrors(source, self.hub_url)
 
 
 def _mismatch(plan: Plan, file: HubFile, got: str) -> DownloadError:
@@ -346,9 +363,9 @@ class _HubErrors:
     def __enter__(self):
         return self
 
-    def __exit__(self, kind, exc, tb) -> bool:
+    def __exit__(self, kind, exc, tb) -> None:
         if exc is None or isinstance(exc, DownloadError):
-            return False
+            return
         from huggingface_hub.errors import (
             GatedRepoError,
             RepositoryNotFoundError,
@@ -366,7 +383,7 @@ class _HubErrors:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
             why = f"{type(exc).__name__}: {first}" if first else type(exc).__name__
         else:
-            return False
+            return
         raise DownloadError(f"cannot fetch {where}: {why}") from exc
 
 

@@ -8,8 +8,8 @@
 Weight files (.safetensors) are served as the Hub serves LFS files: `X-Linked-Etag` is their
 sha256 and `X-Linked-Size` their size; other files' ETag is their git blob sha1. `throttle`
 (bytes a second) slows every GET so a test can kill a download midway; `corrupt` names files
-served with one byte changed under their true checksum headers. `served` counts the body
-bytes sent per file (a resumed download fetches fewer)."""
+(`org/name/file`) served with one byte changed under their true checksum headers. `served`
+counts the body bytes sent per file (`org/name/file`: a resumed download fetches fewer)."""
 
 from __future__ import annotations
 
@@ -53,8 +53,8 @@ class HubRepo:
 class HubServer:
     repos: dict[str, Path]
     throttle: float | None = None  # bytes a second of every GET body
-    corrupt: set[str] = field(default_factory=set)  # file names served with a wrong byte
-    served: Counter = field(default_factory=Counter)  # body bytes sent, by file name
+    corrupt: set[str] = field(default_factory=set)  # org/name/file served with a wrong byte
+    served: Counter = field(default_factory=Counter)  # body bytes sent, by org/name/file
     url: str = ""
 
     def app(self) -> web.Application:
@@ -85,6 +85,7 @@ class HubServer:
     async def resolve(self, request: web.Request) -> web.StreamResponse:
         repo = self._repo(request)
         name = request.match_info["file"]
+        key = f"{request.match_info['org']}/{request.match_info['name']}/{name}"
         path = repo.directory / name
         if not path.is_file():
             raise web.HTTPNotFound(headers={"X-Error-Code": "EntryNotFound"}, text="no such file")
@@ -99,7 +100,7 @@ class HubServer:
         if request.method == "HEAD":
             headers["Content-Length"] = str(len(data))
             return web.Response(headers=headers)
-        if name in self.corrupt:
+        if key in self.corrupt:
             data = data[:-1] + bytes([data[-1] ^ 0xFF])
         start = _range_start(request.headers.get("Range"))
         status = 206 if start else 200
@@ -111,7 +112,7 @@ class HubServer:
         for offset in range(start, len(data), CHUNK):
             piece = data[offset : offset + CHUNK]
             await response.write(piece)
-            self.served[name] += len(piece)
+            self.served[key] += len(piece)
             if self.throttle:
                 await asyncio.sleep(len(piece) / self.throttle)
         await response.write_eof()

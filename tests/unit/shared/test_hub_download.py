@@ -46,7 +46,7 @@ def test_a_fetch_brings_the_wanted_files_checked_and_counts_them(hub, tmp_path, 
     assert (snapshot / "model.safetensors").read_bytes() == WEIGHTS
     assert progress.done_bytes == progress.total_bytes == progress.fetched_bytes
     assert progress.percent == 100
-    assert hub.served["model.safetensors"] == len(WEIGHTS)
+    assert hub.served["org/tiny/model.safetensors"] == len(WEIGHTS)
 
 
 def test_a_checked_snapshot_is_found_again_without_the_hub(hub, tmp_path):
@@ -73,14 +73,14 @@ def test_a_partial_file_is_resumed_not_fetched_again(hub, tmp_path):
     plan.partial(weights).write_bytes(WEIGHTS[:200_000])  # a download killed there
     progress = Progress()
     snapshot = dl.fetch(plan, progress)
-    assert hub.served["model.safetensors"] == len(WEIGHTS) - 200_000
+    assert hub.served["org/tiny/model.safetensors"] == len(WEIGHTS) - 200_000
     assert (snapshot / "model.safetensors").read_bytes() == WEIGHTS
     assert progress.done_bytes == progress.total_bytes
     assert progress.fetched_bytes == progress.total_bytes - 200_000
 
 
 def test_a_wrong_byte_is_refused_naming_the_file_and_discarded(hub, tmp_path):
-    hub.corrupt = {"model.safetensors"}
+    hub.corrupt = {"org/tiny/model.safetensors"}
     dl = downloader(hub, tmp_path)
     with pytest.raises(DownloadError) as failed:
         dl.pull(HubSource(REPO))
@@ -93,7 +93,7 @@ def test_a_wrong_byte_is_refused_naming_the_file_and_discarded(hub, tmp_path):
 
 
 def test_a_small_file_is_checked_by_its_git_hash(hub, tmp_path):
-    hub.corrupt = {"config.json"}
+    hub.corrupt = {"org/tiny/config.json"}
     with pytest.raises(DownloadError, match="config.json.*git sha1"):
         downloader(hub, tmp_path).pull(HubSource(REPO))
 
@@ -113,7 +113,7 @@ def test_without_weights_fetches_config_and_tokenizer_only(hub, tmp_path):
     dl = downloader(hub, tmp_path)
     snapshot = dl.pull(HubSource(REPO).without_weights())
     assert sorted(p.name for p in snapshot.iterdir()) == ["config.json", "tokenizer.json"]
-    assert hub.served["model.safetensors"] == 0
+    assert hub.served["org/tiny/model.safetensors"] == 0
     assert dl.local(HubSource(REPO)) is None  # the whole set was never fetched
     assert dl.plan(HubSource(REPO)).weight_bytes == len(WEIGHTS)
 
