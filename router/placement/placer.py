@@ -25,6 +25,7 @@ from shared.placement.footprint import gib
 from shared.placement.messages import (
     HOST_PROTOCOL_VERSION,
     FetchEnded,
+    FetchModel,
     HostAck,
     HostHello,
     HostReport,
@@ -306,6 +307,11 @@ class Placer:
         )
         msg = StartWorker(start.worker_id, entry.id, entry.estimate_bytes, entry.kv_bytes)
         self._send(host.identity, msg)
+
+    def fetch(self, host: HostState, model: str) -> None:
+        """Mutates: `host` fetches `model`'s files (its FetchEnded says how it went)."""
+        self.fetch_ended.get(model, {}).pop(host.id, None)
+        self._send(host.identity, FetchModel(model))
 
     def lose_host(self, host: HostState, why: str) -> None:
         """Mutates: a silent host is gone; what it was loading will be placed again."""

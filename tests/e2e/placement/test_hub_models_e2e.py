@@ -1,7 +1,8 @@
 """Catalog models with a Hub `source` (issue 51), real processes: a router and a host agent on
 this machine, a local server speaking the Hub's file API (tests/support/hub_server.py) with a
 tiny random llama, throttled so a fetch takes seconds. A streamed request waits for the first
-fetch with a percentage in its `: loading` comments, then answers; a host agent SIGKILLed
+fetch with a percentage in its `: loading` comments, then answers; Ollama's /api/pull fetches
+another with its progress in the status lines; a host agent SIGKILLed
 midway through a fetch is started again and resumes it (the Hub sends fewer bytes than the
 whole file); a file served with a wrong byte is refused with a 503 naming it."""
 
@@ -18,6 +19,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+import ollama
 import pytest
 
 from fleet.launch import free_port
@@ -37,7 +39,8 @@ def tiny(tmp_path_factory) -> Path:
 
 def config_text(port: int, zmq: str) -> str:
     models = ""
-    for model_id, repo in (("tiny", "org/tiny"), ("again", "org/again"), ("bad", "org/bad")):
+    names = ("tiny", "again", "bad", "pulled")
+    for model_id, repo in ((n, f"org/{n}") for n in names):
         models += f'[[models]]\nid = "{model_id}"\nsource = "{repo}"\nkv_memory = "{KV}"\n'
     return (
         models + f'[router]\nport = {port}\nzmq_bind = "{zmq}"\nheartbeat_timeout_s = 3.0\n'
@@ -106,7 +109,8 @@ def placement(url: str, model: str) -> dict:
 
 
 def test_hub_models_fetch_with_progress_resume_after_a_kill_and_refuse_a_bad_file(tiny, tmp_path):
-    hub = HubServer({"org/tiny": tiny, "org/again": tiny, "org/bad": tiny}, throttle=THROTTLE)
+    repos = {f"org/{name}": tiny for name in ("tiny", "again", "bad", "pulled")}
+    hub = HubServer(repos, throttle=THROTTLE)
     hub.corrupt = {"org/bad/model.safetensors"}
     port, zmq = free_port(), f"tcp://127.0.0.1:{free_port()}"
     config = tmp_path / "fleet.toml"
@@ -142,13 +146,24 @@ def test_hub_models_fetch_with_progress_resume_after_a_kill_and_refuse_a_bad_fil
             assert hub.served["org/tiny/model.safetensors"] == weights
             assert placement(url, "tiny")["held_on"] == ["host-a"]
 
-            # 2. a wrong byte: refused, the 503 names the file
+            # 2. Ollama's /api/pull fetches onto the host, its progress in the status lines
+            pulled = list(ollama.Client(host=url).pull("pulled", stream=True))
+            progress = [p for p in pulled if p.total]
+            published = sum(f.stat().st_size for f in tiny.iterdir())
+            assert progress and all(p.total == published for p in progress)
+            assert 0 < progress[-1].completed <= published
+            assert pulled[0].status == "pulling manifest" and pulled[-1].status == "success"
+            assert placement(url, "pulled")["held_on"] == ["host-a"]
+            assert hub.served["org/pulled/model.safetensors"] == weights
+            assert ollama.Client(host=url).pull("pulled").status == "success"  # held: at once
+
+            # 3. a wrong byte: refused, the 503 names the file
             status, body = chat(url, "bad")
             assert status == 503, body
             message = body["error"]["message"] if "error" in body else body["message"]
             assert "model.safetensors" in message and "checksum" in message, message
 
-            # 3. the host agent killed midway through a fetch: started again, it resumes
+            # 4. the host agent killed midway through a fetch: started again, it resumes
             result: dict = {}
             waiter = threading.Thread(target=lambda: result.update(reply=chat(url, "again")))
             waiter.start()
