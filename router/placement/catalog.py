@@ -46,6 +46,7 @@ class Entry:
     waiting: int = 0  # requests held for it now
     waiting_elsewhere: int = 0  # held by the other routers, as they last said
     pressure_since: float | None = None  # its workers have had requests waiting since
+    source: str | None = None  # the Hub repo its files come from (None: a path)
     configured: list = field(init=False)  # its settings as the config file gave them
 
     def __post_init__(self) -> None:
@@ -86,6 +87,7 @@ class Entry:
             "pinned": self.pinned,
             "loading": sorted(self.starts),
             "failure": self.failure or None,
+            "source": self.source,
         }
 
 
@@ -104,6 +106,7 @@ def entry_of(spec) -> Entry:
         section.max_workers,
         section.keep_alive,
         section.pinned,
+        source=section.source,
     )
 
 

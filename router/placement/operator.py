@@ -1,5 +1,5 @@
 """The operator's view and controls: each catalog model's state, each host's budget and what
-fills it; load, unload and pin (router/http/endpoints/admin.py serves them)."""
+fills it; load, pull (a Hub model's files onto a host), unload and pin (router/http/endpoints/admin.py serves them)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from router.errors import ApiError, model_unavailable
+from router.placement.pull import pull_host
 
 if TYPE_CHECKING:
     from router.placement.catalog import Entry
@@ -101,6 +102,23 @@ def load(demand: Demand, model: str) -> dict:
             "no_room",
             30,
         )
+    return model_json(demand, model)
+
+
+def pull(demand: Demand, model: str) -> dict:
+    """Fetch a Hub model's files onto a host (the one holding them: nothing to do); 409 for a
+    model read from a path, 503 when no host can fetch it."""
+    entry = _entry(demand, model)
+    if entry.source is None:
+        raise ApiError(
+            409,
+            f"the model '{model}' is read from a path, not fetched from the Hub: nothing to pull",
+            "model",
+            "not_a_hub_model",
+        )
+    host = pull_host(demand, model)
+    if not host.holds(model):
+        demand.placer.fetch(host, model)
     return model_json(demand, model)
 
 

@@ -4,9 +4,17 @@ hosts' fetch reports become the percentage a waiting request is told and /v1/mod
 
 from __future__ import annotations
 
+import asyncio
+
+import pytest
+
+from router.errors import ApiError
+from router.placement import operator
+from router.placement import pull as pull_module
 from router.placement.operator import model_json
 from shared.placement.messages import (
     FetchEnded,
+    FetchModel,
     HostFetch,
     HostHello,
     HostReport,
@@ -66,3 +74,38 @@ def test_a_failed_fetch_fails_the_load_naming_the_file():
     failure = fleet.placer.entries["hub"].failing(fleet.now)
     assert "model.safetensors" in failure and "checksum" in failure
     assert fleet.placer.fetch_ended["hub"]["a"].reason == why
+
+
+def test_the_admin_pull_fetches_onto_a_host_and_refuses_a_path_model():
+    fleet = Fleet({"a": 8 * GIB, "b": 2 * GIB}, {"hub": GIB, "local": GIB})
+    fleet.placer.entries["hub"].source = "org/hub"
+    with pytest.raises(ApiError) as refused:
+        operator.pull(fleet.demand, "local")
+    assert refused.value.status == 409 and "read from a path" in refused.value.message
+    operator.pull(fleet.demand, "hub")
+    assert [(i.decode(), m) for i, m in fleet.sent if isinstance(m, FetchModel)] == [
+        ("a", FetchModel("hub"))  # the most room
+    ]
+    hello(fleet, "b", held=("hub",))
+    fleet.sent.clear()
+    assert operator.pull(fleet.demand, "hub")["held_on"] == ["b"]
+    assert fleet.sent == []  # held: nothing to fetch
+
+
+async def test_api_pull_steps_follow_the_host_until_it_holds_the_files(monkeypatch):
+    monkeypatch.setattr(pull_module, "POLL_S", 0.0)
+    fleet = Fleet({"a": 8 * GIB}, {"hub": GIB})
+    steps = pull_module.pull(fleet.demand, "hub")
+    fleet.placer.handle(b"a", HostReport("a", 8 * GIB, (), fetches=(HostFetch("hub", 5, 10),)))
+    assert await anext(steps) == pull_module.PullStep("a", 5, 10)
+    fleet.placer.handle(b"a", FetchEnded("a", "hub", True))
+    assert (await anext(steps)).done
+    again = pull_module.pull(fleet.demand, "hub")  # held now: done at once
+    assert (await anext(again)).done
+    fleet = Fleet({"a": 8 * GIB}, {"hub": GIB})
+    step = asyncio.ensure_future(anext(pull_module.pull(fleet.demand, "hub")))
+    await asyncio.sleep(0)  # FetchModel sent
+    fleet.placer.handle(b"a", FetchEnded("a", "hub", False, "config.json failed its checksum"))
+    with pytest.raises(ApiError) as failed:
+        await step
+    assert failed.value.status == 503 and "config.json failed its checksum" in failed.value.message
