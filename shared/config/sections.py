@@ -22,6 +22,7 @@ from shared.config.choices import (
     DEFAULT_KV_GROUP_SIZE,
     DEFAULT_MODEL_NAME,
     DEFAULT_ZMQ_ADDRESS,
+    HUB_REPO_ID,
     KV_BITS,
     LOG_LEVELS,
     MODEL_TASKS,
@@ -44,8 +45,6 @@ from shared.config.fields import (
 )
 from shared.config.host_section import HostSection
 from shared.config.router_section import RouterSection
-
-HUB_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
 @dataclass(frozen=True)
@@ -119,7 +118,7 @@ class ModelSection:
             return "allow_patterns is empty: it would fetch no file"
         if self.revision == "":
             return "revision is empty (leave it out for main)"
-        if not HUB_REPO_ID.match(self.source) or ".." in self.source:
+        if not re.match(HUB_REPO_ID, self.source) or ".." in self.source:
             return (
                 f"source {self.source!r} is not a Hub repo id (expected org/name, like "
                 "mlx-community/Qwen3-0.6B-4bit)"
