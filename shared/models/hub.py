@@ -255,6 +255,7 @@ class Downloader:
             else:
                 self._fetch_file(plan, file, progress)
             self._link(plan, file)
+            progress.done_bytes = plan.held_bytes()
         if plan.source.revision != plan.commit:
             ref = plan.repo_dir / "refs" / plan.source.revision
             ref.parent.mkdir(parents=True, exist_ok=True)
@@ -274,6 +275,20 @@ class Downloader:
             raise _mismatch(plan, file, digest.hexdigest())
 
     def _fetch_file(self, plan: Plan, file: HubFile, progress: Progress) -> None:
+        """`file` fetched under huggingface_hub's own lock for it (`.locks/<repo>/<etag>.lock`):
+        two agents sharing a cache never append to one partial file; the second finds the
+        blob the first put in place."""
+        from filelock import FileLock
+
+        lock = self.cache / ".locks" / plan.repo_dir.name / f"{file.etag}.lock"
+        lock.parent.mkdir(parents=True, exist_ok=True)
+        with FileLock(str(lock)):
+            if plan.blob(file).is_file():  # the other holder of the lock fetched it
+                self._check_blob(plan, file)
+                return
+            self._fetch_unlocked(plan, file, progress)
+
+    def _fetch_unlocked(self, plan: Plan, file: HubFile, progress: Progress) -> None:
         """The rest of `file` appended to its partial, hashed, then renamed into place."""
         partial = plan.partial(file)
         partial.parent.mkdir(parents=True, exist_ok=True)

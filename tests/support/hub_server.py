@@ -9,7 +9,8 @@ Weight files (.safetensors) are served as the Hub serves LFS files: `X-Linked-Et
 sha256 and `X-Linked-Size` their size; other files' ETag is their git blob sha1. `throttle`
 (bytes a second) slows every GET so a test can kill a download midway; `corrupt` names files
 (`org/name/file`) served with one byte changed under their true checksum headers. `served`
-counts the body bytes sent per file (`org/name/file`: a resumed download fetches fewer)."""
+counts the body bytes sent per file (`org/name/file`: a resumed download fetches fewer). With `token` every request must bear it,
+as a private repo's do."""
 
 from __future__ import annotations
 
@@ -55,6 +56,7 @@ class HubServer:
     throttle: float | None = None  # bytes a second of every GET body
     corrupt: set[str] = field(default_factory=set)  # org/name/file served with a wrong byte
     served: Counter = field(default_factory=Counter)  # body bytes sent, by org/name/file
+    token: str | None = None  # set: every request must bear it (a private repo), else 401
     url: str = ""
 
     def app(self) -> web.Application:
@@ -64,6 +66,10 @@ class HubServer:
         return app
 
     def _repo(self, request: web.Request) -> HubRepo:
+        if self.token and request.headers.get("Authorization") != f"Bearer {self.token}":
+            raise web.HTTPUnauthorized(
+                headers={"X-Error-Code": "RepoNotFound"}, text="Repository not found"
+            )
         repo_id = f"{request.match_info['org']}/{request.match_info['name']}"
         if repo_id not in self.repos:
             raise web.HTTPNotFound(

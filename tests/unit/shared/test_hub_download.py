@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from pathlib import Path
 
 import pytest
@@ -137,3 +138,30 @@ def test_a_pinned_commit_needs_no_ref(hub, tmp_path):
     snapshot = dl.pull(HubSource(REPO, revision=commit))
     assert snapshot.name == commit
     assert dl.local(HubSource(REPO, revision=commit)) == snapshot
+
+
+def test_hf_token_is_sent_to_a_private_repo(hub, tmp_path, monkeypatch):
+    hub.token = "hf_secret"
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    with pytest.raises(DownloadError, match="set HF_TOKEN"):
+        downloader(hub, tmp_path).pull(HubSource(REPO))
+    monkeypatch.setenv("HF_TOKEN", "hf_secret")
+    snapshot = downloader(hub, tmp_path).pull(HubSource(REPO))
+    assert (snapshot / "model.safetensors").read_bytes() == WEIGHTS
+
+
+def test_two_fetches_sharing_a_cache_take_turns(hub, tmp_path):
+    hub.throttle = 400_000  # a few chunks a second: the second fetch waits on the lock
+    results = []
+
+    def fetch() -> None:
+        results.append(downloader(hub, tmp_path).pull(HubSource(REPO)))
+
+    threads = [threading.Thread(target=fetch) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert len(results) == 2 and results[0] == results[1]
+    assert (results[0] / "model.safetensors").read_bytes() == WEIGHTS
+    assert hub.served["org/tiny/model.safetensors"] == len(WEIGHTS)  # fetched once
