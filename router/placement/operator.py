@@ -7,7 +7,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from router.errors import ApiError, model_unavailable
-from router.placement.pull import pull_host
+from router.placement.prefetch import prefetch_host
 
 if TYPE_CHECKING:
     from router.placement.catalog import Entry
@@ -116,7 +116,7 @@ def pull(demand: Demand, model: str) -> dict:
             "model",
             "not_a_hub_model",
         )
-    host = pull_host(demand, model)
+    host = prefetch_host(demand, model)
     if not host.holds(model):
         demand.placer.fetch(host, model)
     return model_json(demand, model)

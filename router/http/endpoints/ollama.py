@@ -24,7 +24,7 @@ from router.http.body import json_object_body
 from router.http.embed import embed as embed_body
 from router.http.generate import generate, wait_for_model
 from router.http.security import charge_tokens
-from router.placement.pull import pull as pull_steps
+from router.placement.prefetch import prefetch
 from router.routing.models import ServedModel
 
 NDJSON = "application/x-ndjson"
@@ -135,7 +135,7 @@ async def version(request: web.Request) -> web.Response:
 
 
 async def pull(request: web.Request) -> web.StreamResponse:
-    """A catalog model with a Hub `source` is fetched onto a host (router/placement/pull.py),
+    """A catalog model with a Hub `source` is fetched onto a host (router/placement/prefetch.py),
     its progress streamed as Ollama's status lines; a model whose files are there already
     (or that is read from a path) answers success at once; another is a 404."""
     body = await _body(request, name_key=True)
@@ -154,7 +154,7 @@ async def pull(request: web.Request) -> web.StreamResponse:
         )
     source = served.spec.section.source
     demand = request.app[app_keys.DEMAND]
-    steps = pull_steps(demand, served.id) if source and demand.active else None
+    steps = prefetch(demand, served.id) if source and demand.active else None
     if not stream_of(body):
         async for _ in steps or _nothing():
             pass

@@ -10,7 +10,7 @@ import pytest
 
 from router.errors import ApiError
 from router.placement import operator
-from router.placement import pull as pull_module
+from router.placement import prefetch as prefetch_module
 from router.placement.operator import model_json
 from shared.placement.messages import (
     FetchEnded,
@@ -93,17 +93,17 @@ def test_the_admin_pull_fetches_onto_a_host_and_refuses_a_path_model():
 
 
 async def test_api_pull_steps_follow_the_host_until_it_holds_the_files(monkeypatch):
-    monkeypatch.setattr(pull_module, "POLL_S", 0.0)
+    monkeypatch.setattr(prefetch_module, "POLL_S", 0.0)
     fleet = Fleet({"a": 8 * GIB}, {"hub": GIB})
-    steps = pull_module.pull(fleet.demand, "hub")
+    steps = prefetch_module.prefetch(fleet.demand, "hub")
     fleet.placer.handle(b"a", HostReport("a", 8 * GIB, (), fetches=(HostFetch("hub", 5, 10),)))
-    assert await anext(steps) == pull_module.PullStep("a", 5, 10)
+    assert await anext(steps) == prefetch_module.PrefetchStep("a", 5, 10)
     fleet.placer.handle(b"a", FetchEnded("a", "hub", True))
     assert (await anext(steps)).done
-    again = pull_module.pull(fleet.demand, "hub")  # held now: done at once
+    again = prefetch_module.prefetch(fleet.demand, "hub")  # held now: done at once
     assert (await anext(again)).done
     fleet = Fleet({"a": 8 * GIB}, {"hub": GIB})
-    step = asyncio.ensure_future(anext(pull_module.pull(fleet.demand, "hub")))
+    step = asyncio.ensure_future(anext(prefetch_module.prefetch(fleet.demand, "hub")))
     await asyncio.sleep(0)  # FetchModel sent
     fleet.placer.handle(b"a", FetchEnded("a", "hub", False, "config.json failed its checksum"))
     with pytest.raises(ApiError) as failed:

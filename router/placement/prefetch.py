@@ -1,7 +1,8 @@
-"""Pulling a catalog model's Hub files onto a host before any request needs them (Ollama's
-/api/pull): the host that holds them already answers at once; else the one fetching them, else
-the reader with the most room, is told FetchModel, and its reports are followed until its
-FetchEnded (router/http/endpoints/ollama.py streams them as Ollama's status lines)."""
+"""Fetching a catalog model's Hub files onto a host before any request needs them (Ollama's
+/api/pull, the admin API's /pull): the host that holds them already answers at once; else
+the one fetching them, else the reader with the most room, is told FetchModel, and its
+reports are followed until its FetchEnded (router/http/endpoints/ollama.py streams them as
+Ollama's status lines). No leader is asked: a fetch takes no memory, only disk."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ POLL_S = 0.5
 
 
 @dataclass(frozen=True)
-class PullStep:
+class PrefetchStep:
     """Where a pull is: its bytes so far (total 0: not known yet), or done."""
 
     host_id: str
@@ -29,7 +30,7 @@ class PullStep:
     done: bool = False
 
 
-def pull_host(demand: Demand, model: str) -> HostState:
+def prefetch_host(demand: Demand, model: str) -> HostState:
     """The host to pull `model` onto (see the module docstring); 503 when none can read it."""
     readers = [h for h in demand.placer.alive() if h.reads(model)]
     if not readers:
@@ -41,12 +42,12 @@ def pull_host(demand: Demand, model: str) -> HostState:
     return (held or fetching or sorted(readers, key=demand.placer.free, reverse=True))[0]
 
 
-async def pull(demand: Demand, model: str) -> AsyncIterator[PullStep]:
+async def prefetch(demand: Demand, model: str) -> AsyncIterator[PrefetchStep]:
     """The steps of pulling `model` onto a host, the last one `done`; 503 naming the cause
     when the host's fetch fails or the host is lost."""
-    host = pull_host(demand, model)
+    host = prefetch_host(demand, model)
     if host.holds(model):
-        yield PullStep(host.id, done=True)
+        yield PrefetchStep(host.id, done=True)
         return
     demand.placer.fetch(host, model)  # (one under way goes on: its end is ours)
     last = None
@@ -58,14 +59,14 @@ async def pull(demand: Demand, model: str) -> AsyncIterator[PullStep]:
                     f"pulling the model '{model}' failed on host {host.id}: {ended.reason}",
                     "model_pull_failed",
                 )
-            yield PullStep(host.id, done=True)
+            yield PrefetchStep(host.id, done=True)
             return
         if not host.alive:
             raise model_unavailable(
                 f"host {host.id} was lost while pulling the model '{model}'", "host_lost", 5
             )
         fetch = host.fetches.get(model)
-        step = PullStep(host.id, fetch.done_bytes, fetch.total_bytes) if fetch else None
+        step = PrefetchStep(host.id, fetch.done_bytes, fetch.total_bytes) if fetch else None
         if step is not None and step != last:
             last = step
             yield step
