@@ -30,6 +30,7 @@ from shared.placement.messages import (
     HostAck,
     HostHello,
     HostReport,
+    HostWorker,
     StartWorker,
     StopWorker,
     WorkerExited,
@@ -112,11 +113,17 @@ class HostAgent:
         return tuple(f.report() for f in self.fetches.values() if not f.done)
 
     def live_workers(self, measure: bool):
-        return tuple(
+        """The worker processes, and the starts waiting for a fetch as workers of pid 0 (a
+        router that restarted, or a new leader, knows them as loading: no second start)."""
+        running = tuple(
             w.report(rss_bytes(w.pid) if measure else 0)
             for w in self.workers.values()
             if not w.exited
         )
+        waiting = tuple(
+            HostWorker(s.worker_id, s.model, 0, s.estimate_bytes) for s in self.waiting.values()
+        )
+        return running + waiting
 
     # ---- the loop --------------------------------------------------------------------------
 

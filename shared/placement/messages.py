@@ -30,7 +30,7 @@ class HostWorker:
 
     worker_id: str
     model: str  # the catalog id it serves
-    pid: int
+    pid: int  # 0: not started yet, its model's files are being fetched
     estimate_bytes: int  # what the placement counted for it (StartWorker's)
     rss_bytes: int = 0  # its resident memory, measured (0: not measured yet)
 

@@ -88,7 +88,8 @@ def test_a_start_waits_for_its_fetch_and_fails_with_a_bad_file(
     ended = next(m for m in fake_router.seen if isinstance(m, FetchEnded))
     assert not ended.ok and "model.safetensors" in ended.reason
     fake_router.send(StartWorker("w-3", "tiny", GIB, 1 << 26))
-    fake_router.expect(HostReport, where=lambda r: r.fetches)
+    waiting = fake_router.expect(HostReport, where=lambda r: r.fetches)
+    assert [(w.worker_id, w.pid, w.estimate_bytes) for w in waiting.workers] == [("w-3", 0, GIB)]
     fake_router.send(StopWorker("w-3", "unloaded"))
     stopped = fake_router.expect(WorkerExited, where=lambda m: m.worker_id == "w-3")
     assert stopped.asked and stopped.model == "tiny"
