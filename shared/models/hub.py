@@ -22,6 +22,7 @@ import re
 from dataclasses import dataclass, field
 from fnmatch import fnmatch
 from pathlib import Path
+from urllib.parse import quote
 
 # what a worker reads of an mlx-lm model repo (shared/models/store.py downloads the same)
 DEFAULT_PATTERNS = ("*.json", "*.safetensors", "*.py", "tokenizer.model", "*.tiktoken", "*.txt")
@@ -165,6 +166,11 @@ class Downloader:
         if self.offline is None:
             self.offline = bool(constants.HF_HUB_OFFLINE)
 
+    def file_url(self, repo: str, revision: str, name: str) -> str:
+        """Where the Hub serves a file (hf_hub_url's form, built on `hub_url` itself: its
+        template is fixed when huggingface_hub is imported)."""
+        return f"{self.hub_url}/{repo}/resolve/{quote(revision, safe='')}/{quote(name)}"
+
     def repo_dir(self, source: HubSource) -> Path:
         return self.cache / ("models--" + source.repo.replace("/", "--"))
 
@@ -222,7 +228,7 @@ class Downloader:
                 f"{source} is not in the cache at {self.cache} and the Hub is off "
                 "(HF_HUB_OFFLINE is set)"
             )
-        from huggingface_hub import HfApi, get_hf_file_metadata, hf_hub_url
+        from huggingface_hub import HfApi, get_hf_file_metadata
 
         with self._errors(source):
             api = HfApi(endpoint=self.hub_url, token=self.token)
@@ -236,7 +242,7 @@ class Downloader:
                 )
             files = []
             for name in names:
-                url = hf_hub_url(source.repo, name, revision=info.sha, endpoint=self.hub_url)
+                url = self.file_url(source.repo, info.sha, name)
                 meta = get_hf_file_metadata(url, token=self.token, timeout=self.timeout_s)
                 if meta.etag is None or meta.size is None:
                     raise DownloadError(f"the Hub gave no ETag or size for {name} of {source}")
@@ -311,10 +317,9 @@ class Downloader:
         os.replace(partial, plan.blob(file))
 
     def _transfer(self, plan, file: HubFile, partial: Path, have: int, digest, progress) -> None:
-        from huggingface_hub import hf_hub_url
         from huggingface_hub.utils import build_hf_headers, get_session
 
-        url = hf_hub_url(plan.source.repo, file.name, revision=plan.commit, endpoint=self.hub_url)
+        url = self.file_url(plan.source.repo, plan.commit, file.name)
         headers = build_hf_headers(token=self.token) | {"Accept-Encoding": "identity"}
         if have:
             headers["Range"] = f"bytes={have}-"

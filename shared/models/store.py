@@ -180,8 +180,11 @@ def resolve_section(model, progress: Progress | None = None) -> Path:
     if source is None:
         return resolve_model(model.path, progress)
 
+    downloader = Downloader()
+    if progress is not None and downloader.local(source) is None:
+        progress(f"fetching {source} from the Hub into {downloader.cache}, each file checked")
     try:
-        return Downloader().pull(source)
+        return downloader.pull(source)
     except DownloadError as exc:
         raise ModelNotFound(str(exc)) from exc
 

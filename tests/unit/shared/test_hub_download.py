@@ -165,3 +165,23 @@ def test_two_fetches_sharing_a_cache_take_turns(hub, tmp_path):
     assert len(results) == 2 and results[0] == results[1]
     assert (results[0] / "model.safetensors").read_bytes() == WEIGHTS
     assert hub.served["org/tiny/model.safetensors"] == len(WEIGHTS)  # fetched once
+
+
+def test_a_catalog_entry_resolves_to_its_fetched_snapshot(hub, tmp_path, monkeypatch):
+    from huggingface_hub import constants
+
+    from shared.config.sections import ModelSection
+    from shared.models.store import resolve_metadata, resolve_section
+
+    monkeypatch.setattr(constants, "ENDPOINT", hub.url)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hf"))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    entry = ModelSection(source=REPO)
+    light, weight_bytes = resolve_metadata(entry)  # a router's: config and tokenizer
+    assert weight_bytes == len(WEIGHTS) and not (light / "model.safetensors").exists()
+    said: list[str] = []
+    snapshot = resolve_section(entry, said.append)  # a worker's: everything
+    assert (snapshot / "model.safetensors").read_bytes() == WEIGHTS
+    assert len(said) == 1 and "fetching org/tiny@main" in said[0]
+    assert resolve_section(entry, said.append) == snapshot and len(said) == 1  # cached
+    assert resolve_metadata(entry) == (snapshot, None)  # the weights are here: measured
