@@ -287,7 +287,12 @@ def load_settings(parser: argparse.ArgumentParser, argv: list[str] | None):
 def served_models(args, fleet) -> list[Served] | str:
     """Each model of the fleet resolved (GGUFs converted, repo ids fetched: once, before any
     child starts), or why one cannot be."""
-    from shared.models.store import ModelNotFound, resolve_model, stderr_progress
+    from shared.models.store import (
+        ModelNotFound,
+        resolve_metadata,
+        resolve_section,
+        stderr_progress,
+    )
 
     sections = [ModelSection(path=p) for p in args.model] if args.model else fleet.served_models
     if name_clash(sections):
@@ -296,7 +301,10 @@ def served_models(args, fleet) -> list[Served] | str:
     models = []
     for m in sections:
         try:
-            model_dir = resolve_model(m.path, stderr_progress)
+            if args.hosts and m.source:  # the host agents fetch its weights where it loads
+                model_dir, _ = resolve_metadata(m, stderr_progress)
+            else:
+                model_dir = resolve_section(m, stderr_progress)
         except ModelNotFound as exc:
             return str(exc)
         workers = args.workers or m.workers or fleet.cluster.workers  # --workers wins

@@ -1,4 +1,4 @@
-"""`mlx-fleet-model`: convert, inspect and try a model by hand."""
+"""`mlx-fleet-model`: convert, inspect, try and pull (from the Hub) a model by hand."""
 
 from __future__ import annotations
 
@@ -20,7 +20,8 @@ MODEL_HELP = (
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="mlx-fleet-model",
-        description="Convert, inspect and try models for mlx-fleet (offline).",
+        description="Convert, inspect and try models for mlx-fleet (offline), or pull one from "
+        "the Hugging Face Hub into this machine's cache, as a host agent does.",
     )
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -44,7 +45,59 @@ def build_parser() -> argparse.ArgumentParser:
         default="auto",
         help="auto (float32 on CPU, quantized on Metal), float32, float16, bfloat16, quantized",
     )
+
+    pull = sub.add_parser(
+        "pull",
+        help="fetch a Hub model into the Hugging Face cache, each file checked against the "
+        "Hub's sha256 (what a host agent does for a [[models]] source); resumes a partial one",
+    )
+    pull.add_argument("source", help="the Hub repo, org/name")
+    pull.add_argument("--revision", default="main", help="branch, tag or commit (default: main)")
+    pull.add_argument(
+        "--allow-pattern",
+        action="append",
+        dest="allow_patterns",
+        metavar="GLOB",
+        help="a file pattern to fetch, repeatable (default: *.json *.safetensors *.py "
+        "tokenizer.model *.tiktoken *.txt)",
+    )
     return parser
+
+
+def cmd_pull(args) -> int:
+    """Fetch `args.source` and print its snapshot's path; its progress on stderr each second."""
+    import re
+    import threading
+
+    from shared.config.choices import HUB_REPO_ID
+    from shared.models.hub import DEFAULT_PATTERNS, Downloader, HubSource, Progress
+    from shared.models.store import stderr_progress
+
+    if not re.match(HUB_REPO_ID, args.source) or ".." in args.source:
+        print(
+            f"mlx-fleet-model: error: {args.source!r} is not a Hub repo id (org/name)",
+            file=sys.stderr,
+        )
+        return 2
+    source = HubSource(args.source, args.revision, tuple(args.allow_patterns or DEFAULT_PATTERNS))
+    progress, done = Progress(), threading.Event()
+
+    def report() -> None:
+        while not done.wait(1.0):
+            if progress.total_bytes:
+                stderr_progress(
+                    f"{source}: {progress.percent}% ({progress.done_bytes / 1e6:.1f} of "
+                    f"{progress.total_bytes / 1e6:.1f} MB)"
+                )
+
+    threading.Thread(target=report, daemon=True).start()
+    try:
+        path = Downloader().pull(source, progress)
+    finally:
+        done.set()
+    stderr_progress(f"{source}: all files checked ({progress.fetched_bytes} bytes fetched)")
+    print(path)
+    return 0
 
 
 def cmd_convert(args) -> int:
@@ -116,12 +169,18 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     reexec_with_blas()
     from shared.models.gguf.errors import GGUFError
+    from shared.models.hub import DownloadError
     from shared.models.store import ModelNotFound
 
-    handlers = {"convert": cmd_convert, "info": cmd_info, "generate": cmd_generate}
+    handlers = {
+        "convert": cmd_convert,
+        "info": cmd_info,
+        "generate": cmd_generate,
+        "pull": cmd_pull,
+    }
     try:
         return handlers[args.command](args)
-    except (ModelNotFound, GGUFError) as exc:
+    except (ModelNotFound, GGUFError, DownloadError) as exc:
         print(f"mlx-fleet-model: error: {exc}", file=sys.stderr)
         return 2
 

@@ -81,6 +81,7 @@ def create_app(config: RouterConfig) -> web.Application:
     app.router.add_get("/v1/cluster", info.cluster)
     app.router.add_get("/v1/admin/models", admin.catalog)  # placement (router/placement/)
     app.router.add_post("/v1/admin/models/{model}/load", admin.load)
+    app.router.add_post("/v1/admin/models/{model}/pull", admin.pull)
     app.router.add_post("/v1/admin/models/{model}/unload", admin.unload)
     app.router.add_post("/v1/admin/models/{model}/pin", admin.pin)
     app.router.add_post("/api/chat", ollama.chat)  # Ollama's API (docs/api.md)

@@ -131,7 +131,7 @@ def parse_args(argv: list[str] | None) -> RouterConfig:
         args, fleet = load_with_flags(parser, argv, {"router": {}})
         api_keys = read_api_keys(fleet.router)
         key_budgets = read_key_budgets(fleet.router)
-        if not args.model and any(m.path is None for m in fleet.served_models):
+        if not args.model and any(m.path is None and m.source is None for m in fleet.served_models):
             parser.error("--model is required (or set [model] path in the --config file)")
         models = model_specs(args, fleet)
         backend_of(fleet.router)  # redis needs a state_url
@@ -182,7 +182,7 @@ def model_specs(args: argparse.Namespace, fleet) -> tuple[ModelSpec, ...]:
         )
     return tuple(
         ModelSpec(
-            Path(m.path).expanduser(),
+            Path(m.path or m.source).expanduser(),
             m.name,
             tuple(m.aliases),
             m.tool_call_parser,
@@ -223,12 +223,30 @@ def check_security(config: RouterConfig) -> None:
 
 
 def resolve_model_dirs(config: RouterConfig) -> RouterConfig:
-    """A .gguf file or repo id becomes the local directory it converts / downloads to."""
-    from shared.models.store import ModelNotFound, resolve_model, stderr_progress
+    """A .gguf file or repo id becomes the local directory it converts / downloads to; a Hub
+    `source` the directory of its config and tokenizer (the host agents fetch its weights)."""
+    from shared.models.store import (
+        ModelNotFound,
+        resolve_metadata,
+        resolve_model,
+        stderr_progress,
+    )
+    from shared.placement.footprint import weight_bytes as weight_bytes_of
 
     specs = []
     for spec in config.models:
-        if not spec.path.is_dir():
+        if spec.section.source is not None:
+            try:
+                path, weight_bytes = resolve_metadata(spec.section, stderr_progress)
+            except ModelNotFound as e:
+                raise SystemExit(f"router: model {spec.served_id}: {e}") from None
+            if weight_bytes is None and spec.section.memory is None and not weight_bytes_of(path):
+                raise SystemExit(
+                    f"router: model {spec.served_id}: offline, the size of its weights is "
+                    "unknown: set its memory in [[models]] (or let the router reach the Hub)"
+                )
+            spec = dataclasses.replace(spec, path=path, hub_weight_bytes=weight_bytes)
+        elif not spec.path.is_dir():
             try:
                 spec = dataclasses.replace(
                     spec, path=resolve_model(str(spec.path), stderr_progress)

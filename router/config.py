@@ -22,6 +22,8 @@ class ModelSpec:
     task: str | None = None  # "chat" or "embed" ([[models]] `task`; None: detected)
     # its [[models]] entry: the catalog keys placement reads (router/placement/)
     section: ModelSection = field(default_factory=ModelSection, compare=False)
+    # a Hub `source` whose weights are not in `path`: their bytes by the Hub's listing
+    hub_weight_bytes: int | None = None
 
     @property
     def served_id(self) -> str:

@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     worker_id = worker.worker_id or f"{socket.gethostname()}-{os.getpid()}"
     log_since_spawn(log)
     imports = time.perf_counter()
-    from shared.models.store import ModelNotFound, resolve_model, stderr_progress
+    from shared.models.store import ModelNotFound, resolve_section, stderr_progress
     from worker.engine.engine import Engine
     from worker.kv.memory import MemoryBudgetTooSmall
     from worker.loop import WorkerLoop
@@ -144,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     log.info("imports (mlx, mlx-lm, engine) took %.2fs", time.perf_counter() - imports)
 
     try:
-        model_dir = resolve_model(model.path, stderr_progress)
+        model_dir = resolve_section(model, stderr_progress)
         config = engine_config(worker, model)
     except (ModelNotFound, ValueError) as exc:
         print(f"cluster-worker: error: {exc}", file=sys.stderr)

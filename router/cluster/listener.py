@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 from router.cluster.registry import WorkerRegistry, WorkerState
-from shared.placement.messages import HostHello, HostReport, WorkerExited
+from shared.placement.messages import FetchEnded, HostHello, HostReport, WorkerExited
 from shared.protocol import (
     PROTOCOL_VERSION,
     Embeddings,
@@ -29,7 +29,7 @@ from shared.protocol import (
     TokenDelta,
 )
 
-HOST_MESSAGES = (HostHello, HostReport, WorkerExited)  # router/placement/ reads them
+HOST_MESSAGES = (HostHello, HostReport, WorkerExited, FetchEnded)  # router/placement/ reads them
 
 if TYPE_CHECKING:
     from router.cluster.models import ClusterModel, ModelTable

@@ -364,7 +364,7 @@ async def wait_for_model(
     async def note() -> None:
         if not opened:
             opened.append(await sse.open_stream(request))
-        await sse.comment(opened[0], f"loading {model}")
+        await sse.comment(opened[0], demand.loading_note(model))
 
     streamed = request is not None and api is not None and body.get("stream") is True
     try:

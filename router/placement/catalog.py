@@ -46,6 +46,7 @@ class Entry:
     waiting: int = 0  # requests held for it now
     waiting_elsewhere: int = 0  # held by the other routers, as they last said
     pressure_since: float | None = None  # its workers have had requests waiting since
+    source: str | None = None  # the Hub repo its files come from (None: a path)
     configured: list = field(init=False)  # its settings as the config file gave them
 
     def __post_init__(self) -> None:
@@ -86,6 +87,7 @@ class Entry:
             "pinned": self.pinned,
             "loading": sorted(self.starts),
             "failure": self.failure or None,
+            "source": self.source,
         }
 
 
@@ -94,7 +96,8 @@ def entry_of(spec) -> Entry:
     section = spec.section
     kv = section.kv_memory or DEFAULT_KV_BYTES
     float32 = computes_in_float32(section.compute_dtype)
-    memory = section.memory or estimate(spec.path, kv, float32=float32)
+    listed = spec.hub_weight_bytes
+    memory = section.memory or estimate(spec.path, kv, float32=float32, listed_bytes=listed)
     return Entry(
         spec.served_id,
         memory,
@@ -103,6 +106,7 @@ def entry_of(spec) -> Entry:
         section.max_workers,
         section.keep_alive,
         section.pinned,
+        source=section.source,
     )
 
 

@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 NOTE_EVERY_S = 5.0  # a waiting stream is told so this often (an SSE comment)
+NOTE_FETCH_EVERY_S = 1.0  # and this often while its model's files are fetched (a percentage)
 SCALE_UP_AFTER_S = 2.0  # requests waiting on every worker of a model this long: one more
 LOST_START_S = 5.0  # a start learnt from another leader, unreported by its host this long: lost
 
@@ -104,7 +105,8 @@ class Demand:
                     raise self._timed_out(entry)
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(entry.changed.wait(), min(left, 1.0))
-                if note is not None and self.clock() - noted >= NOTE_EVERY_S:
+                every = NOTE_FETCH_EVERY_S if self.fetching(model) else NOTE_EVERY_S
+                if note is not None and self.clock() - noted >= every:
                     noted = self.clock()
                     await note()
         finally:
@@ -137,6 +139,27 @@ class Demand:
         started, `wait_s` ago at most): until one registers."""
         if model not in self.placer.served:
             await self.wait_for_worker(model, self.started_at + wait_s, note)
+
+    def fetching(self, model: str) -> tuple[int, int] | None:
+        """Bytes (done, total) of the fetches of `model`'s files under way on the hosts, or
+        None when none is."""
+        fetches = [h.fetches[model] for h in self.placer.alive() if model in h.fetches]
+        if not fetches:
+            return None
+        return sum(f.done_bytes for f in fetches), sum(f.total_bytes for f in fetches)
+
+    def loading_note(self, model: str) -> str:
+        """What a request waiting for `model` is told: `loading M`, with the percentage of
+        its files fetched while a host fetches them."""
+        if (fetching := self.fetching(model)) is None:
+            return f"loading {model}"
+        done, total = fetching
+        if not total:
+            return f"loading {model}: fetching its files from the Hub"
+        return (
+            f"loading {model}: fetching its files from the Hub, {100 * done // total}% "
+            f"({_mb(done)} of {_mb(total)})"
+        )
 
     def starting(self, wait_s: float) -> bool:
         """No worker has registered yet, and the router started less than `wait_s` ago."""
@@ -305,3 +328,7 @@ class Demand:
         if entry.pressure_since is None:
             entry.pressure_since = now
         return now - entry.pressure_since >= SCALE_UP_AFTER_S
+
+
+def _mb(n: int) -> str:
+    return f"{n / 1e6:.1f} MB"

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from shared.placement.footprint import gib
-from shared.placement.messages import HostHello, HostWorker
+from shared.placement.messages import HostFetch, HostHello, HostWorker
 
 
 @dataclass(eq=False)
@@ -17,6 +17,11 @@ class HostState:
     workers: dict[str, HostWorker] = field(default_factory=dict)  # live processes, by id
     alive: bool = True
     stopping: set[str] = field(default_factory=set)  # workers asked to stop, not gone yet
+    held: tuple[str, ...] = ()  # Hub models whose files it holds, checked (its last report)
+    fetches: dict[str, HostFetch] = field(default_factory=dict)  # under way, by model
+
+    def __post_init__(self) -> None:
+        self.reported(self.hello.held, self.hello.fetches)
 
     @property
     def id(self) -> str:
@@ -24,6 +29,16 @@ class HostState:
 
     def reads(self, model: str) -> bool:
         return model in self.hello.models
+
+    def reported(self, held: tuple[str, ...], fetches: tuple[HostFetch, ...]) -> None:
+        """Mutates: what a HostHello or HostReport says of its Hub models."""
+        self.held = held
+        self.fetches = {f.model: f for f in fetches}
+
+    def holds(self, model: str) -> bool:
+        """A Hub model's files are here, checked: a start needs no fetch (placement prefers
+        such a host; a model read from a path is held alike by every host that reads it)."""
+        return model in self.held
 
     @staticmethod
     def cost(worker: HostWorker) -> int:
@@ -54,6 +69,11 @@ class HostState:
             "budget": gib(self.budget_bytes),
             "total_bytes": self.hello.total_bytes,
             "models": list(self.hello.models),
+            "held": list(self.held),
+            "fetches": [
+                {"model": f.model, "done_bytes": f.done_bytes, "total_bytes": f.total_bytes}
+                for f in self.fetches.values()
+            ],
             "workers": [
                 {
                     "worker_id": w.worker_id,

@@ -1,5 +1,5 @@
 """The operator's view and controls: each catalog model's state, each host's budget and what
-fills it; load, unload and pin (router/http/endpoints/admin.py serves them)."""
+fills it; load, pull (a Hub model's files onto a host), unload and pin (router/http/endpoints/admin.py serves them)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from router.errors import ApiError, model_unavailable
+from router.placement.prefetch import prefetch_host
 
 if TYPE_CHECKING:
     from router.placement.catalog import Entry
@@ -37,7 +38,18 @@ def model_json(demand: Demand, model: str) -> dict:
     loaded_on = sorted(
         {h.id for h in demand.placer.alive() for w in h.workers.values() if w.model == model}
     )
-    return {"state": state(demand, entry), "loaded_on": loaded_on} | entry.to_json()
+    fetching = {
+        h.id: {
+            "done_bytes": f.done_bytes,
+            "total_bytes": f.total_bytes,
+            "percent": 100 * f.done_bytes // f.total_bytes if f.total_bytes else 0,
+        }
+        for h in demand.placer.alive()
+        if (f := h.fetches.get(model)) is not None
+    }
+    held_on = sorted(h.id for h in demand.placer.alive() if h.holds(model))
+    extra = {"fetching": fetching, "held_on": held_on}
+    return {"state": state(demand, entry), "loaded_on": loaded_on} | entry.to_json() | extra
 
 
 def hosts_json(demand: Demand) -> list[dict]:
@@ -90,6 +102,23 @@ def load(demand: Demand, model: str) -> dict:
             "no_room",
             30,
         )
+    return model_json(demand, model)
+
+
+def pull(demand: Demand, model: str) -> dict:
+    """Fetch a Hub model's files onto a host (the one holding them: nothing to do); 409 for a
+    model read from a path, 503 when no host can fetch it."""
+    entry = _entry(demand, model)
+    if entry.source is None:
+        raise ApiError(
+            409,
+            f"the model '{model}' is read from a path, not fetched from the Hub: nothing to pull",
+            "model",
+            "not_a_hub_model",
+        )
+    host = prefetch_host(demand, model)
+    if not host.holds(model):
+        demand.placer.fetch(host, model)
     return model_json(demand, model)
 
 

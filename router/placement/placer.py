@@ -6,8 +6,9 @@ its budget less what its workers take (each worker's estimate, or its measured m
 that is more) and the starts it was asked for. Without room there, idle workers of other
 models are stopped, least recently used first — never a pinned model's, one with requests in
 flight, or one its model's `min_workers` needs — and the start is sent once they are gone
-(the host checks its budget again and refuses what does not fit). The host with the fewest
-evictions, then the least recently used victims, then the most room, is chosen.
+(the host checks its budget again and refuses what does not fit). A host that already holds
+a Hub model's files (no fetch) is chosen first, then the one with the fewest evictions, then
+the least recently used victims, then the most room.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ from router.placement.load_failure import cause_of
 from shared.placement.footprint import gib
 from shared.placement.messages import (
     HOST_PROTOCOL_VERSION,
+    FetchEnded,
+    FetchModel,
     HostAck,
     HostHello,
     HostReport,
@@ -57,6 +60,7 @@ class Placer:
         self.hosts: dict[str, HostState] = {}
         self.served: set[str] = set()  # models some worker registered for, ever
         self.joined = asyncio.Event()  # set, then replaced, when a worker registers
+        self.fetch_ended: dict[str, dict[str, FetchEnded]] = {}  # model -> host -> last end
 
     # ------------------------------------------------------------ the hosts' messages
 
@@ -73,6 +77,8 @@ class Placer:
             self._report(host, msg)
         elif isinstance(msg, WorkerExited):
             self._exited(host, msg)
+        elif isinstance(msg, FetchEnded):
+            self._fetched(host, msg)
 
     def _hello(self, identity: bytes, msg: HostHello) -> None:
         if msg.protocol_version != HOST_PROTOCOL_VERSION:
@@ -102,6 +108,7 @@ class Placer:
 
     def _report(self, host: HostState, msg: HostReport) -> None:
         host.budget_bytes = msg.budget_bytes
+        host.reported(msg.held, msg.fetches)
         host.workers = {w.worker_id: w for w in msg.workers}
         for gone in host.stopping - set(host.workers):
             self._gone(host, gone)
@@ -126,6 +133,18 @@ class Placer:
                 entry.fail(cause, self._clock(), detail=msg.reason)
         self._retire(msg.worker_id, msg.reason if not msg.asked else "stopped by its host")
         self._gone(host, msg.worker_id)
+
+    def _fetched(self, host: HostState, msg: FetchEnded) -> None:
+        """A host's fetch ended: its files are held there now, or the model's pull failed
+        (a start that waited for it fails by its own WorkerExited)."""
+        host.fetches.pop(msg.model, None)
+        if msg.ok and msg.model not in host.held:
+            host.held = (*host.held, msg.model)
+        if not msg.ok:
+            log.warning("host %s: fetching %s failed: %s", host.id, msg.model, msg.reason)
+        self.fetch_ended.setdefault(msg.model, {})[host.id] = msg
+        if (entry := self.entries.get(msg.model)) is not None:
+            entry.wake()
 
     def _gone(self, host: HostState, worker_id: str) -> None:
         """A worker of `host` no longer runs: starts that waited for its room may go."""
@@ -189,9 +208,10 @@ class Placer:
             room = self.free(host) + sum(HostState.cost(v) for v in victims or [])
             if victims is None or room < entry.estimate_bytes:
                 continue
-            # the fewest evictions, of the models used longest ago, then the most room
+            # a host that holds its files (no fetch), then the fewest evictions, of the
+            # models used longest ago, then the most room
             newest = max((self._last_used(v) for v in victims), default=float("-inf"))
-            key = (len(victims), newest, -room)
+            key = (not host.holds(entry.id), len(victims), newest, -room)
             if best is None or key < best[0]:
                 best = (key, host, victims)
         if best is None:
@@ -287,6 +307,11 @@ class Placer:
         )
         msg = StartWorker(start.worker_id, entry.id, entry.estimate_bytes, entry.kv_bytes)
         self._send(host.identity, msg)
+
+    def fetch(self, host: HostState, model: str) -> None:
+        """Mutates: `host` fetches `model`'s files (its FetchEnded says how it went)."""
+        self.fetch_ended.get(model, {}).pop(host.id, None)
+        self._send(host.identity, FetchModel(model))
 
     def lose_host(self, host: HostState, why: str) -> None:
         """Mutates: a silent host is gone; what it was loading will be placed again."""

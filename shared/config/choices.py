@@ -84,3 +84,6 @@ CLAUDE_CODE_BILLING = (
     r"(?m)^x-anthropic-billing-header:(?:[ \t]*[A-Za-z0-9_.-]+=[^;\n]*;)*[ \t]*\n*"
 )
 DEFAULT_VOLATILE_PATTERNS = (CLAUDE_CODE_BILLING,)
+
+# a [[models]] `source` (and `mlx-fleet-model pull`'s): a Hub repo id, org/name
+HUB_REPO_ID = r"^[A-Za-z0-9][\w.-]*/[\w.-]+$"

@@ -102,6 +102,8 @@ def parse_config(data: Mapping[str, Any], base_dir: Path | None = None) -> Fleet
     config = FleetConfig(
         **sections, models=_models(data, base_dir), workers=_worker_groups(data, base_dir)
     )
+    if problem := sections["model"].source_problem():
+        raise ConfigError(f"[model]: {problem}")
     _check_pairs(config.router, config.worker)
     return config
 
@@ -116,6 +118,9 @@ def _models(data: Mapping[str, Any], base_dir: Path) -> tuple[ModelSection, ...]
     models = tuple(
         _section(f"models[{i}]", ModelSection, t, base_dir) for i, t in enumerate(tables)
     )
+    for i, model in enumerate(models):
+        if problem := model.source_problem():
+            raise ConfigError(f"models[{i}]: {problem}")
     if clash := name_clash(models):
         name, first, second = clash
         raise ConfigError(

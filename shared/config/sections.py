@@ -8,6 +8,7 @@ EngineConfig (worker/config.py) takes its defaults from WorkerSection and ModelS
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -21,6 +22,7 @@ from shared.config.choices import (
     DEFAULT_KV_GROUP_SIZE,
     DEFAULT_MODEL_NAME,
     DEFAULT_ZMQ_ADDRESS,
+    HUB_REPO_ID,
     KV_BITS,
     LOG_LEVELS,
     MODEL_TASKS,
@@ -49,6 +51,21 @@ from shared.config.router_section import RouterSection
 class ModelSection:
     path: str | None = spec(
         None, string(optional=True), "model directory, .gguf file or Hugging Face repo id"
+    )
+    # a catalog model fetched by the host agents that load it (shared/models/hub.py)
+    source: str | None = spec(
+        None,
+        string(optional=True),
+        "Hub repo (org/name) host agents fetch the model from, checked (instead of path)",
+    )
+    revision: str | None = spec(
+        None, string(optional=True), "with source: the branch, tag or commit (default: main)"
+    )
+    allow_patterns: tuple[str, ...] | None = spec(
+        None,
+        strings(),
+        "with source: the repo's files to fetch (default: *.json *.safetensors *.py "
+        "tokenizer.model *.tiktoken *.txt)",
     )
     id: str | None = spec(None, string(optional=True), "name clients send (default: dir name)")
     compute_dtype: str = spec(
@@ -90,12 +107,32 @@ class ModelSection:
     )
     pinned: bool = spec(False, boolean(), "never unloaded to make room for another model")
 
+    def source_problem(self) -> str | None:
+        """Why `source`, `revision`, `allow_patterns` and `path` do not go together, or None."""
+        if self.source is None:
+            given = [k for k in ("revision", "allow_patterns") if getattr(self, k) is not None]
+            return f"{given[0]} is only read with source (a Hub repo)" if given else None
+        if self.path is not None:
+            return "set path (local files) or source (a Hub repo), not both"
+        if self.allow_patterns == ():
+            return "allow_patterns is empty: it would fetch no file"
+        if self.revision == "":
+            return "revision is empty (leave it out for main)"
+        if not re.match(HUB_REPO_ID, self.source) or ".." in self.source:
+            return (
+                f"source {self.source!r} is not a Hub repo id (expected org/name, like "
+                "mlx-community/Qwen3-0.6B-4bit)"
+            )
+        return None
+
     @property
     def name(self) -> str:
         """The name clients send: `id`, else the default model's, a GGUF's stem, a
-        directory's or repo id's last part."""
+        directory's, repo id's or source's last part."""
         if self.id:
             return self.id
+        if self.source:
+            return self.source.rsplit("/", 1)[-1]
         if not self.path:
             return DEFAULT_MODEL_NAME
         path = Path(self.path)

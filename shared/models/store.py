@@ -170,6 +170,41 @@ def resolve_model(spec: str | None = None, progress: Progress | None = None) -> 
     )
 
 
+def resolve_section(model, progress: Progress | None = None) -> Path:
+    """The local model directory of a [model] / [[models]] entry (shared/config/sections.py
+    ModelSection): its Hub `source` fetched and checked (at once when a fetch did already:
+    a host agent's worker), else its `path` resolved as `resolve_model` does."""
+    from shared.models.hub import Downloader, DownloadError, source_of
+
+    source = source_of(model)
+    if source is None:
+        return resolve_model(model.path, progress)
+
+    downloader = Downloader()
+    if progress is not None and downloader.local(source) is None:
+        progress(f"fetching {source} from the Hub into {downloader.cache}, each file checked")
+    try:
+        return downloader.pull(source)
+    except DownloadError as exc:
+        raise ModelNotFound(str(exc)) from exc
+
+
+def resolve_metadata(model, progress: Progress | None = None) -> tuple[Path, int | None]:
+    """What a router reads of an entry: its directory (a Hub `source`'s config and tokenizer
+    only: host agents fetch the weights where they load it), and the weights' bytes by the
+    Hub's listing when they are not in that directory (None: they are, or unknown offline)."""
+    from shared.models.hub import Downloader, DownloadError, source_of
+
+    source = source_of(model)
+    if source is None:
+        return resolve_model(model.path, progress), None
+
+    try:
+        return Downloader().metadata(source)
+    except DownloadError as exc:
+        raise ModelNotFound(str(exc)) from exc
+
+
 def read_config(model_dir: Path) -> dict:
     return json.loads((Path(model_dir) / "config.json").read_text())
 

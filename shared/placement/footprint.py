@@ -79,10 +79,35 @@ def computes_in_float32(compute_dtype: str) -> bool:
 
 
 def estimate(
-    model_dir: Path, kv_bytes: int, runtime_bytes: int = RUNTIME_BYTES, float32: bool = False
+    model_dir: Path,
+    kv_bytes: int,
+    runtime_bytes: int = RUNTIME_BYTES,
+    float32: bool = False,
+    listed_bytes: int | None = None,
 ) -> int:
-    """One worker's memory by our estimate."""
-    return weight_bytes(model_dir, float32) + kv_bytes + runtime_bytes
+    """One worker's memory by our estimate; `listed_bytes`: the weights are not in
+    `model_dir` (a Hub source), their files take that many bytes by the Hub's listing."""
+    if listed_bytes is None:
+        weights = weight_bytes(model_dir, float32)
+    else:
+        weights = listed_weight_bytes(model_dir, listed_bytes, float32)
+    return weights + kv_bytes + runtime_bytes
+
+
+def listed_weight_bytes(model_dir: Path, on_disk: int, float32: bool) -> int:
+    """Weights as a worker holds them from their files' size alone (no header to count
+    parameters in): as they are, or on the float32 path 32/bits times a quantized model's
+    files (config.json's `quantization`; scales and biases make it a little over) and twice
+    another's (16-bit weights; a float32 model is counted over)."""
+    if not float32:
+        return on_disk
+    try:
+        config = json.loads((Path(model_dir) / "config.json").read_text())
+    except (OSError, ValueError):
+        config = {}
+    quant = config.get("quantization") if isinstance(config, dict) else None
+    bits = quant.get("bits") if isinstance(quant, dict) else None
+    return on_disk * 32 // bits if isinstance(bits, int) and bits > 0 else 2 * on_disk
 
 
 def gib(n: int) -> str:

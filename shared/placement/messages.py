@@ -9,6 +9,11 @@ worker processes ends (asked to, crashed, or failed to load: `reason` says which
 the authority on its budget: a `StartWorker` its estimates cannot fit is refused at once with a
 `WorkerExited`, so routers that place at the same time never take a host over it.
 
+A catalog model with a Hub `source` is fetched by the agent that is asked to start it (or
+told `FetchModel`: Ollama's /api/pull) before its worker starts: its reports carry each
+fetch's bytes (`HostFetch`) and the Hub models whose files it holds, checked (`held`);
+`FetchEnded` says how one ended (a failed fetch also fails the starts that waited for it).
+
 The workers it starts register with the routers themselves (shared/protocol.py `Register`).
 The tags live in shared/protocol.py's MESSAGE_TYPES (one codec for the socket)."""
 
@@ -25,9 +30,18 @@ class HostWorker:
 
     worker_id: str
     model: str  # the catalog id it serves
-    pid: int
+    pid: int  # 0: not started yet, its model's files are being fetched
     estimate_bytes: int  # what the placement counted for it (StartWorker's)
     rss_bytes: int = 0  # its resident memory, measured (0: not measured yet)
+
+
+@dataclass(frozen=True, slots=True)
+class HostFetch:
+    """A fetch of a catalog model's files from the Hub, under way on a host."""
+
+    model: str
+    done_bytes: int  # in the cache now, a resumed fetch's earlier bytes included
+    total_bytes: int  # 0: the Hub has not answered yet
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +56,8 @@ class HostHello:
     workers: tuple[HostWorker, ...] = ()  # still running from before (a router restarted)
     total_bytes: int = 0  # the machine's memory (unified memory on a Mac)
     protocol_version: int = HOST_PROTOCOL_VERSION
+    held: tuple[str, ...] = ()  # catalog ids of Hub models whose files are here, checked
+    fetches: tuple[HostFetch, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +74,8 @@ class HostReport:
     host_id: str
     budget_bytes: int
     workers: tuple[HostWorker, ...]
+    held: tuple[str, ...] = ()  # as HostHello's
+    fetches: tuple[HostFetch, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,11 +105,31 @@ class WorkerExited:
     reason: str  # refused / exit code and the last lines of its log
 
 
+@dataclass(frozen=True, slots=True)
+class FetchModel:
+    """Fetch catalog model `model`'s files from the Hub into this host's cache (no worker)."""
+
+    model: str
+
+
+@dataclass(frozen=True, slots=True)
+class FetchEnded:
+    """A host's fetch of `model` ended: its files are here and checked, or `reason` says why
+    not (the file whose checksum is wrong, the Hub's answer)."""
+
+    host_id: str
+    model: str
+    ok: bool
+    reason: str = ""
+
+
 HOST_MESSAGE_TYPES: dict[int, type] = {
     30: HostHello,
     31: HostReport,
     32: WorkerExited,
+    33: FetchEnded,
     40: HostAck,
     41: StartWorker,
     42: StopWorker,
+    43: FetchModel,
 }

@@ -24,7 +24,13 @@ from zmq.utils.monitor import recv_monitor_message
 from shared.curve import configure_client
 from shared.hashing import ROOT_PARENT_HASH, hash_blocks
 from shared.kv_events import BlockStored
-from shared.placement.messages import HostHello, HostReport, StartWorker, WorkerExited
+from shared.placement.messages import (
+    HostFetch,
+    HostHello,
+    HostReport,
+    StartWorker,
+    WorkerExited,
+)
 from shared.protocol import (
     PROTOCOL_VERSION,
     Abort,
@@ -328,11 +334,13 @@ if __name__ == "__main__":
 
 class FakeHost:
     """A host agent on a real DEALER socket: it says hello, reports an empty budget every 0.1 s
-    (its heartbeat) and keeps what the router sends it, starting nothing."""
+    (its heartbeat, with the Hub fetches a test sets in `fetches`) and keeps what the router
+    sends it, starting nothing."""
 
     def __init__(self, endpoint: str, host_id: str, budget_bytes: int, models: tuple[str, ...]):
         self.hello = HostHello(host_id, "machine-" + host_id, 4242, budget_bytes, models)
         self.received: list[object] = []
+        self.fetches: tuple[HostFetch, ...] = ()
         self._ctx = zmq.asyncio.Context()
         self._sock = self._ctx.socket(zmq.DEALER)
         self._sock.linger = 0
@@ -340,10 +348,10 @@ class FakeHost:
 
     async def run(self) -> None:
         await self._sock.send(encode(self.hello))
-        report = HostReport(self.hello.host_id, self.hello.budget_bytes, ())
         while True:
             if await self._sock.poll(100):
                 self.received.append(decode(await self._sock.recv()))
+            report = HostReport(self.hello.host_id, self.hello.budget_bytes, (), (), self.fetches)
             await self._sock.send(encode(report))
 
     def starts(self) -> list[StartWorker]:

@@ -1,4 +1,4 @@
-"""The admin API: the catalog's models and the hosts (GET), load, unload and pin (POST).
+"""The admin API: the catalog's models and the hosts (GET), load, pull, unload and pin (POST).
 
 An admin key (`[router] admin_keys`, as `Authorization: Bearer KEY`) is required when any is
 set; with none set only clients on this machine (loopback) may call it. The API keys of
@@ -68,6 +68,14 @@ async def load(request: web.Request) -> web.Response:
     _require_admin(request)
     demand = request.app[app_keys.DEMAND]
     return web.json_response(operator.load(demand, _model(request)), status=202)
+
+
+async def pull(request: web.Request) -> web.Response:
+    """A Hub model's files fetched onto a host, no worker started (202: follow its
+    `fetching` and `held_on` in GET /v1/admin/models)."""
+    _require_admin(request)
+    demand = request.app[app_keys.DEMAND]
+    return web.json_response(operator.pull(demand, _model(request)), status=202)
 
 
 async def unload(request: web.Request) -> web.Response:

@@ -24,6 +24,7 @@ from router.http.body import json_object_body
 from router.http.embed import embed as embed_body
 from router.http.generate import generate, wait_for_model
 from router.http.security import charge_tokens
+from router.placement.prefetch import prefetch
 from router.routing.models import ServedModel
 
 NDJSON = "application/x-ndjson"
@@ -134,28 +135,50 @@ async def version(request: web.Request) -> web.Response:
 
 
 async def pull(request: web.Request) -> web.StreamResponse:
-    """A model the fleet serves is 'pulled' at once (its status lines, then success);
-    another is a 404: pulling from a registry is not supported yet."""
+    """A catalog model with a Hub `source` is fetched onto a host (router/placement/prefetch.py),
+    its progress streamed as Ollama's status lines; a model whose files are there already
+    (or that is read from a path) answers success at once; another is a 404."""
     body = await _body(request, name_key=True)
     refuse_unknown_fields(body, frozenset({"model", "insecure", "stream"}), "/api/pull")
     models = request.app[app_keys.MODELS]
     name = body.get("model")
     if not isinstance(name, str):
         raise bad_request("'model' is required and must be a string", "model")
-    if models.get(name) is None:
+    served = models.get(name)
+    if served is None:
         raise ApiError(
             404,
-            f"pulling from a registry is not supported yet: '{name}' is not in this fleet's "
-            "catalog (GET /api/tags lists the models it serves)",
+            f"'{name}' is not in this fleet's catalog: add it to [[models]] (with source = "
+            '"org/name" for a Hub repo); GET /api/tags lists the models it serves',
             "model",
         )
-    statuses = [{"status": "pulling manifest"}, {"status": "success"}]
+    source = served.spec.section.source
+    demand = request.app[app_keys.DEMAND]
+    steps = prefetch(demand, served.id) if source and demand.active else None
     if not stream_of(body):
-        return web.json_response(statuses[-1])
+        async for _ in steps or _nothing():
+            pass
+        return web.json_response({"status": "success"})
     request[sse.LINES] = NDJSON
     response = await sse.open_stream(request)
-    await sse.end_with(response, [StreamEvent(s) for s in statuses])
+    await sse.send(response, [StreamEvent({"status": "pulling manifest"})])
+    try:
+        async for step in steps or _nothing():
+            if not step.done and step.total_bytes:
+                status = {"status": f"pulling {source}", "digest": f"{source}@{step.host_id}"}
+                status |= {"total": step.total_bytes, "completed": step.done_bytes}
+                await sse.send(response, [StreamEvent(status)])
+    except ApiError as error:
+        await sse.end_with(response, [StreamEvent({"error": error.message})])
+        return response
+    done = ["verifying sha256 digest", "writing manifest", "success"]
+    await sse.end_with(response, [StreamEvent({"status": s}) for s in done])
     return response
+
+
+async def _nothing():
+    return
+    yield
 
 
 async def delete(request: web.Request) -> web.Response:

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from shared.placement.messages import HostFetch
 from tests.conftest import MODEL_ID
 from tests.support.fake_worker import FakeHost
 
@@ -162,6 +163,16 @@ async def test_fleet_page_shows_a_host_and_loads_a_catalog_model_there(make_clus
         await run(wait_for, browser, lambda d: "409" in message.text)
         assert "max_workers" in message.text and message.get_attribute("data-state") == "error"
         assert len(host.starts()) == 1
+
+        # a Hub model's files on their way: a bar under the host, with its percentage
+        host.fetches = (HostFetch(MODEL_ID, 40_000_000, 100_000_000),)
+        await run(wait_for, browser, lambda d: "fetching" in hosts.text)
+        assert f"fetching {MODEL_ID} from the Hub · 40% (40.0 MB of 100.0 MB)" in hosts.text
+        bar = await run(lambda: hosts.find_element(By.CSS_SELECTOR, "[role=progressbar]"))
+        assert bar.get_attribute("aria-valuenow") == "40"
+        await run(
+            wait_for, browser, lambda d: "fetching on host-a: 40%" in catalog_state(d, MODEL_ID)
+        )
     finally:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):

@@ -11,7 +11,10 @@ from hypothesis import strategies as st
 
 from shared.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, BlockWindowsDropped
 from shared.placement.messages import (
+    FetchEnded,
+    FetchModel,
     HostAck,
+    HostFetch,
     HostHello,
     HostReport,
     HostWorker,
@@ -94,6 +97,9 @@ EXAMPLES = [
     StartWorker("mac-1-smollm-1", "smollm", 1 << 30, 256 << 20),
     StopWorker("mac-1-smollm-1", "idle past its keep_alive"),
     WorkerExited("mac-1", "mac-1-smollm-1", "smollm", False, "exit code 1: corrupt weights"),
+    HostReport("mac-1", 8 << 30, (), ("qwen",), (HostFetch("qwen3", 5 << 20, 300 << 20),)),
+    FetchModel("qwen3"),
+    FetchEnded("mac-1", "qwen3", False, "model.safetensors of org/qwen3@main failed its checksum"),
 ]
 
 

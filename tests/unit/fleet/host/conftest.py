@@ -81,10 +81,14 @@ def start_agent(tmp_path):
     """Start `python -m fleet.host` with the given flags; stopped (SIGKILL) at teardown."""
     agents: list[subprocess.Popen] = []
 
-    def start(config: Path, router: str, *flags: str) -> subprocess.Popen:
+    def start(config: Path, router: str, *flags: str, env: dict | None = None) -> subprocess.Popen:
         cmd = [sys.executable, "-m", "fleet.host", "--config", str(config), "--router", router]
         cmd += ["--host-id", "host-t", "--log-dir", str(tmp_path / "logs"), *flags]
-        env = {**os.environ, "MLX_FLEET_CACHE": os.environ.get("MLX_FLEET_CACHE", "")}
+        env = {
+            **os.environ,
+            "MLX_FLEET_CACHE": os.environ.get("MLX_FLEET_CACHE", ""),
+            **(env or {}),
+        }
         env = {k: v for k, v in env.items() if v}
         agent = subprocess.Popen(cmd, cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True)
         agents.append(agent)

@@ -216,7 +216,7 @@ async def test_pull_answers_for_a_served_model_and_refuses_others(cluster, model
     assert (await client.pull(model)).status == "success"
     with pytest.raises(ollama.ResponseError) as error:
         await client.pull("llama3:8b")
-    assert error.value.status_code == 404 and "not supported yet" in error.value.error
+    assert error.value.status_code == 404 and "not in this fleet's catalog" in error.value.error
     with pytest.raises(ollama.ResponseError) as error:
         await client.delete(model)
     assert error.value.status_code == 400 and "not supported" in error.value.error
