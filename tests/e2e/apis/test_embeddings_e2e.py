@@ -192,3 +192,57 @@ def test_bad_inputs_are_400s(fleet, body):
     status, reply = post(base, "/v1/embeddings", {"model": "qwen3-embed", **body})
     assert status == 400, reply
     assert reply["error"]["type"] == "invalid_request_error" and reply["error"]["message"]
+
+
+def test_ollama_embed_equals_the_openai_path(fleet):
+    """Ollama's /api/embed and the older /api/embeddings, through the `ollama` client and
+    LangChain's OllamaEmbeddings, give the vectors /v1/embeddings gives (issue 51)."""
+    import ollama
+    from langchain_ollama import OllamaEmbeddings
+
+    base, _ = fleet
+    reply = client(base).embeddings.create(model="qwen3-embed", input=TEXTS)
+    expected = [np.asarray(d.embedding) for d in reply.data]
+    ours = ollama.Client(host=base, timeout=120).embed(model="qwen3-embed", input=TEXTS)
+    assert len(ours.embeddings) == len(TEXTS) and ours.prompt_eval_count > 0
+    for got, want in zip(ours.embeddings, expected, strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    old = ollama.Client(host=base, timeout=120).embeddings(model="qwen3-embed", prompt=TEXTS[0])
+    np.testing.assert_allclose(old.embedding, expected[0], rtol=1e-5, atol=1e-6)
+    chain = OllamaEmbeddings(model="qwen3-embed", base_url=base)
+    for got, want in zip(chain.embed_documents(TEXTS), expected, strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(chain.embed_query(TEXTS[1]), expected[1], rtol=1e-5, atol=1e-6)
+
+
+def test_an_embeddings_batch_returns_the_vectors_live_requests_get(fleet):
+    """Issue 50: a Batch API batch of /v1/embeddings lines, through the real worker, answers
+    each line with the vectors the same body gets live."""
+    import time
+
+    base, _ = fleet
+    api = client(base)
+    bodies = [{"model": "qwen3-embed", "input": text} for text in TEXTS]
+    lines = [
+        {"custom_id": f"e{i}", "method": "POST", "url": "/v1/embeddings", "body": body}
+        for i, body in enumerate(bodies)
+    ]
+    data = "".join(json.dumps(x) + "\n" for x in lines).encode()
+    source = api.files.create(file=("embed.jsonl", data), purpose="batch")
+    batch = api.batches.create(
+        input_file_id=source.id, endpoint="/v1/embeddings", completion_window="24h"
+    )
+    deadline = time.monotonic() + 120
+    while batch.status not in ("completed", "failed", "cancelled", "expired"):
+        assert time.monotonic() < deadline, batch
+        time.sleep(0.3)
+        batch = api.batches.retrieve(batch.id)
+    assert batch.status == "completed" and batch.request_counts.completed == len(TEXTS), batch
+    answers = {}
+    for row in api.files.content(batch.output_file_id).text.splitlines():
+        entry = json.loads(row)
+        assert entry["response"]["status_code"] == 200, entry
+        answers[entry["custom_id"]] = entry["response"]["body"]["data"][0]["embedding"]
+    for i, body in enumerate(bodies):
+        live = api.embeddings.create(**body, encoding_format="float").data[0].embedding
+        np.testing.assert_allclose(answers[f"e{i}"], live, rtol=1e-5, atol=1e-6)
