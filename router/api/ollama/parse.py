@@ -141,7 +141,8 @@ def stream_of(body: dict) -> bool:
 
 def options_of(body: dict) -> dict:
     options = typed_field(body, "options", dict, {})
-    unknown = sorted(options.keys() - OPTIONS)
+    # null is absent, as for every option here (LangChain sends each one it knows, most null)
+    unknown = sorted(k for k, v in options.items() if v is not None and k not in OPTIONS)
     if unknown:
         raise bad_request(
             f"'options.{unknown[0]}' is not supported (docs/api.md lists the options served)",

@@ -130,6 +130,17 @@ async def test_format_and_options_reach_the_sampling(cluster, model):
     assert json.loads(sampling.grammar.source) == {"type": "object"}
 
 
+async def test_null_options_are_absent_even_those_not_served(cluster, model):
+    """LangChain's OllamaEmbeddings and others send every option they know, most of them
+    null: null is absent; `mirostat: 1` is still a 400 (above)."""
+    await cluster.add_worker("w1")
+    options = {"mirostat": None, "tfs_z": None, "temperature": None, "num_predict": 2}
+    resp = await cluster.client.post(
+        "/api/chat", json={"model": model, "messages": ASK, "options": options, "stream": False}
+    )
+    assert resp.status == 200, await resp.text()
+
+
 @pytest.mark.parametrize(
     ("body", "named"),
     [
