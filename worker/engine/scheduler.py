@@ -99,13 +99,18 @@ class Scheduler:
         decode = self._schedule_decode(preempted)
         self._plan_drafts(decode)
         budget = self.config.step_token_budget - sum(1 + len(s.draft) for s in decode)
-        prefill = self._continue_prefills(budget, preempted)
+        # batch lines prefill one chunk's worth a step, all of them together: an interactive
+        # request that arrives while a step runs waits for a short one, not for eight prompts
+        batch = self.config.prefill_chunk
+        prefill = self._continue_prefills(budget, preempted, batch)
         budget -= sum(c.num_tokens for c in prefill)
+        batch -= sum(c.num_tokens for c in prefill if c.seq.yields)
         if not preempted:
             # (after a preemption the pool is full anyway; and admitting now could take back
             # a sequence preempted above, already in this plan: planned twice, its rows would
             # run past its new blocks)
-            prefill += self._admit(budget, interactive=any(not c.seq.yields for c in prefill))
+            interactive = any(not c.seq.yields for c in prefill)
+            prefill += self._admit(budget, interactive, batch)
         # a later reservation may have preempted a sequence planned earlier in this step
         decode = [s for s in decode if s.status is Status.RUNNING]
         prefill = [c for c in prefill if c.seq.status is Status.RUNNING]
@@ -186,25 +191,32 @@ class Scheduler:
                 decode.append(seq)
         return decode
 
-    def _continue_prefills(self, budget: int, preempted: list[Sequence]) -> list[PrefillChunk]:
+    def _continue_prefills(
+        self, budget: int, preempted: list[Sequence], batch: int
+    ) -> list[PrefillChunk]:
+        """Mutates: the next chunk of each running prompt, oldest first, within `budget`
+        tokens, and within `batch` tokens for batch lines' prompts together."""
         chunks = []
         for seq in sorted((s for s in self.running if s.is_prefilling), key=lambda s: s.arrival):
             n = min(self.config.prefill_chunk, seq.prefill_left, budget)
+            n = min(n, batch) if seq.yields else n
             n = self.kv.chunk(seq, n)
             if seq.status is not Status.RUNNING or n <= 0:
                 continue
             if self._reserve(seq, seq.num_computed + n, preempted):
                 chunks.append(PrefillChunk(seq, n))
                 budget -= n
+                batch -= n if seq.yields else 0
         return chunks
 
-    def _admit(self, budget: int, interactive: bool = False) -> list[PrefillChunk]:
+    def _admit(self, budget: int, interactive: bool, batch: int) -> list[PrefillChunk]:
         """Mutates: admit waiting sequences, in queue order, while the step has budget and
-        the pool room; no batch line once an interactive prompt prefills in this step
-        (`interactive`: one already does), as it would pause at once (yield_to_interactive)."""
+        the pool room; a batch line only within `batch` tokens of batch prompts, and none
+        once an interactive prompt prefills in this step (`interactive`: one already does),
+        as it would pause at once (yield_to_interactive)."""
         chunks, deferred = [], []
         while self.waiting and budget > 0 and len(self.running) < self.config.max_running:
-            if self.waiting[0].yields and interactive:
+            if self.waiting[0].yields and (interactive or batch <= 0):
                 break
             if not self.kv.room(self.waiting[0], self.running):
                 break
@@ -219,7 +231,7 @@ class Scheduler:
             prefix = self.kv.hold(prompt)
             done = prefix.num_tokens
             left = len(seq.tokens) - done - (1 if seq.forks else 0)
-            n = min(self.config.prefill_chunk, left, budget)
+            n = min(self.config.prefill_chunk, left, budget, batch if seq.yields else budget)
             self.kv.plan(seq, prefix)
             n = self.kv.chunk(seq, n, done)
             n = n if self.running else self.kv.chunk_that_fits(prefix, n)
@@ -231,6 +243,7 @@ class Scheduler:
                 chunks.append(PrefillChunk(seq, n))
                 interactive = interactive or not seq.yields
             budget -= n
+            batch -= n if seq.yields else 0
         self.waiting.extendleft(reversed(deferred))
         return chunks
 

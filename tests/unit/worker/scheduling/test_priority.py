@@ -163,3 +163,29 @@ def test_paused_batch_lines_answer_as_if_never_paused():
     assert paused >= 2
     for name, prompt in prompts.items():
         assert outputs[name] == reference_greedy(model, prompt, 12), name
+
+
+def test_batch_prompts_prefill_one_chunk_a_step_together():
+    """Issue 50: eight batch lines arriving at an idle worker prefill one chunk's worth of
+    tokens a step between them (an interactive request arriving mid-step waits for a short
+    step), while an interactive prompt still takes its own chunk beside them."""
+    pool = BlockPool(256, BLOCK, num_layers=1, num_kv_heads=1, head_dim=1)
+    config = EngineConfig(block_size=BLOCK, prefill_chunk=8, step_token_budget=64)
+    scheduler = Scheduler(KVManager(pool, RadixCache(pool), config), config, max_context=200)
+    batch = [seq(f"b{i}", i, BATCH, length=12, max_tokens=2) for i in range(8)]
+    for s in batch:
+        scheduler.add(s)
+    rng, steps = random.Random(0), 0
+    while any(s.status is not Status.FINISHED for s in batch):
+        plan = scheduler.schedule()
+        assert sum(c.num_tokens for c in plan.prefill if c.seq.yields) <= config.prefill_chunk
+        run_plan(scheduler, plan, rng)
+        steps += 1
+        if steps == 2:
+            live = seq("i0", 20, INTERACTIVE, length=12, max_tokens=2)
+            scheduler.add(live)
+            plan = scheduler.schedule()
+            assert [c.seq.request_id for c in plan.prefill] == ["i0"]
+            assert plan.prefill[0].num_tokens == config.prefill_chunk
+            run_plan(scheduler, plan, rng)
+    assert steps >= 8 * 12 // config.prefill_chunk
