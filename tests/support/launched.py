@@ -1,5 +1,6 @@
 """A launch-cluster process for end-to-end tests: started on a free port, stopped (SIGINT, then
-SIGKILL to its process group) however the test ends."""
+SIGKILL to its process group) however the test ends; and single fleet processes (a router, a
+host agent, a worker) started and stopped the same way (`spawn`, `stop_all`)."""
 
 from __future__ import annotations
 
@@ -80,3 +81,27 @@ def wait_for(what, timeout: float = 15.0, about: str = "the condition", step: fl
             return value
         time.sleep(step)
     raise AssertionError(f"{about} not within {timeout}s")
+
+
+def spawn(cmd: list[str], log: Path, env: dict | None = None) -> subprocess.Popen:
+    """`cmd` in a process group of its own, its output appended to `log` (a restarted host
+    agent keeps one log), unbuffered."""
+    env = {**(os.environ if env is None else env), "PYTHONUNBUFFERED": "1"}
+    with open(log, "ab") as out:
+        return subprocess.Popen(
+            cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
+
+
+def stop_all(procs) -> None:
+    """SIGTERM to each running process's group, then SIGKILL to those not gone in 30 s."""
+    procs = list(procs)
+    for proc in procs:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+    for proc in procs:
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()

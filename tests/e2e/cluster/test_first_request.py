@@ -6,9 +6,6 @@ slow model load (or a remote Mac still booting) would register."""
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
 import sys
 import threading
 import time
@@ -18,7 +15,7 @@ import openai
 import pytest
 
 from fleet.launch import free_port
-from tests.support.launched import get_json
+from tests.support.launched import get_json, spawn, stop_all
 from tests.support.tp_group import save_tiny_model
 
 pytestmark = pytest.mark.slow
@@ -49,16 +46,10 @@ def test_a_request_sent_when_health_first_answers_waits_for_its_worker(tmp_path)
     worker_cmd += ["--kv-memory", "16MiB"]
     procs = []
 
-    def start(cmd: list[str], name: str) -> None:
-        with open(tmp_path / f"{name}.log", "wb") as log:
-            procs.append(
-                subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-            )
-
     url = f"http://127.0.0.1:{http}"
     result: dict = {}
     try:
-        start(router_cmd, "router")
+        procs.append(spawn(router_cmd, tmp_path / "router.log"))
         code, health = first_health(url)
         assert (code, health["status"]) == (503, "starting"), health
 
@@ -78,16 +69,10 @@ def test_a_request_sent_when_health_first_answers_waits_for_its_worker(tmp_path)
         client.start()
         time.sleep(2.0)  # the request waits at the router, no worker yet
         assert client.is_alive() and not result
-        start(worker_cmd, "worker")
+        procs.append(spawn(worker_cmd, tmp_path / "worker.log"))
         client.join(timeout=150)
         assert "error" not in result, result.get("error")
         assert result["reply"].choices[0].finish_reason in ("stop", "length")
         assert get_json(f"{url}/health")["status"] == "ok"
     finally:
-        for proc in procs:
-            os.killpg(proc.pid, signal.SIGTERM)
-        for proc in procs:
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
+        stop_all(procs)

@@ -24,7 +24,7 @@ import pytest
 
 from fleet.launch import free_port
 from tests.support.hub_server import HubServer, serving
-from tests.support.launched import get_json, wait_for
+from tests.support.launched import get_json, spawn, stop_all, wait_for
 from tests.support.tp_group import save_tiny_model
 
 pytestmark = pytest.mark.slow
@@ -48,21 +48,9 @@ def config_text(port: int, zmq: str) -> str:
     )
 
 
-def start(cmd: list[str], log: Path, env: dict) -> subprocess.Popen:
-    with open(log, "ab") as out:
-        return subprocess.Popen(
-            cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
-        )
-
-
-def stop(proc: subprocess.Popen, sig: int = signal.SIGTERM) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, sig)
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+def killed(proc: subprocess.Popen) -> None:
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
 
 
 def streamed_chat(url: str, model: str) -> list[str]:
@@ -123,10 +111,10 @@ def test_hub_models_fetch_with_progress_resume_after_a_kill_and_refuse_a_bad_fil
         py = [sys.executable, "-m"]
         host_cmd = py + ["fleet.host", "--config", str(config), "--host-id", "host-a"]
         host_cmd += ["--memory-budget", "8GiB", "--log-dir", str(tmp_path / "host-a")]
-        router = start(
+        router = spawn(
             py + ["router", "--config", str(config)], tmp_path / "router.log", router_env
         )
-        host = start(host_cmd, tmp_path / "host.log", host_env)
+        host = spawn(host_cmd, tmp_path / "host.log", host_env)
         url = f"http://127.0.0.1:{port}"
         try:
             wait_for(lambda: _one_host(url), 90, "the host agent")
@@ -173,18 +161,17 @@ def test_hub_models_fetch_with_progress_resume_after_a_kill_and_refuse_a_bad_fil
                 "the fetch of 'again' under way",
             )
             assert placement(url, "again")["fetching"]["host-a"]["percent"] > 0
-            stop(host, signal.SIGKILL)
+            killed(host)
             before = hub.served["org/again/model.safetensors"]
             assert 0 < before < weights
-            host = start(host_cmd, tmp_path / "host.log", host_env)
+            host = spawn(host_cmd, tmp_path / "host.log", host_env)
             waiter.join(timeout=120)
             status, body = result["reply"]
             assert status == 200, body
             resumed = hub.served["org/again/model.safetensors"] - before
             assert 0 < resumed < weights, (before, resumed, weights)
         finally:
-            stop(host)
-            stop(router)
+            stop_all([host, router])
 
 
 def _one_host(url: str) -> bool:

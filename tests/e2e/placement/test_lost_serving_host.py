@@ -10,18 +10,16 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import subprocess
 import sys
 import threading
 from collections import Counter
-from pathlib import Path
 
 import openai
 import pytest
 
 from fleet.launch import free_port
 from shared.placement.footprint import computes_in_float32, estimate
-from tests.support.launched import get_json, wait_for
+from tests.support.launched import get_json, spawn, stop_all, wait_for
 from tests.support.tp_group import save_tiny_model
 
 pytestmark = pytest.mark.slow
@@ -137,14 +135,6 @@ class Traffic:
         return self.outcomes
 
 
-def start(cmd: list[str], log: Path) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    with open(log, "ab") as out:
-        return subprocess.Popen(
-            cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
-        )
-
-
 def test_requests_survive_a_lost_host_and_a_lost_worker_within_budgets(tmp_path):
     tinies = {f"tiny{i}": save_tiny_model(tmp_path / f"tiny{i}", seed=10 + i) for i in range(1, 4)}
     broken = tmp_path / "broken"
@@ -163,12 +153,12 @@ def test_requests_survive_a_lost_host_and_a_lost_worker_within_budgets(tmp_path)
     config = tmp_path / "fleet.toml"
     config.write_text(text)
     py = [sys.executable, "-m"]
-    procs = {"router": start(py + ["router", "--config", str(config)], tmp_path / "router.log")}
+    procs = {"router": spawn(py + ["router", "--config", str(config)], tmp_path / "router.log")}
 
     def start_host(host: str) -> None:
         cmd = py + ["fleet.host", "--config", str(config), "--host-id", host]
         cmd += ["--memory-budget", str(budget), "--log-dir", str(tmp_path / host)]
-        procs[host] = start(cmd, tmp_path / f"{host}.log")
+        procs[host] = spawn(cmd, tmp_path / f"{host}.log")
 
     for host in ("host-a", "host-b"):
         start_host(host)
@@ -216,12 +206,5 @@ def test_requests_survive_a_lost_host_and_a_lost_worker_within_budgets(tmp_path)
     finally:
         if watch is not None:
             watch.stop()
-        for proc in procs.values():
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
-        for proc in procs.values():
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
+        stop_all(procs.values())
     assert watch.looks > 20 and watch.bad == [], watch.bad[:5]

@@ -9,10 +9,8 @@ loads a model has that model placed on the other host."""
 from __future__ import annotations
 
 import importlib.util
-import os
 import shutil
 import signal
-import subprocess
 import sys
 import threading
 from pathlib import Path
@@ -23,7 +21,7 @@ import pytest
 from fleet.launch import free_port
 from shared.models.store import resolve_model
 from shared.placement.footprint import computes_in_float32, estimate
-from tests.support.launched import get_json, launch_cluster, wait_for
+from tests.support.launched import get_json, launch_cluster, spawn, stop_all, wait_for
 from tests.support.tp_group import save_tiny_model
 
 pytestmark = [
@@ -148,14 +146,6 @@ def test_models_load_where_there_is_room_and_evict_the_idle(models, tmp_path):
     print(f"measured rss vs estimate: {watch.rss}")
 
 
-def start(cmd: list[str], log: Path) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    with open(log, "wb") as out:
-        return subprocess.Popen(
-            cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
-        )
-
-
 def test_a_failed_load_names_its_cause_and_a_killed_host_is_replaced(models, tmp_path):
     broken = tmp_path / "broken"
     shutil.copytree(models["tiny"], broken)
@@ -167,11 +157,11 @@ def test_a_failed_load_names_its_cause_and_a_killed_host_is_replaced(models, tmp
     config = tmp_path / "fleet.toml"
     config.write_text(catalog(models["smol"], models["tiny"], extra))
     py = [sys.executable, "-m"]
-    procs = {"router": start(py + ["router", "--config", str(config)], tmp_path / "router.log")}
+    procs = {"router": spawn(py + ["router", "--config", str(config)], tmp_path / "router.log")}
     for host in ("host-a", "host-b"):
         cmd = py + ["fleet.host", "--config", str(config), "--host-id", host]
         cmd += ["--memory-budget", "8GiB", "--log-dir", str(tmp_path / host)]
-        procs[host] = start(cmd, tmp_path / f"{host}.log")
+        procs[host] = spawn(cmd, tmp_path / f"{host}.log")
     url = f"http://127.0.0.1:{port}"
     try:
         wait_for(lambda: len(_hosts_or_none(url) or {}) == 2, 90, "two host agents")
@@ -207,14 +197,7 @@ def test_a_failed_load_names_its_cause_and_a_killed_host_is_replaced(models, tmp
         assert not hosts(url)[loading]["alive"]
         api.completions.create(model="tiny", prompt="again", max_tokens=2)  # served there
     finally:
-        for proc in procs.values():
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
-        for proc in procs.values():
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
+        stop_all(procs.values())
 
 
 def _hosts_or_none(url: str) -> dict | None:

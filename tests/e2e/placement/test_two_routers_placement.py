@@ -8,32 +8,23 @@ next model asked of it. The operator's pin asked of the follower is done by the 
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
 import threading
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import openai
 import pytest
 
 from fleet.launch import free_port
-from tests.support.launched import get_json, wait_for
+from tests.e2e.routers.fleet_processes import stream_chat
+from tests.support.launched import get_json, spawn, stop_all, wait_for
 from tests.support.tp_group import save_tiny_model
 
 pytestmark = pytest.mark.slow
 KV = 64 << 20
-
-
-def start(cmd: list[str], log: Path) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    with open(log, "wb") as out:
-        return subprocess.Popen(
-            cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
-        )
 
 
 def cluster_or_none(url: str) -> dict | None:
@@ -83,32 +74,6 @@ def ask(url: str, model: str) -> str:
     return reply.choices[0].message.content or ""
 
 
-def ask_streamed(url: str, model: str) -> int:
-    """A streamed chat completion read to its end (`: loading` comments and all); its chunks.
-    Raises unless it ends with [DONE] and no error event."""
-    body = {
-        "model": model,
-        "max_tokens": 3,
-        "stream": True,
-        "messages": [{"role": "user", "content": "hi"}],
-    }
-    request = urllib.request.Request(
-        f"{url}/v1/chat/completions",
-        json.dumps(body).encode(),
-        {"content-type": "application/json"},
-    )
-    chunks = 0
-    with urllib.request.urlopen(request, timeout=120) as reply:
-        for raw in reply:
-            line = raw.decode().strip()
-            if line == "data: [DONE]":
-                return chunks
-            if line.startswith("data: "):
-                assert "error" not in json.loads(line[6:]), line
-                chunks += 1
-    raise AssertionError("the stream ended without [DONE]")
-
-
 def test_two_routers_place_as_one_and_survive_the_leader(tmp_path, redis_url):
     models = {m: save_tiny_model(tmp_path / m, seed=i) for i, m in enumerate(("one", "two"))}
     zmqs = [f"tcp://127.0.0.1:{free_port()}" for _ in range(2)]
@@ -125,11 +90,11 @@ def test_two_routers_place_as_one_and_survive_the_leader(tmp_path, redis_url):
     procs: dict[str, subprocess.Popen] = {}
     for i, (port, zmq) in enumerate(zip(ports, zmqs, strict=True)):
         cmd = py + ["router", "--config", str(config), "--port", str(port), "--zmq-bind", zmq]
-        procs[f"router-{i}"] = start(cmd, tmp_path / f"router-{i}.log")
+        procs[f"router-{i}"] = spawn(cmd, tmp_path / f"router-{i}.log")
     for host in ("host-a", "host-b"):
         cmd = py + ["fleet.host", "--config", str(config), "--host-id", host]
         cmd += ["--memory-budget", "8GiB", "--log-dir", str(tmp_path / host)]
-        procs[host] = start(cmd, tmp_path / f"{host}.log")
+        procs[host] = spawn(cmd, tmp_path / f"{host}.log")
     urls = [f"http://127.0.0.1:{port}" for port in ports]
     watch = None
     try:
@@ -149,7 +114,7 @@ def test_two_routers_place_as_one_and_survive_the_leader(tmp_path, redis_url):
         watch = WorkerCount(urls, "one")
         with ThreadPoolExecutor(8) as pool:
             through_survivor = [pool.submit(ask, survivor, "one") for _ in range(3)]
-            through_survivor.append(pool.submit(ask_streamed, survivor, "one"))
+            through_survivor.append(pool.submit(stream_chat, survivor, "hi", 3, "one"))
             through_leader = [pool.submit(ask, leader, "one") for _ in range(4)]
             wait_for(lambda: workers_of(cluster_or_none(survivor), "one"), 30, "one loading")
             procs[f"router-{leading}"].send_signal(signal.SIGKILL)  # while it loads
@@ -171,14 +136,7 @@ def test_two_routers_place_as_one_and_survive_the_leader(tmp_path, redis_url):
     finally:
         if watch is not None:
             watch.stop()
-        for proc in procs.values():
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
-        for proc in procs.values():
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
+        stop_all(procs.values())
 
 
 def _agreed_leader(views: list[dict | None]) -> str | None:

@@ -104,11 +104,11 @@ def chat(url: str, question: str, system: str = SYSTEM, max_tokens: int = 8) -> 
         return json.loads(r.read())
 
 
-def stream_chat(url: str, question: str, max_tokens: int = 24) -> int:
-    """A streamed chat completion read to its end; the number of chunks. Raises unless the
-    stream ends with [DONE] and no error event."""
+def stream_chat(url: str, question: str, max_tokens: int = 24, model: str = MODEL) -> int:
+    """A streamed chat completion read to its end (`: loading` comments and all); the number
+    of chunks. Raises unless the stream ends with [DONE] and no error event."""
     body = {
-        "model": MODEL,
+        "model": model,
         "max_tokens": max_tokens,
         "stream": True,
         "messages": [{"role": "user", "content": question}],
