@@ -21,7 +21,7 @@ from shared.parent_watch import SPAWNED_AT_ENV, watch_parent
 
 # [worker] settings past the KV budget and batch shape, in --help order
 ENGINE_FLAGS = ("attention_backend", "speculative", "kv_disk", "kv_disk_dir")
-ENGINE_FLAGS += ("kv_bits", "kv_group_size", "pin_share")
+ENGINE_FLAGS += ("kv_bits", "kv_group_size", "pin_share", "batch_hold_s")
 ENGINE_FLAGS += ("curve_secret_key", "curve_server_key", "kv_peer_bind", "kv_peer_key", "role")
 
 

@@ -55,6 +55,9 @@ class EngineConfig:
     # share of the pool cache pins may hold (worker/kv/pins.py); past it, the oldest
     # pins are released first
     pin_share: float = _worker("pin_share")
+    # batch work waits this long after the last interactive request ends, for the next one
+    # (worker/engine/batch_yield.py)
+    batch_hold_s: float = _worker("batch_hold_s")
 
     def validate(self) -> None:
         if self.block_size < 1 or self.block_size & (self.block_size - 1):
@@ -76,6 +79,8 @@ class EngineConfig:
             raise ValueError(f"kv_bits must be one of {KV_BITS}, got {self.kv_bits}")
         if self.kv_group_size not in (32, 64, 128):
             raise ValueError(f"kv_group_size must be 32, 64 or 128, got {self.kv_group_size}")
+        if self.batch_hold_s < 0:
+            raise ValueError(f"batch_hold_s must be >= 0, got {self.batch_hold_s}")
         if not 0 <= self.pin_share <= 1:
             raise ValueError(f"pin_share must be in [0, 1], got {self.pin_share}")
         if not 0 < self.kv_memory_fraction < 1:

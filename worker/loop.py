@@ -124,13 +124,14 @@ class WorkerLoop:
         self.watchdog.start()
         try:
             while not self.stopping.is_set():
-                self._handle_inbound(block=not self.engine.has_work())
+                hold = self.engine.hold_s()  # batch work waiting for an interactive request
+                self._handle_inbound(block=hold > 0 or not self.engine.has_work(), wait=hold)
                 for msg, prepared in self.images.ready():
                     self._admit(msg, prepared)
                 if self.peer is not None:
                     for msg in self.peer.turn():
                         self._generate(msg)
-                if self.engine.has_work():
+                if self.engine.has_work() and self.engine.hold_s() == 0:
                     self._step()
                 elif self.on_idle is not None:
                     self.on_idle()
@@ -153,10 +154,12 @@ class WorkerLoop:
         """Wakes the loop from its idle wait: a peer's fetch to serve, or a pull done."""
         self.routers.wake()
 
-    def _handle_inbound(self, block: bool) -> None:
+    def _handle_inbound(self, block: bool, wait: float = 0.0) -> None:
+        """Every message that arrived; `block`: wait for one first, `wait` seconds (0: up to
+        IDLE_WAIT_S)."""
         try:
             msg = (
-                self.routers.inbound.get(timeout=IDLE_WAIT_S)
+                self.routers.inbound.get(timeout=wait or IDLE_WAIT_S)
                 if block
                 else self.routers.inbound.get_nowait()
             )

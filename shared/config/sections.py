@@ -220,6 +220,14 @@ class WorkerSection:
         "most of the KV pool that cache pins (Anthropic cache_control, OpenAI "
         "prompt_cache_retention) may hold, 0-1; past it the oldest pins are released (0: none)",
     )
+    batch_hold_s: float = spec(
+        0.15,
+        number(0.0, 10.0),
+        "when the last interactive request on a worker ends, batch (Batch API) work waits "
+        "this long for the next one before it runs again, so a client that sends its next "
+        "request at once finds the worker free (0: no wait)",
+        flag="--batch-hold",
+    )
     log_level: str = spec(
         "INFO",
         string(LOG_LEVELS, parse=str.upper),

@@ -269,6 +269,13 @@ class Engine:
             self.scheduler.has_work() or self._inflight is not None or bool(self._pending_failures)
         )
 
+    def hold_s(self) -> float:
+        """Seconds `step` would do nothing: batch work waiting for an interactive request
+        likely on its way (worker/engine/batch_yield.py); 0 when a step has something to do."""
+        if self._inflight is not None or self._pending_failures:
+            return 0.0
+        return self.scheduler.hold_s()
+
     def drain_kv_events(self) -> list[KVEvent]:
         return self.kv_events.drain()
 

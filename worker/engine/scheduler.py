@@ -20,11 +20,14 @@ only rows whose drafts are usually accepted, and a step where no row drafts stay
 
 from __future__ import annotations
 
+import time
 from collections import deque
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from worker.attention.shared_prefix import gathered_keys
 from worker.engine.admission import shares_pending_prefill
+from worker.engine.batch_yield import BatchHold, yield_to_interactive
 from worker.engine.sequence import Sequence, Status, enqueue, preemption_victim
 from worker.engine.step_kind import (
     REFERENCE_COSTS,
@@ -51,9 +54,10 @@ class Scheduler:
         config: EngineConfig,
         max_context: int,
         costs: ForwardCosts = REFERENCE_COSTS,
+        clock: Callable[[], float] = time.monotonic,
     ):
         """`kv`: the KV manager (worker/engine/caches/manager.py), the only one touching the
-        block pool, the prefix cache and every cache kind."""
+        block pool, the prefix cache and every cache kind. `clock`: for the batch hold."""
         self.kv, self.config, self.costs = kv, config, costs
         self.states = kv.states  # hybrid models' recurrent state slots (whether any)
         self.pad_states = True  # whether their prefill rows may be right-padded
@@ -63,6 +67,7 @@ class Scheduler:
         self.running: list[Sequence] = []
         # sequences ended since the runner last heard (`take_finished`): it drops their state
         self.finished: list[RequestKey] = []
+        self.batch_hold = BatchHold(config.batch_hold_s, clock)  # worker/engine/batch_yield.py
 
     # ---- queue -------------------------------------------------------------------------
 
@@ -78,6 +83,17 @@ class Scheduler:
             self.waiting.remove(seq)
         seq.status = Status.FINISHED
         self.finished.append(seq.key)
+        if not seq.yields and not self.interactive():
+            self.batch_hold.ended()
+
+    def interactive(self) -> bool:
+        """Whether interactive (not batch) work is queued or running."""
+        return any(not s.yields for s in (*self.waiting, *self.running))
+
+    def hold_s(self) -> float:
+        """Seconds to run nothing: only batch work is here, and the last interactive request
+        ended within the hold (its client's next one is likely on its way)."""
+        return self.batch_hold.hold_left(self.interactive()) if self.has_work() else 0.0
 
     def take_finished(self) -> list[RequestKey]:
         """Mutates: the sequences ended since the last call (for the runner's next forward)."""
@@ -95,6 +111,8 @@ class Scheduler:
 
     def schedule(self) -> StepPlan:
         preempted: list[Sequence] = []
+        if self.hold_s() > 0:
+            return StepPlan(StepKind.IDLE, [], [], [])
         self._fork_ready()
         decode = self._schedule_decode(preempted)
         self._plan_drafts(decode)
@@ -128,6 +146,8 @@ class Scheduler:
         preempting. Does not mutate."""
         if self._can_admit() or len(self.running) != len(seqs):
             return False
+        if not self.batch_hold.pipelines(seqs, self.interactive()):
+            return False  # batch rows only, interactive work recent: no step queued ahead
         for seq in seqs:
             if seq.status is not Status.RUNNING or seq.num_uncomputed != 0:
                 return False
@@ -329,19 +349,6 @@ class Scheduler:
         """Like remove, but nothing of `seq` enters the prefix cache (its KV is suspect)."""
         self.kv.distrust(seq)
         self.remove(seq)
-
-
-def yield_to_interactive(
-    decode: list[Sequence], prefill: list[PrefillChunk]
-) -> tuple[list[Sequence], list[PrefillChunk]]:
-    """A step's rows less its batch lines' when an interactive prompt prefills in it: that
-    prompt's first token is not slowed by batch rows (issue 50). The paused lines keep their
-    blocks and computed tokens and resume, without recomputing anything, in the first step
-    where no interactive prompt prefills. A prompt that only prefills never pauses them for
-    ever: the pause needs an interactive chunk in the step, so each paused step moves one on."""
-    if all(c.seq.yields for c in prefill):
-        return decode, prefill
-    return [s for s in decode if not s.yields], [c for c in prefill if not c.seq.yields]
 
 
 def draft_budget(seq: Sequence, config: EngineConfig, max_context: int) -> int:

@@ -58,7 +58,7 @@ def test_under_pressure_batch_sequences_are_preempted_and_interactive_ones_finis
     """A small pool: two batch sequences started first, then interactive ones arrive; every
     preemption takes a batch sequence while one runs, and the interactive ones finish first."""
     pool = BlockPool(17, BLOCK, num_layers=1, num_kv_heads=1, head_dim=1)
-    config = EngineConfig(block_size=BLOCK, prefill_chunk=8, step_token_budget=16)
+    config = EngineConfig(block_size=BLOCK, prefill_chunk=8, step_token_budget=16, batch_hold_s=0)
     scheduler = Scheduler(KVManager(pool, RadixCache(pool), config), config, max_context=200)
     batch = [seq(f"b{i}", i, BATCH, length=12, max_tokens=20) for i in range(2)]
     interactive = [seq(f"i{i}", 10 + i, INTERACTIVE, length=12, max_tokens=12) for i in range(2)]
@@ -103,7 +103,7 @@ def test_batch_lines_pause_while_an_interactive_prompt_prefills_and_resume_intac
     their blocks and computed tokens (never preempted, nothing recomputed) and decode again
     once it has its first token. A batch line waiting then is admitted only after."""
     pool = BlockPool(64, BLOCK, num_layers=1, num_kv_heads=1, head_dim=1)
-    config = EngineConfig(block_size=BLOCK, prefill_chunk=8, step_token_budget=32)
+    config = EngineConfig(block_size=BLOCK, prefill_chunk=8, step_token_budget=32, batch_hold_s=0)
     scheduler = Scheduler(KVManager(pool, RadixCache(pool), config), config, max_context=200)
     batch = [seq(f"b{i}", i, BATCH, length=6, max_tokens=40) for i in range(2)]
     for s in batch:
@@ -140,7 +140,7 @@ def test_paused_batch_lines_answer_as_if_never_paused():
     from tests.support.engine_fixtures import make_engine, reference_greedy, tiny_model
 
     model = tiny_model()
-    engine = make_engine(model)
+    engine = make_engine(model, batch_hold_s=0)  # (the hold: test_batch_hold.py)
     greedy = SamplingParams(max_tokens=12, temperature=0.0)
     prompts = {"b0": list(range(1, 20)), "b1": list(range(30, 45))}
     for name, prompt in prompts.items():
@@ -170,7 +170,7 @@ def test_batch_prompts_prefill_one_chunk_a_step_together():
     tokens a step between them (an interactive request arriving mid-step waits for a short
     step), while an interactive prompt still takes its own chunk beside them."""
     pool = BlockPool(256, BLOCK, num_layers=1, num_kv_heads=1, head_dim=1)
-    config = EngineConfig(block_size=BLOCK, prefill_chunk=8, step_token_budget=64)
+    config = EngineConfig(block_size=BLOCK, prefill_chunk=8, step_token_budget=64, batch_hold_s=0)
     scheduler = Scheduler(KVManager(pool, RadixCache(pool), config), config, max_context=200)
     batch = [seq(f"b{i}", i, BATCH, length=12, max_tokens=2) for i in range(8)]
     for s in batch:
