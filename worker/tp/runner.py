@@ -39,6 +39,7 @@ import mlx.nn as nn
 
 from shared.protocol import GroupReport, RankReport
 from shared.tensor_parallel import GroupError, check_divides
+from worker.engine.caches.mirror import MirrorKV
 from worker.kv.block_pool import BlockPool
 from worker.runner.model_runner import LayerTimes, ModelRunner, Row, StepOutput
 from worker.runner.model_support import COVERED_ARCHITECTURES, model_type
@@ -291,6 +292,7 @@ class LeaderRunner:
 
 def serve_follower(runner: ModelRunner, wire: StepWire, watchdog: Watchdog) -> int:
     """Run the leader's forwards until it says stop (0) or the group breaks (exits)."""
+    kv = MirrorKV(runner.pool)  # the follower's pool, changed only as the leader's was
     rank = f"rank {wire.group.rank()}"
     while True:
         watchdog.check_in()
@@ -300,14 +302,13 @@ def serve_follower(runner: ModelRunner, wire: StepWire, watchdog: Watchdog) -> i
                 log.info("%s: the leader stopped the group", rank)
                 return 0
             if op is Op.STEP:
-                run_step(runner, decode_step(ints, device_tokens))
+                run_step(runner, kv, decode_step(ints, device_tokens))
         except RuntimeError as exc:
             group_lost(rank, exc)
 
 
-def run_step(runner: ModelRunner, step: WireStep) -> None:
-    for src, dst in step.copies:  # the leader's copy-on-write, on this rank's heads
-        runner.pool.copy_block(src, dst)
+def run_step(runner: ModelRunner, kv: MirrorKV, step: WireStep) -> None:
+    kv.repeat_copies(step.copies)  # the leader's copies on write, on this rank's heads
     hidden, _ = runner.forward(step.rows)
     pool = runner.pool
     # The leader evaluates the hidden states only when it samples: the same collectives here.

@@ -41,6 +41,7 @@ from worker.engine.caches.manager import (
     Prefix,
     PrefixEvicted,
 )
+from worker.engine.caches.mirror import MirrorKV
 from worker.engine.caches.tails import TailKind
 
 __all__ = [
@@ -52,6 +53,7 @@ __all__ = [
     "ChunkKind",
     "Hit",
     "KVManager",
+    "MirrorKV",
     "Prefix",
     "PrefixEvicted",
     "StateKind",
