@@ -4,6 +4,7 @@ cluster (`launch-cluster --workers 1`), driven by the official openai client."""
 from __future__ import annotations
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 
 import jsonschema
 import pytest
@@ -46,12 +47,14 @@ def cluster(model_cache, tmp_path_factory):
 
 
 def test_json_schema_output_parses_and_validates(cluster):
+    """Six sampled replies at once (one batch, each row its own grammar), every one valid."""
     fmt = {
         "type": "json_schema",
         "json_schema": {"name": "person", "schema": PERSON, "strict": True},
     }
-    for seed in range(6):
-        r = cluster.client.chat.completions.create(
+
+    def ask(seed: int):
+        return cluster.client.chat.completions.create(
             model=MODEL,
             messages=ASK,
             max_tokens=200,
@@ -59,6 +62,10 @@ def test_json_schema_output_parses_and_validates(cluster):
             seed=seed,
             response_format=fmt,
         )
+
+    with ThreadPoolExecutor(6) as pool:
+        replies = list(pool.map(ask, range(6)))
+    for r in replies:
         assert r.choices[0].finish_reason == "stop", r.choices[0].message.content
         jsonschema.validate(json.loads(r.choices[0].message.content), PERSON)
 

@@ -35,13 +35,13 @@ def chat_ids(model_dir, question: str) -> list[int]:
 def test_tp3_group_greedy_equals_unsharded_engine_on_the_default_model(default_model_dir, tmp_path):
     prompts = [chat_ids(default_model_dir, q) for q in QUESTIONS]
     case = {
-        # 8 usable blocks of 16 tokens for three ~40-token prompts decoding 30 tokens each:
+        # 8 usable blocks of 16 tokens for three ~40-token prompts decoding 16 tokens each:
         # preemption; the shared system prompt: cache hits; chunks of 16: chunked prefill
         "config": dict(block_size=16, num_blocks=9, prefill_chunk=16, step_token_budget=48),
         "max_context": 8192,
         "phases": [
             [{"id": "first", "prompt": prompts[0], "max_tokens": 8}],
-            [{"id": f"q{i}", "prompt": p, "max_tokens": 30} for i, p in enumerate(prompts)],
+            [{"id": f"q{i}", "prompt": p, "max_tokens": 16} for i, p in enumerate(prompts)],
         ],
     }
     expected, stats = unsharded_outputs(default_model_dir, case)
