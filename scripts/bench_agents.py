@@ -86,16 +86,25 @@ def _chat_messages(message: dict) -> list[dict]:
         return [{"role": "system", "content": _text_parts(blocks)}]
     if message["role"] == "assistant":
         text = "".join(b["text"] for b in blocks if b.get("type") == "text")
-        calls = [{"id": b["id"], "type": "function", "function": {
-                    "name": b["name"], "arguments": json.dumps(b.get("input") or {})}}
-                 for b in blocks if b.get("type") == "tool_use"]  # fmt: skip
+        calls = [
+            {
+                "id": b["id"],
+                "type": "function",
+                "function": {"name": b["name"], "arguments": json.dumps(b.get("input") or {})},
+            }
+            for b in blocks
+            if b.get("type") == "tool_use"
+        ]
         return [{"role": "assistant", "content": text, **({"tool_calls": calls} if calls else {})}]
     out = []
     for b in blocks:
         if b.get("type") == "tool_result":
             result = b.get("content")
-            text = result if isinstance(result, str) else "".join(
-                p["text"] for p in result or [] if p.get("type") == "text")  # fmt: skip
+            text = (
+                result
+                if isinstance(result, str)
+                else "".join(p["text"] for p in result or [] if p.get("type") == "text")
+            )
             out.append({"role": "tool", "tool_call_id": b["tool_use_id"], "content": text})
     parts = _text_parts([b for b in blocks if b.get("type") == "text"])
     if parts:
@@ -109,12 +118,26 @@ def anthropic_to_chat(body: dict, max_tokens: int) -> dict:
     messages = [{"role": "system", "content": _text_parts(system)}] if system else []
     for message in body["messages"]:
         messages += _chat_messages(message)
-    tools = [{"type": "function", "function": {
-                "name": t["name"], "description": t.get("description", ""),
-                "parameters": t.get("input_schema") or {"type": "object"}}}
-             for t in body.get("tools") or [] if "input_schema" in t]  # fmt: skip
-    chat = {"model": body.get("model"), "messages": messages, "max_tokens": max_tokens,
-            "temperature": 0.0, "stream": True, "stream_options": {"include_usage": True}}  # fmt: skip
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": t["name"],
+                "description": t.get("description", ""),
+                "parameters": t.get("input_schema") or {"type": "object"},
+            },
+        }
+        for t in body.get("tools") or []
+        if "input_schema" in t
+    ]
+    chat = {
+        "model": body.get("model"),
+        "messages": messages,
+        "max_tokens": max_tokens,
+        "temperature": 0.0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     return chat | ({"tools": tools} if tools else {})
 
 
@@ -164,8 +187,11 @@ def session_body(recorded: dict, session: int) -> dict:
 def next_turn(body: dict, turn: int) -> dict:
     """The request after `body`'s: a fixed assistant reply, then a new user message."""
     prompt = LATER_TURNS[(turn - 2) % len(LATER_TURNS)]
-    messages = [*body["messages"], {"role": "assistant", "content": ASSISTANT_REPLY},
-                {"role": "user", "content": prompt}]  # fmt: skip
+    messages = [
+        *body["messages"],
+        {"role": "assistant", "content": ASSISTANT_REPLY},
+        {"role": "user", "content": prompt},
+    ]
     return {**body, "messages": messages}
 
 
@@ -214,16 +240,25 @@ async def stream_turn(
     return (ttft if ttft is not None else total), total, usage or {}
 
 
-async def run_session(http, url: str, model: str, recorded: dict, session: int, turns: int,
-                      max_tokens: int) -> list[Turn]:  # fmt: skip
+async def run_session(
+    http, url: str, model: str, recorded: dict, session: int, turns: int, max_tokens: int
+) -> list[Turn]:
     body, out = session_body(recorded, session), []
     for turn in range(1, turns + 1):
         if turn > 1:
             body = next_turn(body, turn)
         chat = anthropic_to_chat({**body, "model": model}, max_tokens)
         ttft, total, usage = await stream_turn(http, url, chat)
-        out.append(Turn(session, turn, round(ttft, 3), round(total, 3),
-                        usage.get("prompt"), usage.get("cached")))  # fmt: skip
+        out.append(
+            Turn(
+                session,
+                turn,
+                round(ttft, 3),
+                round(total, 3),
+                usage.get("prompt"),
+                usage.get("cached"),
+            )
+        )
     return out
 
 
@@ -231,15 +266,25 @@ async def replay(url: str, model: str, recorded: dict, args) -> dict:
     """The first wave, then the new sessions, against one started server."""
     timeout = aiohttp.ClientTimeout(total=None, sock_read=None)
     async with aiohttp.ClientSession(timeout=timeout) as http:
-        warm = {"model": model, "messages": [{"role": "user", "content": "hi"}],
-                "max_tokens": 2, "stream": True}  # fmt: skip
+        warm = {
+            "model": model,
+            "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 2,
+            "stream": True,
+        }
         await stream_turn(http, url, warm)  # lazy set-up is not the agent's first token
-        wave = await asyncio.gather(*(
-            run_session(http, url, model, recorded, s, args.turns, args.max_tokens)
-            for s in range(args.sessions)))  # fmt: skip
-        fresh = await asyncio.gather(*(
-            run_session(http, url, model, recorded, s, 1, args.max_tokens)
-            for s in range(args.sessions, args.sessions + args.new_sessions)))  # fmt: skip
+        wave = await asyncio.gather(
+            *(
+                run_session(http, url, model, recorded, s, args.turns, args.max_tokens)
+                for s in range(args.sessions)
+            )
+        )
+        fresh = await asyncio.gather(
+            *(
+                run_session(http, url, model, recorded, s, 1, args.max_tokens)
+                for s in range(args.sessions, args.sessions + args.new_sessions)
+            )
+        )
     return summarize([t for s in wave for t in s], [t for s in fresh for t in s])
 
 
@@ -273,9 +318,14 @@ async def run_server(name: str, model_dir: Path, recorded: dict, args) -> dict:
     from scripts.loadgen.configs import service_spec
     from scripts.loadgen.services import Service, ServiceFailed
 
-    spec = service_spec(CONFIG_OF[name], model_dir, model_dir,
-                        launch_cmd=f"{sys.executable} -m fleet.launch",
-                        extra_launch_args=args.launch_args, baseline_env=baseline_env())  # fmt: skip
+    spec = service_spec(
+        CONFIG_OF[name],
+        model_dir,
+        model_dir,
+        launch_cmd=f"{sys.executable} -m fleet.launch",
+        extra_launch_args=args.launch_args,
+        baseline_env=baseline_env(),
+    )
     spec.env.setdefault("PYTHONPATH", str(ROOT))
     if name == "vllm_mlx":
         forget_vllm_mlx_prefixes(model_dir)
@@ -310,8 +360,12 @@ def combine(name: str, rounds: list[dict], model: str) -> dict:
         row[key] = _median(values)
         if len(values) > 1:
             row[key + "_rounds"] = values
-    cached = [(t["cached_tokens"], t["prompt_tokens"]) for r in done for t in r["turns"]
-              if t["wave"] == "new" and t["prompt_tokens"]]  # fmt: skip
+    cached = [
+        (t["cached_tokens"], t["prompt_tokens"])
+        for r in done
+        for t in r["turns"]
+        if t["wave"] == "new" and t["prompt_tokens"]
+    ]
     row["new_session_cached_tokens"] = cached or None  # as the server reported them
     if failures := [r["failed"] for r in rounds if "failed" in r]:
         row["failed"] = failures
@@ -342,32 +396,63 @@ def say(text: str) -> None:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(
-        prog="bench_agents", description=__doc__.split("\n\n")[0],
-        epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter,
-    )  # fmt: skip
-    ap.add_argument("--servers", default=",".join(SERVERS),
-                    help="comma-separated subset of fleet, mlx_lm, vllm_mlx (vllm_mlx needs "
-                         "scripts/setup-vllm-mlx) (default: %(default)s)")  # fmt: skip
-    ap.add_argument("--recording", type=Path, default=FIXTURE,
-                    help="a recorded Claude Code request (default: the fixture)")  # fmt: skip
-    ap.add_argument("--save-fixture", type=Path, metavar="RECORDED",
-                    help="write RECORDED (a check-coding-agents --record file) scrubbed of "
-                         "paths and ids to --recording's path, and exit")  # fmt: skip
-    ap.add_argument("--model", type=Path,
-                    help="model directory every server serves (default: the tiny long-context "
-                         "llama, built on first use)")  # fmt: skip
+        prog="bench_agents",
+        description=__doc__.split("\n\n")[0],
+        epilog=__doc__.split("\n\n", 1)[1],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    ap.add_argument(
+        "--servers",
+        default=",".join(SERVERS),
+        help="comma-separated subset of fleet, mlx_lm, vllm_mlx (vllm_mlx needs "
+        "scripts/setup-vllm-mlx) (default: %(default)s)",
+    )
+    ap.add_argument(
+        "--recording",
+        type=Path,
+        default=FIXTURE,
+        help="a recorded Claude Code request (default: the fixture)",
+    )
+    ap.add_argument(
+        "--save-fixture",
+        type=Path,
+        metavar="RECORDED",
+        help="write RECORDED (a check-coding-agents --record file) scrubbed of "
+        "paths and ids to --recording's path, and exit",
+    )
+    ap.add_argument(
+        "--model",
+        type=Path,
+        help="model directory every server serves (default: the tiny long-context "
+        "llama, built on first use)",
+    )
     ap.add_argument("--sessions", type=int, default=4, help="first wave's sessions (default 4)")
     ap.add_argument("--turns", type=int, default=3, help="turns per session (default 3)")
-    ap.add_argument("--new-sessions", type=int, default=2,
-                    help="new sessions after the first wave, one turn each (default 2)")  # fmt: skip
+    ap.add_argument(
+        "--new-sessions",
+        type=int,
+        default=2,
+        help="new sessions after the first wave, one turn each (default 2)",
+    )
     ap.add_argument("--max-tokens", type=int, default=8, help="tokens per reply (default 8)")
-    ap.add_argument("--repeats", type=int, default=1,
-                    help="rounds (servers interleaved); lines report medians (default 1)")  # fmt: skip
+    ap.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="rounds (servers interleaved); lines report medians (default 1)",
+    )
     ap.add_argument("--start-timeout", type=float, default=600, help="seconds to get healthy")
-    ap.add_argument("--launch-args", default="--kv-memory 2GiB",
-                    help="extra launch-cluster arguments (default: %(default)s)")  # fmt: skip
-    ap.add_argument("--log-dir", type=Path, default=ROOT / "bench-results" / "agents-logs",
-                    help="servers' logs (default: %(default)s)")  # fmt: skip
+    ap.add_argument(
+        "--launch-args",
+        default="--kv-memory 2GiB",
+        help="extra launch-cluster arguments (default: %(default)s)",
+    )
+    ap.add_argument(
+        "--log-dir",
+        type=Path,
+        default=ROOT / "bench-results" / "agents-logs",
+        help="servers' logs (default: %(default)s)",
+    )
     args = ap.parse_args(argv)
     args.server_names = [s.strip() for s in args.servers.split(",") if s.strip()]
     if bad := [s for s in args.server_names if s not in SERVERS]:
@@ -376,8 +461,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         from scripts.loadgen.configs import vllm_mlx_executable
 
         if vllm_mlx_executable() is None:
-            ap.error("vllm_mlx is not installed: run scripts/setup-vllm-mlx, or set "
-                     "MLX_FLEET_VLLM_MLX to its executable")  # fmt: skip
+            ap.error(
+                "vllm_mlx is not installed: run scripts/setup-vllm-mlx, or set "
+                "MLX_FLEET_VLLM_MLX to its executable"
+            )
     return args
 
 

@@ -235,8 +235,15 @@ def bench_shared_prefix_case(
     context_lengths = mx.array(lengths, dtype=mx.int32)
     scale = HEAD_DIM**-0.5
     common = dict(scale=scale, block_size=BLOCK_SIZE, max_context=max(lengths))
-    tiles = prepare_tiles(lengths, 1, NUM_HEADS, k_pool, BLOCK_SIZE,
-                          block_tables=block_tables, context_lengths=context_lengths)  # fmt: skip
+    tiles = prepare_tiles(
+        lengths,
+        1,
+        NUM_HEADS,
+        k_pool,
+        BLOCK_SIZE,
+        block_tables=block_tables,
+        context_lengths=context_lengths,
+    )
     plan = plan_shared_prefixes(tables, lengths, BLOCK_SIZE, NUM_KV_HEADS)
     # as a worker runs it: block versions given, so the prefixes' K/V are kept across calls
     # (a fresh cache: these versions repeat from case to case, a worker's never do)
@@ -252,13 +259,11 @@ def bench_shared_prefix_case(
             context_lengths,
             tiles=tiles,
             **common,
-        ),  # fmt: skip
+        ),
         "shared_prefix": partial(
             shared_prefix_attention, queries, k_pool, v_pool, plan, scale=scale
-        ),  # fmt: skip
-        "shared_kept": partial(
-            shared_prefix_attention, queries, k_pool, v_pool, kept, scale=scale
-        ),  # fmt: skip
+        ),
+        "shared_kept": partial(shared_prefix_attention, queries, k_pool, v_pool, kept, scale=scale),
     }
     reference = gather_attention(queries, k_pool, v_pool, block_tables, context_lengths, **common)
     for label, run in runs.items():
@@ -295,8 +300,13 @@ def bench_window_case(window: int, batch: int, args) -> dict:
     scale = HEAD_DIM**-0.5
 
     def tick(c: dict, w: int | None, with_sinks: bool = False) -> Callable[[], mx.array]:
-        plan = AttentionPlan(BACKENDS["mlx"], c["block_tables"], c["context_lengths"].tolist(),
-                             block_size=BLOCK_SIZE, window=w)  # fmt: skip
+        plan = AttentionPlan(
+            BACKENDS["mlx"],
+            c["block_tables"],
+            c["context_lengths"].tolist(),
+            block_size=BLOCK_SIZE,
+            window=w,
+        )
         pools = (c["queries"], c["k_pool"], c["v_pool"])
         return partial(plan, *pools, scale=scale, sinks=sinks if with_sinks else None)
 

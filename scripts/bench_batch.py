@@ -58,9 +58,11 @@ def tenants(batch: int) -> list[str]:
     another batch's (a later batch would otherwise find them cached and run faster)."""
     return [
         f"Batch {batch}. "
-        + " ".join(f"Rule {i} of desk {t}: item {i} ships in {(i * 7 + t) % 11} days." for i in range(30))
+        + " ".join(
+            f"Rule {i} of desk {t}: item {i} ships in {(i * 7 + t) % 11} days." for i in range(30)
+        )
         for t in range(4)
-    ]  # fmt: skip
+    ]
 
 
 def p(values: list[float], q: float) -> float:
@@ -89,9 +91,18 @@ async def interactive(url: str, seconds: float, concurrency: int, max_tokens: in
     async def client(k: int, session: aiohttp.ClientSession) -> None:
         n = 0
         while time.monotonic() < deadline:
-            body = {"model": MODEL, "max_tokens": max_tokens, "temperature": 0, "stream": True,
-                    "messages": [{"role": "user", "content": f"Client {k}, question {n}: "
-                                  "tell me a short fact about the sea."}]}  # fmt: skip
+            body = {
+                "model": MODEL,
+                "max_tokens": max_tokens,
+                "temperature": 0,
+                "stream": True,
+                "messages": [
+                    {
+                        "role": "user",
+                        "content": f"Client {k}, question {n}: tell me a short fact about the sea.",
+                    }
+                ],
+            }
             n += 1
             started = time.monotonic()
             first = None
@@ -107,20 +118,35 @@ async def interactive(url: str, seconds: float, concurrency: int, max_tokens: in
     timeout = aiohttp.ClientTimeout(total=600)
     async with aiohttp.ClientSession(timeout=timeout) as session:
         await asyncio.gather(*(client(k, session) for k in range(concurrency)))
-    return {"requests": len(ttfts), "ttft_p50_s": round(statistics.median(ttfts), 3),
-            "ttft_p95_s": round(p(ttfts, 0.95), 3),
-            "ttft_worst": sorted(worst, key=lambda w: -w[1])[:3]}  # fmt: skip
+    return {
+        "requests": len(ttfts),
+        "ttft_p50_s": round(statistics.median(ttfts), 3),
+        "ttft_p95_s": round(p(ttfts, 0.95), 3),
+        "ttft_worst": sorted(worst, key=lambda w: -w[1])[:3],
+    }
 
 
 async def submit_batch(url: str, lines: int, max_tokens: int, batch: int) -> str:
     items = []
     prompts = tenants(batch)
     for i in range(lines):
-        body = {"model": MODEL, "max_tokens": max_tokens, "temperature": 0,
-                "messages": [{"role": "system", "content": prompts[i % 4]},
-                             {"role": "user", "content": f"When does item {i % 30} ship?"}]}  # fmt: skip
-        items.append({"custom_id": f"line-{i}", "method": "POST",
-                      "url": "/v1/chat/completions", "body": body})  # fmt: skip
+        body = {
+            "model": MODEL,
+            "max_tokens": max_tokens,
+            "temperature": 0,
+            "messages": [
+                {"role": "system", "content": prompts[i % 4]},
+                {"role": "user", "content": f"When does item {i % 30} ship?"},
+            ],
+        }
+        items.append(
+            {
+                "custom_id": f"line-{i}",
+                "method": "POST",
+                "url": "/v1/chat/completions",
+                "body": body,
+            }
+        )
     data = "".join(json.dumps(x) + "\n" for x in items).encode()
     async with aiohttp.ClientSession() as session:
         form = aiohttp.FormData()
@@ -128,8 +154,11 @@ async def submit_batch(url: str, lines: int, max_tokens: int, batch: int) -> str
         form.add_field("file", data, filename="bench.jsonl")
         async with session.post(f"{url}/v1/files", data=form) as r:
             file_id = (await r.json())["id"]
-        create = {"input_file_id": file_id, "endpoint": "/v1/chat/completions",
-                  "completion_window": "24h"}  # fmt: skip
+        create = {
+            "input_file_id": file_id,
+            "endpoint": "/v1/chat/completions",
+            "completion_window": "24h",
+        }
         async with session.post(f"{url}/v1/batches", json=create) as r:
             return (await r.json())["id"]
 
@@ -154,27 +183,36 @@ async def measure(url: str, args, pattern: str, repeat: int, batch: int) -> dict
     beside = await interactive(url, args.seconds, clients, args.max_tokens)
     during = (await batch_state(url, batch_id))["request_counts"]["completed"]
     window_end = time.monotonic()
-    print(json.dumps({"config": "with_batch", **tag, **beside, "batch_lines_during": during}),
-          flush=True)  # fmt: skip
+    print(
+        json.dumps({"config": "with_batch", **tag, **beside, "batch_lines_during": during}),
+        flush=True,
+    )
     while (state := await batch_state(url, batch_id))["status"] not in FINAL:
         await asyncio.sleep(1)
     took = time.monotonic() - started
     counts = state["request_counts"]
     summary = {
-        "config": "summary", **tag, "workers": args.workers, "lines": args.lines,
-        "batch_status": state["status"], "batch_completed": counts["completed"],
-        "batch_failed": counts["failed"], "batch_seconds": round(took, 1),
+        "config": "summary",
+        **tag,
+        "workers": args.workers,
+        "lines": args.lines,
+        "batch_status": state["status"],
+        "batch_completed": counts["completed"],
+        "batch_failed": counts["failed"],
+        "batch_seconds": round(took, 1),
         "batch_lines_per_s": round(counts["completed"] / took, 2),
         # after the interactive window the workers are the batch's alone: its idle rate
         "batch_idle_lines_per_s": round(
             (counts["completed"] - during) / max(1e-9, time.monotonic() - window_end), 2
         ),
         "batch_beside_lines_per_s": round(during / (window_end - started), 2),
-        "ttft_p50_alone_s": alone["ttft_p50_s"], "ttft_p50_beside_s": beside["ttft_p50_s"],
-        "ttft_p95_alone_s": alone["ttft_p95_s"], "ttft_p95_beside_s": beside["ttft_p95_s"],
+        "ttft_p50_alone_s": alone["ttft_p50_s"],
+        "ttft_p50_beside_s": beside["ttft_p50_s"],
+        "ttft_p95_alone_s": alone["ttft_p95_s"],
+        "ttft_p95_beside_s": beside["ttft_p95_s"],
         "ttft_p95_ratio": round(beside["ttft_p95_s"] / alone["ttft_p95_s"], 2),
         "ttft_p50_ratio": round(beside["ttft_p50_s"] / alone["ttft_p50_s"], 2),
-    }  # fmt: skip
+    }
     print(json.dumps(summary), flush=True)
     return summary
 
@@ -193,15 +231,19 @@ def median_line(pattern: str, runs: list[dict]) -> dict:
     )
     p50_ratio = med("ttft_p50_ratio")
     return {
-        "config": "median", "pattern": pattern, "repeats": len(runs),
+        "config": "median",
+        "pattern": pattern,
+        "repeats": len(runs),
         "ttft_p50_alone_s": med("ttft_p50_alone_s"),
-        "ttft_p50_beside_s": med("ttft_p50_beside_s"), "ttft_p50_ratio": p50_ratio,
+        "ttft_p50_beside_s": med("ttft_p50_beside_s"),
+        "ttft_p50_ratio": p50_ratio,
         "ttft_p95_alone_s": med("ttft_p95_alone_s"),
-        "ttft_p95_beside_s": med("ttft_p95_beside_s"), "ttft_p95_ratio": med("ttft_p95_ratio"),
+        "ttft_p95_beside_s": med("ttft_p95_beside_s"),
+        "ttft_p95_ratio": med("ttft_p95_ratio"),
         "batch_lines_per_s": med("batch_lines_per_s"),
         "batch_finished": f"{finished}/{len(runs)}",
         "target_met": p50_ratio <= TARGET_P50_RATIO and finished == len(runs),
-    }  # fmt: skip
+    }
 
 
 async def main(args) -> None:
@@ -209,8 +251,19 @@ async def main(args) -> None:
     url = f"http://127.0.0.1:{port}"
     tmp = Path(tempfile.mkdtemp(prefix="bench-batch-"))
     env = dict(os.environ, XDG_CACHE_HOME=str(tmp / "cache"), PYTHONPATH=str(ROOT))
-    cmd = [sys.executable, "-m", "fleet.launch", "--workers", str(args.workers), "--port",
-           str(port), "--log-dir", str(tmp / "logs"), "--kv-memory", args.kv_memory]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "fleet.launch",
+        "--workers",
+        str(args.workers),
+        "--port",
+        str(port),
+        "--log-dir",
+        str(tmp / "logs"),
+        "--kv-memory",
+        args.kv_memory,
+    ]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True, start_new_session=True)
     try:
         assert "is serving" in proc.stdout.readline(), "the cluster did not come up"

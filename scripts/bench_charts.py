@@ -67,8 +67,13 @@ def engine(section: dict):
         ours, theirs = statistics.median(row["ours"]), statistics.median(row["mlx_lm"])
         ax.bar(i - width / 2, theirs, width, color=PEER, label="mlx-lm" if i == 0 else None)
         ax.bar(i + width / 2, ours, width, color=OURS, label="ours" if i == 0 else None)
-        ax.annotate(f"{ours / theirs:.2f}x", (i, max(ours, theirs)), ha="center",
-                    xytext=(0, 3), textcoords="offset points")  # fmt: skip
+        ax.annotate(
+            f"{ours / theirs:.2f}x",
+            (i, max(ours, theirs)),
+            ha="center",
+            xytext=(0, 3),
+            textcoords="offset points",
+        )
     ax.set_xticks(range(len(rows)), [f"{r['model']}\nbatch {r['batch']}" for r in rows])
     ax.set_ylabel("decode tokens/s")
     ax.set_title(section["title"])
@@ -82,10 +87,14 @@ def routing(section: dict):
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2), constrained_layout=True)
     pressure = section["pressure"]
     rows = [dict(r, ours=r["config"] == "cache_aware") for r in pressure["rows"]]
-    _bars(left, rows, "req_s", f"{pressure['title']}\nrequests/s (median of "
-          f"{pressure['runs']} rounds; hit rate below)", "{:.3f}")  # fmt: skip
-    left.set_xticks(range(len(rows)),
-                    [f"{r['config']}\n({r['hit_rate']:.0%} hit)" for r in rows])  # fmt: skip
+    _bars(
+        left,
+        rows,
+        "req_s",
+        f"{pressure['title']}\nrequests/s (median of {pressure['runs']} rounds; hit rate below)",
+        "{:.3f}",
+    )
+    left.set_xticks(range(len(rows)), [f"{r['config']}\n({r['hit_rate']:.0%} hit)" for r in rows])
     sim = section["simulation"]
     styles = {
         "capacity bound": {"color": "black", "linestyle": "--"},
@@ -111,8 +120,10 @@ def _bars(ax, rows: list[dict], key: str, title: str, label: str) -> None:
     errors = None
     if all(f"{key}_range" in r for r in rows):
         spread = [r[f"{key}_range"] for r in rows]
-        errors = [[v - lo for v, (lo, _) in zip(values, spread, strict=True)],
-                  [hi - v for v, (_, hi) in zip(values, spread, strict=True)]]  # fmt: skip
+        errors = [
+            [v - lo for v, (lo, _) in zip(values, spread, strict=True)],
+            [hi - v for v, (_, hi) in zip(values, spread, strict=True)],
+        ]
     colours = [OURS if r["ours"] else PEER for r in rows]
     bars = ax.bar(range(len(rows)), values, color=colours, yerr=errors, capsize=4)
     ax.bar_label(bars, [label.format(v) for v in values], padding=2)

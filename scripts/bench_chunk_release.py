@@ -58,10 +58,13 @@ def measure(model, expected: dict, block_size: int, window_rule: bool) -> dict:
     tokens, peak, mean = run(engine, prompts())
     engine.check_integrity()
     return {
-        "block_size": block_size, "rule": "window of a chunk" if window_rule else "chunk",
-        "kind": type(kv.kinds[0]).__name__, "live_page_units_peak": peak,
-        "live_page_units_mean": round(mean, 1), "greedy_equal_mlx_lm": tokens == expected,
-    }  # fmt: skip
+        "block_size": block_size,
+        "rule": "window of a chunk" if window_rule else "chunk",
+        "kind": type(kv.kinds[0]).__name__,
+        "live_page_units_peak": peak,
+        "live_page_units_mean": round(mean, 1),
+        "greedy_equal_mlx_lm": tokens == expected,
+    }
 
 
 def at_scale(chunk: int = 8192, block: int = 32, length: int = 65536) -> dict:

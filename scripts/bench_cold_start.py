@@ -57,9 +57,12 @@ def state(url: str, model: str) -> str:
 def ttft(api: openai.OpenAI, model: str, n: int) -> float:
     started = time.perf_counter()
     stream = api.chat.completions.create(
-        model=model, max_tokens=8, temperature=0, stream=True,
+        model=model,
+        max_tokens=8,
+        temperature=0,
+        stream=True,
         messages=[{"role": "user", "content": f"Request {n}: name three rivers of Europe."}],
-    )  # fmt: skip
+    )
     for chunk in stream:
         if chunk.choices and chunk.choices[0].delta.content:
             elapsed = time.perf_counter() - started

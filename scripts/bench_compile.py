@@ -60,9 +60,16 @@ def main() -> None:
     import mlx.nn as nn
     from mlx_lm.models.llama import MLP, ModelArgs
 
-    margs = ModelArgs(model_type="llama", hidden_size=576, num_hidden_layers=1,
-                      intermediate_size=1536, num_attention_heads=9, rms_norm_eps=1e-5,
-                      vocab_size=32, num_key_value_heads=3)  # fmt: skip
+    margs = ModelArgs(
+        model_type="llama",
+        hidden_size=576,
+        num_hidden_layers=1,
+        intermediate_size=1536,
+        num_attention_heads=9,
+        rms_norm_eps=1e-5,
+        vocab_size=32,
+        num_key_value_heads=3,
+    )
     mlp, norm = MLP(margs), nn.RMSNorm(576)
     mx.eval(mlp.parameters(), norm.parameters())
 
@@ -82,9 +89,19 @@ def main() -> None:
         for name, (fn, inputs) in pieces.items():
             eager = timed(fn, inputs, args.iters)
             compiled = timed(mx.compile(fn), inputs, args.iters)
-            print(json.dumps({"piece": name, "batch": batch, "context": ctx,
-                              "eager_ms": round(eager, 4), "compiled_ms": round(compiled, 4),
-                              "compiled_over_eager": round(compiled / eager, 3)}), flush=True)  # fmt: skip
+            print(
+                json.dumps(
+                    {
+                        "piece": name,
+                        "batch": batch,
+                        "context": ctx,
+                        "eager_ms": round(eager, 4),
+                        "compiled_ms": round(compiled, 4),
+                        "compiled_over_eager": round(compiled / eager, 3),
+                    }
+                ),
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

@@ -62,12 +62,20 @@ def main() -> None:
     for way, embedder in embedders.items():
         seconds = statistics.median(times[way])
         results[way] = (seconds, vectors[way])
-        print(json.dumps({
-            "way": way, "inputs": args.inputs, "tokens": tokens, "seconds": round(seconds, 3),
-            "inputs_per_s": round(args.inputs / seconds, 1),
-            "tokens_per_s": round(tokens / seconds, 1),
-            "forwards": len(embedder.batches(inputs)), "blas": active_blas(),
-        }))  # fmt: skip
+        print(
+            json.dumps(
+                {
+                    "way": way,
+                    "inputs": args.inputs,
+                    "tokens": tokens,
+                    "seconds": round(seconds, 3),
+                    "inputs_per_s": round(args.inputs / seconds, 1),
+                    "tokens_per_s": round(tokens / seconds, 1),
+                    "forwards": len(embedder.batches(inputs)),
+                    "blas": active_blas(),
+                }
+            )
+        )
     one, batched = results["one_per_forward"], results["batched"]
     cos = min(
         float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))

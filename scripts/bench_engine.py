@@ -27,8 +27,24 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from shared.blas import active_blas, reexec_with_blas  # noqa: E402
 
-TOPICS = ["the sea", "mountains", "a city at night", "autumn", "a library", "coffee", "the moon", "trains",
-          "a garden", "snow", "bridges", "a market", "clocks", "rivers", "a lighthouse", "deserts"]  # fmt: skip
+TOPICS = [
+    "the sea",
+    "mountains",
+    "a city at night",
+    "autumn",
+    "a library",
+    "coffee",
+    "the moon",
+    "trains",
+    "a garden",
+    "snow",
+    "bridges",
+    "a market",
+    "clocks",
+    "rivers",
+    "a lighthouse",
+    "deserts",
+]
 
 
 def chat_prompts(tokenizer, n: int, offset: int = 0) -> list[list[int]]:
@@ -90,29 +106,47 @@ def bench_batches(model, tokenizer, args) -> None:
             model, tokenizer, prompts, args.max_tokens, max_running=max(batch, 1)
         )
         plain_time, plain_out, _ = run_engine(
-            model, tokenizer, prompts, args.max_tokens, max_running=max(batch, 1),
+            model,
+            tokenizer,
+            prompts,
+            args.max_tokens,
+            max_running=max(batch, 1),
             pipeline_decode=False,
-        )  # fmt: skip
+        )
         spec_time, spec_out, spec_stats = run_engine(
-            model, tokenizer, prompts, args.max_tokens, max_running=max(batch, 1),
+            model,
+            tokenizer,
+            prompts,
+            args.max_tokens,
+            max_running=max(batch, 1),
             speculative="ngram",
-        )  # fmt: skip
+        )
         spec_tps = sum(map(len, spec_out)) / spec_time
         mlx_tps = sum(map(len, mlx_out)) / mlx_time
         ours_tps = sum(map(len, ours_out)) / ours_time
         plain_tps = sum(map(len, plain_out)) / plain_time
         same = sum(a == b for a, b in zip(mlx_out, ours_out, strict=True))
-        print(json.dumps({
-            "bench": "throughput", "batch": batch, "max_tokens": args.max_tokens,
-            "mlx_lm_tok_s": round(mlx_tps, 1), "engine_tok_s": round(ours_tps, 1),
-            "ratio": round(ours_tps / mlx_tps, 2), "identical_outputs": f"{same}/{batch}",
-            "engine_unpipelined_tok_s": round(plain_tps, 1),
-            "pipelining_gain": round(ours_tps / plain_tps, 2),
-            "engine_spec_tok_s": round(spec_tps, 1), "spec_ratio": round(spec_tps / mlx_tps, 2),
-            "spec_acceptance": round(spec_stats["spec_acceptance"], 2),
-            "spec_identical": spec_out == ours_out,
-            "engine_decode_step_p50_ms": round(stats["decode_step_p50_ms"], 1),
-        }), flush=True)  # fmt: skip
+        print(
+            json.dumps(
+                {
+                    "bench": "throughput",
+                    "batch": batch,
+                    "max_tokens": args.max_tokens,
+                    "mlx_lm_tok_s": round(mlx_tps, 1),
+                    "engine_tok_s": round(ours_tps, 1),
+                    "ratio": round(ours_tps / mlx_tps, 2),
+                    "identical_outputs": f"{same}/{batch}",
+                    "engine_unpipelined_tok_s": round(plain_tps, 1),
+                    "pipelining_gain": round(ours_tps / plain_tps, 2),
+                    "engine_spec_tok_s": round(spec_tps, 1),
+                    "spec_ratio": round(spec_tps / mlx_tps, 2),
+                    "spec_acceptance": round(spec_stats["spec_acceptance"], 2),
+                    "spec_identical": spec_out == ours_out,
+                    "engine_decode_step_p50_ms": round(stats["decode_step_p50_ms"], 1),
+                }
+            ),
+            flush=True,
+        )
 
 
 def bench_shared_prefix(model, tokenizer, args) -> None:
@@ -133,12 +167,21 @@ def bench_shared_prefix(model, tokenizer, args) -> None:
             model, tokenizer, prompts, 1, enable_prefix_cache=cached, max_running=64
         )
         timings[cached] = (elapsed, stats["prefill_tokens"])
-    print(json.dumps({
-        "bench": "shared_prefix", "prompts": len(prompts), "prompt_tokens": len(prompts[0]),
-        "prefill_s_without_cache": round(timings[False][0], 2), "prefill_s_with_cache": round(timings[True][0], 2),
-        "prefill_tokens_without": timings[False][1], "prefill_tokens_with": timings[True][1],
-        "speedup": round(timings[False][0] / timings[True][0], 2),
-    }), flush=True)  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "bench": "shared_prefix",
+                "prompts": len(prompts),
+                "prompt_tokens": len(prompts[0]),
+                "prefill_s_without_cache": round(timings[False][0], 2),
+                "prefill_s_with_cache": round(timings[True][0], 2),
+                "prefill_tokens_without": timings[False][1],
+                "prefill_tokens_with": timings[True][1],
+                "speedup": round(timings[False][0] / timings[True][0], 2),
+            }
+        ),
+        flush=True,
+    )
 
 
 def bench_open_loop(model, tokenizer, args) -> None:
@@ -180,21 +223,33 @@ def bench_open_loop(model, tokenizer, args) -> None:
     ramp_end, steady_end = first_finish or total, max(arrivals[-1], first_finish or total)
     steady = sum(k for t, k in produced if ramp_end < t <= steady_end)
     stats = engine.stats()
-    print(json.dumps({
-        "bench": "open_loop", "requests": n, "rate_req_s": rate, "max_tokens": args.max_tokens,
-        "static_tok_s": round(sum(map(len, static_out)) / static_time, 1),
-        "continuous_tok_s": round(tokens / total, 1),
-        "steady_tok_s": round(steady / (steady_end - ramp_end), 1) if steady_end > ramp_end else None,
-        "ramp_s": round(ramp_end, 2), "steady_s": round(steady_end - ramp_end, 2),
-        "tail_s": round(total - steady_end, 2),
-        "spikes": stats["decode_spikes"], "spike_s": round(stats["decode_spike_seconds"], 2),
-        "decode_tick_p50_ms": round(stats["decode_step_p50_ms"], 1),
-        "decode_tick_p95_ms": round(stats["decode_step_p95_ms"], 1),
-        "prefill_chunk_p50_ms": round(stats["prefill_chunk_p50_ms"], 1),
-        "kv_write_ms_p50": round(stats["kv_write_ms_p50"], 2),
-        "attention_ms_p50": round(stats["attention_ms_p50"], 2),
-        "decode_batch_mean": round(stats["decode_batch_mean"], 1),
-    }), flush=True)  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "bench": "open_loop",
+                "requests": n,
+                "rate_req_s": rate,
+                "max_tokens": args.max_tokens,
+                "static_tok_s": round(sum(map(len, static_out)) / static_time, 1),
+                "continuous_tok_s": round(tokens / total, 1),
+                "steady_tok_s": round(steady / (steady_end - ramp_end), 1)
+                if steady_end > ramp_end
+                else None,
+                "ramp_s": round(ramp_end, 2),
+                "steady_s": round(steady_end - ramp_end, 2),
+                "tail_s": round(total - steady_end, 2),
+                "spikes": stats["decode_spikes"],
+                "spike_s": round(stats["decode_spike_seconds"], 2),
+                "decode_tick_p50_ms": round(stats["decode_step_p50_ms"], 1),
+                "decode_tick_p95_ms": round(stats["decode_step_p95_ms"], 1),
+                "prefill_chunk_p50_ms": round(stats["prefill_chunk_p50_ms"], 1),
+                "kv_write_ms_p50": round(stats["kv_write_ms_p50"], 2),
+                "attention_ms_p50": round(stats["attention_ms_p50"], 2),
+                "decode_batch_mean": round(stats["decode_batch_mean"], 1),
+            }
+        ),
+        flush=True,
+    )
 
 
 def main() -> None:

@@ -36,15 +36,34 @@ from shared.blas import active_blas, reexec_with_blas  # noqa: E402
 VOCAB = 49152  # the default model's tokenizer drives mlx-lm's batch_generate
 
 QWEN3_NEXT = dict(
-    model_type="qwen3_next", hidden_size=512, num_hidden_layers=8, intermediate_size=1024,
-    num_attention_heads=8, num_key_value_heads=2, head_dim=64, rms_norm_eps=1e-6,
-    vocab_size=VOCAB, max_position_embeddings=8192, rope_theta=1e6, partial_rotary_factor=0.25,
-    tie_word_embeddings=False, attention_bias=False, full_attention_interval=4,
-    linear_num_value_heads=8, linear_num_key_heads=4, linear_key_head_dim=64,
-    linear_value_head_dim=64, linear_conv_kernel_dim=4, num_experts=8, num_experts_per_tok=2,
-    moe_intermediate_size=256, shared_expert_intermediate_size=256, decoder_sparse_step=1,
-    mlp_only_layers=[], norm_topk_prob=True,
-)  # fmt: skip
+    model_type="qwen3_next",
+    hidden_size=512,
+    num_hidden_layers=8,
+    intermediate_size=1024,
+    num_attention_heads=8,
+    num_key_value_heads=2,
+    head_dim=64,
+    rms_norm_eps=1e-6,
+    vocab_size=VOCAB,
+    max_position_embeddings=8192,
+    rope_theta=1e6,
+    partial_rotary_factor=0.25,
+    tie_word_embeddings=False,
+    attention_bias=False,
+    full_attention_interval=4,
+    linear_num_value_heads=8,
+    linear_num_key_heads=4,
+    linear_key_head_dim=64,
+    linear_value_head_dim=64,
+    linear_conv_kernel_dim=4,
+    num_experts=8,
+    num_experts_per_tok=2,
+    moe_intermediate_size=256,
+    shared_expert_intermediate_size=256,
+    decoder_sparse_step=1,
+    mlp_only_layers=[],
+    norm_topk_prob=True,
+)
 
 
 def build():
@@ -75,10 +94,14 @@ def chat(model, args, snapshots: int | None) -> dict:
     mx.clear_cache()
     engine = Engine.create(
         model,
-        EngineConfig(kv_memory_bytes=1 << 30, max_running=args.conversations,
-                     state_snapshots=snapshots, speculative="off"),
+        EngineConfig(
+            kv_memory_bytes=1 << 30,
+            max_running=args.conversations,
+            state_snapshots=snapshots,
+            speculative="off",
+        ),
         max_context=8192,
-    )  # fmt: skip
+    )
     rng = random.Random(5)
     system = words(rng, args.system_tokens)
     history = [system + words(rng, args.message_tokens) for _ in range(args.conversations)]
@@ -105,10 +128,12 @@ def chat(model, args, snapshots: int | None) -> dict:
     return {
         "ttft_first_turn_s": round(statistics.median(ttft[0]), 3),
         "ttft_later_turns_s": round(statistics.median(later), 3),
-        "cached_tokens_later_turns": cached, "prompt_tokens_later_turns": prompt,
-        "snapshots": len(pool.snapshots), "snapshot_mib": round(pool.snapshot_bytes / 2**20, 1),
+        "cached_tokens_later_turns": cached,
+        "prompt_tokens_later_turns": prompt,
+        "snapshots": len(pool.snapshots),
+        "snapshot_mib": round(pool.snapshot_bytes / 2**20, 1),
         "state_mib_per_sequence": round(pool.bytes_per_slot / 2**20, 2),
-    }  # fmt: skip
+    }
 
 
 def bench_chat(model, args) -> None:
@@ -117,13 +142,23 @@ def bench_chat(model, args) -> None:
         runs["with"].append(chat(model, args, None))
         runs["without"].append(chat(model, args, 0))
     med = {k: {f: statistics.median(r[f] for r in v) for f in v[0]} for k, v in runs.items()}
-    print(json.dumps({
-        "bench": "multi_turn", "model": "qwen3_next", "conversations": args.conversations,
-        "turns": args.turns, "repeats": args.repeats,
-        "with_snapshots": med["with"], "without_snapshots": med["without"],
-        "ttft_ratio_later_turns": round(
-            med["without"]["ttft_later_turns_s"] / med["with"]["ttft_later_turns_s"], 2),
-    }), flush=True)  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "bench": "multi_turn",
+                "model": "qwen3_next",
+                "conversations": args.conversations,
+                "turns": args.turns,
+                "repeats": args.repeats,
+                "with_snapshots": med["with"],
+                "without_snapshots": med["without"],
+                "ttft_ratio_later_turns": round(
+                    med["without"]["ttft_later_turns_s"] / med["with"]["ttft_later_turns_s"], 2
+                ),
+            }
+        ),
+        flush=True,
+    )
 
 
 def main() -> None:

@@ -126,15 +126,25 @@ def main() -> None:
     for result in results.values():
         print(json.dumps({**result, "image": list(args.size), "batch": args.batch}))
     inline, off = results["inline"], results["off_thread"]
-    print(json.dumps({
-        "measure": "ratios", "blas": active_blas(),
-        "intake_inline_vs_off": round(
-            inline["intake_on_engine_thread_p50_ms"] / off["intake_on_engine_thread_p50_ms"], 1),
-        "arrival_turn_p50_inline_vs_off": round(
-            inline["arrival_turn_p50_ms"] / off["arrival_turn_p50_ms"], 2),
-        "text_decode_off_vs_inline": round(
-            off["text_decode_tok_s"] / inline["text_decode_tok_s"], 2),
-    }))  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "measure": "ratios",
+                "blas": active_blas(),
+                "intake_inline_vs_off": round(
+                    inline["intake_on_engine_thread_p50_ms"]
+                    / off["intake_on_engine_thread_p50_ms"],
+                    1,
+                ),
+                "arrival_turn_p50_inline_vs_off": round(
+                    inline["arrival_turn_p50_ms"] / off["arrival_turn_p50_ms"], 2
+                ),
+                "text_decode_off_vs_inline": round(
+                    off["text_decode_tok_s"] / inline["text_decode_tok_s"], 2
+                ),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -76,12 +76,29 @@ def main() -> None:
     results["disk_hit_after_restart"] = ttft(second, "d", prefix + question[3])
     base = results["recompute"][0]
     for case, (seconds, cached) in results.items():
-        print(json.dumps({"case": case, "prompt_tokens": len(prefix) + len(question[0]),
-                          "cached_tokens": cached, "ttft_s": round(seconds, 3),
-                          "speedup_vs_recompute": round(base / seconds, 1)}), flush=True)  # fmt: skip
-    print(json.dumps({"case": "restart", "engine_start_s": round(restart_s, 2),
-                      "disk_blocks": second.stats()["disk_blocks"],
-                      "disk_bytes": second.disk.store.used_bytes}), flush=True)  # fmt: skip
+        print(
+            json.dumps(
+                {
+                    "case": case,
+                    "prompt_tokens": len(prefix) + len(question[0]),
+                    "cached_tokens": cached,
+                    "ttft_s": round(seconds, 3),
+                    "speedup_vs_recompute": round(base / seconds, 1),
+                }
+            ),
+            flush=True,
+        )
+    print(
+        json.dumps(
+            {
+                "case": "restart",
+                "engine_start_s": round(restart_s, 2),
+                "disk_blocks": second.stats()["disk_blocks"],
+                "disk_bytes": second.disk.store.used_bytes,
+            }
+        ),
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

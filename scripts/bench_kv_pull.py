@@ -92,15 +92,37 @@ def main() -> int:
             {"case": "recompute", "prompt_tokens": len(prompt), "ttft_s": round(recompute, 3)}
         )
     )
-    print(json.dumps({"case": "pull", "prompt_tokens": len(prompt), "pulled_blocks": nodes[1].pulled_blocks,
-                      "pull_failures": nodes[1].pull_failures, "bytes": moved, "pull_s": round(pull_s, 3),
-                      "cached_tokens": cached, "ttft_s": round(pulled_ttft, 3)}))  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "case": "pull",
+                "prompt_tokens": len(prompt),
+                "pulled_blocks": nodes[1].pulled_blocks,
+                "pull_failures": nodes[1].pull_failures,
+                "bytes": moved,
+                "pull_s": round(pull_s, 3),
+                "cached_tokens": cached,
+                "ttft_s": round(pulled_ttft, 3),
+            }
+        )
+    )
     ratio = recompute / pulled_ttft
     equal = pulled == recomputed
-    print(json.dumps({"recompute_over_pull": round(ratio, 1), "outputs_equal": equal,
-                      "pull_mb_per_s": round(moved / pull_s / 1e6, 1)}), flush=True)  # fmt: skip
-    print(f"pulled TTFT is {ratio:.1f}x faster than recomputing the prompt; greedy outputs "
-          f"({len(pulled)} tokens) {'equal' if equal else 'DIFFER'}", file=sys.stderr)  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "recompute_over_pull": round(ratio, 1),
+                "outputs_equal": equal,
+                "pull_mb_per_s": round(moved / pull_s / 1e6, 1),
+            }
+        ),
+        flush=True,
+    )
+    print(
+        f"pulled TTFT is {ratio:.1f}x faster than recomputing the prompt; greedy outputs "
+        f"({len(pulled)} tokens) {'equal' if equal else 'DIFFER'}",
+        file=sys.stderr,
+    )
     return 0 if equal and nodes[1].pulled_blocks > 0 else 1
 
 

@@ -39,8 +39,9 @@ def measure(slots: int, batch: int, steps: int) -> dict:
     from worker.engine.engine import Engine
 
     model = build()
-    config = EngineConfig(kv_memory_bytes=1 << 30, max_running=batch,
-                          state_snapshots=slots - batch, speculative="off")  # fmt: skip
+    config = EngineConfig(
+        kv_memory_bytes=1 << 30, max_running=batch, state_snapshots=slots - batch, speculative="off"
+    )
     engine = Engine.create(model, config, max_context=4096)
     for i in range(batch):
         prompt = [(31 * i + 7 * j) % 40000 + 100 for j in range(40 + i)]
@@ -58,15 +59,27 @@ def measure(slots: int, batch: int, steps: int) -> dict:
         times.append(time.perf_counter() - start)
         rises.append(mx.get_peak_memory() - live)
     pool = engine.states.pool
-    return {"slots": pool.num_slots, "step_ms": statistics.median(times) * 1000,
-            "mean_step_ms": statistics.mean(times) * 1000,
-            "peak_rise_mib": statistics.median(rises) / 2**20, "most_rise_mib": max(rises) / 2**20,
-            "pool_mib": pool.num_slots * pool.bytes_per_slot / 2**20}  # fmt: skip
+    return {
+        "slots": pool.num_slots,
+        "step_ms": statistics.median(times) * 1000,
+        "mean_step_ms": statistics.mean(times) * 1000,
+        "peak_rise_mib": statistics.median(rises) / 2**20,
+        "most_rise_mib": max(rises) / 2**20,
+        "pool_mib": pool.num_slots * pool.bytes_per_slot / 2**20,
+    }
 
 
 def run_tree(tree: Path, slots: int, args) -> dict:
-    cmd = [sys.executable, str(tree / "scripts" / "bench_state_pool.py"), "--child",
-           str(slots), "--batch", str(args.batch), "--steps", str(args.steps)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        str(tree / "scripts" / "bench_state_pool.py"),
+        "--child",
+        str(slots),
+        "--batch",
+        str(args.batch),
+        "--steps",
+        str(args.steps),
+    ]
     env = {**os.environ, "PYTHONPATH": str(tree)}
     out = subprocess.run(cmd, env=env, cwd=tree, check=True, capture_output=True, text=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -87,8 +100,9 @@ def main() -> None:
         return
     with tempfile.TemporaryDirectory() as tmp:
         base = Path(tmp)
-        archive = subprocess.run(["git", "archive", args.baseline], cwd=ROOT, check=True,
-                                 capture_output=True).stdout  # fmt: skip
+        archive = subprocess.run(
+            ["git", "archive", args.baseline], cwd=ROOT, check=True, capture_output=True
+        ).stdout
         subprocess.run(["tar", "-x", "-C", str(base)], input=archive, check=True)
         # this measuring script in both trees: the baseline may predate it
         (base / "scripts" / "bench_state_pool.py").write_text(Path(__file__).read_text())
@@ -100,20 +114,40 @@ def main() -> None:
     med = {}
     for (name, slots), rs in runs.items():
         med[name, slots] = {f: round(statistics.median(r[f] for r in rs), 2) for f in rs[0]}
-        print(json.dumps({"bench": "state_pool", "tree": name, "baseline_rev": args.baseline,
-                          "batch": args.batch, "repeats": args.repeats, **med[name, slots]}),
-              flush=True)  # fmt: skip
-    print(json.dumps({
-        "bench": "state_pool_ratio", "batch": args.batch,
-        "step_64_slots_baseline_over_ours": round(
-            med["baseline", 64]["step_ms"] / med["ours", 64]["step_ms"], 2),
-        "mean_step_64_slots_baseline_over_ours": round(
-            med["baseline", 64]["mean_step_ms"] / med["ours", 64]["mean_step_ms"], 2),
-        "baseline_64_over_8_slots": round(
-            med["baseline", 64]["step_ms"] / med["baseline", args.batch]["step_ms"], 2),
-        "ours_64_over_8_slots": round(
-            med["ours", 64]["step_ms"] / med["ours", args.batch]["step_ms"], 2),
-    }), flush=True)  # fmt: skip
+        print(
+            json.dumps(
+                {
+                    "bench": "state_pool",
+                    "tree": name,
+                    "baseline_rev": args.baseline,
+                    "batch": args.batch,
+                    "repeats": args.repeats,
+                    **med[name, slots],
+                }
+            ),
+            flush=True,
+        )
+    print(
+        json.dumps(
+            {
+                "bench": "state_pool_ratio",
+                "batch": args.batch,
+                "step_64_slots_baseline_over_ours": round(
+                    med["baseline", 64]["step_ms"] / med["ours", 64]["step_ms"], 2
+                ),
+                "mean_step_64_slots_baseline_over_ours": round(
+                    med["baseline", 64]["mean_step_ms"] / med["ours", 64]["mean_step_ms"], 2
+                ),
+                "baseline_64_over_8_slots": round(
+                    med["baseline", 64]["step_ms"] / med["baseline", args.batch]["step_ms"], 2
+                ),
+                "ours_64_over_8_slots": round(
+                    med["ours", 64]["step_ms"] / med["ours", args.batch]["step_ms"], 2
+                ),
+            }
+        ),
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

@@ -96,9 +96,13 @@ def rank_main(model_dir: Path, batches: list[int], tokens: int) -> int:
     try:
         for batch in batches:
             tick = decode_tick_ms(engine, batch, tokens)
-            line = {"config": f"tp{group.size()}", "batch": batch, "decode_tick_ms": round(tick, 2),
-                    "collective_ms": round(comm[batch], 2),
-                    "collective_share": round(comm[batch] / tick, 3)}  # fmt: skip
+            line = {
+                "config": f"tp{group.size()}",
+                "batch": batch,
+                "decode_tick_ms": round(tick, 2),
+                "collective_ms": round(comm[batch], 2),
+                "collective_share": round(comm[batch] / tick, 3),
+            }
             print(json.dumps(line), flush=True)
     finally:
         leader.stop()
@@ -110,15 +114,31 @@ def run_group(model_dir: Path, size: int, batches: list[int], tokens: int) -> No
 
     hostfile = ring_hostfile(size)
     try:
-        argv = [sys.executable, __file__, "--model", str(model_dir), "--batches",
-                ",".join(map(str, batches)), "--tokens", str(tokens), "--rank"]  # fmt: skip
+        argv = [
+            sys.executable,
+            __file__,
+            "--model",
+            str(model_dir),
+            "--batches",
+            ",".join(map(str, batches)),
+            "--tokens",
+            str(tokens),
+            "--rank",
+        ]
         threads = str(max(1, (os.cpu_count() or 1) // size))
         procs = [
-            subprocess.Popen(argv, env=dict(os.environ, MLX_RANK=str(r), MLX_HOSTFILE=str(hostfile),
-                             OPENBLAS_NUM_THREADS=threads),
-                             stdout=None if r == 0 else subprocess.DEVNULL)
+            subprocess.Popen(
+                argv,
+                env=dict(
+                    os.environ,
+                    MLX_RANK=str(r),
+                    MLX_HOSTFILE=str(hostfile),
+                    OPENBLAS_NUM_THREADS=threads,
+                ),
+                stdout=None if r == 0 else subprocess.DEVNULL,
+            )
             for r in range(size)
-        ]  # fmt: skip
+        ]
         for p in procs:
             p.wait()
     finally:

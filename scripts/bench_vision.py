@@ -32,29 +32,50 @@ from shared.blas import active_blas, reexec_with_blas  # noqa: E402
 SHAPES = {  # family -> (text settings, vision settings) over the tiny ones
     "gemma3": (
         dict(
-            hidden_size=512, num_hidden_layers=12, intermediate_size=1536, num_attention_heads=8,
-            head_dim=64, num_key_value_heads=2, sliding_window=512, sliding_window_pattern=6,
-            mm_tokens_per_image=64, query_pre_attn_scalar=64, max_position_embeddings=4096,
+            hidden_size=512,
+            num_hidden_layers=12,
+            intermediate_size=1536,
+            num_attention_heads=8,
+            head_dim=64,
+            num_key_value_heads=2,
+            sliding_window=512,
+            sliding_window_pattern=6,
+            mm_tokens_per_image=64,
+            query_pre_attn_scalar=64,
+            max_position_embeddings=4096,
         ),
         dict(
-            num_hidden_layers=6, hidden_size=384, intermediate_size=1536, num_attention_heads=6,
-            patch_size=14, image_size=224,
+            num_hidden_layers=6,
+            hidden_size=384,
+            intermediate_size=1536,
+            num_attention_heads=6,
+            patch_size=14,
+            image_size=224,
         ),
     ),
     # Qwen2.5-VL: M-RoPE positions (head_dim 64: 32 rotated pairs in t, h, w sections); its
     # processor's pixel bounds in the tiny checkpoint give an image 16 tokens
     "qwen2_5_vl": (
         dict(
-            hidden_size=512, num_hidden_layers=12, intermediate_size=1536, num_attention_heads=8,
-            num_key_value_heads=2, max_position_embeddings=4096,
+            hidden_size=512,
+            num_hidden_layers=12,
+            intermediate_size=1536,
+            num_attention_heads=8,
+            num_key_value_heads=2,
+            max_position_embeddings=4096,
             rope_scaling={"type": "mrope", "mrope_section": [8, 12, 12]},
         ),
         dict(
-            depth=6, hidden_size=384, intermediate_size=1536, num_heads=6, out_hidden_size=512,
-            window_size=112, fullatt_block_indexes=[2, 5],
+            depth=6,
+            hidden_size=384,
+            intermediate_size=1536,
+            num_heads=6,
+            out_hidden_size=512,
+            window_size=112,
+            fullatt_block_indexes=[2, 5],
         ),
     ),
-}  # fmt: skip
+}
 SYSTEM = "you are a helpful assistant; answer the user. " * 30
 
 
@@ -151,15 +172,29 @@ def main() -> None:
         runs["mlx_vlm"].append(mlx_vlm_ttft(vlm, processor, ids, image))
     medians = {name: statistics.median(v) for name, v in runs.items()}
     for name, seconds in medians.items():
-        print(json.dumps({"measure": f"ttft_{name}", "family": args.family,
-                          "seconds": round(seconds, 4),
-                          "prompt_tokens": len(ids), "runs": [round(s, 4) for s in runs[name]]}))  # fmt: skip
-    print(json.dumps({
-        "measure": "ratios", "blas": active_blas(), "repeat_cached_tokens": cached,
-        "no_hit_vs_repeat": round(medians["ours_no_hit"] / medians["ours_repeat"], 2),
-        "mlx_vlm_vs_ours_no_hit": round(medians["mlx_vlm"] / medians["ours_no_hit"], 2),
-        "mlx_vlm_vs_ours_repeat": round(medians["mlx_vlm"] / medians["ours_repeat"], 2),
-    }))  # fmt: skip
+        print(
+            json.dumps(
+                {
+                    "measure": f"ttft_{name}",
+                    "family": args.family,
+                    "seconds": round(seconds, 4),
+                    "prompt_tokens": len(ids),
+                    "runs": [round(s, 4) for s in runs[name]],
+                }
+            )
+        )
+    print(
+        json.dumps(
+            {
+                "measure": "ratios",
+                "blas": active_blas(),
+                "repeat_cached_tokens": cached,
+                "no_hit_vs_repeat": round(medians["ours_no_hit"] / medians["ours_repeat"], 2),
+                "mlx_vlm_vs_ours_no_hit": round(medians["mlx_vlm"] / medians["ours_no_hit"], 2),
+                "mlx_vlm_vs_ours_repeat": round(medians["mlx_vlm"] / medians["ours_repeat"], 2),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -57,9 +57,10 @@ def measure(shared: bool) -> dict:
     engine.check_integrity()
     return {
         "case": "shared 64-token system prompt" if shared else "nothing shared",
-        "live_page_units_peak": peak, "blocks_released": engine.pool.pages.released,
+        "live_page_units_peak": peak,
+        "blocks_released": engine.pool.pages.released,
         "greedy_equal_mlx_lm": equal,
-    }  # fmt: skip
+    }
 
 
 def main() -> None:

@@ -38,18 +38,38 @@ VOCAB = 49152  # the default model's tokenizer drives mlx-lm's batch_generate
 
 SHAPES = {
     "gpt_oss": dict(
-        model_type="gpt_oss", hidden_size=512, num_hidden_layers=8, intermediate_size=512,
-        num_attention_heads=8, num_key_value_heads=2, head_dim=64, num_local_experts=8,
-        num_experts_per_tok=2, sliding_window=128, rms_norm_eps=1e-5, rope_theta=150000.0,
-        layer_types=["sliding_attention", "full_attention"] * 4, vocab_size=VOCAB,
+        model_type="gpt_oss",
+        hidden_size=512,
+        num_hidden_layers=8,
+        intermediate_size=512,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        head_dim=64,
+        num_local_experts=8,
+        num_experts_per_tok=2,
+        sliding_window=128,
+        rms_norm_eps=1e-5,
+        rope_theta=150000.0,
+        layer_types=["sliding_attention", "full_attention"] * 4,
+        vocab_size=VOCAB,
     ),
     "gemma3_text": dict(
-        model_type="gemma3_text", hidden_size=640, num_hidden_layers=18, intermediate_size=2048,
-        num_attention_heads=4, num_key_value_heads=1, head_dim=256, query_pre_attn_scalar=256,
-        sliding_window=512, sliding_window_pattern=6, rope_theta=1e6, rope_local_base_freq=1e4,
-        rms_norm_eps=1e-6, vocab_size=VOCAB,
+        model_type="gemma3_text",
+        hidden_size=640,
+        num_hidden_layers=18,
+        intermediate_size=2048,
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        head_dim=256,
+        query_pre_attn_scalar=256,
+        sliding_window=512,
+        sliding_window_pattern=6,
+        rope_theta=1e6,
+        rope_local_base_freq=1e4,
+        rms_norm_eps=1e-6,
+        vocab_size=VOCAB,
     ),
-}  # fmt: skip
+}
 
 
 def build(config: dict, full: bool = False):
@@ -100,13 +120,21 @@ def bench_throughput(name, model, tokenizer, args) -> None:
             theirs.append(sum(map(len, out_mlx)) / t_mlx)
             ours.append(sum(map(len, out_ours)) / t_ours)
             same = sum(a == b for a, b in zip(out_mlx, out_ours, strict=True))
-        print(json.dumps({
-            "bench": "throughput", "model": name, "batch": batch, "repeats": args.repeats,
-            "mlx_lm_tok_s": round(statistics.median(theirs), 1),
-            "engine_tok_s": round(statistics.median(ours), 1),
-            "ratio": round(statistics.median(ours) / statistics.median(theirs), 2),
-            "identical_outputs": f"{same}/{batch}",
-        }), flush=True)  # fmt: skip
+        print(
+            json.dumps(
+                {
+                    "bench": "throughput",
+                    "model": name,
+                    "batch": batch,
+                    "repeats": args.repeats,
+                    "mlx_lm_tok_s": round(statistics.median(theirs), 1),
+                    "engine_tok_s": round(statistics.median(ours), 1),
+                    "ratio": round(statistics.median(ours) / statistics.median(theirs), 2),
+                    "identical_outputs": f"{same}/{batch}",
+                }
+            ),
+            flush=True,
+        )
 
 
 def decode_tick_ms(model, batch: int, context: int, steps: int) -> float:
@@ -130,11 +158,21 @@ def bench_tick(name, config, args) -> None:
     context = 4 * window
     windowed = decode_tick_ms(build(config), args.tick_batch, context, args.tick_steps)
     full = decode_tick_ms(build(config, full=True), args.tick_batch, context, args.tick_steps)
-    print(json.dumps({
-        "bench": "decode_tick", "model": name, "batch": args.tick_batch, "window": window,
-        "context": context, "window_ms": round(windowed, 1), "full_ms": round(full, 1),
-        "full_over_window": round(full / windowed, 2),
-    }), flush=True)  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "bench": "decode_tick",
+                "model": name,
+                "batch": args.tick_batch,
+                "window": window,
+                "context": context,
+                "window_ms": round(windowed, 1),
+                "full_ms": round(full, 1),
+                "full_over_window": round(full / windowed, 2),
+            }
+        ),
+        flush=True,
+    )
 
 
 def bench_capacity(name, model, args) -> None:
@@ -163,21 +201,36 @@ def bench_capacity(name, model, args) -> None:
             running = max(running, len(engine.scheduler.running))
         pool = engine.pool
         result[release] = dict(
-            peak=peak, units=pool.num_blocks, running=running,
-            preemptions=engine.stats()["preemptions"], seconds=time.perf_counter() - start,
-        )  # fmt: skip
+            peak=peak,
+            units=pool.num_blocks,
+            running=running,
+            preemptions=engine.stats()["preemptions"],
+            seconds=time.perf_counter() - start,
+        )
     on, off = result[True], result[False]
-    print(json.dumps({
-        "bench": "capacity", "model": name, "kv_budget_bytes": budget, "context": context,
-        "requests": args.capacity_requests,
-        "peak_tokens_released": on["peak"], "peak_tokens_unreleased": off["peak"],
-        "ratio": round(on["peak"] / off["peak"], 2),
-        "pool_tokens_ceiling_released": on["units"] * 32,
-        "pool_tokens_unreleased": off["units"] * 32,
-        "running_released": on["running"], "running_unreleased": off["running"],
-        "preemptions_released": on["preemptions"], "preemptions_unreleased": off["preemptions"],
-        "seconds_released": round(on["seconds"], 1), "seconds_unreleased": round(off["seconds"], 1),
-    }), flush=True)  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "bench": "capacity",
+                "model": name,
+                "kv_budget_bytes": budget,
+                "context": context,
+                "requests": args.capacity_requests,
+                "peak_tokens_released": on["peak"],
+                "peak_tokens_unreleased": off["peak"],
+                "ratio": round(on["peak"] / off["peak"], 2),
+                "pool_tokens_ceiling_released": on["units"] * 32,
+                "pool_tokens_unreleased": off["units"] * 32,
+                "running_released": on["running"],
+                "running_unreleased": off["running"],
+                "preemptions_released": on["preemptions"],
+                "preemptions_unreleased": off["preemptions"],
+                "seconds_released": round(on["seconds"], 1),
+                "seconds_unreleased": round(off["seconds"], 1),
+            }
+        ),
+        flush=True,
+    )
 
 
 def main() -> None:
@@ -194,10 +247,12 @@ def main() -> None:
     parser.add_argument("--tick-batch", type=int, default=8)
     parser.add_argument("--tick-steps", type=int, default=12)
     parser.add_argument("--capacity-requests", type=int, default=48)
-    parser.add_argument("--capacity-kv-mib", type=int, default=1024,
-                        help="the KV budget of the capacity runs")  # fmt: skip
-    parser.add_argument("--skip", choices=["throughput", "tick", "capacity"], action="append",
-                        default=[])  # fmt: skip
+    parser.add_argument(
+        "--capacity-kv-mib", type=int, default=1024, help="the KV budget of the capacity runs"
+    )
+    parser.add_argument(
+        "--skip", choices=["throughput", "tick", "capacity"], action="append", default=[]
+    )
     args = parser.parse_args()
     reexec_with_blas()
 

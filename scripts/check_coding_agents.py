@@ -88,11 +88,21 @@ def version(tool: str) -> str:
 # and exit 1 (measured: 4 requests per Claude Code turn, ~40 s, instead of one).
 LONG_CONTEXT = 32768
 LONG_CONTEXT_CONFIG = {
-    "model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "intermediate_size": 128,
-    "num_attention_heads": 1, "num_key_value_heads": 1, "head_dim": 64, "rms_norm_eps": 1e-5,
-    "vocab_size": 49152, "rope_theta": 100000.0, "max_position_embeddings": LONG_CONTEXT,
-    "tie_word_embeddings": False, "bos_token_id": 1, "eos_token_id": 2,
-}  # fmt: skip
+    "model_type": "llama",
+    "hidden_size": 64,
+    "num_hidden_layers": 2,
+    "intermediate_size": 128,
+    "num_attention_heads": 1,
+    "num_key_value_heads": 1,
+    "head_dim": 64,
+    "rms_norm_eps": 1e-5,
+    "vocab_size": 49152,
+    "rope_theta": 100000.0,
+    "max_position_embeddings": LONG_CONTEXT,
+    "tie_word_embeddings": False,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+}
 LONG_CONTEXT_MODEL = (
     "tiny random-weight llama (2 layers, 64 wide, 32768 context, answers end-of-sequence) "
     "with SmolLM2's tokenizer and a ChatML template that renders tools"
@@ -278,9 +288,13 @@ def billing_block(body: dict) -> dict | None:
     if not isinstance(system, list):
         return None
     return next(
-        (b for b in system if isinstance(b, dict) and
-         str(b.get("text", "")).startswith(BILLING_PREFIX)), None,
-    )  # fmt: skip
+        (
+            b
+            for b in system
+            if isinstance(b, dict) and str(b.get("text", "")).startswith(BILLING_PREFIX)
+        ),
+        None,
+    )
 
 
 def with_billing(body: dict, *, cch: str | None = None, version_suffix: str | None = None) -> dict:
@@ -344,12 +358,21 @@ class Recorder:
 
     def _keep(self, request: web.Request, body: bytes) -> dict:
         label = self.label
-        record = {"n": len(self.requests) + 1, "agent": label.agent, "session": label.session,
-                  "turn": label.turn, "method": request.method, "path": request.path_qs}  # fmt: skip
+        record = {
+            "n": len(self.requests) + 1,
+            "agent": label.agent,
+            "session": label.session,
+            "turn": label.turn,
+            "method": request.method,
+            "path": request.path_qs,
+        }
         self.requests.append(record)
         if self.record_dir is not None:
-            headers = {k: ("<redacted>" if k.lower() in SECRET_HEADERS else v)
-                       for k, v in request.headers.items() if k.lower() not in HOP_HEADERS}  # fmt: skip
+            headers = {
+                k: ("<redacted>" if k.lower() in SECRET_HEADERS else v)
+                for k, v in request.headers.items()
+                if k.lower() not in HOP_HEADERS
+            }
             try:
                 parsed = json.loads(body) if body else None
             except ValueError:
@@ -421,12 +444,22 @@ def codex_home(work: Path, base: str, model: str) -> Path:
 
 def codex_turns(base: str, model: str, work: Path) -> list[tuple[Label, list[str], dict]]:
     """Three turns of one Codex session: `codex exec`, then `codex exec resume --last` twice."""
-    env = {**os.environ, "CODEX_HOME": str(codex_home(work, base, model)),
-           "FLEET_API_KEY": "unused"}  # fmt: skip
+    env = {
+        **os.environ,
+        "CODEX_HOME": str(codex_home(work, base, model)),
+        "FLEET_API_KEY": "unused",
+    }
     # web_search (a hosted tool) and the multi-agent and goals tools (a `namespace` tool
     # among them) are off: /v1/responses serves function tools and refuses the others by name
-    common = ["--skip-git-repo-check", "-c", 'web_search="disabled"',
-              "--disable", "multi_agent", "--disable", "goals"]  # fmt: skip
+    common = [
+        "--skip-git-repo-check",
+        "-c",
+        'web_search="disabled"',
+        "--disable",
+        "multi_agent",
+        "--disable",
+        "goals",
+    ]
     codex = str(BIN / "codex")
     first = [codex, "exec", *common, "-C", str(work), CODEX_TURNS[0]]
     steps = [(Label("codex-cli", 1, 1), first, env)]
@@ -469,8 +502,15 @@ AGENT_TOOL = {"claude-code": "claude", "codex-cli": "codex"}
 def _run(cmd: list[str], env: dict, cwd: Path, timeout: int) -> dict:
     started = time.monotonic()
     try:
-        out = subprocess.run(cmd, env=env, cwd=cwd, capture_output=True, text=True,
-                             timeout=timeout, stdin=subprocess.DEVNULL)  # fmt: skip
+        out = subprocess.run(
+            cmd,
+            env=env,
+            cwd=cwd,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            stdin=subprocess.DEVNULL,
+        )
         code, stdout, stderr = out.returncode, out.stdout, out.stderr
     except subprocess.TimeoutExpired as e:
         code, stdout, stderr = "timeout", e.stdout or "", e.stderr or ""
@@ -503,17 +543,22 @@ def run_agent(agent: str, recorder: Recorder, model: str, work: Path, timeout: i
 
 def replay_cch(body: dict, headers: dict, recorder: Recorder) -> None:
     """Two copies of a recorded Claude Code request, differing only in `cch`, sent in turn."""
-    kept = {k: v for k, v in headers.items()
-            if k.lower() not in HOP_HEADERS and k.lower() not in SECRET_HEADERS}  # fmt: skip
+    kept = {
+        k: v
+        for k, v in headers.items()
+        if k.lower() not in HOP_HEADERS and k.lower() not in SECRET_HEADERS
+    }
     kept["x-api-key"] = "unused"
     for turn in (1, 2):
         edited = with_billing(body, cch=secrets.token_hex(3)[:5])
         edited["max_tokens"] = 16
         recorder.label = Label("cch-replay", 1, turn)
         req = urllib.request.Request(
-            f"{recorder.url}/v1/messages", data=json.dumps(edited).encode(),
-            headers=kept, method="POST",
-        )  # fmt: skip
+            f"{recorder.url}/v1/messages",
+            data=json.dumps(edited).encode(),
+            headers=kept,
+            method="POST",
+        )
         try:
             with urllib.request.urlopen(req, timeout=1800) as r:
                 r.read()
@@ -529,8 +574,10 @@ def verdict(requests: list[dict]) -> list[str]:
     why = []
     for r in requests:
         if r.get("status", 0) >= 400 or "stream_error" in r:
-            why.append(f"request {r['n']} ({r['agent']} {r['path']}): protocol error "
-                       f"{r.get('status')}: {(r.get('error') or r.get('stream_error'))!r}")  # fmt: skip
+            why.append(
+                f"request {r['n']} ({r['agent']} {r['path']}): protocol error "
+                f"{r.get('status')}: {(r.get('error') or r.get('stream_error'))!r}"
+            )
     seen: set[str] = set()
     for r in requests:
         if not r.get("turn_request") and r["agent"] != "cch-replay":
@@ -543,8 +590,10 @@ def verdict(requests: list[dict]) -> list[str]:
         if share is None:
             why.append(f"request {r['n']} ({_where(r)}): no usage in the reply")
         elif share < CACHED_SHARE:
-            why.append(f"request {r['n']} ({_where(r)}): {r['cached_tokens']} of "
-                       f"{r['prompt_tokens']} prompt tokens cached ({share:.1%} < 90%)")  # fmt: skip
+            why.append(
+                f"request {r['n']} ({_where(r)}): {r['cached_tokens']} of "
+                f"{r['prompt_tokens']} prompt tokens cached ({share:.1%} < 90%)"
+            )
     for agent in ("claude-code", "codex-cli", "cch-replay"):
         if agent in {r["agent"] for r in requests} and agent not in seen:
             why.append(f"{agent}: no request carried its tool list")
@@ -600,11 +649,28 @@ def start_cluster(model_dir: Path, tmp: Path) -> tuple[subprocess.Popen, str]:
     config.write_text(f"[router]\nmax_tokens_cap = {MAX_TOKENS_CAP}\n")
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "fleet.launch", "--workers", "1", "--port", str(port),
-         "--model", str(model_dir), "--config", str(config), "--kv-memory", "1GiB",
-         "--log-requests", "--log-dir", str(tmp)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "fleet.launch",
+            "--workers",
+            "1",
+            "--port",
+            str(port),
+            "--model",
+            str(model_dir),
+            "--config",
+            str(config),
+            "--kv-memory",
+            "1GiB",
+            "--log-requests",
+            "--log-dir",
+            str(tmp),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     return proc, f"http://127.0.0.1:{port}"
 
 
@@ -627,18 +693,33 @@ def last_claude_turn(record_dir: Path) -> tuple[dict, dict] | None:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], epilog="See the module docstring for the rule.",
-    )  # fmt: skip
+        description=__doc__.split("\n\n")[0],
+        epilog="See the module docstring for the rule.",
+    )
     ap.add_argument("--url", help="a running router (default: start launch-cluster --workers 1)")
-    ap.add_argument("--model", type=Path,
-                    help="model directory the started cluster serves (default: the tiny "
-                         "long-context llama, built on first use)")  # fmt: skip
-    ap.add_argument("--agent", choices=tuple(AGENT_STEPS), action="append",
-                    help="run only this agent (repeatable; default: both)")  # fmt: skip
-    ap.add_argument("--record", type=Path, metavar="DIR",
-                    help="write every request's headers and body to DIR, one JSON file each")  # fmt: skip
-    ap.add_argument("--no-cch-replay", action="store_true",
-                    help="skip the replay of two requests differing only in cch")  # fmt: skip
+    ap.add_argument(
+        "--model",
+        type=Path,
+        help="model directory the started cluster serves (default: the tiny "
+        "long-context llama, built on first use)",
+    )
+    ap.add_argument(
+        "--agent",
+        choices=tuple(AGENT_STEPS),
+        action="append",
+        help="run only this agent (repeatable; default: both)",
+    )
+    ap.add_argument(
+        "--record",
+        type=Path,
+        metavar="DIR",
+        help="write every request's headers and body to DIR, one JSON file each",
+    )
+    ap.add_argument(
+        "--no-cch-replay",
+        action="store_true",
+        help="skip the replay of two requests differing only in cch",
+    )
     ap.add_argument("--timeout", type=int, default=900, help="seconds per agent turn")
     return ap.parse_args(argv)
 
@@ -671,9 +752,15 @@ def main(argv: list[str] | None = None) -> int:
                 stop_cluster(proc)
     requests = recorder.requests
     why = verdict(requests)
-    report = {"url": base, "model": model,
-              "model_dir": str(model_dir) if model_dir else None,
-              "agents": reports, "requests": requests, "passed": not why, "why": why}  # fmt: skip
+    report = {
+        "url": base,
+        "model": model,
+        "model_dir": str(model_dir) if model_dir else None,
+        "agents": reports,
+        "requests": requests,
+        "passed": not why,
+        "why": why,
+    }
     print(json.dumps(report, indent=1))
     print(table(requests))
     print("PASS" if not why else "FAIL:\n  " + "\n  ".join(why))

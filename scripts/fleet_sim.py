@@ -30,16 +30,25 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="fleet_sim", description=__doc__.splitlines()[2])
     p.add_argument("--workers", type=ints, default=[16, 32, 64], help="fleet sizes")
     p.add_argument("--requests-per-worker", type=int, default=200)
-    p.add_argument("--pressure-tenants", type=ints, default=[24, 16],
-                   help="tenants of the two-worker KV-pressure runs")  # fmt: skip
+    p.add_argument(
+        "--pressure-tenants",
+        type=ints,
+        default=[24, 16],
+        help="tenants of the two-worker KV-pressure runs",
+    )
     p.add_argument("--pressure-requests", type=int, default=1000)
     p.add_argument("--seeds", type=ints, default=[0, 1, 2], help="pressure-run seeds")
     p.add_argument("--as-run-seeds", type=int, default=20, help="seeds of the 72-request runs")
     p.add_argument("--overhead-rates", type=ints, default=[100, 1000, 3000], help="req/s")
-    p.add_argument("--conversation-workers", type=ints, default=[2, 4, 8],
-                   help="fleet sizes of the prompt_cache_key runs")  # fmt: skip
-    p.add_argument("--skip", default="",
-                   help="comma-separated: fleet, pressure, conversations, overhead")  # fmt: skip
+    p.add_argument(
+        "--conversation-workers",
+        type=ints,
+        default=[2, 4, 8],
+        help="fleet sizes of the prompt_cache_key runs",
+    )
+    p.add_argument(
+        "--skip", default="", help="comma-separated: fleet, pressure, conversations, overhead"
+    )
     p.add_argument("--out", type=Path, help="JSON lines file")
     p.add_argument("--plot", type=Path, help="PNG: hit rate vs workers")
     return p.parse_args(argv)

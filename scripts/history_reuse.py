@@ -45,8 +45,9 @@ def main() -> None:
             family = LOOP_FAMILIES[name]
             if family.spec not in tokenizers:
                 tokenizers[family.spec] = family_tokenizer(family.spec, Path(root))
-            for turn in run_loop(family, tokenizers[family.spec], args.block_size,
-                                 args.drop_reasoning):  # fmt: skip
+            for turn in run_loop(
+                family, tokenizers[family.spec], args.block_size, args.drop_reasoning
+            ):
                 record = turn.record(args.block_size, not args.drop_reasoning)
                 print(json.dumps(record, ensure_ascii=False), flush=True)
 

@@ -42,9 +42,13 @@ def score(model, tokens: list[int], kv_bits: int | None, group: int) -> tuple[np
     """(logprob of each next token, the top-1 token at each position, its margin over the
     top-2 in nats) over the paged KV."""
     config = EngineConfig(
-        kv_memory_bytes=256 << 20, kv_bits=kv_bits, kv_group_size=group, warmup=False,
-        prefill_chunk=256, attention_backend="mlx",
-    )  # fmt: skip
+        kv_memory_bytes=256 << 20,
+        kv_bits=kv_bits,
+        kv_group_size=group,
+        warmup=False,
+        prefill_chunk=256,
+        attention_backend="mlx",
+    )
     engine = Engine.create(model, config, max_context=len(tokens) + 8)
     engine.add_request("q", tokens, SamplingParams(max_tokens=1, prompt_logprobs=2))
     first = None
@@ -65,7 +69,7 @@ def model_and_tokens(name: str, args) -> tuple[object, list[int]]:
         model = tiny_quantizable_model(name.removeprefix("tiny-"), vocab_size=256)
         return model, list(TEXT.read_bytes()[: args.tiny_tokens])
     model, tokenizer = load_model(resolve_model(None if name == "default" else name))
-    return model, tokenizer.encode(TEXT.read_text())
+    return model, tokenizer.encode(TEXT.read_text())[: args.text_tokens]
 
 
 def main(argv=None) -> None:
@@ -77,6 +81,12 @@ def main(argv=None) -> None:
     )
     p.add_argument("--layouts", default="8:64,8:32,4:64,4:32", help="bits:group_size, ...")
     p.add_argument("--tiny-tokens", type=int, default=4096, help="text bytes a tiny model scores")
+    p.add_argument(
+        "--text-tokens",
+        type=int,
+        default=None,
+        help="score only the text's first N tokens with a real model (default: all, ~4.4k)",
+    )
     args = p.parse_args(argv)
     for name in args.models.split(","):
         model, tokens = model_and_tokens(name, args)
@@ -87,15 +97,19 @@ def main(argv=None) -> None:
 def report(model, tokens: list[int], layouts: str) -> None:
     base_lp, base_top, margin = score(model, tokens, None, 64)
     clear = margin >= NEAR_TIE
-    print(f"{len(tokens)} tokens; unquantized: mean logprob {base_lp.mean():.4f}; "
-          f"{(~clear).sum()} positions whose top-2 are within {NEAR_TIE} nats")  # fmt: skip
+    print(
+        f"{len(tokens)} tokens; unquantized: mean logprob {base_lp.mean():.4f}; "
+        f"{(~clear).sum()} positions whose top-2 are within {NEAR_TIE} nats"
+    )
     print("layout   top-1 agreement   (past near-ties)   mean |logprob diff|   mean logprob")
     for layout in layouts.split(","):
         bits, group = map(int, layout.split(":"))
         lp, top, _ = score(model, tokens, bits, group)
         same = top == base_top
-        print(f"q{bits}g{group:<4} {same.mean():14.2%}   {same[clear].mean():16.2%}   "
-              f"{np.abs(lp - base_lp).mean():19.4f}   {lp.mean():12.4f}")  # fmt: skip
+        print(
+            f"q{bits}g{group:<4} {same.mean():14.2%}   {same[clear].mean():16.2%}   "
+            f"{np.abs(lp - base_lp).mean():19.4f}   {lp.mean():12.4f}"
+        )
 
 
 if __name__ == "__main__":

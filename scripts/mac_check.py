@@ -42,8 +42,11 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="K/V layouts to test and time: 16 (the dtype), 8, 4 (default: %(default)s)",
     )
     p.add_argument("--kv-group-size", type=int, default=64, choices=[32, 64, 128])
-    p.add_argument("--compare-args", default="--configs ours-1,mlx_lm",
-                   help="arguments for scripts/compare.py (default: %(default)s)")  # fmt: skip
+    p.add_argument(
+        "--compare-args",
+        default="--configs ours-1,mlx_lm",
+        help="arguments for scripts/compare.py (default: %(default)s)",
+    )
     return p.parse_args(argv)
 
 
@@ -90,8 +93,9 @@ def kv_layouts(args) -> list[tuple[str, object]]:
 
     def quantizer(bits):
         def quantize(values):
-            out = QuantizedKV.zeros(*values.shape, bits=bits, group_size=args.kv_group_size,
-                                    dtype=values.dtype)  # fmt: skip
+            out = QuantizedKV.zeros(
+                *values.shape, bits=bits, group_size=args.kv_group_size, dtype=values.dtype
+            )
             out[mx.arange(values.shape[0])] = values
             return out
 
@@ -100,31 +104,40 @@ def kv_layouts(args) -> list[tuple[str, object]]:
     import mlx.core as mx
 
     bits = [int(b) for b in args.kv_bits.split(",")]
-    return [(args.dtype, None) if b >= 16 else (f"q{b}g{args.kv_group_size}", quantizer(b))
-            for b in bits]  # fmt: skip
+    return [
+        (args.dtype, None) if b >= 16 else (f"q{b}g{args.kv_group_size}", quantizer(b))
+        for b in bits
+    ]
 
 
 def self_test_section(args, dtype, shape) -> list[str]:
     from worker.attention import selftest
     from worker.attention.metal import kernel as metal_kernel
 
-    lines = ["| KV | block size | dtype | ok | kernel ms | MLX ops ms | max error | reason |",
-             "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines = [
+        "| KV | block size | dtype | ok | kernel ms | MLX ops ms | max error | reason |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     picks = []
     for label, quantize in kv_layouts(args):
         for block_size in FULL["block_sizes"]:
             result = selftest.verify_metal_backend(
-                block_size=block_size, dtype=dtype, repeats=args.repeats, quantize=quantize,
+                block_size=block_size,
+                dtype=dtype,
+                repeats=args.repeats,
+                quantize=quantize,
                 **shape,
-            )  # fmt: skip
+            )
             lines.append(
                 f"| {label} | {block_size} | {args.dtype} | {'yes' if result.ok else 'no'} | "
                 f"{_ms(result.candidate_ms)} | {_ms(result.reference_ms)} | "
                 f"{_err(result.max_error)} | {result.reason} |"
             )
         reason = metal_kernel.unavailable_reason()
-        picks.append(f"backend \"auto\" picks ({label}): {'metal' if reason is None else 'mlx'}"
-                     + ("" if reason is None else f" ({reason})"))  # fmt: skip
+        picks.append(
+            f'backend "auto" picks ({label}): {"metal" if reason is None else "mlx"}'
+            + ("" if reason is None else f" ({reason})")
+        )
     return [*lines, "", *picks, "", *variants_table(args, dtype, shape)]
 
 
@@ -135,16 +148,22 @@ def variants_table(args, dtype, shape) -> list[str]:
     only where its row says yes."""
     from worker.attention import selftest
 
-    lines = ["Kernel variants (each against MLX ops for correctness, split and grouped timed "
-             "against the plain kernel on their own shapes):", "",
-             "| KV | block size | variant | ok | variant ms | plain kernel ms | max error | reason |",
-             "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines = [
+        "Kernel variants (each against MLX ops for correctness, split and grouped timed "
+        "against the plain kernel on their own shapes):",
+        "",
+        "| KV | block size | variant | ok | variant ms | plain kernel ms | max error | reason |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for label, quantize in kv_layouts(args):
         for block_size in FULL["block_sizes"]:
             results = selftest.verify_metal_variants(
-                block_size=block_size, dtype=dtype, repeats=args.repeats, quantize=quantize,
+                block_size=block_size,
+                dtype=dtype,
+                repeats=args.repeats,
+                quantize=quantize,
                 **shape,
-            )  # fmt: skip
+            )
             for variant, result in results.items():
                 lines.append(
                     f"| {label} | {block_size} | {variant} | {'yes' if result.ok else 'no'} | "
@@ -162,16 +181,26 @@ def microbench_section(args, dtype, shape) -> list[str]:
     grid = QUICK if args.quick else FULL
     metal_missing = metal_kernel.metal_reason()
     kernel = AttentionBackend("metal", metal_kernel.paged_attention_metal, lambda: None)
-    lines = ["| KV | batch | context | block size | Metal kernel ms | MLX ops ms | speedup |",
-             "|---|---|---|---|---|---|---|"]  # fmt: skip
-    cells = [(label, quantize, batch, context, block_size) for label, quantize in kv_layouts(args)
-             for batch in grid["batches"] for context in grid["contexts"]
-             for block_size in grid["block_sizes"]]  # fmt: skip
+    lines = [
+        "| KV | batch | context | block size | Metal kernel ms | MLX ops ms | speedup |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    cells = [
+        (label, quantize, batch, context, block_size)
+        for label, quantize in kv_layouts(args)
+        for batch in grid["batches"]
+        for context in grid["contexts"]
+        for block_size in grid["block_sizes"]
+    ]
     for label, quantize, batch, context, block_size in cells:
         inputs = random_decode_batch(
-            batch=batch, context=context, block_size=block_size, dtype=dtype, quantize=quantize,
+            batch=batch,
+            context=context,
+            block_size=block_size,
+            dtype=dtype,
+            quantize=quantize,
             **shape,
-        )  # fmt: skip
+        )
         mlx_ms = median_ms(plan_call(BACKENDS["mlx"], inputs, block_size), args.repeats)
         if metal_missing is not None:
             metal_cell, speedup = "unavailable", "-"
@@ -235,10 +264,12 @@ def main(argv=None) -> int:
         "Kernel self-test": lambda: self_test_section(args, dtype, shape),
         "Kernel vs MLX ops": lambda: microbench_section(args, dtype, shape),
         "Engine benchmark": lambda: script_section(
-            engine_command(args), args.skip_engine, "--skip-engine"),
+            engine_command(args), args.skip_engine, "--skip-engine"
+        ),
         "Cluster": lambda: script_section(
-            cluster_command(args), args.skip_cluster, "--skip-cluster"),
-    }  # fmt: skip
+            cluster_command(args), args.skip_cluster, "--skip-cluster"
+        ),
+    }
     print(f"# mlx-fleet mac-check ({title}, {args.dtype}{', quick' if args.quick else ''})")
     for name in SECTIONS:
         print(f"\n## {name}\n", flush=True)

@@ -101,8 +101,19 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=2)
     args = p.parse_args()
     port, log_dir = free_port(), Path(tempfile.mkdtemp(prefix="mlx-fleet-restart-"))
-    cmd = [sys.executable, "-m", "fleet.launch", "--workers", "1", "--port", str(port),
-           "--kv-memory", "256MiB", "--log-dir", str(log_dir)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "fleet.launch",
+        "--workers",
+        "1",
+        "--port",
+        str(port),
+        "--kv-memory",
+        "256MiB",
+        "--log-dir",
+        str(log_dir),
+    ]
     if args.model:
         cmd += ["--model", args.model]
     launcher = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)

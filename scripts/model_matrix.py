@@ -174,8 +174,11 @@ def sweep(names: list[str], timeout: float, jobs: int) -> list[Result]:
         for future in as_completed(futures):
             result = future.result()
             done[result.name] = result
-            print(f"[{len(done)}/{len(names)}] {result.name:22s} {result.status:8s} "
-                  f"{result.seconds:5.1f}s  {result.detail[:110]}", flush=True)  # fmt: skip
+            print(
+                f"[{len(done)}/{len(names)}] {result.name:22s} {result.status:8s} "
+                f"{result.seconds:5.1f}s  {result.detail[:110]}",
+                flush=True,
+            )
     return [done[name] for name in names]
 
 
@@ -187,9 +190,10 @@ def versions() -> dict[str, str]:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="\n\n".join(__doc__.split("\n\n")[1:]),
-    )  # fmt: skip
+    )
     parser.add_argument("--only", help="comma-separated zoo names (default: the whole zoo)")
     parser.add_argument(
         "--out", type=Path, default=REPO / "docs" / "models.md", help="the Markdown to write"
@@ -233,8 +237,16 @@ def main(argv: list[str] | None = None) -> None:
         args.json.write_text(json.dumps([r.__dict__ for r in results], indent=1) + "\n")
     counts = {s: sum(r.status == s for r in results) for s in ("served", "refused", "wrong")}
     counts["crash"] = sum(r.status == "crash" for r in results)
-    print(json.dumps({**counts, "recurrent": sum(r.recurrent for r in results),
-                      "seconds": round(elapsed, 1), "out": str(args.out)}))  # fmt: skip
+    print(
+        json.dumps(
+            {
+                **counts,
+                "recurrent": sum(r.recurrent for r in results),
+                "seconds": round(elapsed, 1),
+                "out": str(args.out),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -63,8 +63,14 @@ def main() -> None:
             lambda b=batch, c=cache: model(mx.zeros((b, 1), dtype=mx.int32), cache=c), args.iters
         )
         blocks = -(-(args.context + 1) // 32)
-        pool = BlockPool(1 + batch * blocks, 32, num_layers=shape.num_layers, num_kv_heads=shape.num_kv_heads,
-                         head_dim=shape.head_dim, dtype=shape.kv_dtype)  # fmt: skip
+        pool = BlockPool(
+            1 + batch * blocks,
+            32,
+            num_layers=shape.num_layers,
+            num_kv_heads=shape.num_kv_heads,
+            head_dim=shape.head_dim,
+            dtype=shape.kv_dtype,
+        )
         runner = ModelRunner(model, pool, pool.allocate(1)[0], resolve_backend("auto"))
         seqs = []
         for i in range(batch):
@@ -73,8 +79,18 @@ def main() -> None:
             seqs.append(seq)
         plan = forward_input(StepPlan(StepKind.DECODE, seqs, [], []), [])
         paged = timed(lambda p=plan, m=runner: m.run(p).outputs, args.iters)
-        print(json.dumps({"batch": batch, "context": args.context, "dense_mlx_lm_ms": round(dense, 1),
-                          "paged_ms": round(paged, 1), "ratio": round(paged / dense, 2)}), flush=True)  # fmt: skip
+        print(
+            json.dumps(
+                {
+                    "batch": batch,
+                    "context": args.context,
+                    "dense_mlx_lm_ms": round(dense, 1),
+                    "paged_ms": round(paged, 1),
+                    "ratio": round(paged / dense, 2),
+                }
+            ),
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -41,10 +41,16 @@ def prompts(workload: str, n: int, seed: int) -> list[list[int]]:
 def tiny_model(vocab_size: int) -> llama.Model:
     mx.random.seed(0)
     args = llama.ModelArgs(
-        model_type="llama", hidden_size=64, num_hidden_layers=2, intermediate_size=128,
-        num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5,
-        vocab_size=vocab_size, tie_word_embeddings=True,
-    )  # fmt: skip
+        model_type="llama",
+        hidden_size=64,
+        num_hidden_layers=2,
+        intermediate_size=128,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        rms_norm_eps=1e-5,
+        vocab_size=vocab_size,
+        tie_word_embeddings=True,
+    )
     model = llama.Model(args)
     mx.eval(model.parameters())
     return model

@@ -252,8 +252,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", help="model directory or .gguf (default: the default model)")
     parser.add_argument("--report", type=Path, help="a loadgen report (JSON or JSON lines)")
-    parser.add_argument("--bytes-per-weight", type=float, default=4.0,
-                        help="4 (float32, the CPU backend), 2 (float16), ~0.56 (4-bit)")  # fmt: skip
+    parser.add_argument(
+        "--bytes-per-weight",
+        type=float,
+        default=4.0,
+        help="4 (float32, the CPU backend), 2 (float16), ~0.56 (4-bit)",
+    )
     parser.add_argument("--repeats", type=int, default=5, help="timings per machine figure")
     parser.add_argument("--machine-only", action="store_true", help="print the machine line only")
     described = parser.add_argument_group("a described load (when there is no --report)")
@@ -285,19 +289,28 @@ def main(argv: list[str] | None = None) -> int:
     if args.report is None:
         prompt = args.requests * args.prompt_tokens
         load = Load(
-            args.requests, prompt, int(prompt * args.cached_fraction),
-            args.requests * args.output_tokens, args.batch,
+            args.requests,
+            prompt,
+            int(prompt * args.cached_fraction),
+            args.requests * args.output_tokens,
+            args.batch,
             args.batch * args.context * cost.kv_bytes_per_token,
-        )  # fmt: skip
+        )
         print(json.dumps({"load": asdict(load), "bound": bound(load, cost, machine)}))
         return 0
     for report in read_reports(args.report):
         load = load_of_report(report, cost)
         limits = bound(load, cost, machine)
-        print(json.dumps({
-            "run": report.get("label") or report.get("workload"), "load": asdict(load),
-            "bound": limits, "achieved": achieved(report, limits),
-        }))  # fmt: skip
+        print(
+            json.dumps(
+                {
+                    "run": report.get("label") or report.get("workload"),
+                    "load": asdict(load),
+                    "bound": limits,
+                    "achieved": achieved(report, limits),
+                }
+            )
+        )
     return 0
 
 

@@ -59,13 +59,21 @@ class Fleet:
         self.registry = WorkerRegistry()
         self.workers: dict[bytes, SimWorker] = {}
         for k in range(shape.workers):
-            sim = SimWorker(f"w{k:02d}", shape.capacity_blocks, shape.block_size, shape.cost,
-                            self.index.apply)  # fmt: skip
+            sim = SimWorker(
+                f"w{k:02d}", shape.capacity_blocks, shape.block_size, shape.cost, self.index.apply
+            )
             identity = sim.worker_id.encode()
             self.workers[identity] = sim
             self.registry.add(WorkerState(sim.register(), identity, last_seen=0.0))
-        self.dispatcher = Dispatcher(self.registry, self.index, policy_of(policy), self._send,
-                                     Metrics().model("model"), max_pending=1 << 30, max_resubmits=0)  # fmt: skip
+        self.dispatcher = Dispatcher(
+            self.registry,
+            self.index,
+            policy_of(policy),
+            self._send,
+            Metrics().model("model"),
+            max_pending=1 << 30,
+            max_resubmits=0,
+        )
         self._events: list[tuple[float, int, str, object]] = []
         self._order = itertools.count()
         self._started_at = 0.0
@@ -106,8 +114,11 @@ class Fleet:
 
     def _counters(self) -> tuple[list[int], list[int], list[int]]:
         sims = list(self.workers.values())
-        return ([w.hit_tokens for w in sims], [w.prompt_tokens for w in sims],
-                [w.requests for w in sims])  # fmt: skip
+        return (
+            [w.hit_tokens for w in sims],
+            [w.prompt_tokens for w in sims],
+            [w.requests for w in sims],
+        )
 
     def _at(self, when: float, kind: str, payload) -> None:
         heapq.heappush(self._events, (when, next(self._order), kind, payload))

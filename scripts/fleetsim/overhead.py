@@ -59,9 +59,14 @@ def measure_service_times(workers: int = 16, samples: int = 600, seed: int = 0) 
         tokenize.append(t1 - t0)
         route.append(t2 - t1)
         hashing.append(t3 - t2)
-    return {"workers": workers, "prompt_tokens": len(token_ids), "tokenize_s": tokenize,
-            "render_s": render,
-            "route_s": route, "hash_s": hashing}  # fmt: skip
+    return {
+        "workers": workers,
+        "prompt_tokens": len(token_ids),
+        "tokenize_s": tokenize,
+        "render_s": render,
+        "route_s": route,
+        "hash_s": hashing,
+    }
 
 
 def _scenario_requests(scenario):
@@ -83,28 +88,38 @@ def overhead_at(rate_per_s: float, service_s: list[float], seed: int = 0) -> dic
         latencies.append(wait + service)
         wait = max(0.0, wait + service - rng.expovariate(rate_per_s))
     latencies.sort()
-    return {"rate": rate_per_s, "utilization": round(utilization, 3), "saturated": False,
-            "p50_ms": round(latencies[len(latencies) // 2] * 1e3, 3),
-            "p99_ms": round(latencies[int(len(latencies) * 0.99)] * 1e3, 3)}  # fmt: skip
+    return {
+        "rate": rate_per_s,
+        "utilization": round(utilization, 3),
+        "saturated": False,
+        "p50_ms": round(latencies[len(latencies) // 2] * 1e3, 3),
+        "p99_ms": round(latencies[int(len(latencies) * 0.99)] * 1e3, 3),
+    }
 
 
 def summarize(measured: dict, rates: list[float]) -> list[dict]:
     per_request = [a + b for a, b in zip(measured["tokenize_s"], measured["route_s"], strict=True)]
-    mean_us = {k: round(statistics.fmean(measured[k]) * 1e6, 1)
-               for k in ("tokenize_s", "render_s", "route_s", "hash_s")}  # fmt: skip
+    mean_us = {
+        k: round(statistics.fmean(measured[k]) * 1e6, 1)
+        for k in ("tokenize_s", "render_s", "route_s", "hash_s")
+    }
     # with --tokenizer-threads the HF encode (GIL released) leaves the loop; the template
     # render and the body checks still hold the GIL, so they count against the loop
     on_loop = statistics.fmean(measured["render_s"]) + statistics.fmean(measured["route_s"])
-    base = {"scenario": "router-overhead", "workers": measured["workers"],
-            "prompt_tokens": measured["prompt_tokens"],
-            "cpu_us_per_request": round(statistics.fmean(per_request) * 1e6, 1),
-            **{f"{k[:-2]}_us": v for k, v in mean_us.items()},
-            "loop_ceiling_req_per_s": round(1 / statistics.fmean(per_request)),
-            "loop_ceiling_tokenize_threads_req_per_s": round(1 / on_loop)}  # fmt: skip
+    base = {
+        "scenario": "router-overhead",
+        "workers": measured["workers"],
+        "prompt_tokens": measured["prompt_tokens"],
+        "cpu_us_per_request": round(statistics.fmean(per_request) * 1e6, 1),
+        **{f"{k[:-2]}_us": v for k, v in mean_us.items()},
+        "loop_ceiling_req_per_s": round(1 / statistics.fmean(per_request)),
+        "loop_ceiling_tokenize_threads_req_per_s": round(1 / on_loop),
+    }
     offloaded = [a + b for a, b in zip(measured["render_s"], measured["route_s"], strict=True)]
     rows = []
     for rate in rates:
-        threaded = {f"threads_{k}": v for k, v in overhead_at(rate, offloaded).items()
-                    if k not in ("rate",)}  # fmt: skip
+        threaded = {
+            f"threads_{k}": v for k, v in overhead_at(rate, offloaded).items() if k not in ("rate",)
+        }
         rows.append({**base, **overhead_at(rate, per_request), **threaded})
     return rows

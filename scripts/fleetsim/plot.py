@@ -22,8 +22,12 @@ def plot_fleet(rows: list[dict], path: Path) -> None:
         if policy != "capacity_bound":
             skew.plot(workers, [r["imbalance"] for r in mine], "o-", label=policy)
     tenants = fleet_rows[0]["tenants"] if fleet_rows else 0
-    hits.set(xlabel="workers", ylabel="prefix-cache hit rate (tokens)", ylim=(0, 1),
-             title=f"{tenants} Zipf tenants, multi-turn, 355 KV blocks/worker")  # fmt: skip
+    hits.set(
+        xlabel="workers",
+        ylabel="prefix-cache hit rate (tokens)",
+        ylim=(0, 1),
+        title=f"{tenants} Zipf tenants, multi-turn, 355 KV blocks/worker",
+    )
     skew.set(xlabel="workers", ylabel="max / mean requests per worker", title="load imbalance")
     skew.axhline(1.3, color="grey", linestyle=":", label="30% bound")
     for ax in (hits, skew):

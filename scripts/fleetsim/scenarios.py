@@ -55,8 +55,11 @@ def pressure(tenants: int, seed: int = 0, requests: int = 1000) -> Scenario:
         f"pressure-{tenants}-tenants",
         FleetShape(workers=2, capacity_blocks=355, block_size=32, cost=THIS_CPU),
         TrafficShape(tenants=tenants, system_tokens=1400, question_tokens=20, output_tokens=32),
-        requests=requests, warmup=requests // 5, concurrency=16, seed=seed,
-    )  # fmt: skip
+        requests=requests,
+        warmup=requests // 5,
+        concurrency=16,
+        seed=seed,
+    )
 
 
 def pressure_as_run(tenants: int, seed: int = 0) -> Scenario:
@@ -67,19 +70,32 @@ def pressure_as_run(tenants: int, seed: int = 0) -> Scenario:
         f"pressure-as-run-{tenants}-tenants",
         FleetShape(workers=2, capacity_blocks=340, block_size=32, cost=THIS_CPU),
         TrafficShape(tenants=tenants, system_tokens=1330, question_tokens=20, output_tokens=16),
-        requests=72, warmup=0, concurrency=8, seed=seed,
-    )  # fmt: skip
+        requests=72,
+        warmup=0,
+        concurrency=8,
+        seed=seed,
+    )
 
 
 def fleet(workers: int, seed: int = 0, requests_per_worker: int = 300) -> Scenario:
     return Scenario(
         f"fleet-{workers}",
         FleetShape(workers=workers, capacity_blocks=355, block_size=32, cost=ACCELERATOR),
-        TrafficShape(tenants=512, zipf_s=0.9, system_tokens=1400, question_tokens=40,
-                     output_tokens=64, continue_prob=0.5, max_turns=6, sessions_per_tenant=4),
-        requests=requests_per_worker * workers, warmup=requests_per_worker * workers // 3,
-        rate_per_worker=4.0, seed=seed,
-    )  # fmt: skip
+        TrafficShape(
+            tenants=512,
+            zipf_s=0.9,
+            system_tokens=1400,
+            question_tokens=40,
+            output_tokens=64,
+            continue_prob=0.5,
+            max_turns=6,
+            sessions_per_tenant=4,
+        ),
+        requests=requests_per_worker * workers,
+        warmup=requests_per_worker * workers // 3,
+        rate_per_worker=4.0,
+        seed=seed,
+    )
 
 
 def conversations(
@@ -96,9 +112,12 @@ def conversations(
         f"conversations-{'closed' if closed else 'open'}-key-per-{key_per}",
         FleetShape(workers=workers, capacity_blocks=355, block_size=32, cost=ACCELERATOR),
         ConversationShape(tenants=(16 if closed else 6) * workers, key_per=key_per),
-        requests=requests_per_worker * workers, warmup=requests_per_worker * workers // 3,
-        concurrency=8 * workers if closed else None, rate_per_worker=4.0, seed=seed,
-    )  # fmt: skip
+        requests=requests_per_worker * workers,
+        warmup=requests_per_worker * workers // 3,
+        concurrency=8 * workers if closed else None,
+        rate_per_worker=4.0,
+        seed=seed,
+    )
 
 
 def run(scenario: Scenario, policies=POLICIES, keys: bool | None = None) -> list[dict]:
@@ -124,11 +143,17 @@ def run(scenario: Scenario, policies=POLICIES, keys: bool | None = None) -> list
         result = Fleet(shape, policy_named(policy)).run(
             requests, scenario.concurrency, scenario.warmup
         )
-        rows.append({**common, "policy": policy, "hit_rate": round(result.hit_rate, 4),
-                     "req_per_s": round(common["requests"] / result.sim_seconds, 3),
-                     "imbalance": round(result.imbalance, 3),
-                     "evicted_blocks": result.evicted_blocks,
-                     "sim_cpu_s": round(time.process_time() - cpu, 2)})  # fmt: skip
+        rows.append(
+            {
+                **common,
+                "policy": policy,
+                "hit_rate": round(result.hit_rate, 4),
+                "req_per_s": round(common["requests"] / result.sim_seconds, 3),
+                "imbalance": round(result.imbalance, 3),
+                "evicted_blocks": result.evicted_blocks,
+                "sim_cpu_s": round(time.process_time() - cpu, 2),
+            }
+        )
     capacity = shape.capacity_blocks * shape.workers
     bound = pooled_lru_hit_rate(requests, capacity, shape.block_size, scenario.warmup)
     rows.append({**common, "policy": "capacity_bound", "hit_rate": round(bound, 4)})

@@ -52,8 +52,9 @@ class SimWorker:
         self.requests = 0
 
     def register(self) -> Register:
-        return Register(self.worker_id, "sim", self.block_size, self.cache.capacity_blocks,
-                        "sim", 0)  # fmt: skip
+        return Register(
+            self.worker_id, "sim", self.block_size, self.cache.capacity_blocks, "sim", 0
+        )
 
     def start(self, wire_id: str, token_ids: tuple[int, ...], max_tokens: int, now: float) -> float:
         """Mutates: admit a request; returns when it finishes."""

@@ -79,9 +79,18 @@ def service_spec(
         argv += ["--host", "127.0.0.1", "--port", str(port), *shlex.split(extra_baseline_args)]
         return ServiceSpec(name, argv, port, MLX_LM_MODEL_NAME, None, baseline_env or {})
     if name == "vllm_mlx":
-        argv = [str(vllm_mlx_executable()), "serve", str(baseline_model_dir),
-                "--continuous-batching", "--enable-prefix-cache", "--offline",
-                "--host", "127.0.0.1", "--port", str(port)]  # fmt: skip
+        argv = [
+            str(vllm_mlx_executable()),
+            "serve",
+            str(baseline_model_dir),
+            "--continuous-batching",
+            "--enable-prefix-cache",
+            "--offline",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+        ]
         return ServiceSpec(name, argv, port, None, None, baseline_env or {})
     match = OURS.fullmatch(name)
     policy = match["policy"] or "cache_aware"

@@ -208,9 +208,12 @@ def cold_mix(n: int, seed: int, shape: Shape) -> list[Prompt]:
         else:
             opening = " ".join(rng.choice(WORDS) for _ in range(2))
             messages = [
-                {"role": "user", "content": f"Tell a long story about {opening}. "
-                 + question(rng, shape.question_words)}
-            ]  # fmt: skip
+                {
+                    "role": "user",
+                    "content": f"Tell a long story about {opening}. "
+                    + question(rng, shape.question_words),
+                }
+            ]
             prompts.append(Prompt(messages, f"decode-{i}"))
     return prompts
 

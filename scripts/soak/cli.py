@@ -26,17 +26,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--duration", type=float, default=3600, help="seconds of load (3600)")
     p.add_argument("--rate", type=float, default=1.0, help="requests per second, Poisson (1)")
     p.add_argument(
-        "--faults", default=",".join(KINDS),
+        "--faults",
+        default=",".join(KINDS),
         help=f"comma list of {', '.join(KINDS)}, injected in turn; '' for none",
-    )  # fmt: skip
+    )
     p.add_argument("--fault-every", type=float, help="seconds between faults (duration / 5)")
     p.add_argument("--stop-seconds", type=float, default=30, help="SIGSTOP length (30)")
     p.add_argument(
-        "--fault-worker", metavar="ID",
+        "--fault-worker",
+        metavar="ID",
         help="worker faults strike this worker only (e.g. worker-0), so the others live the "
         "whole run and show the memory slope beyond warm-up (default: the first healthy one; "
         "while no healthy worker has this id, a worker fault is skipped and reported so)",
-    )  # fmt: skip
+    )
     p.add_argument("--sample-every", type=float, default=5, help="sampling period, s (5)")
     p.add_argument("--deadline", type=float, default=90, help="per-request deadline, s (90)")
     p.add_argument("--max-tokens", type=int, default=24, help="max_tokens per request (24)")
@@ -57,9 +59,19 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     log_dir = args.log_dir or Path(tempfile.mkdtemp(prefix="soak-"))
     port = free_port()
-    argv_ = [sys.executable, "-m", "fleet.launch", "--workers", str(args.workers),
-             "--port", str(port), "--kv-memory", args.kv_memory,
-             "--log-dir", str(log_dir / "cluster")]  # fmt: skip
+    argv_ = [
+        sys.executable,
+        "-m",
+        "fleet.launch",
+        "--workers",
+        str(args.workers),
+        "--port",
+        str(port),
+        "--kv-memory",
+        args.kv_memory,
+        "--log-dir",
+        str(log_dir / "cluster"),
+    ]
     argv_ += ["--model", args.model] if args.model else []
     spec = ServiceSpec("launch-cluster", argv_, port, expected_workers=args.workers)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so the finally below runs
@@ -90,8 +102,9 @@ async def soak(args, url: str, service: Service, faults: Faults) -> dict:
         models = await get_json(session, f"{url}/v1/models")
     model = models["data"][0]["id"]
     faults.model = model
-    traffic = Traffic(url, model, args.rate, args.deadline, args.max_tokens, args.seed,
-                      lambda: faults.router_down)  # fmt: skip
+    traffic = Traffic(
+        url, model, args.rate, args.deadline, args.max_tokens, args.seed, lambda: faults.router_down
+    )
     sampler = Sampler(service.proc.pid)
     cluster = ClusterWatch(url)
     start = time.monotonic()

@@ -120,10 +120,13 @@ class Faults:
         count = max(2, min(FILL_MAX_REQUESTS, round(1.5 * pool_tokens / 2000)))
         rng = random.Random(len(self.results))
         bodies = [
-            {"model": self.model, "max_tokens": 1,
-             "messages": [{"role": "user", "content": paragraph(rng, FILL_PROMPT_WORDS)}]}
+            {
+                "model": self.model,
+                "max_tokens": 1,
+                "messages": [{"role": "user", "content": paragraph(rng, FILL_PROMPT_WORDS)}],
+            }
             for _ in range(count)
-        ]  # fmt: skip
+        ]
         start = time.monotonic()
         outcomes = await asyncio.gather(*(self.filler(session, b) for b in bodies))
         record = {"requests": count, "pool_tokens": pool_tokens}

@@ -39,9 +39,17 @@ TOOLS = [
 ]
 # kind: weight; hostile kinds expect a 4xx
 MIX = {
-    "chat": 3, "chat_stream": 4, "long_prompt": 2, "tools": 2, "n2": 1, "n2_stream": 1,
-    "abandon": 2, "bad_json": 1, "unknown_field": 1, "huge_number": 1,
-}  # fmt: skip
+    "chat": 3,
+    "chat_stream": 4,
+    "long_prompt": 2,
+    "tools": 2,
+    "n2": 1,
+    "n2_stream": 1,
+    "abandon": 2,
+    "bad_json": 1,
+    "unknown_field": 1,
+    "huge_number": 1,
+}
 HOSTILE = {"bad_json", "unknown_field", "huge_number"}
 
 

@@ -10,12 +10,17 @@ from scripts.bench_batch import build_parser, clients_of, median_line, patterns_
 
 def summary(p50_alone, p50_beside, p95_alone, p95_beside, status="completed", done=500):
     return {
-        "lines": 500, "batch_status": status, "batch_completed": done, "batch_lines_per_s": 3.0,
-        "ttft_p50_alone_s": p50_alone, "ttft_p50_beside_s": p50_beside,
-        "ttft_p95_alone_s": p95_alone, "ttft_p95_beside_s": p95_beside,
+        "lines": 500,
+        "batch_status": status,
+        "batch_completed": done,
+        "batch_lines_per_s": 3.0,
+        "ttft_p50_alone_s": p50_alone,
+        "ttft_p50_beside_s": p50_beside,
+        "ttft_p95_alone_s": p95_alone,
+        "ttft_p95_beside_s": p95_beside,
         "ttft_p50_ratio": round(p50_beside / p50_alone, 2),
         "ttft_p95_ratio": round(p95_beside / p95_alone, 2),
-    }  # fmt: skip
+    }
 
 
 def test_defaults_run_both_patterns_three_times_beside_500_lines():
@@ -36,8 +41,11 @@ def test_one_pattern_and_its_clients_can_be_chosen():
 
 
 def test_the_median_line_takes_medians_and_says_whether_the_target_was_met():
-    runs = [summary(0.17, 0.20, 0.25, 0.30), summary(0.16, 0.35, 0.22, 0.50),
-            summary(0.18, 0.19, 0.24, 0.26)]  # fmt: skip
+    runs = [
+        summary(0.17, 0.20, 0.25, 0.30),
+        summary(0.16, 0.35, 0.22, 0.50),
+        summary(0.18, 0.19, 0.24, 0.26),
+    ]
     line = median_line("back-to-back", runs)
     assert line["pattern"] == "back-to-back" and line["repeats"] == 3
     assert line["ttft_p50_alone_s"] == 0.17 and line["ttft_p50_beside_s"] == 0.2
@@ -49,8 +57,11 @@ def test_the_median_line_takes_medians_and_says_whether_the_target_was_met():
 def test_a_slow_median_or_an_unfinished_batch_misses_the_target():
     slow = [summary(0.17, 0.35, 0.25, 0.5)] * 3
     assert median_line("busy", slow)["target_met"] is False
-    unfinished = [summary(0.17, 0.18, 0.25, 0.26), summary(0.17, 0.18, 0.25, 0.26, done=499),
-                  summary(0.17, 0.18, 0.25, 0.26, status="failed")]  # fmt: skip
+    unfinished = [
+        summary(0.17, 0.18, 0.25, 0.26),
+        summary(0.17, 0.18, 0.25, 0.26, done=499),
+        summary(0.17, 0.18, 0.25, 0.26, status="failed"),
+    ]
     line = median_line("busy", unfinished)
     assert line["batch_finished"] == "1/3" and line["target_met"] is False
 

@@ -21,9 +21,11 @@ def test_tiny_qwen3_reports_each_layout(capsys):
 
 @pytest.mark.slow
 def test_the_default_model_keeps_99_percent_top1_at_8_bits(capsys):
-    """The issue's bar on the real model and the shipped text (~4.4k tokens): 8-bit K/V, groups
-    of 64, agrees with unquantized K/V on the next token at >= 99% of positions (99.16% when
-    measured; 98.38% before keys were stored rotated, worker.kv.quant.rotate)."""
-    main(["--models", "default", "--layouts", "8:64"])
+    """The issue's bar on the real model and the shipped text's first 2,048 tokens (eight
+    chunks, each after the first reading K/V back from the pool): 8-bit K/V, groups of 64,
+    agrees with unquantized K/V on the next token at >= 99% of positions (99.56% when
+    measured, 52 s; the whole text, ~4.4k tokens, 99.16% in 169 s, is the script's default;
+    98.38% before keys were stored rotated, worker.kv.quant.rotate)."""
+    main(["--models", "default", "--layouts", "8:64", "--text-tokens", "2048"])
     rows = dict(re.findall(r"^(q\dg\d+)\s+([\d.]+)%", capsys.readouterr().out, flags=re.M))
     assert float(rows["q8g64"]) >= 99.0
