@@ -34,9 +34,10 @@ from shared.sampling import InvalidRequest
 from worker.connection import RouterConnection
 from worker.engine.engine import Engine, EngineOverloaded
 from worker.inventory import inventory
+from worker.live import LiveRequests, Stage
 from worker.peer.channel import PeerChannel
 from worker.peer.node import PeerNode
-from worker.peer.prefill import PrefillOnly
+from worker.peer.prefill import PREFILL_SAMPLING
 from worker.routers import RouterLinks
 from worker.tracing import WorkerTracing
 from worker.vision.preparing import ImagePreparer
@@ -85,7 +86,7 @@ class WorkerLoop:
             peers = None
         self.peer = PeerNode(engine, peers, self._wake) if peers is not None else None
         self.prefill_rate = 0.0  # tokens/s, EWMA over steps that prefilled
-        self.prefill_only = PrefillOnly()  # disaggregated prefill requests in flight
+        self.live = LiveRequests()  # every request held, from arrival to its end
         # image requests are prepared (decoded, preprocessed) on these threads, not this one
         self.images = ImagePreparer(
             lambda msg: engine.intake.prepare(list(msg.token_ids), msg.images), self._wake
@@ -177,8 +178,14 @@ class WorkerLoop:
             return
         link, msg = arrival
         if isinstance(msg, Generate):
-            self.routers.accepted(link, msg)
-            if self.peer is None or not self.peer.park(msg):
+            if msg.request_id in self.live:  # the first one runs on, answered where it came from
+                running = InvalidRequest(f"request {msg.request_id!r} is already running")
+                self.routers.send(link, self._error(msg, running))
+                return
+            self.live.arrived(link, msg)
+            if self.peer is not None and self.peer.park(msg):
+                self.live.moved(msg.request_id, Stage.PARKED)
+            else:
                 self._generate(msg)
         elif isinstance(msg, Abort):
             self._abort(msg)
@@ -199,49 +206,58 @@ class WorkerLoop:
             log.warning("ignored an unexpected %s from the router", type(msg).__name__)
 
     def _abort(self, msg: Abort) -> None:
-        whole = msg.index is None
-        parked = whole and self.peer is not None and self.peer.abort(msg.request_id)
-        parked = parked or (whole and self.images.cancel(msg.request_id))
-        if not parked and self.engine.abort(msg.request_id, msg.index) and msg.index is not None:
-            self.routers.choice_done(msg.request_id)  # that choice sends no final delta
-        if msg.index is None:
-            self.prefill_only.forget(msg.request_id)
-            self.routers.forget(msg.request_id)
+        """The request (or one choice, `msg.index`) stopped wherever it is."""
+        if msg.index is not None:
+            if self.engine.abort(msg.request_id, msg.index):
+                self.live.choice_ended(msg.request_id)  # that choice sends no final delta
+        else:
+            live = self.live.ended(msg.request_id)
+            stage = live.stage if live is not None else Stage.ENGINE
+            if stage is Stage.PARKED and self.peer is not None:
+                self.peer.abort(msg.request_id)
+            elif stage is Stage.PREPARING:
+                self.images.cancel(msg.request_id)
+            else:
+                self.engine.abort(msg.request_id, None)
         if self.tracing is not None:
             self.tracing.aborted(msg.request_id, msg.index)
 
     def _generate(self, msg: Generate) -> None:
         """Queue `msg` in the engine; one with images once they are prepared (`_admit`)."""
-        if self.images.preparing(msg.request_id):
-            self._refuse(msg, InvalidRequest(f"request {msg.request_id!r} is already running"))
-        elif not msg.images:
+        if not msg.images:
             self._admit(msg, None)
         else:
+            self.live.moved(msg.request_id, Stage.PREPARING)
             self.images.submit(msg)
 
     def _admit(self, msg: Generate, prepared: PreparedImages | InvalidRequest | None) -> None:
         if isinstance(prepared, InvalidRequest):
             self._refuse(msg, prepared)
             return
-        sampling, n = msg.sampling, msg.n
-        if msg.prefill_only:
-            sampling, n = self.prefill_only.start(msg.request_id), 1
+        if msg.request_id not in self.live:
+            return  # aborted while its images were prepared or its prefix fetched
+        self.live.moved(msg.request_id, Stage.ENGINE)
+        sampling, n = (PREFILL_SAMPLING, 1) if msg.prefill_only else (msg.sampling, msg.n)
         ids = list(msg.token_ids)
         try:
             self.engine.add_request(
                 msg.request_id, ids, sampling, n, msg.images, prepared, msg.priority, msg.pins
             )
         except (InvalidRequest, EngineOverloaded) as exc:
-            self.prefill_only.forget(msg.request_id)
             self._refuse(msg, exc)
         else:
             if self.tracing is not None:
                 self.tracing.queued(msg)
 
     def _refuse(self, msg: Generate, exc: Exception) -> None:
+        """`msg` answered with its error: it ends here."""
+        held = self.live.ended(msg.request_id)
+        self.routers.send(held.link if held is not None else None, self._error(msg, exc))
+
+    @staticmethod
+    def _error(msg: Generate, exc: Exception) -> TokenDelta:
         usage = Usage(len(msg.token_ids), 0, 0)
-        self.routers.reply(TokenDelta(msg.request_id, (), "error", usage, error=str(exc)))
-        self.routers.forget(msg.request_id)
+        return TokenDelta(msg.request_id, (), "error", usage, error=str(exc))
 
     def _step(self) -> None:
         prefilled, start = self.engine.stats_.prefill_tokens, time.perf_counter()
@@ -253,10 +269,13 @@ class WorkerLoop:
             rate = prefilled / max(elapsed, 1e-6)
             old = self.prefill_rate or rate
             self.prefill_rate = PREFILL_RATE_EWMA * rate + (1 - PREFILL_RATE_EWMA) * old
-        for delta in filter(None, map(self.prefill_only.translate, deltas)):
+        for delta in deltas:
+            link, delta = self.live.outgoing(delta)
+            if delta is None:
+                continue
             if self.tracing is not None:
                 self.tracing.delta(delta)
-            self.routers.reply(delta)
+            self.routers.send(link, delta)
         self._send_events()
 
     def _send_events(self) -> None:

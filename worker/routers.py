@@ -2,27 +2,20 @@
 
 Each router gets the worker's Register, heartbeats, KV events and, once it accepts, the
 worker's inventory, so each keeps a full prefix index of its own. A request is answered on the
-link it came in on (its owner, kept until its last choice finishes or it is aborted); a delta
-of a request no link owns goes to every router, and those that do not know it drop it."""
+link it came in on (worker/live.py keeps which); a delta of a request no longer held goes to
+every router, and those that do not know it drop it."""
 
 from __future__ import annotations
 
 import queue
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 import zmq
 
-from shared.protocol import Generate, Message, Peer, Register, TokenDelta
+from shared.protocol import Message, Peer, Register
 from worker.connection import RouterConnection
 
 Arrival = tuple[RouterConnection, Message] | None  # None: a wake-up
-
-
-@dataclass
-class _Owner:
-    link: RouterConnection
-    running: int  # choices whose final delta is still to come
 
 
 class RouterLinks:
@@ -40,7 +33,6 @@ class RouterLinks:
             RouterConnection(endpoint, register, heartbeat, configure_socket, self.inbound)
             for endpoint in endpoints
         ]
-        self._owners: dict[str, _Owner] = {}  # request id -> the link it came in on
         self._peers: dict[RouterConnection, tuple[Peer, ...]] = {}
 
     @property
@@ -64,35 +56,12 @@ class RouterLinks:
         for link in self.links:
             link.send(msg)
 
-    def accepted(self, link: RouterConnection, request: Generate) -> None:
-        """`request` came from `link`: its deltas go back there."""
-        if len(self.links) > 1:
-            self._owners[request.request_id] = _Owner(link, request.n)
-
-    def reply(self, delta: TokenDelta) -> None:
-        """`delta` to the router that sent its request."""
-        if len(self.links) == 1:
-            self.links[0].send(delta)
-            return
-        owner = self._owners.get(delta.request_id)
-        if owner is None:
-            self.broadcast(delta)
-            return
-        owner.link.send(delta)
-        if delta.finish_reason is not None:
-            self.choice_done(delta.request_id)
-
-    def choice_done(self, request_id: str) -> None:
-        """One choice of `request_id` ended without a final delta still to send (aborted)."""
-        owner = self._owners.get(request_id)
-        if owner is not None:
-            owner.running -= 1
-            if owner.running <= 0:
-                del self._owners[request_id]
-
-    def forget(self, request_id: str) -> None:
-        """`request_id` was aborted: nothing more of it is sent."""
-        self._owners.pop(request_id, None)
+    def send(self, link: RouterConnection | None, msg: Message) -> None:
+        """`msg` on `link` (the one its request came in on), or to every router (None)."""
+        if link is None:
+            self.broadcast(msg)
+        else:
+            link.send(msg)
 
     def peers(self, link: RouterConnection, peers: tuple[Peer, ...]) -> tuple[Peer, ...]:
         """The workers to fetch KV blocks from: the latest list of every router, merged."""

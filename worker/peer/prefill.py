@@ -17,31 +17,14 @@ PREFILLED = "prefilled"
 PREFILL_SAMPLING = SamplingParams(max_tokens=1, temperature=0.0)
 
 
-class PrefillOnly:
-    """The prefill-only requests in flight, and their deltas as the router gets them."""
-
-    def __init__(self):
-        self._ids: set[str] = set()
-
-    def start(self, request_id: str) -> SamplingParams:
-        self._ids.add(request_id)
-        return PREFILL_SAMPLING
-
-    def forget(self, request_id: str) -> None:
-        self._ids.discard(request_id)
-
-    def translate(self, delta: TokenDelta) -> TokenDelta | None:
-        """What to send for `delta` of the engine: itself for other requests; for a
-        prefill-only one nothing until it ends, then its "prefilled" (or error) delta."""
-        if delta.request_id not in self._ids:
-            return delta
-        if delta.finish_reason is None:
-            return None
-        self._ids.discard(delta.request_id)
-        if delta.finish_reason not in ("length", "stop"):  # an error or an abort, as it is
-            return TokenDelta(
-                delta.request_id, (), delta.finish_reason, delta.usage, error=delta.error
-            )
-        u = delta.usage
-        usage = Usage(u.prompt_tokens, 0, u.cached_tokens) if u is not None else None
-        return TokenDelta(delta.request_id, (), PREFILLED, usage)
+def prefill_only_delta(delta: TokenDelta) -> TokenDelta | None:
+    """What a prefill-only request sends for the engine's `delta`: nothing until it ends,
+    then its "prefilled" delta (an error or an abort as it is). Which requests only prefill
+    is the worker's registry's to know (worker/live.py)."""
+    if delta.finish_reason is None:
+        return None
+    if delta.finish_reason not in ("length", "stop"):  # an error or an abort, as it is
+        return TokenDelta(delta.request_id, (), delta.finish_reason, delta.usage, error=delta.error)
+    u = delta.usage
+    usage = Usage(u.prompt_tokens, 0, u.cached_tokens) if u is not None else None
+    return TokenDelta(delta.request_id, (), PREFILLED, usage)

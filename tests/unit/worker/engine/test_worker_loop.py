@@ -103,6 +103,45 @@ def test_abort_stops_a_request(running):
     while server.engine.has_work() and time.monotonic() < deadline:
         time.sleep(0.01)
     assert not server.engine.has_work()
+    assert "long" not in server.live
+
+
+def test_a_duplicate_id_is_refused_and_the_first_runs_on(running, model):
+    router, server, _ = running
+    prompt = tuple(range(1, 20))
+    router.send(Generate("dup", prompt, SamplingParams(max_tokens=30)))
+    router.send(Generate("dup", prompt, SamplingParams(max_tokens=30)))
+    tokens, errors = [], []
+    while True:
+        msg = router.recv_until(TokenDelta)
+        if msg.finish_reason == "error":
+            errors.append(msg.error)
+            continue
+        tokens.extend(msg.token_ids)
+        if msg.finish_reason:
+            break
+    assert errors == ["request 'dup' is already running"]
+    assert tokens == reference_greedy(model, list(prompt), 30)
+    assert "dup" not in server.live
+
+
+def test_choices_end_one_by_one_and_an_aborted_choice_counts(running):
+    """n=3: one choice aborted alone, two run to their end; the request is held until the
+    last one's final delta, then let go."""
+    router, server, _ = running
+    router.send(Generate("three", tuple(range(1, 12)), SamplingParams(max_tokens=40), n=3))
+    router.recv_until(TokenDelta)
+    router.send(Abort("three", index=1))
+    finals = set()
+    while len(finals) < 2:
+        msg = router.recv_until(TokenDelta)
+        if msg.finish_reason:
+            finals.add(msg.index)
+    assert finals == {0, 2}
+    deadline = time.monotonic() + 5
+    while "three" in server.live and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert "three" not in server.live
 
 
 def test_malformed_frames_are_dropped(running, model):

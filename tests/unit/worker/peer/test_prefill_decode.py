@@ -81,7 +81,7 @@ def test_abort_of_a_prefill_only_request(fleet):
     router.send("p", Abort("pre"))
     router.run("p", Generate("after", PROMPT, GREEDY), timeout=30)  # still serving
     assert all(d.finish_reason != "prefilled" for d in router.deltas.get("pre", []))
-    assert not loops["p"].prefill_only._ids
+    assert "pre" not in loops["p"].live and not loops["p"].live
 
 
 def test_kv_events_of_a_prefill(fleet):
