@@ -204,9 +204,9 @@ def test_worker_killed_mid_stream_is_invisible_to_the_client(cluster):
     question = [
         {"role": "user", "content": "Write a long story about a brave knight and a dragon."}
     ]
-    expected = greedy_reference(question, 120)
+    expected = greedy_reference(question, 60)
     stream = cluster.client.chat.completions.create(
-        model=MODEL, messages=question, temperature=0, max_tokens=120, stream=True
+        model=MODEL, messages=question, temperature=0, max_tokens=60, stream=True
     )
     parts, killed = [], None
     for chunk in stream:
