@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import os
-import queue
 import socket
 import threading
 import time
@@ -126,7 +125,9 @@ class WorkerLoop:
         try:
             while not self.stopping.is_set():
                 hold = self.engine.hold_s()  # batch work waiting for an interactive request
-                self._handle_inbound(block=hold > 0 or not self.engine.has_work(), wait=hold)
+                idle = hold > 0 or not self.engine.has_work()
+                for link, msg in self.routers.arrivals(wait=(hold or IDLE_WAIT_S) if idle else 0):
+                    self._handle(link, msg)
                 for msg, prepared in self.images.ready():
                     self._admit(msg, prepared)
                 if self.peer is not None:
@@ -155,28 +156,7 @@ class WorkerLoop:
         """Wakes the loop from its idle wait: a peer's fetch to serve, or a pull done."""
         self.routers.wake()
 
-    def _handle_inbound(self, block: bool, wait: float = 0.0) -> None:
-        """Every message that arrived; `block`: wait for one first, `wait` seconds (0: up to
-        IDLE_WAIT_S)."""
-        try:
-            msg = (
-                self.routers.inbound.get(timeout=wait or IDLE_WAIT_S)
-                if block
-                else self.routers.inbound.get_nowait()
-            )
-        except queue.Empty:
-            return
-        while True:
-            self._handle(msg)
-            try:
-                msg = self.routers.inbound.get_nowait()
-            except queue.Empty:
-                return
-
-    def _handle(self, arrival: tuple[RouterConnection, Message] | None) -> None:
-        if arrival is None:  # a wake-up (`_wake`)
-            return
-        link, msg = arrival
+    def _handle(self, link: RouterConnection, msg: Message) -> None:
         if isinstance(msg, Generate):
             if msg.request_id in self.live:  # the first one runs on, answered where it came from
                 running = InvalidRequest(f"request {msg.request_id!r} is already running")

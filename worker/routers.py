@@ -51,6 +51,19 @@ class RouterLinks:
     def wake(self) -> None:
         self.inbound.put(None)
 
+    def arrivals(self, wait: float = 0.0) -> list[tuple[RouterConnection, Message]]:
+        """Every message that has arrived, from any router, in order; with `wait` > 0, up to
+        that long for the first one (a `wake` ends the wait early)."""
+        got: list[tuple[RouterConnection, Message]] = []
+        try:
+            arrival = self.inbound.get(timeout=wait) if wait > 0 else self.inbound.get_nowait()
+            while True:
+                if arrival is not None:  # None: a wake-up
+                    got.append(arrival)
+                arrival = self.inbound.get_nowait()
+        except queue.Empty:
+            return got
+
     def broadcast(self, msg: Message) -> None:
         """`msg` to every router (KV events)."""
         for link in self.links:

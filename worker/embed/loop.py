@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 import os
-import queue
 import socket
 import threading
 from collections.abc import Sequence
@@ -78,7 +77,8 @@ class EmbedLoop:
         self.watchdog.start()
         try:
             while not self.stopping.is_set():
-                self._take_inbound(block=not self.pending)
+                for link, msg in self.routers.arrivals(wait=0 if self.pending else IDLE_WAIT_S):
+                    self._handle(link, msg)
                 if self.pending:
                     self._turn()
                 self.turns += 1
@@ -90,20 +90,6 @@ class EmbedLoop:
 
     def stop(self) -> None:
         self.stopping.set()
-
-    def _take_inbound(self, block: bool) -> None:
-        inbound = self.routers.inbound
-        try:
-            arrival = inbound.get(timeout=IDLE_WAIT_S) if block else inbound.get_nowait()
-        except queue.Empty:
-            return
-        while True:
-            if arrival is not None:  # None: a wake-up
-                self._handle(*arrival)
-            try:
-                arrival = inbound.get_nowait()
-            except queue.Empty:
-                return
 
     def _handle(self, link: RouterConnection, msg) -> None:
         if isinstance(msg, Embed):
