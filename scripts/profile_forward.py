@@ -65,7 +65,9 @@ def main() -> None:
         blocks = -(-(args.context + 1) // 32)
         pool = BlockPool(1 + batch * blocks, 32, num_layers=shape.num_layers, num_kv_heads=shape.num_kv_heads,
                          head_dim=shape.head_dim, dtype=shape.kv_dtype)  # fmt: skip
-        runner = ModelRunner(model, pool, pool.allocate(1)[0], resolve_backend("auto"))
+        runner = ModelRunner(
+            model, pool, pool.allocate(1)[0], resolve_backend("auto"), shape.layout()
+        )
         seqs = []
         for i in range(batch):
             seq = Sequence(str(i), args.context, [1] * (args.context + 1), SamplingParams(), i)

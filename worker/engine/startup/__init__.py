@@ -7,12 +7,10 @@ here imports the engine."""
 
 from worker.attention.prefix_kv import PREFIX_KV as PREFIX_KV
 from worker.engine.startup.checks import Serving as Serving
-from worker.engine.startup.checks import attach_shape as attach_shape
 from worker.engine.startup.checks import check_model as check_model
 from worker.engine.startup.checks import kv_groups as kv_groups
 from worker.engine.startup.checks import run_alone as run_alone
 from worker.engine.startup.checks import run_together as run_together
-from worker.engine.startup.checks import set_layer_modes as set_layer_modes
 from worker.engine.startup.checks import verify_greedy as verify_greedy
 from worker.engine.startup.checks import warm_up as warm_up
 from worker.engine.startup.sizing import apply_memory_plan as apply_memory_plan
