@@ -75,10 +75,11 @@ class Engine:
         make_runner: Callable[..., ModelRunner] = ModelRunner,
     ):
         """`shape`: the model's, from `probe_shape(model)` (a forward pass, so the builder's).
-        `make_runner(model, pool, scratch_block, backend, layout, states)`: the runner the
-        steps go through, made with its cache layout (`ModelShape.layout`) and a hybrid
-        model's state pool; a tensor-parallel group's leader passes one that first
-        broadcasts the plan to the other ranks (`worker.tp.runner`)."""
+        `make_runner(model, pool, scratch_block, backend, layout, states, kept_prefix_bytes)`:
+        the runner the steps go through, made with its cache layout (`ModelShape.layout`), a
+        hybrid model's state pool and the kept prefixes' share of the memory plan; a
+        tensor-parallel group's leader passes one that first broadcasts the plan to the other
+        ranks (`worker.tp.runner`)."""
         self.config = config or EngineConfig()
         self.grammars = grammars  # for grammar-constrained requests; None refuses them
         self.config.validate()
@@ -99,7 +100,13 @@ class Engine:
         )
         states = self.states.pool if self.states is not None else None
         self.runner = make_runner(
-            model, self.pool, self.scratch_block, self.backend, shape.layout(), states
+            model,
+            self.pool,
+            self.scratch_block,
+            self.backend,
+            shape.layout(),
+            states,
+            startup.kept_prefix_bytes(self.memory),
         )
         self._refuse_what_the_caches_cannot()
         self._attach_states()
@@ -224,7 +231,7 @@ class Engine:
 
     def phases(self) -> WorkerPhases:
         """The phase metrics (percentiles over a window: not for every step) and memory."""
-        return self.stats_.phases()
+        return self.stats_.phases(self.runner.prefix_kv.nbytes)
 
     # ---- requests ----------------------------------------------------------------------
 

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import mlx.core as mx
 
-from worker.attention import AttentionBackend, AttentionPlan, write_kv
+from worker.attention import AttentionBackend, AttentionPlan, PrefixKV, write_kv
 from worker.kv.quant import rotate
 from worker.runner.layer_groups import CHUNK, FULL, GroupSpan, LayerKind
 
@@ -224,9 +224,11 @@ class ForwardGroups:
         paged,
         num_queries: int,
         grouped: bool,
+        prefix_kv: PrefixKV | None = None,
     ):
         self.pool, self.backend, self.layout, self.paged = pool, backend, layout, paged
         self.host_tables, self.num_queries, self.grouped = host_tables, num_queries, grouped
+        self.prefix_kv = prefix_kv  # the pool's kept prefixes, for its full layers' plans
         self._plans: dict[tuple, AttentionPlan] = {}
         self._spans: dict[tuple, GroupSpan] = {}
 
@@ -259,7 +261,7 @@ class ForwardGroups:
                     block_size=self.pool.block_size,
                     window=kind.window,
                     host_tables=self.host_tables if full else None,
-                    block_versions=self.pool.versions if full else None,
+                    prefix_kv=self.prefix_kv if full else None,
                 )
             plan = self._plans[key]
         return LayerCache(self.pool, layer, layout.offsets, layout.write_slots, plan, span, times)

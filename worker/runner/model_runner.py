@@ -27,7 +27,14 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from shared.models.vision import IMAGE_KEY_BASE
-from worker.attention import AttentionBackend, ForwardContext, building, install_attention_hook
+from worker.attention import (
+    PREFIX_KV_BYTES,
+    AttentionBackend,
+    ForwardContext,
+    PrefixKV,
+    building,
+    install_attention_hook,
+)
 from worker.runner.layer_cache import CacheLayout, ForwardGroups, LayerCache, LayerTimes
 from worker.runner.layer_groups import grouped_scores
 from worker.runner.model_hooks import install_model_hooks
@@ -139,7 +146,9 @@ class ModelRunner:
 
     `layout`: each cache slot's kind and mode, and where the slots sit among mlx-lm's cache
     entries (`ModelShape.layout`); the load-time probe settles the modes (`probe`,
-    `settle_modes`). `states`: a hybrid model's recurrent layers' state pool."""
+    `settle_modes`). `states`: a hybrid model's recurrent layers' state pool.
+    `kept_prefix_bytes`: what the attention may keep of gathered prefix K/V across ticks
+    (`prefix_kv`, the runner's own: the worker's memory plan sizes it)."""
 
     tensor_parallel = False  # a tensor-parallel group's leader runner says True
 
@@ -151,6 +160,7 @@ class ModelRunner:
         backend: AttentionBackend,
         layout: CacheLayout,
         states: StatePool | None = None,
+        kept_prefix_bytes: int = PREFIX_KV_BYTES,
     ):
         if len(layout.kinds) != pool.num_layers:
             raise ValueError(f"{len(layout.kinds)} cache slots for a pool of {pool.num_layers}")
@@ -159,6 +169,7 @@ class ModelRunner:
         install_model_hooks(self.trunk.module)
         self.model, self.pool, self.scratch_block = model, pool, scratch_block
         self.backend, self.layout, self.states = backend, layout, states
+        self.prefix_kv = PrefixKV(pool.versions, kept_prefix_bytes)
         self._head = self.trunk.head
         self.grouped_scores = grouped_scores(model, self.trunk.module)
         self._probes: list[LayerProbe] | None = None  # while the load-time probe runs
@@ -278,6 +289,7 @@ class ModelRunner:
             paged,
             tokens.shape[1],
             self.grouped_scores,
+            self.prefix_kv,
         )
         modes = zip(self.layout.kinds, self.layout.gathered, strict=True)
         caches = [

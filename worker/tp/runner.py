@@ -39,6 +39,7 @@ import mlx.nn as nn
 
 from shared.protocol import GroupReport, RankReport
 from shared.tensor_parallel import GroupError, check_divides
+from worker.attention import PREFIX_KV_BYTES, PrefixKV
 from worker.engine.caches.mirror import MirrorKV
 from worker.kv.block_pool import BlockPool
 from worker.runner.layer_cache import CacheLayout
@@ -243,17 +244,30 @@ class LeaderRunner:
         """A `make_runner` for Engine: tells the followers the pool's size on creation."""
 
         def make(
-            model, pool: BlockPool, scratch_block: int, backend, layout: CacheLayout, states=None
+            model,
+            pool: BlockPool,
+            scratch_block: int,
+            backend,
+            layout: CacheLayout,
+            states=None,
+            kept_prefix_bytes: int = PREFIX_KV_BYTES,
         ) -> LeaderRunner:
             wire = StepWire(group)
             try:
                 wire.send(Op.STEP, PoolPlan.of(pool, scratch_block).encode())
             except RuntimeError as exc:
                 group_lost("rank 0", exc)
-            inner = ModelRunner(model, pool, scratch_block, backend, layout, states)
+            inner = ModelRunner(
+                model, pool, scratch_block, backend, layout, states, kept_prefix_bytes
+            )
             return cls(inner, wire, watchdog)
 
         return make
+
+    @property
+    def prefix_kv(self) -> PrefixKV:
+        """The leader's kept prefix K/V (what `Engine.phases` reports)."""
+        return self.inner.prefix_kv
 
     @staticmethod
     def refuse_unless_plain(layout: CacheLayout) -> None:
