@@ -57,7 +57,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from worker.attention import prefix_kv, slot_ids, write_kv  # noqa: E402
+from worker.attention import PrefixKV, slot_ids, write_kv  # noqa: E402
 from worker.attention.mlx_ops import blockwise_attention, gather_attention  # noqa: E402
 from worker.attention.paged import BACKENDS, AttentionPlan  # noqa: E402
 from worker.attention.shared_prefix import (  # noqa: E402
@@ -245,10 +245,10 @@ def bench_shared_prefix_case(
         context_lengths=context_lengths,
     )
     plan = plan_shared_prefixes(tables, lengths, BLOCK_SIZE, NUM_KV_HEADS)
-    # as a worker runs it: block versions given, so the prefixes' K/V are kept across calls
-    # (a fresh cache: these versions repeat from case to case, a worker's never do)
-    prefix_kv.PREFIX_KV = prefix_kv.PrefixKV()
-    kept = plan_shared_prefixes(tables, lengths, BLOCK_SIZE, NUM_KV_HEADS, [1] * num_blocks)
+    # as a worker runs it: a store of the pool's kept prefixes, so their K/V are kept across
+    # calls (a fresh one per case: these versions repeat from case to case, a worker's never do)
+    store = PrefixKV([1] * num_blocks)
+    kept = plan_shared_prefixes(tables, lengths, BLOCK_SIZE, NUM_KV_HEADS, store)
     runs = {
         "tiled": partial(
             tiled_attention,

@@ -71,7 +71,9 @@ def main() -> None:
             head_dim=shape.head_dim,
             dtype=shape.kv_dtype,
         )
-        runner = ModelRunner(model, pool, pool.allocate(1)[0], resolve_backend("auto"))
+        runner = ModelRunner(
+            model, pool, pool.allocate(1)[0], resolve_backend("auto"), shape.layout()
+        )
         seqs = []
         for i in range(batch):
             seq = Sequence(str(i), args.context, [1] * (args.context + 1), SamplingParams(), i)

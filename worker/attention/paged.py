@@ -24,6 +24,7 @@ from shared.config.choices import ATTENTION_BACKENDS
 from worker.attention.metal import kernel as metal_kernel
 from worker.attention.metal import plan as metal_planning
 from worker.attention.mlx_ops import gather_attention
+from worker.attention.prefix_kv import PrefixKV
 from worker.attention.tiles import prepare_tiles, tiled_attention
 from worker.attention.window import check_window
 
@@ -46,7 +47,7 @@ def _prepare_tiles(
     block_tables,
     context_lengths,
     host_tables=None,
-    block_versions=None,
+    prefix_kv=None,
     window=None,
 ) -> dict:
     tiles = prepare_tiles(
@@ -58,7 +59,7 @@ def _prepare_tiles(
         block_tables=block_tables,
         context_lengths=context_lengths,
         host_tables=host_tables,
-        block_versions=block_versions,
+        prefix_kv=prefix_kv,
         window=window,
     )
     return {"tiles": tiles}
@@ -170,7 +171,7 @@ class AttentionPlan:
         *,
         block_size: int,
         host_tables: list[list[int]] | None = None,
-        block_versions: list[int] | None = None,
+        prefix_kv: PrefixKV | None = None,
         window: int | None = None,
     ):
         check_window(window)
@@ -178,8 +179,8 @@ class AttentionPlan:
         self.backend, self.block_tables, self.block_size = backend, block_tables, block_size
         self.lengths = lengths
         self.host_tables = host_tables  # each row's block ids, for plans that need them
-        # the pool's `BlockPool.versions`: lets a plan keep gathered K/V across forwards
-        self.block_versions = block_versions
+        # the pool's kept prefixes (`PrefixKV`): lets a plan keep gathered K/V across forwards
+        self.prefix_kv = prefix_kv
         self.context_lengths = mx.array(lengths, dtype=mx.int32)
         self.max_context = max(lengths) if lengths else 0
         self._prepared: dict | None = None
@@ -208,7 +209,7 @@ class AttentionPlan:
                 block_tables=self.block_tables,
                 context_lengths=self.context_lengths,
                 host_tables=self.host_tables,
-                block_versions=self.block_versions,
+                prefix_kv=self.prefix_kv,
                 window=self.window,
             )
         return self.backend.run(

@@ -11,7 +11,8 @@ more).
 next under the groups' blocks and their versions (`BlockPool.versions`, bumped each time a
 block is allocated, so a freed and reused block never matches). A block a forward writes is
 dropped from every entry on the spot (a pool without versions, a TP follower's, stays exact
-through that). At most `PREFIX_KV_BYTES` are kept, least recently used first out.
+through that). One per pool, owned by the runner that reads it, made with its budget (the
+worker's memory plan's share, else `PREFIX_KV_BYTES`), least recently used first out.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import mlx.core as mx
 
 from worker.attention.mlx_ops import context_slot_table
 
-PREFIX_KV_BYTES = 256 << 20  # kept gathered prefix K/V, all pools and layers together
+PREFIX_KV_BYTES = 256 << 20  # kept gathered prefix K/V of a pool, all layers, when not sized
 
 
 class _Node:
@@ -102,15 +103,6 @@ class KeptPrefixes(NamedTuple):
     num_kv_heads: int
     forward: int  # which forward's plan: what it kept is not dropped for room during it
 
-    @classmethod
-    def of(cls, prefixes, versions: list[int], block_size: int, num_kv_heads: int):
-        groups = tuple(tuple((b, versions[b]) for b in p) for p in prefixes)
-        blocks = tuple(tuple(p) for p in prefixes)
-        return cls(groups, blocks, block_size, num_kv_heads, next(_FORWARDS))
-
-
-_FORWARDS = itertools.count()
-
 
 class PrefixKV:
     """Gathered prefix K/V per key (a step's groups stacked, or one group's blocks and versions)
@@ -119,10 +111,13 @@ class PrefixKV:
     that forward: when its prefixes outgrow the budget, the first layers' stay kept and the
     last layers' are gathered each tick (dropping the oldest would drop the next layer's,
     which would gather everything every tick). `hits` / `misses`: group prefixes served from
-    what is kept / gathered from the pool."""
+    what is kept / gathered from the pool.
 
-    def __init__(self, budget: int = PREFIX_KV_BYTES) -> None:
-        self.budget = budget
+    `versions`: the pool's `BlockPool.versions` (read, never written: the pool bumps them), so
+    one store keeps the prefixes of one pool's layers."""
+
+    def __init__(self, versions: list[int], budget: int = PREFIX_KV_BYTES) -> None:
+        self.versions, self.budget = versions, budget
         self.entries: OrderedDict[tuple, dict[int, tuple]] = OrderedDict()
         self.blocks: dict[tuple, frozenset[int]] = {}
         self.used: dict[tuple, int] = {}  # the last forward that read each entry
@@ -130,6 +125,28 @@ class PrefixKV:
         self.stacks: dict[tuple, tuple[tuple, int]] = {}
         self.nbytes = 0
         self.hits = self.misses = 0
+        self._forwards = itertools.count()  # numbers the forwards' plans (`KeptPrefixes`)
+
+    def kept(self, prefixes, block_size: int, num_kv_heads: int) -> KeptPrefixes:
+        """One forward's group prefixes (each its block ids) as this store keeps them: under
+        their blocks and the blocks' versions now."""
+        groups = tuple(tuple((b, self.versions[b]) for b in p) for p in prefixes)
+        blocks = tuple(tuple(p) for p in prefixes)
+        return KeptPrefixes(groups, blocks, block_size, num_kv_heads, next(self._forwards))
+
+    def forget_written(
+        self, tables: list[list[int]], lengths: list[int], num_queries: int, block_size: int
+    ) -> None:
+        """Drop the kept prefixes holding a block this forward writes (each row's last
+        `num_queries` positions, padding included: a superset)."""
+        if not self.entries:
+            return
+        written = set()
+        for blocks, n in zip(tables, lengths, strict=True):
+            written.update(
+                blocks[max(0, n - num_queries) // block_size : (n - 1) // block_size + 1]
+            )
+        self.forget_blocks(written)
 
     def forget_blocks(self, written: set[int]) -> None:
         """Drop every entry holding one of `written` (blocks a forward writes into)."""
@@ -242,21 +259,5 @@ def _pad(a: mx.array, width: int) -> mx.array:
     return mx.pad(a, [(0, 0), (0, width - a.shape[1])] + [(0, 0)] * (a.ndim - 2))
 
 
-def forget_written(
-    tables: list[list[int]], lengths: list[int], num_queries: int, block_size: int
-) -> None:
-    """Drop the kept prefixes holding a block this forward writes (each row's last
-    `num_queries` positions, padding included: a superset)."""
-    if not PREFIX_KV.entries:
-        return
-    written = set()
-    for blocks, n in zip(tables, lengths, strict=True):
-        written.update(blocks[max(0, n - num_queries) // block_size : (n - 1) // block_size + 1])
-    PREFIX_KV.forget_blocks(written)
-
-
 def _gather(pool: mx.array, rows: mx.array) -> mx.array:
     return pool.reshape(-1, pool.shape[-1])[rows]
-
-
-PREFIX_KV = PrefixKV()  # the process's kept prefixes (keys hold allocation versions: unique)

@@ -6,10 +6,11 @@ Groups come from a trie over the rows' block ids (`prefix_kv.group_rows`: the de
 run, or a shallower one where that reads fewer blocks), and every group is attended in ONE
 batched op per layer: the groups' members padded to a common count and their prefixes to a
 common length (masked), so a layer costs the same ~50 MLX ops with 1 group as with 16. With
-the pool's block versions the gathered prefixes are kept across ticks (`prefix_kv.PrefixKV`),
-so a steady decode batch gathers only the rows' suffixes, and a group that changes re-gathers
-only its own prefix. Rows that share nothing are attended apart by the plain gather (then
-merged back in batch order), so one lone row no longer turns the plan off for the batch."""
+the pool's block versions the gathered prefixes are kept across ticks (in the pool's
+`prefix_kv.PrefixKV`), so a steady decode batch gathers only the rows' suffixes, and a group
+that changes re-gathers only its own prefix. Rows that share nothing are attended apart by
+the plain gather (then merged back in batch order), so one lone row no longer turns the plan
+off for the batch."""
 
 from __future__ import annotations
 
@@ -17,7 +18,6 @@ from typing import NamedTuple
 
 import mlx.core as mx
 
-import worker.attention.prefix_kv as prefix_kv
 from worker.attention.exp2 import exp2_shifted
 from worker.attention.mlx_ops import (
     QUANTIZED_MATMUL_MAX_ROWS,
@@ -30,7 +30,7 @@ from worker.attention.mlx_ops import (
     queries_layout,
     weighted_rows,
 )
-from worker.attention.prefix_kv import group_rows
+from worker.attention.prefix_kv import KeptPrefixes, PrefixKV, group_rows
 from worker.attention.window import sink_rows
 
 
@@ -47,7 +47,8 @@ class SharedPrefixPlan(NamedTuple):
     suffix_rows: mx.array  # (Hkv, R, S) pool rows of each grouped row's keys after its prefix
     suffix_visible: mx.array  # (R, S) bool: which of them are real
     depths: list[int]  # each group's prefix, in blocks
-    kept: prefix_kv.KeptPrefixes | None = None  # the prefixes' K/V kept across ticks
+    kept: KeptPrefixes | None = None  # the prefixes' K/V kept across ticks, in `store`
+    store: PrefixKV | None = None  # the pool's kept prefixes (its runner's)
     rows: mx.array | None = None  # (R,) the grouped batch rows; None: every row, in order
     loose: tuple[mx.array, GatherInputs] | None = None  # the other rows, their gather
     order: mx.array | None = None  # (B,) each batch row's place in grouped + loose outputs
@@ -114,13 +115,13 @@ def plan_shared_prefixes(
     lengths: list[int],
     block_size: int,
     num_kv_heads: int,
-    versions: list[int] | None = None,
+    store: PrefixKV | None = None,
 ) -> SharedPrefixPlan | None:
     """Group one-query rows (decode rows, a MIXED step's one-token rows) by the whole blocks
     they share (`_groups`); each group's prefix is then read once for its rows, and the
     rows in no group are gathered on their own. None when that would not cut the grouped
     rows' gathered keys by `SHARED_PREFIX_MIN_SAVING` (the tiled plan does better).
-    `versions` (`BlockPool.versions`): keep the prefixes' K/V across ticks."""
+    `store` (the pool's `PrefixKV`): keep the prefixes' K/V across ticks there."""
     groups = _groups(tables, lengths, block_size)
     pays = _pays(groups, lengths, block_size)
     if pays is None:
@@ -153,8 +154,8 @@ def plan_shared_prefixes(
         keys = mx.arange(deepest * block_size, dtype=mx.int32)
         visible = (keys[None] < mx.array(depths, dtype=mx.int32)[:, None] * block_size)[:, None]
     kept = None
-    if versions is not None:
-        kept = prefix_kv.KeptPrefixes.of(prefixes, versions, block_size, num_kv_heads)
+    if store is not None:
+        kept = store.kept(prefixes, block_size, num_kv_heads)
     loose = [r for r in range(len(lengths)) if r not in local]
     rows = loose_plan = order = None
     if loose:
@@ -177,6 +178,7 @@ def plan_shared_prefixes(
         mx.arange(width)[None] < mx.array(suffix, dtype=mx.int32)[:, None],
         depths,
         kept,
+        store,
         rows,
         loose_plan,
         order,
@@ -267,9 +269,9 @@ def _grouped_attention(
 
 def _prefix_kv(pool, plan: SharedPrefixPlan):
     """The groups' prefix rows of `pool` (packed, for a quantized pool), kept across ticks
-    when the plan has block versions."""
+    in `plan.store` when it has one."""
     if plan.kept is not None:
-        return prefix_kv.PREFIX_KV.get(plan.kept, pool, plan.prefix_rows.shape[-1])
+        return plan.store.get(plan.kept, pool, plan.prefix_rows.shape[-1])
     if hasattr(pool, "gather"):
         return tuple(pool.gather(plan.prefix_rows))
     return pool.reshape(-1, pool.shape[-1])[plan.prefix_rows]

@@ -18,7 +18,7 @@ from worker.attention.mlx_ops import (
     gather_attention,
     gather_inputs,
 )
-from worker.attention.prefix_kv import forget_written
+from worker.attention.prefix_kv import PrefixKV
 from worker.attention.shared_prefix import (
     SharedPrefixPlan,
     plan_shared_prefixes,
@@ -86,23 +86,22 @@ def prepare_tiles(
     block_tables: mx.array | None = None,
     context_lengths: mx.array | None = None,
     host_tables: list[list[int]] | None = None,
-    block_versions: list[int] | None = None,
+    prefix_kv: PrefixKV | None = None,
     window: int | None = None,
 ) -> PreparedTiles:
     """The tile plan of a batch whose context lengths are `lengths` (host ints); with the
     batch's `block_tables` and `context_lengths`, each gather group's rows and mask too; with
     its block ids on the host (`host_tables`) and one query per row, the shared-prefix plan
     when one pays (`plan_shared_prefixes`), its prefixes' K/V kept across ticks where the
-    pool's `block_versions` come too. With a `window`, each row's keys are those its window
-    holds (`window_width`), and the shared-prefix plan is not taken."""
-    if host_tables is not None:
-        forget_written(host_tables, lengths, num_queries, block_size)
+    pool's `prefix_kv` comes too (which first forgets the blocks this forward writes). With a
+    `window`, each row's keys are those its window holds (`window_width`), and the
+    shared-prefix plan is not taken."""
+    if host_tables is not None and prefix_kv is not None:
+        prefix_kv.forget_written(host_tables, lengths, num_queries, block_size)
     if window is not None:
         lengths = [window_width(n, num_queries, window) for n in lengths]
     elif host_tables is not None and num_queries == 1:
-        shared = plan_shared_prefixes(
-            host_tables, lengths, block_size, k_pool.shape[1], block_versions
-        )
+        shared = plan_shared_prefixes(host_tables, lengths, block_size, k_pool.shape[1], prefix_kv)
         if shared is not None:
             return PreparedTiles(TilePlan([], []), lengths, None, None, [], shared)
     kv_bytes = 2 * k_pool.shape[1] * k_pool.shape[2] * k_pool.itemsize

@@ -75,9 +75,11 @@ class Engine:
         make_runner: Callable[..., ModelRunner] = ModelRunner,
     ):
         """`shape`: the model's, from `probe_shape(model)` (a forward pass, so the builder's).
-        `make_runner(model, pool, scratch_block, backend)`: the runner the steps go
-        through; a tensor-parallel group's leader passes one that first broadcasts the plan
-        to the other ranks (`worker.tp.runner`)."""
+        `make_runner(model, pool, scratch_block, backend, layout, states, kept_prefix_bytes)`:
+        the runner the steps go through, made with its cache layout (`ModelShape.layout`), a
+        hybrid model's state pool and the kept prefixes' share of the memory plan; a
+        tensor-parallel group's leader passes one that first broadcasts the plan to the other
+        ranks (`worker.tp.runner`)."""
         self.config = config or EngineConfig()
         self.grammars = grammars  # for grammar-constrained requests; None refuses them
         self.config.validate()
@@ -96,8 +98,16 @@ class Engine:
         self.backend, self.attention_report = select_backend(
             self.config.attention_backend, shape, self.config.block_size, self.pool
         )
-        self.runner = make_runner(model, self.pool, self.scratch_block, self.backend)
-        startup.attach_shape(self.runner, shape)
+        states = self.states.pool if self.states is not None else None
+        self.runner = make_runner(
+            model,
+            self.pool,
+            self.scratch_block,
+            self.backend,
+            shape.layout(),
+            states,
+            startup.kept_prefix_bytes(self.memory),
+        )
         self._refuse_what_the_caches_cannot()
         self._attach_states()
         self.outputs = OutputBuilder()
@@ -156,8 +166,7 @@ class Engine:
     def _refuse_what_the_caches_cannot(self) -> None:
         """What the KV manager decided the model's caches cannot do, applied: a tensor-parallel
         group refused, speculative decoding turned off."""
-        grouped = getattr(self.runner, "inner", self.runner) is not self.runner
-        if grouped and (why := self.kv.cannot("tp")) is not None:
+        if self.runner.tensor_parallel and (why := self.kv.cannot("tp")) is not None:
             raise UnsupportedModel(
                 f"tensor-parallel groups do not serve this model: {why}; serve this one with "
                 "one worker per model replica"
@@ -167,11 +176,11 @@ class Engine:
             self.config = replace(self.config, speculative="off")
 
     def _attach_states(self) -> None:
-        """A hybrid model's runner reads its states from the pool, and its scheduler pads
-        prefill rows only where the model's recurrent layers honour right padding."""
+        """A hybrid model's scheduler pads prefill rows only where the model's recurrent
+        layers honour right padding (its runner reads the states from the pool it was made
+        with)."""
         if self.states is None:
             return
-        self.runner.states = self.states.pool
         self.scheduler.pad_states = states_mod.honours_padding(self.model)
         log.info("KV disk tier and peer transfers off: they carry no recurrent states yet")
 
@@ -222,7 +231,7 @@ class Engine:
 
     def phases(self) -> WorkerPhases:
         """The phase metrics (percentiles over a window: not for every step) and memory."""
-        return self.stats_.phases()
+        return self.stats_.phases(self.runner.prefix_kv.nbytes)
 
     # ---- requests ----------------------------------------------------------------------
 

@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, NamedTuple
 import mlx.core as mx
 
 from shared.protocol import WorkerPhases
-from worker.attention.prefix_kv import PREFIX_KV
 from worker.attention.shared_prefix import gathered_keys
 from worker.engine.step_kind import padding_tokens
 from worker.runner.plan import StepKind
@@ -134,10 +133,11 @@ class EngineStats:
             "preemptions": self.preemptions,
         }
 
-    def phases(self) -> WorkerPhases:
-        """The figures the worker reports in its heartbeats, what MLX holds included."""
+    def phases(self, prefix_kv_bytes: int) -> WorkerPhases:
+        """The figures the worker reports in its heartbeats, what MLX holds included
+        (`prefix_kv_bytes`: what the runner keeps of gathered prefix K/V)."""
         return WorkerPhases(
-            **memory_mb(),
+            **memory_mb(prefix_kv_bytes),
             decode_tick_p50_ms=1000 * percentile(self.decode_times, 0.5),
             decode_tick_p95_ms=1000 * percentile(self.decode_times, 0.95),
             decode_spikes=self.spikes,
@@ -162,14 +162,14 @@ class EngineStats:
         )
 
 
-def memory_mb() -> dict[str, float]:
+def memory_mb(prefix_kv_bytes: int) -> dict[str, float]:
     """What MLX holds, in MB: arrays alive, its buffer cache, and of the arrays the kept prefix
     K/V (worker/attention/prefix_kv.py), as WorkerPhases fields."""
     mb = 1 << 20
     return {
         "mlx_active_mb": round(mx.get_active_memory() / mb, 1),
         "mlx_cache_mb": round(mx.get_cache_memory() / mb, 1),
-        "prefix_kv_mb": round(PREFIX_KV.nbytes / mb, 1),
+        "prefix_kv_mb": round(prefix_kv_bytes / mb, 1),
     }
 
 

@@ -18,17 +18,20 @@ sequence's positions (`worker.runner.row_ranges` lets it build one from ours, to
 `attention_mask`). `start_position` and `maybe_trim_front` are there for that code.
 
 It also keeps the counts the load-time probe reads (the engine's `check_model`, at start-up).
+A runner's slots, their modes and their places among mlx-lm's cache entries are one value it
+is made with (`CacheLayout`).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, NamedTuple
 
 import mlx.core as mx
 
-from worker.attention import AttentionBackend, AttentionPlan, write_kv
+from worker.attention import AttentionBackend, AttentionPlan, PrefixKV, write_kv
 from worker.kv.quant import rotate
 from worker.runner.layer_groups import CHUNK, FULL, GroupSpan, LayerKind
 
@@ -221,9 +224,11 @@ class ForwardGroups:
         paged,
         num_queries: int,
         grouped: bool,
+        prefix_kv: PrefixKV | None = None,
     ):
         self.pool, self.backend, self.layout, self.paged = pool, backend, layout, paged
         self.host_tables, self.num_queries, self.grouped = host_tables, num_queries, grouped
+        self.prefix_kv = prefix_kv  # the pool's kept prefixes, for its full layers' plans
         self._plans: dict[tuple, AttentionPlan] = {}
         self._spans: dict[tuple, GroupSpan] = {}
 
@@ -256,7 +261,7 @@ class ForwardGroups:
                     block_size=self.pool.block_size,
                     window=kind.window,
                     host_tables=self.host_tables if full else None,
-                    block_versions=self.pool.versions if full else None,
+                    prefix_kv=self.prefix_kv if full else None,
                 )
             plan = self._plans[key]
         return LayerCache(self.pool, layer, layout.offsets, layout.write_slots, plan, span, times)
@@ -296,3 +301,24 @@ class CacheEntries(NamedTuple):
             kv += slots if len(slots) > 1 else []
             at += size
         return [pool.k[k] for k in kv] + [pool.v[k] for k in kv]
+
+
+@dataclass(frozen=True)
+class CacheLayout:
+    """A runner's cache slots, given when it is made (`ModelShape.layout`): each one's kind,
+    its mode (True: it reads gathered K/V, else paged) and where the slots sit among mlx-lm's
+    cache entries. Only the modes change afterwards, once, by the runner itself: the load-time
+    probe runs every slot gathered, then settles the modes it found
+    (`ModelRunner.probe`, `ModelRunner.settle_modes`)."""
+
+    kinds: tuple[LayerKind, ...]
+    gathered: tuple[bool, ...]
+    entries: CacheEntries = CacheEntries()
+
+    def __post_init__(self) -> None:
+        if len(self.gathered) != len(self.kinds):
+            raise ValueError(f"{len(self.kinds)} cache slots given {len(self.gathered)} modes")
+
+    def with_modes(self, gathered) -> CacheLayout:
+        """This layout with each slot's mode as `gathered` has it (True: gathered)."""
+        return replace(self, gathered=tuple(gathered))

@@ -19,6 +19,7 @@ reads device data on the host, so a step can be built while the previous one is 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -26,9 +27,16 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from shared.models.vision import IMAGE_KEY_BASE
-from worker.attention import AttentionBackend, ForwardContext, building, install_attention_hook
-from worker.runner.layer_cache import CacheEntries, ForwardGroups, LayerCache, LayerTimes
-from worker.runner.layer_groups import LayerKind, grouped_scores
+from worker.attention import (
+    PREFIX_KV_BYTES,
+    AttentionBackend,
+    ForwardContext,
+    PrefixKV,
+    building,
+    install_attention_hook,
+)
+from worker.runner.layer_cache import CacheLayout, ForwardGroups, LayerCache, LayerTimes
+from worker.runner.layer_groups import grouped_scores
 from worker.runner.model_hooks import install_model_hooks
 from worker.runner.plan import Forward, ForwardRequest, RequestKey, StepKind
 from worker.runner.sampler import PromptLogprobs, TokenLogprobs, prompt_logprobs, sample
@@ -125,29 +133,46 @@ class Points(NamedTuple):
     prompt: list[tuple[int, int, ForwardRequest, int, int]]
 
 
+class LayerProbe(NamedTuple):
+    """What the layers of the load-time probe's forward did (`ModelRunner.probe`), as
+    `decide_modes` reads it."""
+
+    caches: list[LayerCache]  # per cache slot, what it was asked and how it attended
+    uncached_attention: int  # layers that attended K/V passed along, not their cache's
+
+
 class ModelRunner:
-    """Forward passes of one model over a BlockPool, and the sampling of their tokens."""
+    """Forward passes of one model over a BlockPool, and the sampling of their tokens.
+
+    `layout`: each cache slot's kind and mode, and where the slots sit among mlx-lm's cache
+    entries (`ModelShape.layout`); the load-time probe settles the modes (`probe`,
+    `settle_modes`). `states`: a hybrid model's recurrent layers' state pool.
+    `kept_prefix_bytes`: what the attention may keep of gathered prefix K/V across ticks
+    (`prefix_kv`, the runner's own: the worker's memory plan sizes it)."""
+
+    tensor_parallel = False  # a tensor-parallel group's leader runner says True
 
     def __init__(
-        self, model: nn.Module, pool: BlockPool, scratch_block: int, backend: AttentionBackend
+        self,
+        model: nn.Module,
+        pool: BlockPool,
+        scratch_block: int,
+        backend: AttentionBackend,
+        layout: CacheLayout,
+        states: StatePool | None = None,
+        kept_prefix_bytes: int = PREFIX_KV_BYTES,
     ):
+        if len(layout.kinds) != pool.num_layers:
+            raise ValueError(f"{len(layout.kinds)} cache slots for a pool of {pool.num_layers}")
         install_attention_hook()
         self.trunk = Trunk(model)
         install_model_hooks(self.trunk.module)
         self.model, self.pool, self.scratch_block = model, pool, scratch_block
-        self.backend = backend
+        self.backend, self.layout, self.states = backend, layout, states
+        self.prefix_kv = PrefixKV(pool.versions, kept_prefix_bytes)
         self._head = self.trunk.head
-        self.last_caches: list[LayerCache] = []  # of the latest forward, for the probe
-        # per cache slot: its kind, and whether it reads gathered K/V (else paged); the
-        # load-time probe runs every layer gathered, then sets the modes it found
-        self.kinds: list[LayerKind] = [LayerKind()] * pool.num_layers
-        self.gathered: list[bool] = [False] * pool.num_layers
         self.grouped_scores = grouped_scores(model, self.trunk.module)
-        self.uncached_attention = 0  # of the latest forward: layers attending K/V passed along
-        # hybrid models: the recurrent layers' state pool; and where the K/V layers and the
-        # states sit among mlx-lm's cache entries (CacheLists: `CacheEntries`)
-        self.states: StatePool | None = None
-        self.entries = CacheEntries()
+        self._probes: list[LayerProbe] | None = None  # while the load-time probe runs
         # what a forward wrote that its samples may not read (states, snapshots, an
         # indexer's keys): evaluated with them
         self._written: list[mx.array] = []
@@ -195,6 +220,25 @@ class ModelRunner:
         if prompt is not None:
             outputs += prompt.arrays()
         return StepOutput(unique, counts, result.tokens, result.logprobs, outputs, prompt)
+
+    def probe(
+        self, plan: Forward, run: Callable[[Forward], StepOutput] | None = None
+    ) -> LayerProbe:
+        """The load-time probe (`worker.engine.startup.checks.check_model`): `plan` run with
+        every cache slot gathered, and evaluated, by `run` (this runner's own; a
+        tensor-parallel leader's broadcasts the forward first); what its layers did, for
+        `decide_modes`. The modes stay as they were until `settle_modes`."""
+        settled, self._probes = self.layout, []
+        self.layout = settled.with_modes([True] * len(settled.kinds))
+        try:
+            mx.eval(*(run or self.run)(plan).outputs)
+            return self._probes[-1]
+        finally:
+            self.layout, self._probes = settled, None
+
+    def settle_modes(self, gathered: list[bool]) -> None:
+        """Each cache slot's mode as the load-time probe decided it (True: gathered)."""
+        self.layout = self.layout.with_modes(gathered)
 
     def _rng_key(self, request: ForwardRequest) -> mx.array | None:
         """`request`'s rng key: made from its seed at its first sample (none when greedy)."""
@@ -245,12 +289,12 @@ class ModelRunner:
             paged,
             tokens.shape[1],
             self.grouped_scores,
+            self.prefix_kv,
         )
+        modes = zip(self.layout.kinds, self.layout.gathered, strict=True)
         caches = [
-            groups.cache(i, kind, gathered, times)
-            for i, (kind, gathered) in enumerate(zip(self.kinds, self.gathered, strict=True))
+            groups.cache(i, kind, gathered, times) for i, (kind, gathered) in enumerate(modes)
         ]
-        self.last_caches = caches
         states = self._state_caches(rows, tokens.shape[1])
         embeddings, adds = self._embeddings(rows, tokens) if device_tokens is None else (None,) * 2
         at = forward_positions(
@@ -258,10 +302,12 @@ class ModelRunner:
         )
         context = ForwardContext(layout.offsets, at, adds, queries=tokens.shape[1])
         with building(context):
-            hidden = self.trunk.forward(tokens, self.entries.of(caches, states), embeddings)
-        self.uncached_attention = context.uncached_attention  # read by the load-time probe
+            entries = self.layout.entries.of(caches, states)
+            hidden = self.trunk.forward(tokens, entries, embeddings)
+        if self._probes is not None:
+            self._probes.append(LayerProbe(caches, context.uncached_attention))
         self._written = [a for c in states for a in c.write()]
-        self._written += self.entries.unread_writes(self.pool)
+        self._written += self.layout.entries.unread_writes(self.pool)
         if self.states is not None:  # snapshots taken since the last forward, evaluated now
             self._written += self.states.arrays.take_copies()
         return hidden, layout

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 import mlx.nn as nn
 
-from worker.runner.layer_cache import KEYS_ONLY_V
+from worker.runner.layer_cache import KEYS_ONLY_V, CacheEntries, CacheLayout
 from worker.runner.layer_groups import (
     CHUNK,
     FULL,
@@ -86,6 +86,13 @@ class ModelShape:
             kind.kind != FULL or (h, d) != (hv, dv)
             for kind, (h, d, hv, dv) in zip(self.kinds(), self.shapes(), strict=True)
         ]
+
+    def layout(self) -> CacheLayout:
+        """The cache slots a runner is made with: each one's kind, its first mode
+        (`gathered`; the load-time probe settles the modes) and where it sits among mlx-lm's
+        cache entries (a CacheList entry is several: `entry_lists`)."""
+        entries = CacheEntries(self.slot_map, self.entry_sizes, self.entry_lists)
+        return CacheLayout(tuple(self.kinds()), tuple(self.gathered()), entries)
 
     @property
     def recurrent(self) -> bool:

@@ -39,10 +39,12 @@ import mlx.nn as nn
 
 from shared.protocol import GroupReport, RankReport
 from shared.tensor_parallel import GroupError, check_divides
+from worker.attention import PREFIX_KV_BYTES, PrefixKV
 from worker.engine.caches.mirror import MirrorKV
 from worker.kv.block_pool import BlockPool
-from worker.runner.model_runner import LayerTimes, ModelRunner, Row, StepOutput
-from worker.runner.model_support import COVERED_ARCHITECTURES, model_type
+from worker.runner.layer_cache import CacheLayout
+from worker.runner.model_runner import LayerProbe, LayerTimes, ModelRunner, Row, StepOutput
+from worker.runner.model_support import COVERED_ARCHITECTURES, UnsupportedModel, model_type
 from worker.tp.pool_plan import PoolPlan
 
 if TYPE_CHECKING:
@@ -225,9 +227,14 @@ def group_lost(what: str, exc: BaseException) -> None:
 
 
 class LeaderRunner:
-    """A ModelRunner for rank 0: broadcasts each forward's rows, then runs it like any."""
+    """A ModelRunner for rank 0: broadcasts each forward's rows, then runs it like any. Its
+    followers run every layer paged, full attention, one cache entry each: it refuses a model
+    whose layout is another (`refuse_unless_plain`)."""
+
+    tensor_parallel = True
 
     def __init__(self, inner: ModelRunner, wire: StepWire, watchdog: Watchdog):
+        self.refuse_unless_plain(inner.layout)
         self.inner, self.wire, self.watchdog = inner, wire, watchdog
         self._copies: list[tuple[int, int]] = []  # not sent yet (a forward may fail first)
         self._last_keepalive = time.monotonic()
@@ -236,23 +243,55 @@ class LeaderRunner:
     def factory(cls, group: mx.distributed.Group, watchdog: Watchdog):
         """A `make_runner` for Engine: tells the followers the pool's size on creation."""
 
-        def make(model, pool: BlockPool, scratch_block: int, backend) -> LeaderRunner:
+        def make(
+            model,
+            pool: BlockPool,
+            scratch_block: int,
+            backend,
+            layout: CacheLayout,
+            states=None,
+            kept_prefix_bytes: int = PREFIX_KV_BYTES,
+        ) -> LeaderRunner:
             wire = StepWire(group)
             try:
                 wire.send(Op.STEP, PoolPlan.of(pool, scratch_block).encode())
             except RuntimeError as exc:
                 group_lost("rank 0", exc)
-            return cls(ModelRunner(model, pool, scratch_block, backend), wire, watchdog)
+            inner = ModelRunner(
+                model, pool, scratch_block, backend, layout, states, kept_prefix_bytes
+            )
+            return cls(inner, wire, watchdog)
 
         return make
 
     @property
-    def last_caches(self):
-        return self.inner.last_caches
+    def prefix_kv(self) -> PrefixKV:
+        """The leader's kept prefix K/V (what `Engine.phases` reports)."""
+        return self.inner.prefix_kv
 
-    @last_caches.setter
-    def last_caches(self, caches) -> None:
-        self.inner.last_caches = caches
+    @staticmethod
+    def refuse_unless_plain(layout: CacheLayout) -> None:
+        """Raise UnsupportedModel unless every cache slot of `layout` is full attention, paged,
+        and one cache entry of its own: what the followers run."""
+        if any(layout.gathered) or any(k.window is not None for k in layout.kinds):
+            raise UnsupportedModel(
+                "tensor-parallel groups serve only models whose every layer is plain full "
+                "attention; serve this one with one worker per model replica"
+            )
+        if layout.entries.lists:
+            raise UnsupportedModel(
+                "tensor-parallel groups do not serve models with several caches per layer "
+                "(CacheList) yet; serve this one with one worker per model replica"
+            )
+
+    def probe(self, plan: Forward) -> LayerProbe:
+        """The load-time probe (`ModelRunner.probe`), its forward broadcast like any."""
+        return self.inner.probe(plan, self.run)
+
+    def settle_modes(self, gathered: list[bool]) -> None:
+        """The modes the probe decided, refused unless every layer stays paged."""
+        self.refuse_unless_plain(self.inner.layout.with_modes(gathered))
+        self.inner.settle_modes(gathered)
 
     def run(
         self, plan: Forward, device_tokens: mx.array | None = None, times: LayerTimes | None = None

@@ -84,7 +84,7 @@ def follow(
         plan = PoolPlan(*wire.receive()[1])  # sent as the leader's Engine makes its runner
         pool = plan.pool(shape)  # this rank's KV heads, the leader's blocks and K/V layout
         backend, _ = select_backend(config.attention_backend, shape, config.block_size, pool)
-        runner = ModelRunner(model, pool, plan.scratch_block, backend)
+        runner = ModelRunner(model, pool, plan.scratch_block, backend, shape.layout())
     except RuntimeError as exc:  # the leader failed to start: its sockets closed
         group_lost(rank, exc)
     return serve_follower(runner, wire, watchdog)

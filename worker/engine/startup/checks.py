@@ -11,13 +11,11 @@ import logging
 import time
 from typing import TYPE_CHECKING, Protocol
 
-import mlx.core as mx
 import mlx.nn as nn
 
 from shared.protocol import KVGroupReport
 from shared.sampling import SamplingParams
 from worker.kv.memory import layers_bytes_per_block
-from worker.runner.layer_cache import CacheEntries
 from worker.runner.layer_groups import LayerKind, group_layers
 from worker.runner.model_support import (
     COVERED_ARCHITECTURES,
@@ -33,6 +31,7 @@ from worker.runner.plan import Forward, ForwardRequest, RequestKey, StepKind
 if TYPE_CHECKING:
     from shared.protocol import TokenDelta
     from worker.kv.block_pool import BlockPool
+    from worker.runner.model_runner import LayerProbe
     from worker.state.pool import StatePool
 
 log = logging.getLogger(__name__)
@@ -54,30 +53,13 @@ class Serving(Protocol):
         """Drop the prefix cache and the KV events not sent yet."""
 
 
-def set_layer_modes(runner, kinds: list[LayerKind], gathered: list[bool]) -> None:
-    """Each cache slot's kind and mode (gathered, else paged) on the runner (a tensor-parallel
-    leader's own runner: its followers run every layer paged and full, so it refuses others)."""
-    inner = getattr(runner, "inner", runner)
-    if inner is not runner and (any(gathered) or any(k.window is not None for k in kinds)):
-        raise UnsupportedModel(
-            "tensor-parallel groups serve only models whose every layer is plain full "
-            "attention; serve this one with one worker per model replica"
-        )
-    inner.kinds, inner.gathered = list(kinds), list(gathered)
+class Probed(Protocol):
+    """What the model check asks of a runner (a `ModelRunner`, a tensor-parallel leader's):
+    the probe's forward with every layer gathered, then the modes it decided."""
 
+    def probe(self, plan: Forward) -> LayerProbe: ...
 
-def attach_shape(runner, shape: ModelShape) -> None:
-    """The runner's cache slots as `shape` has them: each one's kind and first mode
-    (`set_layer_modes`; the load-time probe refines the modes), and where they sit among
-    mlx-lm's cache entries (a CacheList entry is several: `ModelShape.entry_lists`)."""
-    set_layer_modes(runner, shape.kinds(), shape.gathered())
-    inner = getattr(runner, "inner", runner)
-    if inner is not runner and shape.entry_lists:
-        raise UnsupportedModel(
-            "tensor-parallel groups do not serve models with several caches per layer "
-            "(CacheList) yet; serve this one with one worker per model replica"
-        )
-    inner.entries = CacheEntries(shape.slot_map, shape.entry_sizes, shape.entry_lists)
+    def settle_modes(self, gathered: list[bool]) -> None: ...
 
 
 def kv_groups(pool: BlockPool, kinds: list[LayerKind], gathered: list[bool]):
@@ -97,12 +79,17 @@ def kv_groups(pool: BlockPool, kinds: list[LayerKind], gathered: list[bool]):
 
 
 def check_model(
-    runner, model: nn.Module, shape: ModelShape, scratch_block: int, states: StatePool | None
+    runner: Probed,
+    model: nn.Module,
+    shape: ModelShape,
+    scratch_block: int,
+    states: StatePool | None,
 ) -> list[bool]:
     """Refuse a model the paged KV would serve wrongly, and decide each layer's mode (see
     `worker.runner.model_support`): a one-token forward with every layer gathered shows
-    which layers the paged attention plan can serve. Sets the modes on `runner` and returns
-    them (True: gathered). `states`: a hybrid model's state pool, for the probes' slots."""
+    which layers the paged attention plan can serve. Settles the modes on `runner` and
+    returns them (True: gathered). `states`: a hybrid model's state pool, for the probes'
+    slots."""
     # two rows at different positions: a model that reads one position for the whole batch
     # (`cache.offset` as a number) fails here, not on its first batch
     probes = []
@@ -114,10 +101,8 @@ def check_model(
     plan = Forward(StepKind.PREFILL, [], probes)
     kinds = shape.kinds()
     name = model_type(model)
-    inner = getattr(runner, "inner", runner)
-    inner.kinds, inner.gathered = kinds, [True] * len(kinds)
     try:
-        mx.eval(*runner.run(plan).outputs)
+        probed = runner.probe(plan)
     except Exception as exc:  # noqa: BLE001 - whatever breaks the probe is a refusal
         raise UnsupportedModel(
             f"model type {name!r} failed a one-token forward over the paged KV "
@@ -125,9 +110,8 @@ def check_model(
         ) from exc
     for probe in (p for p in probes if p.state_slot >= 0):
         states.free(probe.state_slot)
-    gathered = decide_modes(model, kinds, runner.last_caches, inner.uncached_attention)
-    runner.last_caches = []
-    set_layer_modes(runner, kinds, gathered)
+    gathered = decide_modes(model, kinds, probed.caches, probed.uncached_attention)
+    runner.settle_modes(gathered)
     log.info(
         "model type %r: %s; %d of %d layers paged, %d gathered",
         name,

@@ -13,7 +13,7 @@ import mlx.nn as nn
 from mlx.utils import tree_flatten
 
 from shared.config.choices import DEFAULT_KV_DISK_DIR
-from worker.attention.prefix_kv import PREFIX_KV, PREFIX_KV_BYTES
+from worker.attention.prefix_kv import PREFIX_KV_BYTES
 from worker.engine.caches.states import plan_states
 from worker.kv.block_io import block_layout, model_fingerprint
 from worker.kv.block_pool import BlockPool
@@ -79,10 +79,17 @@ def size_memory(
 
 
 def apply_memory_plan(plan: MemoryPlan) -> None:
-    """MLX's memory limits set to the plan's budget, and the kept gathered prefixes held
-    within their share of it: before the first forward (`Engine.create`)."""
+    """MLX's memory limits set to the plan's budget: before the first forward
+    (`Engine.create`). The kept prefixes' share reached the runner as it was made
+    (`kept_prefix_bytes`)."""
     apply_limits(plan.budget)
-    PREFIX_KV.budget = plan.kept_prefixes
+
+
+def kept_prefix_bytes(plan: MemoryPlan | None) -> int:
+    """What the runner's attention may keep of gathered prefix K/V across ticks (its
+    `PrefixKV`): the plan's share of the budget, or `PREFIX_KV_BYTES` when the engine was
+    not sized from one (`num_blocks` given: tests)."""
+    return plan.kept_prefixes if plan is not None else PREFIX_KV_BYTES
 
 
 def make_pool(config: EngineConfig, shape: ModelShape, num_blocks: int) -> BlockPool:

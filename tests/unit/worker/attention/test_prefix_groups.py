@@ -12,7 +12,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from worker.attention import prefix_kv, shared_prefix
+from worker.attention import shared_prefix
 from worker.attention.mlx_ops import gather_attention
 from worker.attention.prefix_kv import PrefixKV, group_rows
 from worker.attention.shared_prefix import plan_shared_prefixes, shared_prefix_attention
@@ -21,13 +21,6 @@ from worker.kv.block_pool import BlockPool
 
 BLOCK, KV_HEADS, HEADS, DIM = 4, 2, 6, 32
 SCALE = 1 / math.sqrt(DIM)
-
-
-@pytest.fixture(autouse=True)
-def fresh_cache(monkeypatch):
-    cache = PrefixKV()
-    monkeypatch.setattr(prefix_kv, "PREFIX_KV", cache)
-    return cache
 
 
 def nested_rows():
@@ -131,12 +124,12 @@ def tenant_rows(tenants: int, rows: int = 16, prefix_blocks: int = 6):
 
 
 def test_one_batched_op_per_layer_whatever_the_number_of_groups():
-    counts = {}
+    counts, store = {}, PrefixKV([0] * 200)
     for tenants in (1, 4, 8):
         tables, lengths = tenant_rows(tenants)
         k, v = pools(200)
         q = mx.random.normal((len(tables), HEADS, 1, DIM), key=mx.random.key(3))
-        plan = plan_shared_prefixes(tables, lengths, BLOCK, KV_HEADS, [0] * 200)
+        plan = plan_shared_prefixes(tables, lengths, BLOCK, KV_HEADS, store)
         assert plan is not None and len(plan.depths) == tenants
         mx.eval(k, v, q, [a for a in plan if isinstance(a, mx.array)])
         first = shared_prefix_attention(q, k, v, plan, scale=SCALE)  # gathers the prefixes
@@ -184,11 +177,9 @@ def dequantized(pool: BlockPool):
     return k, v
 
 
-def attend(pool: BlockPool, tables, lengths, rows_seen: int = 1):
+def attend(pool: BlockPool, store: PrefixKV, tables, lengths, rows_seen: int = 1):
     q = mx.random.normal((len(tables), HEADS, 1, DIM), key=mx.random.key(rows_seen))
-    tiles = prepare_tiles(
-        lengths, 1, HEADS, pool.k[0], BLOCK, host_tables=tables, block_versions=pool.versions
-    )
+    tiles = prepare_tiles(lengths, 1, HEADS, pool.k[0], BLOCK, host_tables=tables, prefix_kv=store)
     assert tiles.shared is not None
     got = shared_prefix_attention(q, pool.k[0], pool.v[0], tiles.shared, scale=SCALE)
     want = reference(q, *dequantized(pool), tables, lengths)
@@ -198,8 +189,9 @@ def attend(pool: BlockPool, tables, lengths, rows_seen: int = 1):
 
 @pytest.mark.parametrize("kv_bits", [None, 8, 4])
 @pytest.mark.parametrize("rows", [2, 6])  # 2 * 3 query rows per KV head: quantized matmul
-def test_a_kept_prefix_is_reused_and_dropped_when_its_blocks_are_reused(kv_bits, rows, fresh_cache):
+def test_a_kept_prefix_is_reused_and_dropped_when_its_blocks_are_reused(kv_bits, rows):
     pool = decode_pool(kv_bits)
+    store = PrefixKV(pool.versions)
     prefix = pool.allocate(3)
     fill(pool, prefix, 1)
     own = [pool.allocate(1) for _ in range(rows)]
@@ -207,16 +199,16 @@ def test_a_kept_prefix_is_reused_and_dropped_when_its_blocks_are_reused(kv_bits,
         fill(pool, b, 10 + i)
     tables = [prefix + b for b in own]
     lengths = [3 * BLOCK + 1 + i % BLOCK for i in range(rows)]
-    attend(pool, tables, lengths)
-    assert fresh_cache.misses == 2 and fresh_cache.hits == 0  # K and V gathered once
-    attend(pool, tables, lengths, 2)
-    assert fresh_cache.hits == 2 and fresh_cache.misses == 2
+    attend(pool, store, tables, lengths)
+    assert store.misses == 2 and store.hits == 0  # K and V gathered once
+    attend(pool, store, tables, lengths, 2)
+    assert store.hits == 2 and store.misses == 2
     # copy-on-write of a shared block leaves the original (and what was kept of it) alone
     pool.incref(prefix)
     copy = pool.copy_on_write(prefix[2])
     assert copy != prefix[2]
-    attend(pool, tables, lengths, 3)
-    assert fresh_cache.hits == 4
+    attend(pool, store, tables, lengths, 3)
+    assert store.hits == 4
     # the prefix freed (evicted), its blocks allocated to another prompt and written anew
     pool.decref([*prefix[:2], copy])
     for b in own:
@@ -225,57 +217,56 @@ def test_a_kept_prefix_is_reused_and_dropped_when_its_blocks_are_reused(kv_bits,
     reused = pool.allocate(pool.num_free)
     assert set(prefix) <= set(reused)
     fill(pool, reused, 99)
-    attend(pool, tables, lengths, 4)  # same block ids, new content: gathered again
-    assert fresh_cache.misses == 4
+    attend(pool, store, tables, lengths, 4)  # same block ids, new content: gathered again
+    assert store.misses == 4
 
 
-def test_a_forward_writing_a_block_drops_the_kept_prefixes_that_hold_it(fresh_cache):
+def test_a_forward_writing_a_block_drops_the_kept_prefixes_that_hold_it():
     # a pool without allocation versions (a TP follower's): writes alone keep it exact
     k, v = pools(40)
     tables, lengths = tenant_rows(2, rows=4, prefix_blocks=6)
-    versions = [0] * 40
-    plan = plan_shared_prefixes(tables, lengths, BLOCK, KV_HEADS, versions)
+    store = PrefixKV([0] * 40)
+    plan = plan_shared_prefixes(tables, lengths, BLOCK, KV_HEADS, store)
     mx.eval(shared_prefix_attention(mx.zeros((4, HEADS, 1, DIM)), k, v, plan, scale=SCALE))
-    assert len(fresh_cache.entries) == 1  # the two tenants' prefixes, stacked
+    assert len(store.entries) == 1  # the two tenants' prefixes, stacked
     # a prefill forward over another sequence that was given block tables[0][1]
-    prepare_tiles([2 * BLOCK], 3, HEADS, k, BLOCK, host_tables=[[7, tables[0][1]]])
-    assert not fresh_cache.entries and fresh_cache.nbytes == 0
+    prepare_tiles([2 * BLOCK], 3, HEADS, k, BLOCK, host_tables=[[7, tables[0][1]]], prefix_kv=store)
+    assert not store.entries and store.nbytes == 0
 
 
-def test_a_group_that_comes_or_goes_regathers_only_its_own_prefix(fresh_cache):
+def test_a_group_that_comes_or_goes_regathers_only_its_own_prefix():
     k, v = pools(400)
     tables, lengths = tenant_rows(3, rows=6, prefix_blocks=6)
     q = mx.zeros((6, HEADS, 1, DIM))
-    versions = [0] * 400
+    store = PrefixKV([0] * 400)
 
     def tick(rows):
         picked = [tables[r] for r in rows], [lengths[r] for r in rows]
-        plan = plan_shared_prefixes(*picked, BLOCK, KV_HEADS, versions)
+        plan = plan_shared_prefixes(*picked, BLOCK, KV_HEADS, store)
         got = shared_prefix_attention(q[: len(rows)], k, v, plan, scale=SCALE)
         assert mx.abs(got - reference(q[: len(rows)], k, v, *picked)).max().item() < 1e-5
 
     tick([0, 1, 3, 4])  # tenants 0 and 1: both prefixes gathered (K and V)
-    assert (fresh_cache.hits, fresh_cache.misses) == (0, 4)
+    assert (store.hits, store.misses) == (0, 4)
     tick([0, 1, 3, 4])  # the same groups: the stack, kept
-    assert (fresh_cache.hits, fresh_cache.misses) == (4, 4)
+    assert (store.hits, store.misses) == (4, 4)
     tick([0, 2, 3, 5])  # tenant 1 left, tenant 2 came: only its prefix is gathered
-    assert (fresh_cache.hits, fresh_cache.misses) == (6, 6)
+    assert (store.hits, store.misses) == (6, 6)
 
 
-def test_kept_prefixes_stay_within_their_budget(monkeypatch):
-    cache = PrefixKV(budget=3 * 2 * 3 * BLOCK * KV_HEADS * DIM * 4)  # three prefixes' K and V
-    monkeypatch.setattr(prefix_kv, "PREFIX_KV", cache)
+def test_kept_prefixes_stay_within_their_budget():
+    cache = PrefixKV([0] * 400, budget=3 * 2 * 3 * BLOCK * KV_HEADS * DIM * 4)  # three prefixes
     k, v = pools(400)
     for shift in range(6):
         tables, lengths = tenant_rows(1, rows=4, prefix_blocks=3)
         tables = [[b + 20 * shift for b in t] for t in tables]
-        plan = plan_shared_prefixes(tables, lengths, BLOCK, KV_HEADS, [0] * 400)
+        plan = plan_shared_prefixes(tables, lengths, BLOCK, KV_HEADS, cache)
         mx.eval(shared_prefix_attention(mx.zeros((4, HEADS, 1, DIM)), k, v, plan, scale=SCALE))
         assert cache.nbytes <= cache.budget
     assert len(cache.entries) == 3
 
 
-def test_engine_decodes_nested_tenants_from_kept_prefixes_and_matches_mlx_lm(fresh_cache):
+def test_engine_decodes_nested_tenants_from_kept_prefixes_and_matches_mlx_lm():
     from shared.sampling import SamplingParams
     from tests.support.engine_fixtures import (
         make_engine,
@@ -297,4 +288,5 @@ def test_engine_decodes_nested_tenants_from_kept_prefixes_and_matches_mlx_lm(fre
     outputs = run_to_completion(engine)
     for rid, p in prompts.items():
         assert outputs[rid] == reference_greedy(model, p, 10), rid
-    assert fresh_cache.hits > fresh_cache.misses > 0  # decode ticks read kept prefixes
+    kept = engine.runner.prefix_kv
+    assert kept.hits > kept.misses > 0  # decode ticks read kept prefixes

@@ -11,6 +11,7 @@ import pytest
 
 from worker.attention import shared_prefix, tiles
 from worker.attention.mlx_ops import gather_attention
+from worker.attention.prefix_kv import PrefixKV
 from worker.attention.shared_prefix import plan_shared_prefixes, shared_prefix_attention
 from worker.attention.tiles import prepare_tiles, tiled_attention
 
@@ -169,7 +170,8 @@ def test_a_lone_row_no_deeper_than_the_groups_gets_a_group_of_its_own():
     rows = decode_batch(rng)
     rows.insert(3, ([600 + i for i in range(14)], 13 * BLOCK + 2))  # 13 blocks + 2 tokens
     queries, k_pool, v_pool, tables, lengths = batch(rng, rows)
-    plan = plan_shared_prefixes([b for b, _ in rows], lengths, BLOCK, KV_HEADS, [0] * 700)
+    store = PrefixKV([0] * 700)
+    plan = plan_shared_prefixes([b for b, _ in rows], lengths, BLOCK, KV_HEADS, store)
     assert plan is not None and plan.rows is None  # every row in a group
     assert sorted(plan.depths) == [12] * 5  # four tenants, and the lone row cut at their depth
     got = shared_prefix_attention(queries, k_pool, v_pool, plan, scale=1 / math.sqrt(DIM))
@@ -207,5 +209,5 @@ def test_engine_decodes_tenants_through_the_shared_prefix_plan_and_matches_mlx_l
         assert outputs[rid] == reference_greedy(model, p, 10), rid
     assert calls  # the decode steps went through it
     # the roofline's K/V per tick with each shared prefix read once: less than every row's
-    phases = engine.stats_.phases()
+    phases = engine.phases()
     assert 0 < phases.decode_kv_shared_bytes_mean < phases.decode_kv_bytes_mean

@@ -31,7 +31,10 @@ from tests.support.tp_rank_main import run_phases
 from tests.unit.worker.engine.test_no_host_sync import counting_host_reads
 from worker.config import EngineConfig
 from worker.engine.engine import Engine
+from worker.runner.layer_cache import CacheEntries, CacheLayout
+from worker.runner.layer_groups import WINDOW, LayerKind
 from worker.runner.model_runner import Row
+from worker.runner.model_support import UnsupportedModel
 from worker.tp.runner import (
     EXIT_GROUP_LOST,
     LeaderRunner,
@@ -53,6 +56,20 @@ def test_step_codec_round_trips_rows_copies_and_device_tokens():
     got = decode_step(encode_step(decode), [42, 17])
     assert [r.tokens for r in got.rows] == [[42], [17]]
     assert [r.block_ids for r in got.rows] == [[1, 2], [5]]
+
+
+def test_the_leader_refuses_a_layout_its_followers_cannot_run():
+    """Followers run every layer paged, full attention, one cache entry each: the leader
+    refuses any other layout, as its runner is made and as the probe settles the modes."""
+    plain = CacheLayout((LayerKind(),) * 2, (False, False))
+    LeaderRunner.refuse_unless_plain(plain)
+    windowed = CacheLayout((LayerKind(WINDOW, 4), LayerKind()), (False, False))
+    for layout in (plain.with_modes([True, False]), windowed):
+        with pytest.raises(UnsupportedModel, match="every layer is plain full attention"):
+            LeaderRunner.refuse_unless_plain(layout)
+    listed = CacheLayout(plain.kinds, plain.gathered, CacheEntries(sizes=(2,), lists=(True,)))
+    with pytest.raises(UnsupportedModel, match="CacheList"):
+        LeaderRunner.refuse_unless_plain(listed)
 
 
 def test_group_size_must_divide_heads_and_mlp():

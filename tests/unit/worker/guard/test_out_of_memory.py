@@ -136,20 +136,18 @@ def test_kept_prefixes_get_what_the_pool_leaves_within_the_budget():
 
 def test_engine_sizes_itself_from_the_budget(model, monkeypatch):
     from worker.config import EngineConfig
-    from worker.engine import startup
     from worker.engine.engine import Engine
     from worker.engine.startup import sizing
 
     limits = []  # not MLX's own: a 64 MiB limit would stall the rest of this process
     monkeypatch.setattr(sizing, "apply_limits", limits.append)
-    monkeypatch.setattr(startup.PREFIX_KV, "budget", startup.PREFIX_KV.budget)  # restored
 
     config = EngineConfig(block_size=8, memory_budget_bytes=64 << 20, warmup=False)
     engine = Engine.create(model, config, max_context=512)
     plan = engine.memory
     assert plan is not None and plan.budget == 64 << 20
     assert plan.weights + plan.kv + plan.activations + plan.kept_prefixes <= plan.budget
-    assert startup.PREFIX_KV.budget == plan.kept_prefixes  # the kept K/V stays within it
+    assert engine.runner.prefix_kv.budget == plan.kept_prefixes  # the kept K/V stays within it
     assert engine.config.prefill_chunk <= engine.config.step_token_budget == plan.step_tokens
     assert limits == [64 << 20]
     with pytest.raises(MemoryBudgetTooSmall):

@@ -58,8 +58,8 @@ def _expected(model, requests: dict[str, list[int]]) -> dict[str, list[int]]:
 def test_chunked_layers_are_read_gathered_from_window_pages(saved):
     engine = load_engine(saved[0])
     chunked = LayerKind(CHUNK_KIND, CHUNK)
-    assert engine.runner.kinds == [chunked, chunked, chunked, LayerKind()]
-    assert engine.runner.gathered == [True, True, True, False]  # the full layer stays paged
+    assert engine.runner.layout.kinds == (chunked, chunked, chunked, LayerKind())
+    assert engine.runner.layout.gathered == (True, True, True, False)  # the full one: paged
     assert engine.pool.pages is not None and engine.pool.pages.groups == 3
     assert "chunked local attention 8" in {g.kind for g in engine.attention_report.kv_groups}
 

@@ -72,7 +72,7 @@ def test_attention_that_bypasses_the_hook_is_served_gathered():
 
     model = _with_attention(direct)
     engine = make_engine(model)
-    assert engine.runner.gathered == [True, True]
+    assert engine.runner.layout.gathered == (True, True)
     _served_like_mlx_lm(model, engine)
 
 
@@ -81,9 +81,9 @@ def test_sliding_window_layers_are_served_paged_or_gathered(gathered):
     """Both ways a window layer can read its K/V match mlx-lm (the probe picks paged)."""
     model = tiny("llama", sliding_window=4, layer_types=["sliding_attention", "full_attention"])
     engine = make_engine(model)
-    assert [k.window for k in engine.runner.kinds] == [4, None]
-    assert engine.runner.gathered == [False, False]
-    engine.runner.gathered = [gathered, False]
+    assert [k.window for k in engine.runner.layout.kinds] == [4, None]
+    assert engine.runner.layout.gathered == (False, False)
+    engine.runner.settle_modes([gathered, False])
     _served_like_mlx_lm(model, engine)
 
 
@@ -93,7 +93,7 @@ def test_sliding_window_asked_of_the_mask_is_honoured():
     model = tiny("llama", sliding_window=4, layer_types=["sliding_attention", "full_attention"])
     model.make_cache = lambda: [KVCache() for _ in model.layers]
     engine = make_engine(model)
-    assert engine.runner.gathered == [True, False]  # a full cache asked for a window
+    assert engine.runner.layout.gathered == (True, False)  # a full cache asked for a window
     _served_like_mlx_lm(model, engine)
 
 
@@ -109,8 +109,8 @@ def test_attention_sinks_are_served_paged_or_gathered(gathered):
 
     model = _with_attention(with_sinks)
     engine = make_engine(model)
-    assert engine.runner.gathered == [False, False]
-    engine.runner.gathered = [gathered, gathered]
+    assert engine.runner.layout.gathered == (False, False)
+    engine.runner.settle_modes([gathered, gathered])
     _served_like_mlx_lm(model, engine)
 
 

@@ -216,7 +216,7 @@ def test_window_layers_in_several_page_sub_groups_stay_on_the_paged_plan():
     mx.eval(model.parameters())
     engine = make_engine(model)
     assert engine.pool.pages is not None and engine.pool.pages.groups == 2
-    assert engine.runner.gathered == [False] * 6
+    assert engine.runner.layout.gathered == (False,) * 6
     prompts = {"a": _prompt(45, 8), "b": _prompt(19, 9)}
     tokens, _, _ = _run(engine, prompts)
     assert tokens == {rid: reference_greedy(model, p, MAX_TOKENS) for rid, p in prompts.items()}

@@ -131,7 +131,7 @@ def test_decode_kv_bytes_count_the_quantized_bytes_read():
         engine = make_engine(model, kv_bits=bits)
         engine.add_request("a", prompt(10, 1), SamplingParams(max_tokens=4))
         run_to_completion(engine)
-        means[bits] = engine.stats_.phases().decode_kv_bytes_mean
+        means[bits] = engine.phases().decode_kv_bytes_mean
     # three decode ticks reading 12, 13, 14 tokens (the one being written included)
     per_token = 2 * 2 * 2 * 64  # K and V x 2 layers x 2 KV heads x head dim 64
     assert means[None] == pytest.approx(13 * per_token * 4)

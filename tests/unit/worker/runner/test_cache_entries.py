@@ -66,8 +66,8 @@ def test_deepseek_v32_runs_two_slots_per_layer_gathered():
     engine = make_engine(model)
     layers = len(model.model.layers)
     assert engine.pool.num_layers == 2 * layers
-    assert engine.runner.entries.lists == (True,) * layers
-    assert all(engine.runner.gathered)
+    assert engine.runner.layout.entries.lists == (True,) * layers
+    assert all(engine.runner.layout.gathered)
     assert engine.pool.layer_shapes[1] != engine.pool.layer_shapes[0]  # the indexer's own
 
 
