@@ -64,7 +64,7 @@ class LiveRequests:
         """The engine's `delta` as its router gets it, and the link it goes on (None: a
         request no longer held, for every router, which drop what they do not know). A
         prefill-only request sends nothing until its end, then its "prefilled" delta. A final
-        delta ends a choice; the last choice ends the request."""
+        delta ends a choice, the last choice the request; an error or abort ends it whole."""
         live = self._live.get(delta.request_id)
         if live is None:
             return None, delta
@@ -72,7 +72,9 @@ class LiveRequests:
             delta = prefill_only_delta(delta)
             if delta is None:
                 return live.link, None
-        if delta.finish_reason is not None:
+        if delta.finish_reason in ("error", "abort"):  # the engine ends all choices at once
+            self.ended(delta.request_id)
+        elif delta.finish_reason is not None:
             self.choice_ended(delta.request_id)
         return live.link, delta
 

@@ -51,3 +51,12 @@ def test_stages_and_an_abort_of_the_whole_request():
     held = live.ended("x")
     assert held.stage is Stage.PARKED and held.link is LINK_A
     assert live.ended("x") is None and live.stage("x") is None
+
+
+def test_an_error_ends_every_choice_at_once():
+    """The engine sends one error delta for a request whose step failed, whatever its n."""
+    live = LiveRequests()
+    live.arrived(LINK_A, Generate("e", (1, 2), SamplingParams(), n=3))
+    link, sent = live.outgoing(delta("e", "error"))
+    assert link is LINK_A and sent.finish_reason == "error"
+    assert "e" not in live and len(live) == 0
