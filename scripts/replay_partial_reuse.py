@@ -58,8 +58,7 @@ def tiny_model(vocab_size: int) -> llama.Model:
 
 def replay(model, token_lists: list[list[int]], partial: bool, args) -> dict:
     config = EngineConfig(block_size=args.block_size, num_blocks=args.num_blocks, warmup=False)
-    engine = Engine.create(model, config, max_context=4096)
-    engine.scheduler.costs = REFERENCE_COSTS
+    engine = Engine.create(model, config, max_context=4096, costs=REFERENCE_COSTS)
     if not partial:
         engine.cache.partials.match = lambda *_: None
     sampling = SamplingParams(max_tokens=args.max_tokens)

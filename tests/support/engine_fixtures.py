@@ -91,21 +91,20 @@ def _config(**overrides) -> EngineConfig:
     return EngineConfig(**{**config, **overrides})
 
 
-def _priced(engine: Engine) -> Engine:
-    # the default model's prices: the tiny model's steps take the kinds the default model's
-    # would (its own weight pass costs next to nothing, so it would never fold)
-    engine.scheduler.costs = REFERENCE_COSTS
-    return engine
+# The default model's prices for the fold rule: a tiny model's steps take the kinds the default
+# model's would (its own weight pass costs next to nothing, so it would never fold).
+PRICES = REFERENCE_COSTS
 
 
 def make_engine(model, grammars=None, **overrides) -> Engine:
     """An engine over an in-memory model (`Engine.create`)."""
-    return _priced(Engine.create(model, _config(**overrides), max_context=512, grammars=grammars))
+    config = _config(**overrides)
+    return Engine.create(model, config, max_context=512, grammars=grammars, costs=PRICES)
 
 
 def load_engine(model_dir, **overrides) -> Engine:
     """An engine over a model directory, loaded as a worker loads it (`Engine.from_path`)."""
-    return _priced(Engine.from_path(model_dir, _config(**overrides)))
+    return Engine.from_path(model_dir, _config(**overrides), costs=PRICES)
 
 
 def run_to_completion(engine: Engine, max_steps: int = 10_000) -> dict[str, list[int]]:

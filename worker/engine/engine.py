@@ -25,7 +25,13 @@ from worker.engine.scheduler import Scheduler
 from worker.engine.sequence import Sequence, Status
 from worker.engine.speculative import accepted_prefix
 from worker.engine.stats import EngineLoad, EngineStats, KVAudit, engine_stats
-from worker.engine.step_kind import StepPlan, forward_costs, forward_input, still_running
+from worker.engine.step_kind import (
+    ForwardCosts,
+    StepPlan,
+    forward_costs,
+    forward_input,
+    still_running,
+)
 from worker.kv.radix_cache import RadixCache
 from worker.runner.grammar import GrammarCompiler
 from worker.runner.model_runner import LayerTimes, ModelRunner
@@ -73,8 +79,11 @@ class Engine:
         max_context: int = 4096,
         grammars: GrammarCompiler | None = None,
         make_runner: Callable[..., ModelRunner] = ModelRunner,
+        costs: ForwardCosts | None = None,
     ):
         """`shape`: the model's, from `probe_shape(model)` (a forward pass, so the builder's).
+        `costs`: the prices the scheduler's fold rule weighs (None: the model's own,
+        `forward_costs`; tests of a tiny model pass the default model's).
         `make_runner(model, pool, scratch_block, backend, layout, states, kept_prefix_bytes)`:
         the runner the steps go through, made with its cache layout (`ModelShape.layout`), a
         hybrid model's state pool and the kept prefixes' share of the memory plan; a
@@ -94,7 +103,14 @@ class Engine:
         disk = startup.open_disk_tier(self.config, model, self.pool, self.kv.cannot("disk"))
         self.kv.attach_disk(disk)
         self.disk = self.kv_events.disk = disk
-        self.scheduler = Scheduler(self.kv, self.config, max_context)
+        pad_states = self.states is None or states_mod.honours_padding(model)
+        self.scheduler = Scheduler(
+            self.kv,
+            self.config,
+            max_context,
+            costs or forward_costs(model, self.pool),
+            pad_states=pad_states,
+        )
         self.backend, self.attention_report = select_backend(
             self.config.attention_backend, shape, self.config.block_size, self.pool
         )
@@ -126,21 +142,27 @@ class Engine:
         max_context: int = 4096,
         grammars: GrammarCompiler | None = None,
         make_runner: Callable[..., ModelRunner] = ModelRunner,
+        costs: ForwardCosts | None = None,
     ) -> Engine:
         """An engine ready to serve: probed, assembled, checked and warmed up (unless not)."""
-        engine = cls(model, probe_shape(model), config, max_context, grammars, make_runner)
+        shape = probe_shape(model)
+        engine = cls(model, shape, config, max_context, grammars, make_runner, costs)
         engine._check_and_warm_up()
         return engine
 
     @classmethod
-    def from_path(cls, model_dir: Path, config: EngineConfig | None = None) -> Engine:
+    def from_path(
+        cls, model_dir: Path, config: EngineConfig | None = None, costs: ForwardCosts | None = None
+    ) -> Engine:
         from shared.models.loading import load_model
         from shared.models.store import context_length
 
         config = config or EngineConfig()
         model, tokenizer = load_model(model_dir, config.compute_dtype)
         grammars = GrammarCompiler.from_hf_tokenizer(tokenizer, probe_shape(model).vocab_size)
-        engine = cls.create(model, config, max_context=context_length(model_dir), grammars=grammars)
+        engine = cls.create(
+            model, config, max_context=context_length(model_dir), grammars=grammars, costs=costs
+        )
         return engine.open_vision(model_dir, tokenizer)
 
     def _check_and_warm_up(self) -> None:
@@ -150,7 +172,6 @@ class Engine:
         (unless `config.warmup` is off); then the disk tier's blocks announced."""
         if self.memory is not None:
             startup.apply_memory_plan(self.memory)
-        self.scheduler.costs = forward_costs(self.model, self.pool)  # the fold rule's prices
         states = self.states.pool if self.states is not None else None
         gathered = startup.check_model(
             self.runner, self.model, self.shape, self.scratch_block, states
@@ -176,12 +197,10 @@ class Engine:
             self.config = replace(self.config, speculative="off")
 
     def _attach_states(self) -> None:
-        """A hybrid model's scheduler pads prefill rows only where the model's recurrent
-        layers honour right padding (its runner reads the states from the pool it was made
-        with)."""
+        """A hybrid model's caches (its runner reads the states from the pool it was made
+        with; its scheduler pads prefill rows only where its layers honour right padding)."""
         if self.states is None:
             return
-        self.scheduler.pad_states = states_mod.honours_padding(self.model)
         log.info("KV disk tier and peer transfers off: they carry no recurrent states yet")
 
     def open_vision(self, model_dir: Path, tokenizer) -> Engine:

@@ -55,12 +55,15 @@ class Scheduler:
         max_context: int,
         costs: ForwardCosts = REFERENCE_COSTS,
         clock: Callable[[], float] = time.monotonic,
+        pad_states: bool = True,
     ):
         """`kv`: the KV manager (worker/engine/caches/manager.py), the only one touching the
-        block pool, the prefix cache and every cache kind. `clock`: for the batch hold."""
+        block pool, the prefix cache and every cache kind. `costs`: the model's forward prices
+        (the fold rule's, `forward_costs`). `clock`: for the batch hold. `pad_states`: whether
+        a hybrid model's prefill rows may be right-padded (its recurrent layers honour it)."""
         self.kv, self.config, self.costs = kv, config, costs
         self.states = kv.states  # hybrid models' recurrent state slots (whether any)
-        self.pad_states = True  # whether their prefill rows may be right-padded
+        self.pad_states = pad_states
         self.max_context = max_context
         self.block_size = kv.block_size
         self.waiting: deque[Sequence] = deque()
