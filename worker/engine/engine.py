@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 import mlx.core as mx
 import mlx.nn as nn
 
+from shared.kv_events import BlockRemoved
 from worker.attention import select_backend
 from worker.config import EngineConfig
 from worker.engine import startup
@@ -98,11 +99,14 @@ class Engine:
         self.kv_events = KVEventLog(self.config.block_size)
         self.states = states_mod.make_states(self.config, shape, self.kv_events.record)
         self.cache = RadixCache(self.pool, self.config.block_size, on_event=self._kv_event)
-        self.kv = KVManager(self.pool, self.cache, self.config, self.states)
+        config, pool = self.config, self.pool
+
+        def open_disk(refused: str | None):
+            return startup.open_disk_tier(config, model, pool, refused)
+
+        self.kv = KVManager(self.pool, self.cache, self.config, self.states, open_disk)
+        self.disk = self.kv.disk  # (the KV manager's; tests read its store)
         self.scratch_block = self.kv.take_scratch_block()  # padding rows write here
-        disk = startup.open_disk_tier(self.config, model, self.pool, self.kv.cannot("disk"))
-        self.kv.attach_disk(disk)
-        self.disk = self.kv_events.disk = disk
         pad_states = self.states is None or states_mod.honours_padding(model)
         self.scheduler = Scheduler(
             self.kv,
@@ -182,7 +186,7 @@ class Engine:
         if self.config.warmup:
             startup.warm_up(self, self.config.block_size)
             self.stats_ = EngineStats()  # the warm-up's steps are not the worker's
-        self.kv_events.announce_disk_blocks()
+        self.kv_events.stored(self.kv.stored_on_disk())
 
     def _refuse_what_the_caches_cannot(self) -> None:
         """What the KV manager decided the model's caches cannot do, applied: a tensor-parallel
@@ -305,7 +309,7 @@ class Engine:
         return self.scheduler.hold_s()
 
     def drain_kv_events(self) -> list[KVEvent]:
-        return self.kv_events.drain()
+        return self.kv_events.drain(self.kv.dropped_from_disk())
 
     # ---- the step ----------------------------------------------------------------------
 
@@ -491,8 +495,12 @@ class Engine:
     # ---- upkeep ------------------------------------------------------------------------
 
     def _kv_event(self, event: KVEvent) -> None:
-        self.kv_events.record(event)
-        if self.states is not None:  # blocks that leave the cache take their snapshots
+        """The radix cache's events: to the router less removals of blocks the disk tier
+        keeps; to the state pool all (blocks that leave the cache take their snapshots)."""
+        heard = self.kv.left_the_worker(event) if isinstance(event, BlockRemoved) else event
+        if heard is not None:
+            self.kv_events.record(heard)
+        if self.states is not None:
             self.states.on_event(event)
 
     def forget_cache(self) -> None:

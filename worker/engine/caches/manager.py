@@ -20,13 +20,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, NamedTuple
 
+from shared.kv_events import BlockRemoved
 from worker.engine.caches.coordinator import CacheCoordinator
 from worker.kv.block_io import BlockLayout, block_layout, read_blocks, write_blocks
 from worker.kv.errors import IntegrityError, KVCacheError, OutOfBlocksError
 from worker.kv.radix_cache import MatchResult
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable
+    from collections.abc import Callable, Iterable
 
     import numpy as np
 
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
     from worker.engine.caches.states import States
     from worker.engine.sequence import Sequence
     from worker.kv.block_pool import BlockPool
+    from worker.kv.disk_store import StoredBlock
     from worker.kv.disk_tier import DiskTier
     from worker.kv.pins import PrefixPins
     from worker.kv.radix_cache import RadixCache
@@ -104,24 +106,23 @@ class KVManager:
         cache: RadixCache,
         config: EngineConfig,
         states: States | None = None,
+        open_disk: Callable[[str | None], DiskTier | None] | None = None,
     ) -> None:
         """`config`: whether prefix caching is on, the pins' share of the pool; `states`: a
-        hybrid model's (None: none)."""
+        hybrid model's (None: none); `open_disk(refused)`: the disk tier, if configured, told
+        why the model's caches rule it out (None: it may open), or None."""
         self.pool, self.cache = pool, cache
         self.coordinator = CacheCoordinator(pool, cache, states, config.pin_share)
         self.block_size, self.prefix_caching = pool.block_size, config.enable_prefix_cache
-        self.disk: DiskTier | None = None
         self._refused = self._refusals()
+        # blocks evicted (and pins released for room) go to the disk tier, and prompts'
+        # blocks it holds come back from it
+        self.disk = open_disk(self.cannot("disk")) if open_disk is not None else None
+        if self.disk is not None:
+            self.cache.set_evict_listener(self.disk.save)
+            self.pins.spill = self.disk.save
         # per running sequence: the tree node its prefix hit ended at, locked while it runs
         self._locks: dict[RequestKey, RadixNode] = {}
-
-    def attach_disk(self, disk: DiskTier | None) -> None:
-        """Mutates: blocks evicted (and pins released for room) go to `disk`, and prompts'
-        blocks it holds come back from it."""
-        self.disk = disk
-        if disk is not None:
-            self.cache.set_evict_listener(disk.save)
-            self.pins.spill = disk.save
 
     # ---- what the model's caches are -------------------------------------------------
 
@@ -454,6 +455,24 @@ class KVManager:
     def disk_blocks(self) -> int:
         """Blocks the disk tier holds (0 without one): its index listed."""
         return len(self.disk.store.blocks()) if self.disk else 0
+
+    # ---- what the router hears (worker/engine/kv_event_log.py) -------------------------
+
+    def left_the_worker(self, event: BlockRemoved) -> BlockRemoved | None:
+        """What of the tree's removal `event` this worker no longer holds: blocks evicted to
+        the disk tier are still its own (a later request reads them back). None: nothing."""
+        if self.disk is None:
+            return event
+        gone = tuple(h for h in event.block_hashes if h not in self.disk.store)
+        return BlockRemoved(gone) if gone else None
+
+    def stored_on_disk(self) -> list[StoredBlock]:
+        """The disk tier's blocks (from an earlier run, at start), for the router to hear."""
+        return self.disk.store.blocks() if self.disk is not None else []
+
+    def dropped_from_disk(self) -> list[int]:
+        """Mutates: the hashes the disk tier dropped since the last call (its own eviction)."""
+        return self.disk.store.drain_removed() if self.disk is not None else []
 
     def usable_units(self, scratch_block: int) -> int:
         """The units requests can use: the pool's less the scratch block's (and its pages)."""
