@@ -52,14 +52,6 @@ class LiveRequests:
         if (live := self._live.get(request_id)) is not None:
             live.stage = stage
 
-    def stage(self, request_id: str) -> Stage | None:
-        live = self._live.get(request_id)
-        return live.stage if live is not None else None
-
-    def prefill_only(self, request_id: str) -> bool:
-        live = self._live.get(request_id)
-        return live is not None and live.prefill_only
-
     def outgoing(self, delta: TokenDelta) -> tuple[RouterConnection | None, TokenDelta | None]:
         """The engine's `delta` as its router gets it, and the link it goes on (None: a
         request no longer held, for every router, which drop what they do not know). A

@@ -126,8 +126,10 @@ class WorkerLoop:
             while not self.stopping.is_set():
                 hold = self.engine.hold_s()  # batch work waiting for an interactive request
                 # idle, a turn every IDLE_WAIT_S at least (a TP leader's keepalive, the watchdog)
-                wait = min(hold, IDLE_WAIT_S) if hold > 0 else 0.0
-                wait = wait or (0.0 if self.engine.has_work() else IDLE_WAIT_S)
+                if hold > 0:
+                    wait = min(hold, IDLE_WAIT_S)
+                else:
+                    wait = 0.0 if self.engine.has_work() else IDLE_WAIT_S
                 for link, msg in self.routers.arrivals(wait):
                     self._handle(link, msg)
                 for msg, prepared in self.images.ready():

@@ -105,7 +105,7 @@ class Engine:
             return startup.open_disk_tier(config, model, pool, refused)
 
         self.kv = KVManager(self.pool, self.cache, self.config, self.states, open_disk)
-        self.disk = self.kv.disk  # (the KV manager's; tests read its store)
+        self.disk = self.kv.disk  # the KV manager's tier (None: off), as tests and benches read it
         self.scratch_block = self.kv.take_scratch_block()  # padding rows write here
         pad_states = self.states is None or states_mod.honours_padding(model)
         self.scheduler = Scheduler(
@@ -129,7 +129,6 @@ class Engine:
             startup.kept_prefix_bytes(self.memory),
         )
         self._refuse_what_the_caches_cannot()
-        self._attach_states()
         self.outputs = OutputBuilder()
         self.intake = RequestIntake(self.config, shape.vocab_size, max_context, self.kv, grammars)
         self.stats_, self.kv_audit = EngineStats(), KVAudit(self.check_integrity)
@@ -190,7 +189,8 @@ class Engine:
 
     def _refuse_what_the_caches_cannot(self) -> None:
         """What the KV manager decided the model's caches cannot do, applied: a tensor-parallel
-        group refused, speculative decoding turned off."""
+        group refused, speculative decoding turned off (and, for a hybrid model, said that the
+        disk tier and peer transfers are off)."""
         if self.runner.tensor_parallel and (why := self.kv.cannot("tp")) is not None:
             raise UnsupportedModel(
                 f"tensor-parallel groups do not serve this model: {why}; serve this one with "
@@ -199,13 +199,8 @@ class Engine:
         if self.config.speculative != "off" and (why := self.kv.cannot("drafts")) is not None:
             log.info("speculative decoding off: %s", why)
             self.config = replace(self.config, speculative="off")
-
-    def _attach_states(self) -> None:
-        """A hybrid model's caches (its runner reads the states from the pool it was made
-        with; its scheduler pads prefill rows only where its layers honour right padding)."""
-        if self.states is None:
-            return
-        log.info("KV disk tier and peer transfers off: they carry no recurrent states yet")
+        if self.states is not None:
+            log.info("KV disk tier and peer transfers off: they carry no recurrent states yet")
 
     def open_vision(self, model_dir: Path, tokenizer) -> Engine:
         """A vision model's image side (worker/vision), on the intake; or, on the intake, why

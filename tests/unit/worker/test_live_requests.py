@@ -36,7 +36,6 @@ def test_a_request_no_longer_held_goes_to_every_router():
 def test_a_prefill_only_request_sends_one_delta_at_its_end():
     live = LiveRequests()
     live.arrived(LINK_A, Generate("p", (1, 2, 3), SamplingParams(), prefill_only=True, n=4))
-    assert live.prefill_only("p")
     assert live.outgoing(delta("p")) == (LINK_A, None)
     link, final = live.outgoing(delta("p", "length"))
     assert link is LINK_A and final.finish_reason == PREFILLED and final.token_ids == ()
@@ -46,11 +45,10 @@ def test_a_prefill_only_request_sends_one_delta_at_its_end():
 def test_stages_and_an_abort_of_the_whole_request():
     live = LiveRequests()
     live.arrived(LINK_A, Generate("x", (1,), SamplingParams()))
-    assert live.stage("x") is Stage.ENGINE
     live.moved("x", Stage.PARKED)
     held = live.ended("x")
     assert held.stage is Stage.PARKED and held.link is LINK_A
-    assert live.ended("x") is None and live.stage("x") is None
+    assert live.ended("x") is None and "x" not in live
 
 
 def test_an_error_ends_every_choice_at_once():
