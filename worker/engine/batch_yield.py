@@ -19,7 +19,7 @@ last reply ended (docs/benchmarks.md, bench_batch)."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -62,8 +62,9 @@ class BatchHold:
             return 0.0
         return max(0.0, self.ended_at + self.hold_s - self.clock())
 
-    def pipelines(self, seqs: Iterable[Sequence], interactive: bool) -> bool:
-        """Whether a decode step of `seqs` may queue the next one behind it."""
-        if interactive or any(not s.yields for s in seqs):
+    def pipelines(self, interactive: bool) -> bool:
+        """Whether a decode step may queue the next one behind it; `interactive`: whether
+        interactive work is queued or running (its rows among the step's, then)."""
+        if interactive:
             return True
         return self.ended_at is None or self.clock() - self.ended_at >= RECENT_S

@@ -149,7 +149,7 @@ class Scheduler:
         preempting. Does not mutate."""
         if self._can_admit() or len(self.running) != len(seqs):
             return False
-        if not self.batch_hold.pipelines(seqs, self.interactive()):
+        if not self.batch_hold.pipelines(self.interactive()):
             return False  # batch rows only, interactive work recent: no step queued ahead
         for seq in seqs:
             if seq.status is not Status.RUNNING or seq.num_uncomputed != 0:
