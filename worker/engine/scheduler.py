@@ -4,7 +4,8 @@ Every step: each decoding sequence gets a slot for its next token (a new block w
 crosses a boundary); what is left of the step's token budget goes to prefill chunks: first
 sequences already mid-prompt, then newly admitted ones (FIFO), each admitted with its longest
 cached prefix (the hit every cache kind agrees on), and only when its whole prompt fits beside
-what the running sequences still need (no overcommit). When blocks run out, the prefix cache
+what the running sequences still need (no overcommit). Chunks that read long contexts run one
+prompt at a time, oldest first, short ones beside them (worker/engine/prefill_work.py). When blocks run out, the prefix cache
 gives back its least recently used unreferenced blocks, then its oldest pins (prefixes requests
 asked to keep, worker/kv/pins.py); then the newest running sequence is preempted and requeued
 (its computed blocks stay cached). Every block comes from, and goes back to, the KV manager
@@ -28,6 +29,7 @@ from typing import TYPE_CHECKING
 from worker.attention.shared_prefix import gathered_keys
 from worker.engine.admission import shares_pending_prefill
 from worker.engine.batch_yield import BatchHold, yield_to_interactive
+from worker.engine.prefill_work import PrefillWork
 from worker.engine.sequence import Sequence, Status, enqueue, preemption_victim
 from worker.engine.step_kind import (
     REFERENCE_COSTS,
@@ -123,7 +125,9 @@ class Scheduler:
         # batch lines prefill one chunk's worth a step, all of them together: an interactive
         # request that arrives while a step runs waits for a short one, not for eight prompts
         batch = self.config.prefill_chunk
-        prefill = self._continue_prefills(budget, preempted, batch)
+        # long attention one prompt at a time, oldest first (worker/engine/prefill_work.py)
+        work = PrefillWork(self.config.prefill_chunk * self.config.step_token_budget)
+        prefill = self._continue_prefills(budget, preempted, batch, work)
         budget -= sum(c.num_tokens for c in prefill)
         batch -= sum(c.num_tokens for c in prefill if c.seq.yields)
         if not preempted:
@@ -131,7 +135,7 @@ class Scheduler:
             # a sequence preempted above, already in this plan: planned twice, its rows would
             # run past its new blocks)
             interactive = any(not c.seq.yields for c in prefill)
-            prefill += self._admit(budget, interactive, batch)
+            prefill += self._admit(budget, interactive, batch, work)
         # a later reservation may have preempted a sequence planned earlier in this step
         decode = [s for s in decode if s.status is Status.RUNNING]
         prefill = [c for c in prefill if c.seq.status is Status.RUNNING]
@@ -215,10 +219,11 @@ class Scheduler:
         return decode
 
     def _continue_prefills(
-        self, budget: int, preempted: list[Sequence], batch: int
+        self, budget: int, preempted: list[Sequence], batch: int, work: PrefillWork
     ) -> list[PrefillChunk]:
         """Mutates: the next chunk of each running prompt, oldest first, within `budget`
-        tokens, and within `batch` tokens for batch lines' prompts together."""
+        tokens, within `batch` tokens for batch lines' prompts together, and while the
+        step's attention `work` allows it."""
         chunks = []
         for seq in sorted((s for s in self.running if s.is_prefilling), key=lambda s: s.arrival):
             n = min(self.config.prefill_chunk, seq.prefill_left, budget)
@@ -226,17 +231,23 @@ class Scheduler:
             n = self.kv.chunk(seq, n)
             if seq.status is not Status.RUNNING or n <= 0:
                 continue
+            if not work.fits(n, seq.num_computed + n):
+                continue  # its turn comes when the older long prompt's chunks are done
             if self._reserve(seq, seq.num_computed + n, preempted):
+                work.take(n, seq.num_computed + n)
                 chunks.append(PrefillChunk(seq, n))
                 budget -= n
                 batch -= n if seq.yields else 0
         return chunks
 
-    def _admit(self, budget: int, interactive: bool, batch: int) -> list[PrefillChunk]:
-        """Mutates: admit waiting sequences, in queue order, while the step has budget and
-        the pool room; a batch line only within `batch` tokens of batch prompts, and none
-        once an interactive prompt prefills in this step (`interactive`: one already does),
-        as it would pause at once (yield_to_interactive)."""
+    def _admit(
+        self, budget: int, interactive: bool, batch: int, work: PrefillWork
+    ) -> list[PrefillChunk]:
+        """Mutates: admit waiting sequences, in queue order, while the step has budget, the
+        pool room and its attention `work` allows their first chunks; a batch line only
+        within `batch` tokens of batch prompts, and none once an interactive prompt prefills
+        in this step (`interactive`: one already does), as it would pause at once
+        (yield_to_interactive)."""
         chunks, deferred = [], []
         while self.waiting and budget > 0 and len(self.running) < self.config.max_running:
             if self.waiting[0].yields and (interactive or batch <= 0):
@@ -251,6 +262,10 @@ class Scheduler:
             if use_cache and shares_pending_prefill(seq, cached + self.block_size, self.running):
                 deferred.append(seq)  # wait for that prefill, then hit its blocks
                 continue
+            first = min(self.config.prefill_chunk, len(seq.tokens) - cached, budget)
+            if not work.fits(first, cached + first):
+                self.waiting.appendleft(seq)  # after the long prompt ahead of it
+                break
             prefix = self.kv.hold(prompt)
             done = prefix.num_tokens
             left = len(seq.tokens) - done - (1 if seq.forks else 0)
@@ -263,6 +278,7 @@ class Scheduler:
                 break
             self._start(seq)
             if n > 0:  # 0: all but the last token cached, and forks pending
+                work.take(n, done + n)
                 chunks.append(PrefillChunk(seq, n))
                 interactive = interactive or not seq.yields
             budget -= n
