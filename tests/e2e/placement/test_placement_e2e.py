@@ -1,10 +1,10 @@
 """Models placed by demand, real processes (issue 42): a router and two host agents on this
 machine, budgets that hold one model each, a catalog of three (the default SmolLM2, Gemma 3
-270M, a tiny random llama). Requests to each model in turn load it where there is room and
-evict the idle one least recently used; every request succeeds; no host's workers ever sum
-over its budget by the estimates; a model past its keep-alive is unloaded. Then the faults: a
-model with corrupt weights answers with its load error, and a host agent SIGKILLed while it
-loads a model has that model placed on the other host."""
+270M, a tiny random llama). Requests to each model (the first two at once) load it where
+there is room and evict the idle one least recently used; every request succeeds; no host's
+workers ever sum over its budget by the estimates; a model past its keep-alive is unloaded.
+Then the faults: a model with corrupt weights answers with its load error, and a host agent
+SIGKILLed while it loads a model has that model placed on the other host."""
 
 from __future__ import annotations
 
@@ -35,12 +35,12 @@ pytestmark = [
 KV = 64 << 20
 
 
-def catalog(default_model_dir: Path, tiny: Path, extra: str = "") -> str:
+def catalog(default_model_dir: Path, tiny: Path) -> str:
     kv = f'kv_memory = "{KV}"\n'
     return (
         f'[[models]]\nid = "smol"\npath = "{default_model_dir}"\n{kv}'
         f'[[models]]\nid = "gemma"\npath = "gemma3-270m"\n{kv}'
-        f'[[models]]\nid = "tiny"\npath = "{tiny}"\n{kv}' + extra
+        f'[[models]]\nid = "tiny"\npath = "{tiny}"\n{kv}'
     )
 
 
