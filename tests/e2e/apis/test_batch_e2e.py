@@ -93,7 +93,7 @@ def test_batches_end_to_end_with_the_sdk(model_cache, tmp_path):
             assert body["choices"][0]["finish_reason"] == live.choices[0].finish_reason
 
         # 2. cancelled mid-way: the answered lines kept, the others batch_cancelled
-        many = [line(f"c{i:02}", f"Count from {i} to {i + 30}.", 48) for i in range(24)]
+        many = [line(f"c{i:02}", f"Count from {i} to {i + 30}.", 24) for i in range(24)]
         batch = submit(api, many)
         wait(api, batch.id, lambda b: b.request_counts.completed >= 1)
         assert api.batches.cancel(batch.id).status == "cancelling"

@@ -12,6 +12,7 @@ import signal
 import threading
 import time
 import urllib.request
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -80,6 +81,7 @@ def test_two_routers_serve_one_fleet_and_survive_each_other(model_cache, tmp_pat
 
         failures: list[str] = []
         stop = threading.Event()
+        served = Counter()  # requests each load loop has completed
 
         def load(url: str, name: str) -> int:
             done = 0
@@ -87,6 +89,7 @@ def test_two_routers_serve_one_fleet_and_survive_each_other(model_cache, tmp_pat
                 try:
                     stream_chat(url, f"Say something about {name} {done}.", max_tokens=12)
                     done += 1
+                    served[name] += 1
                 except Exception:  # noqa: BLE001 - the dying router's requests may fail
                     if url == second:
                         failures.append(f"{name}: request {done} on the survivor failed")
@@ -99,7 +102,8 @@ def test_two_routers_serve_one_fleet_and_survive_each_other(model_cache, tmp_pat
                 for url in (first, second)
                 for i in range(2)
             ]
-            time.sleep(3)  # requests in flight on both routers
+            # every loop has been served once and has its next request in flight
+            assert wait_for(lambda: len(served) == len(loads), timeout=60), served
             os.kill(router_pid(launcher.pid, PORT), signal.SIGKILL)
             killed = time.monotonic()
             after = [pool.submit(stream_chat, second, f"After the kill, {i}?") for i in range(4)]
