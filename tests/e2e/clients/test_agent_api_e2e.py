@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import time
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 
 import anthropic
 import openai
@@ -106,10 +107,12 @@ def test_anthropic_messages_request(url):
     "choice", ["required", {"type": "function", "function": {"name": "get_weather"}}]
 )
 def test_required_and_named_choices_always_yield_a_valid_call(url, choice):
-    """Enforced by the grammar, not hoped for: 135M parameters never call tools unasked."""
+    """Enforced by the grammar, not hoped for: 135M parameters never call tools unasked.
+    The three questions are asked at once: one batch, each row its own grammar."""
     api = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=120)
-    for question in ("Weather in Paris?", "Tell me a joke.", "Is it cold in Oslo today?"):
-        resp = api.chat.completions.create(
+
+    def ask(question: str):
+        return api.chat.completions.create(
             model=MODEL,
             messages=[{"role": "user", "content": question}],
             tools=[WEATHER],
@@ -118,6 +121,11 @@ def test_required_and_named_choices_always_yield_a_valid_call(url, choice):
             seed=1,  # sampled, but the same draw every run: a long string argument could
             # otherwise run a random draw into max_tokens now and then
         )
+
+    questions = ("Weather in Paris?", "Tell me a joke.", "Is it cold in Oslo today?")
+    with ThreadPoolExecutor(len(questions)) as pool:
+        replies = list(pool.map(ask, questions))
+    for resp in replies:
         choice0 = resp.choices[0]
         assert choice0.finish_reason == "tool_calls", choice0
         (call,) = choice0.message.tool_calls

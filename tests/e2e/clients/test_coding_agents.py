@@ -28,14 +28,30 @@ pytestmark = [
 ]
 
 
+@pytest.fixture(scope="module")
+def cluster_url(model_cache, tmp_path_factory):
+    """One cluster for both agents, started as the script starts its own. The agents' prompts
+    share only the chat template's first 3 tokens (Claude Code's first request reads those
+    after Codex's turns), so every judged cache read is of the agent's own earlier turns."""
+    from scripts import check_coding_agents as check
+
+    proc, url = check.start_cluster(check.long_context_model(), tmp_path_factory.mktemp("agents"))
+    try:
+        check.wait_healthy(url)
+        yield url
+    finally:
+        check.stop_cluster(proc)
+
+
 @pytest.mark.parametrize("agent", ["codex-cli", "claude-code"])
-def test_turns_without_a_protocol_error_read_the_cache(agent, model_cache):
+def test_turns_without_a_protocol_error_read_the_cache(agent, cluster_url):
     """The agent's turns (Claude Code: three and a new session; Codex: three) end without a
     protocol error, and every request after its first reads >= 90% of its prompt from cache
     (the script's own rule; docs/api.md "Coding agents")."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    argv = ["scripts/check_coding_agents.py", "--agent", agent, "--no-cch-replay"]
     out = subprocess.run(
-        [sys.executable, "scripts/check_coding_agents.py", "--agent", agent, "--no-cch-replay"],
+        [sys.executable, *argv, "--url", cluster_url],
         cwd=ROOT,
         env=env,
         capture_output=True,
