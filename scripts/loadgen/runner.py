@@ -26,7 +26,7 @@ from scripts.loadgen.workloads import Prompt, Shape, build
 
 Send = Callable[[Prompt], Awaitable[RequestResult]]
 Progress = Callable[[int, int], None]  # (requests done, requests planned)
-HEARTBEAT_WAIT_S = 2.5  # > two heartbeats (1 s by default): the last requests' counters are in
+HEARTBEAT_WAIT_S = 2.5  # > two heartbeats (1 s by default): the longest wait for the counters
 
 
 @dataclass(frozen=True)
@@ -126,8 +126,14 @@ async def run_load(config: LoadConfig, progress: Progress | None = None) -> dict
         base = config.url.rstrip("/")
         model = config.model or await served_model(session, base)
         params = ChatParams(model, config.max_tokens, config.temperature, config.request_timeout_s)
-        for prompt in warmup_prompts(config):
+        cluster = f"{base}/v1/cluster"
+        before = await get_json(session, cluster)
+        warmups = [
             await stream_chat(session, base, prompt.messages, params)
+            for prompt in warmup_prompts(config)
+        ]
+        if before is not None and warmups:  # their counters are in before the run starts
+            before = await counted_snapshot(session, cluster, before, sum(r.ok for r in warmups))
 
         done = 0
 
@@ -141,7 +147,6 @@ async def run_load(config: LoadConfig, progress: Progress | None = None) -> dict
                 progress(done, len(prompts))
             return result
 
-        before = await get_json(session, f"{base}/v1/cluster")
         start = time.perf_counter()
         deadline = start + config.max_duration_s
         if config.rate is None:
@@ -150,10 +155,25 @@ async def run_load(config: LoadConfig, progress: Progress | None = None) -> dict
             arrivals = poisson_arrivals(len(prompts), config.rate, config.seed)
             results = await open_loop(send, prompts, arrivals, deadline)
         elapsed = (max((r.end for r in results), default=start)) - start
-        if before is not None:  # the workers' cache counters arrive by heartbeat
-            await asyncio.sleep(HEARTBEAT_WAIT_S)
-        after = await get_json(session, f"{base}/v1/cluster")
+        if before is None:
+            after = await get_json(session, cluster)
+        else:  # the workers' counters arrive by heartbeat
+            after = await counted_snapshot(session, cluster, before, sum(r.ok for r in results))
     return build_report(config, model, results, elapsed, before, after)
+
+
+async def counted_snapshot(
+    session: aiohttp.ClientSession, url: str, before: dict, served: int
+) -> dict | None:
+    """/v1/cluster once the workers' counters (they arrive by heartbeat) count the `served`
+    requests since `before`; at most HEARTBEAT_WAIT_S after the run, then as it stands."""
+    give_up = time.perf_counter() + HEARTBEAT_WAIT_S
+    while True:
+        after = await get_json(session, url)
+        counted = sum((requests_per_worker(before, after) or {}).values())
+        if after is None or counted >= served or time.perf_counter() >= give_up:
+            return after
+        await asyncio.sleep(0.1)
 
 
 def build_report(
