@@ -62,16 +62,19 @@ def tiny(tmp_path_factory):
 def test_disaggregated_cluster_answers_what_one_worker_answers(tiny, tmp_path):
     common = ["--model", str(tiny), "--block-size", "8", "--kv-memory", "16MiB"]
     question = LONG + "What is kept warm?"
-    with launch_cluster([*common, "--workers", "1"], tmp_path / "one", **PIPED) as (url, _):
-        wait_workers(url, 1)
-        expected = greedy(client(url), question)
-    logs = tmp_path / "disagg"
     # every prompt through the prefill worker, however short (the default skips those with
     # fewer than 256 uncached tokens: a decoder computes them in about one chunk)
     config = tmp_path / "fleet.toml"
     config.write_text("[router]\nprefill_min_tokens = 0\n")
     args = [*common, "--config", str(config), "--prefill-workers", "1", "--workers", "1"]
-    with launch_cluster(args, logs, **PIPED) as (url, _):
+    # both clusters start at once (they share nothing: ports, logs and stores are their own),
+    # so their startups overlap
+    with (
+        launch_cluster([*common, "--workers", "1"], tmp_path / "one", **PIPED) as (one, _),
+        launch_cluster(args, tmp_path / "disagg", **PIPED) as (url, _),
+    ):
+        wait_workers(one, 1)
+        expected = greedy(client(one), question)
         state = wait_workers(url, 2)
         roles = {w["id"]: w["role"] for w in state["workers"]}
         assert sorted(roles.values()) == ["decode", "prefill"]
