@@ -133,7 +133,9 @@ def test_a_busy_holder_loses_its_prompt_to_an_idle_worker_that_pulls_it(model_ca
         assert busy_started.wait(120)
         workers = {w["id"]: w for w in cluster_state(url)["workers"]}
         assert workers[holder]["inflight"] == 1, "the busy request went to the holder"
-        greedy(c, words.upper() * 60 + "What else?", max_tokens=2)  # Q
+        # Q: ~790 tokens, as many as P (upper case takes twice the tokens: 60 repeats were
+        # 1,680), so the rate it measures is the one that prices recomputing P
+        greedy(c, words.upper() * 28 + "What else?", max_tokens=2)
         workers = {w["id"]: w for w in cluster_state(url)["workers"]}
         assert workers[other]["requests_served"] == served[other] + 1, "Q went to the idle one"
         # its heartbeat no longer counts Q as running (the router takes the larger of that
