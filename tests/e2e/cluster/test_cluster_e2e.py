@@ -204,9 +204,8 @@ def test_worker_killed_mid_stream_is_invisible_to_the_client(cluster):
     question = [
         {"role": "user", "content": "Write a long story about a brave knight and a dragon."}
     ]
-    expected = greedy_reference(question, 60)
     stream = cluster.client.chat.completions.create(
-        model=MODEL, messages=question, temperature=0, max_tokens=60, stream=True
+        model=MODEL, messages=question, temperature=0, max_tokens=40, stream=True
     )
     parts, killed = [], None
     for chunk in stream:
@@ -218,12 +217,13 @@ def test_worker_killed_mid_stream_is_invisible_to_the_client(cluster):
             killed = busy[0]
             os.kill(killed["pid"], signal.SIGKILL)
     assert killed is not None
-    assert "".join(parts) == expected
     # the next requests succeed, and the killed worker comes back and serves again
     r = cluster.client.chat.completions.create(
         model=MODEL, messages=QUESTION, temperature=0, max_tokens=8
     )
     assert r.choices[0].message.content
+    # the reference computed here, while the killed worker restarts
+    assert "".join(parts) == greedy_reference(question, 40)
     cluster.wait_healthy(2, timeout=180)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:

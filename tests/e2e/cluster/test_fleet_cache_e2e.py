@@ -62,16 +62,19 @@ def tiny(tmp_path_factory):
 def test_disaggregated_cluster_answers_what_one_worker_answers(tiny, tmp_path):
     common = ["--model", str(tiny), "--block-size", "8", "--kv-memory", "16MiB"]
     question = LONG + "What is kept warm?"
-    with launch_cluster([*common, "--workers", "1"], tmp_path / "one", **PIPED) as (url, _):
-        wait_workers(url, 1)
-        expected = greedy(client(url), question)
-    logs = tmp_path / "disagg"
     # every prompt through the prefill worker, however short (the default skips those with
     # fewer than 256 uncached tokens: a decoder computes them in about one chunk)
     config = tmp_path / "fleet.toml"
     config.write_text("[router]\nprefill_min_tokens = 0\n")
     args = [*common, "--config", str(config), "--prefill-workers", "1", "--workers", "1"]
-    with launch_cluster(args, logs, **PIPED) as (url, _):
+    # both clusters start at once (they share nothing: ports, logs and stores are their own),
+    # so their startups overlap
+    with (
+        launch_cluster([*common, "--workers", "1"], tmp_path / "one", **PIPED) as (one, _),
+        launch_cluster(args, tmp_path / "disagg", **PIPED) as (url, _),
+    ):
+        wait_workers(one, 1)
+        expected = greedy(client(one), question)
         state = wait_workers(url, 2)
         roles = {w["id"]: w["role"] for w in state["workers"]}
         assert sorted(roles.values()) == ["decode", "prefill"]
@@ -130,7 +133,9 @@ def test_a_busy_holder_loses_its_prompt_to_an_idle_worker_that_pulls_it(model_ca
         assert busy_started.wait(120)
         workers = {w["id"]: w for w in cluster_state(url)["workers"]}
         assert workers[holder]["inflight"] == 1, "the busy request went to the holder"
-        greedy(c, words.upper() * 60 + "What else?", max_tokens=2)  # Q
+        # Q: ~790 tokens, as many as P (upper case takes twice the tokens: 60 repeats were
+        # 1,680), so the rate it measures is the one that prices recomputing P
+        greedy(c, words.upper() * 28 + "What else?", max_tokens=2)
         workers = {w["id"]: w for w in cluster_state(url)["workers"]}
         assert workers[other]["requests_served"] == served[other] + 1, "Q went to the idle one"
         # its heartbeat no longer counts Q as running (the router takes the larger of that

@@ -5,10 +5,12 @@ second request extending it that reads its prefix from the cache."""
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import time
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 
 import openai
 import pytest
@@ -58,26 +60,43 @@ def cluster(model_cache, tmp_path_factory):
             print(f"---- {log.name}\n{log.read_text()[-3000:]}")
 
 
-def reference(prompt: str, max_tokens: int) -> str:
-    from mlx_lm import generate
-
+@functools.cache
+def reference_model():
+    """mlx-lm's model and tokenizer from the converted directory, loaded once."""
     from shared.models.loading import load_model
     from shared.models.store import resolve_model
 
-    model, tokenizer = load_model(resolve_model("gemma3-270m"))
+    return load_model(resolve_model("gemma3-270m"))
+
+
+def reference(prompt: str, max_tokens: int) -> str:
+    from mlx_lm import generate
+
+    model, tokenizer = reference_model()
     return generate(model, tokenizer, prompt, max_tokens=max_tokens)
+
+
+def served_and_reference(client, model: str, prompt: str) -> tuple:
+    """The cluster's greedy completion of `prompt` and mlx-lm's, computed at once: the
+    request waits in a thread while mlx-lm runs here."""
+    with ThreadPoolExecutor(1) as pool:
+        served = pool.submit(
+            client.completions.create, model=model, prompt=prompt, max_tokens=12, temperature=0
+        )
+        expected = reference(prompt, 12)
+        return served.result(), expected
 
 
 def test_long_prompt_greedy_equals_mlx_lm_and_its_extension_hits_the_cache(cluster):
     base, client = cluster
     (model,) = [m.id for m in client.models.list().data]
-    first = client.completions.create(model=model, prompt=TEXT, max_tokens=12, temperature=0)
+    first, expected = served_and_reference(client, model, TEXT)
     assert first.usage.prompt_tokens > 600
-    assert first.choices[0].text == reference(TEXT, 12)
+    assert first.choices[0].text == expected
 
     extended = TEXT + first.choices[0].text + " Entry 36: the"
-    second = client.completions.create(model=model, prompt=extended, max_tokens=12, temperature=0)
-    assert second.choices[0].text == reference(extended, 12)
+    second, expected = served_and_reference(client, model, extended)
+    assert second.choices[0].text == expected
     cached = second.usage.prompt_tokens_details.cached_tokens
     assert cached >= first.usage.prompt_tokens - 32  # all but the last partial block
 
