@@ -4,12 +4,13 @@ Every step: each decoding sequence gets a slot for its next token (a new block w
 crosses a boundary); what is left of the step's token budget goes to prefill chunks: first
 sequences already mid-prompt, then newly admitted ones (FIFO), each admitted with its longest
 cached prefix (the hit every cache kind agrees on), and only when its whole prompt fits beside
-what the running sequences still need (no overcommit). Chunks that read long contexts run one
-prompt at a time, oldest first, short ones beside them (worker/engine/prefill_work.py). When blocks run out, the prefix cache
-gives back its least recently used unreferenced blocks, then its oldest pins (prefixes requests
-asked to keep, worker/kv/pins.py); then the newest running sequence is preempted and requeued
-(its computed blocks stay cached). Every block comes from, and goes back to, the KV manager
-(`self.kv`, worker/engine/caches/manager.py): the scheduler never touches the pool or the tree.
+what the running sequences still need (no overcommit). Prompts already mid-prompt share the
+step oldest first: the oldest takes the tokens their chunks would add up to. When blocks run
+out, the prefix cache gives back its least recently used unreferenced blocks, then its oldest
+pins (prefixes requests asked to keep, worker/kv/pins.py); then the newest running sequence is
+preempted and requeued (its computed blocks stay cached). Every block comes from, and goes
+back to, the KV manager (`self.kv`, worker/engine/caches/manager.py): the scheduler never
+touches the pool or the tree.
 
 Speculative decoding (worker/engine/speculative.py proposes a sequence's drafts): which drafts
 a step verifies is chosen per row, where it pays (`choose_drafts`). A draft's rows gather keys
@@ -29,7 +30,6 @@ from typing import TYPE_CHECKING
 from worker.attention.shared_prefix import gathered_keys
 from worker.engine.admission import shares_pending_prefill
 from worker.engine.batch_yield import BatchHold, yield_to_interactive
-from worker.engine.prefill_work import PrefillWork
 from worker.engine.sequence import Sequence, Status, enqueue, preemption_victim
 from worker.engine.step_kind import (
     REFERENCE_COSTS,
@@ -73,6 +73,8 @@ class Scheduler:
         # sequences ended since the runner last heard (`take_finished`): it drops their state
         self.finished: list[RequestKey] = []
         self.batch_hold = BatchHold(config.batch_hold_s, clock)  # worker/engine/batch_yield.py
+        # per prompt mid-prefill: tokens of its share older prompts took (`_continue_prefills`)
+        self._lent: dict[RequestKey, int] = {}
 
     # ---- queue -------------------------------------------------------------------------
 
@@ -125,9 +127,7 @@ class Scheduler:
         # batch lines prefill one chunk's worth a step, all of them together: an interactive
         # request that arrives while a step runs waits for a short one, not for eight prompts
         batch = self.config.prefill_chunk
-        # long attention one prompt at a time, oldest first (worker/engine/prefill_work.py)
-        work = PrefillWork(self.config.prefill_chunk * self.config.step_token_budget)
-        prefill = self._continue_prefills(budget, preempted, batch, work)
+        prefill = self._continue_prefills(budget, preempted, batch)
         budget -= sum(c.num_tokens for c in prefill)
         batch -= sum(c.num_tokens for c in prefill if c.seq.yields)
         if not preempted:
@@ -135,7 +135,7 @@ class Scheduler:
             # a sequence preempted above, already in this plan: planned twice, its rows would
             # run past its new blocks)
             interactive = any(not c.seq.yields for c in prefill)
-            prefill += self._admit(budget, interactive, batch, work)
+            prefill += self._admit(budget, interactive, batch)
         # a later reservation may have preempted a sequence planned earlier in this step
         decode = [s for s in decode if s.status is Status.RUNNING]
         prefill = [c for c in prefill if c.seq.status is Status.RUNNING]
@@ -219,35 +219,47 @@ class Scheduler:
         return decode
 
     def _continue_prefills(
-        self, budget: int, preempted: list[Sequence], batch: int, work: PrefillWork
+        self, budget: int, preempted: list[Sequence], batch: int
     ) -> list[PrefillChunk]:
         """Mutates: the next chunk of each running prompt, oldest first, within `budget`
-        tokens, within `batch` tokens for batch lines' prompts together, and while the
-        step's attention `work` allows it."""
+        tokens, and within `batch` tokens for batch lines' prompts together.
+
+        Interactive prompts share the step oldest first: the step prefills as many of their
+        tokens as a chunk each would add up to, and the oldest takes what it can of them. A
+        prompt whose chunk went to an older one is paid back once it is the oldest: it takes
+        a chunk more a step until what it lent is made up. So two long prompts sent together
+        take the steps they would side by side, of the same size, but the first is done in
+        half of them."""
         chunks = []
-        for seq in sorted((s for s in self.running if s.is_prefilling), key=lambda s: s.arrival):
-            n = min(self.config.prefill_chunk, seq.prefill_left, budget)
-            n = min(n, batch) if seq.yields else n
+        prefilling = sorted((s for s in self.running if s.is_prefilling), key=lambda s: s.arrival)
+        chunk = self.config.prefill_chunk
+        lent = {s.key: self._lent.get(s.key, 0) for s in prefilling if not s.yields}
+        share = sum(min(chunk, s.prefill_left) for s in prefilling)
+        if oldest := next((s for s in prefilling if not s.yields), None):
+            share += min(chunk, lent[oldest.key])
+        for seq in prefilling:
+            own = min(chunk, seq.prefill_left)
+            n = min(own, budget, batch) if seq.yields else min(share, seq.prefill_left, budget)
             n = self.kv.chunk(seq, n)
             if seq.status is not Status.RUNNING or n <= 0:
-                continue
-            if not work.fits(n, seq.num_computed + n):
-                continue  # its turn comes when the older long prompt's chunks are done
-            if self._reserve(seq, seq.num_computed + n, preempted):
-                work.take(n, seq.num_computed + n)
+                n = 0
+            elif self._reserve(seq, seq.num_computed + n, preempted):
                 chunks.append(PrefillChunk(seq, n))
                 budget -= n
+                share -= n
                 batch -= n if seq.yields else 0
+            else:
+                n = 0
+            if seq.key in lent:
+                lent[seq.key] = max(0, lent[seq.key] + own - n)
+        self._lent = lent
         return chunks
 
-    def _admit(
-        self, budget: int, interactive: bool, batch: int, work: PrefillWork
-    ) -> list[PrefillChunk]:
-        """Mutates: admit waiting sequences, in queue order, while the step has budget, the
-        pool room and its attention `work` allows their first chunks; a batch line only
-        within `batch` tokens of batch prompts, and none once an interactive prompt prefills
-        in this step (`interactive`: one already does), as it would pause at once
-        (yield_to_interactive)."""
+    def _admit(self, budget: int, interactive: bool, batch: int) -> list[PrefillChunk]:
+        """Mutates: admit waiting sequences, in queue order, while the step has budget and
+        the pool room; a batch line only within `batch` tokens of batch prompts, and none
+        once an interactive prompt prefills in this step (`interactive`: one already does),
+        as it would pause at once (yield_to_interactive)."""
         chunks, deferred = [], []
         while self.waiting and budget > 0 and len(self.running) < self.config.max_running:
             if self.waiting[0].yields and (interactive or batch <= 0):
@@ -262,10 +274,6 @@ class Scheduler:
             if use_cache and shares_pending_prefill(seq, cached + self.block_size, self.running):
                 deferred.append(seq)  # wait for that prefill, then hit its blocks
                 continue
-            first = min(self.config.prefill_chunk, len(seq.tokens) - cached, budget)
-            if not work.fits(first, cached + first):
-                self.waiting.appendleft(seq)  # after the long prompt ahead of it
-                break
             prefix = self.kv.hold(prompt)
             done = prefix.num_tokens
             left = len(seq.tokens) - done - (1 if seq.forks else 0)
@@ -278,7 +286,6 @@ class Scheduler:
                 break
             self._start(seq)
             if n > 0:  # 0: all but the last token cached, and forks pending
-                work.take(n, done + n)
                 chunks.append(PrefillChunk(seq, n))
                 interactive = interactive or not seq.yields
             budget -= n
