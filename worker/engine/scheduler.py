@@ -4,13 +4,11 @@ Every step: each decoding sequence gets a slot for its next token (a new block w
 crosses a boundary); what is left of the step's token budget goes to prefill chunks: first
 sequences already mid-prompt, then newly admitted ones (FIFO), each admitted with its longest
 cached prefix (the hit every cache kind agrees on), and only when its whole prompt fits beside
-what the running sequences still need (no overcommit). Prompts already mid-prompt share the
-step oldest first: the oldest takes the tokens their chunks would add up to. When blocks run
-out, the prefix cache gives back its least recently used unreferenced blocks, then its oldest
-pins (prefixes requests asked to keep, worker/kv/pins.py); then the newest running sequence is
-preempted and requeued (its computed blocks stay cached). Every block comes from, and goes
-back to, the KV manager (`self.kv`, worker/engine/caches/manager.py): the scheduler never
-touches the pool or the tree.
+what the running sequences still need (no overcommit). When blocks run out, the prefix cache
+gives back its least recently used unreferenced blocks, then its oldest pins (prefixes requests
+asked to keep, worker/kv/pins.py); then the newest running sequence is preempted and requeued
+(its computed blocks stay cached). Every block comes from, and goes back to, the KV manager
+(`self.kv`, worker/engine/caches/manager.py): the scheduler never touches the pool or the tree.
 
 Speculative decoding (worker/engine/speculative.py proposes a sequence's drafts): which drafts
 a step verifies is chosen per row, where it pays (`choose_drafts`). A draft's rows gather keys
@@ -73,8 +71,6 @@ class Scheduler:
         # sequences ended since the runner last heard (`take_finished`): it drops their state
         self.finished: list[RequestKey] = []
         self.batch_hold = BatchHold(config.batch_hold_s, clock)  # worker/engine/batch_yield.py
-        # per prompt mid-prefill: tokens of its share older prompts took (`_continue_prefills`)
-        self._lent: dict[RequestKey, int] = {}
 
     # ---- queue -------------------------------------------------------------------------
 
@@ -222,37 +218,18 @@ class Scheduler:
         self, budget: int, preempted: list[Sequence], batch: int
     ) -> list[PrefillChunk]:
         """Mutates: the next chunk of each running prompt, oldest first, within `budget`
-        tokens, and within `batch` tokens for batch lines' prompts together.
-
-        Interactive prompts share the step oldest first: the step prefills as many of their
-        tokens as a chunk each would add up to, and the oldest takes what it can of them. A
-        prompt whose chunk went to an older one is paid back once it is the oldest: it takes
-        a chunk more a step until what it lent is made up. So two long prompts sent together
-        take the steps they would side by side, of the same size, but the first is done in
-        half of them."""
+        tokens, and within `batch` tokens for batch lines' prompts together."""
         chunks = []
-        prefilling = sorted((s for s in self.running if s.is_prefilling), key=lambda s: s.arrival)
-        chunk = self.config.prefill_chunk
-        lent = {s.key: self._lent.get(s.key, 0) for s in prefilling if not s.yields}
-        share = sum(min(chunk, s.prefill_left) for s in prefilling)
-        if oldest := next((s for s in prefilling if not s.yields), None):
-            share += min(chunk, lent[oldest.key])
-        for seq in prefilling:
-            own = min(chunk, seq.prefill_left)
-            n = min(own, budget, batch) if seq.yields else min(share, seq.prefill_left, budget)
+        for seq in sorted((s for s in self.running if s.is_prefilling), key=lambda s: s.arrival):
+            n = min(self.config.prefill_chunk, seq.prefill_left, budget)
+            n = min(n, batch) if seq.yields else n
             n = self.kv.chunk(seq, n)
             if seq.status is not Status.RUNNING or n <= 0:
-                n = 0
-            elif self._reserve(seq, seq.num_computed + n, preempted):
+                continue
+            if self._reserve(seq, seq.num_computed + n, preempted):
                 chunks.append(PrefillChunk(seq, n))
                 budget -= n
-                share -= n
                 batch -= n if seq.yields else 0
-            else:
-                n = 0
-            if seq.key in lent:
-                lent[seq.key] = max(0, lent[seq.key] + own - n)
-        self._lent = lent
         return chunks
 
     def _admit(self, budget: int, interactive: bool, batch: int) -> list[PrefillChunk]:

@@ -120,10 +120,6 @@ class WindowKind(CacheKind):
     def rule(self) -> HitRule:
         return HitRule(window_blocks=self.pages.blocks_before_match)
 
-    def chunk(self, seq: Sequence, n: int, start: int | None) -> int:
-        # the pages are sized for chunks of at most this (`WindowPages.units_alone`)
-        return min(n, self.pages.chunk)
-
     def gone(self, block_id: int) -> bool:
         return not self.pages.has_page(block_id)
 
