@@ -22,7 +22,8 @@ from shared.parent_watch import SPAWNED_AT_ENV, watch_parent
 # [worker] settings past the KV budget and batch shape, in --help order
 ENGINE_FLAGS = ("attention_backend", "speculative", "kv_disk", "kv_disk_dir")
 ENGINE_FLAGS += ("kv_bits", "kv_group_size", "pin_share", "batch_hold_s")
-ENGINE_FLAGS += ("curve_secret_key", "curve_server_key", "kv_peer_bind", "kv_peer_key", "role")
+ENGINE_FLAGS += ("curve_secret_key", "curve_server_key", "kv_peer_bind", "kv_peer_key")
+ENGINE_FLAGS += ("kv_peer_timeout_s", "role")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -201,6 +202,7 @@ def main(argv: list[str] | None = None) -> int:
         otlp_endpoint=worker.otlp_endpoint,
         kv_publisher=publisher,
         peers=peer_channel(worker),
+        pull_timeout_s=worker.kv_peer_timeout_s,
         role=worker.role,
     )
     for sig in (signal.SIGTERM, signal.SIGINT):

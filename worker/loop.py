@@ -35,7 +35,7 @@ from worker.engine.engine import Engine, EngineOverloaded
 from worker.inventory import inventory
 from worker.live import LiveRequests, Stage
 from worker.peer.channel import PeerChannel
-from worker.peer.node import PeerNode
+from worker.peer.node import PULL_TIMEOUT_S, PeerNode
 from worker.peer.prefill import PREFILL_SAMPLING
 from worker.routers import RouterLinks
 from worker.tracing import WorkerTracing
@@ -68,6 +68,7 @@ class WorkerLoop:
         otlp_endpoint: str | None = None,
         kv_publisher=None,
         peers: PeerChannel | None = None,
+        pull_timeout_s: float = PULL_TIMEOUT_S,
         role: str = "both",
     ):
         """`endpoint`: the router's ZeroMQ address, or several routers' (each gets it all:
@@ -75,15 +76,18 @@ class WorkerLoop:
         `group` and `on_idle`: for a tensor-parallel group's leader, the ranks it reports
         and what it runs between idle waits (the keepalive its followers expect);
         `watchdog_s`: the process exits when the loop is stuck this long (0: never);
-        `peers`: this worker's KV endpoint for peer block transfer (None: none); `role`:
-        what it announces it does (shared/config/choices.py WORKER_ROLES)."""
+        `peers`: this worker's KV endpoint for peer block transfer (None: none), and
+        `pull_timeout_s` the longest it waits for a peer's blocks; `role`: what it announces
+        it does (shared/config/choices.py WORKER_ROLES)."""
         self.engine, self.worker_id, self.on_idle = engine, worker_id, on_idle
         self.kv_publisher = kv_publisher  # KV events in vLLM's format too (worker/kv_publish.py)
         refused = engine.kv.cannot("peer")
         if peers is not None and refused is not None:
             log.warning("peer KV transfer off: %s", refused)
             peers = None
-        self.peer = PeerNode(engine, peers, self._wake) if peers is not None else None
+        self.peer = None
+        if peers is not None:
+            self.peer = PeerNode(engine, peers, self._wake, pull_timeout_s)
         self.prefill_rate = 0.0  # tokens/s, EWMA over steps that prefilled
         self.live = LiveRequests()  # every request held, from arrival to its end
         # image requests are prepared (decoded, preprocessed) on these threads, not this one

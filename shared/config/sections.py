@@ -285,6 +285,13 @@ class WorkerSection:
         "CURVE secret key file shared by the fleet's workers for the KV channel (required "
         "when --kv-peer-bind is not loopback)",
     )
+    kv_peer_timeout_s: float = spec(
+        8.0,
+        number(0.1, 600.0),
+        "longest wait for a peer's KV blocks (the whole fetch, the holder's turn included); "
+        "past it the worker computes the prompt itself",
+        flag="--kv-peer-timeout",
+    )
     # Tensor-parallel group across machines (one rank per entry, rank 0 first); see deploy.md
     tp_hosts: tuple[str, ...] = spec(
         (),

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 import zmq
 
+from shared.config.sections import WorkerSection, default_of
 from shared.kv_transfer import FetchBlocks, FetchReply, ProtocolError
 from shared.protocol import Generate, Peer
 from worker.peer.blocks import PeerBlocks, PullRejected
@@ -28,7 +29,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-PULL_TIMEOUT_S = 8.0  # a whole fetch, the holder's wait for its engine thread included
+# a whole fetch, the holder's wait for its engine thread included (`--kv-peer-timeout`)
+PULL_TIMEOUT_S: float = default_of(WorkerSection, "kv_peer_timeout_s")
 
 
 class PeerNode:

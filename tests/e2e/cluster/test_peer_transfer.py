@@ -26,6 +26,7 @@ pytestmark = pytest.mark.slow
 BLOCK = 8
 PROMPT = tuple((5 * i + 2) % 97 for i in range(203))  # 25 full blocks and a tail
 GREEDY = SamplingParams(max_tokens=8, temperature=0.0)
+PULL_TIMEOUT_S = 2.0  # a pull on loopback takes milliseconds; the default 8 s is waited out twice
 
 
 def start_worker(model_dir, router: Router, worker_id: str, log) -> subprocess.Popen:
@@ -43,6 +44,9 @@ def start_worker(model_dir, router: Router, worker_id: str, log) -> subprocess.P
         "16MiB",
         "--block-size",
         str(BLOCK),
+        # a pull from the killed holder fails when this runs out: the test waits it out
+        "--kv-peer-timeout",
+        str(PULL_TIMEOUT_S),
     ]
     env = {**os.environ, "PYTHONPATH": os.getcwd()}
     return subprocess.Popen(
