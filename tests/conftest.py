@@ -22,6 +22,24 @@ from tests.support.tiny_model import build_tiny_model
 MODEL_ID = "tiny"
 
 
+@pytest.fixture(scope="session", autouse=True)
+def own_cache_home(tmp_path_factory):
+    """$XDG_CACHE_HOME of the session's own: the routers tests start keep their default
+    stores (responses-PORT.sqlite3) there, not in the user's cache, where hundreds piled up
+    and a later run on the same port found an earlier one's conversations. The Hugging Face
+    cache stays where it was."""
+    before = {k: os.environ.get(k) for k in ("XDG_CACHE_HOME", "HF_HOME")}
+    home = before["XDG_CACHE_HOME"] or str(Path.home() / ".cache")
+    os.environ.setdefault("HF_HOME", str(Path(home) / "huggingface"))
+    os.environ["XDG_CACHE_HOME"] = str(tmp_path_factory.mktemp("cache-home"))
+    yield Path(os.environ["XDG_CACHE_HOME"])
+    for key, value in before.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
     return build_tiny_model(tmp_path_factory.mktemp("model") / MODEL_ID, context_length=256)
