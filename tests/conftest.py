@@ -26,8 +26,8 @@ MODEL_ID = "tiny"
 def own_cache_home(tmp_path_factory):
     """$XDG_CACHE_HOME of the session's own: the routers tests start keep their default
     stores (responses-PORT.sqlite3) there, not in the user's cache, where hundreds piled up
-    and a later run on the same port found an earlier one's conversations. The Hugging Face
-    cache stays where it was."""
+    and a later run on the same port could open an earlier one's conversations. The Hugging
+    Face cache stays where it was."""
     before = {k: os.environ.get(k) for k in ("XDG_CACHE_HOME", "HF_HOME")}
     home = before["XDG_CACHE_HOME"] or str(Path.home() / ".cache")
     os.environ.setdefault("HF_HOME", str(Path(home) / "huggingface"))
